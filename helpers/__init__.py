@@ -1,0 +1,15 @@
+"""ddp-lab helpers: everything the notebooks call, and every function DDP workers run.
+
+Notebooks never define worker functions themselves: a process started with the ``spawn``
+method cannot import a notebook's ``__main__``. Workers live in these modules instead and
+are started through :func:`helpers.launch.launch`.
+
+Modules:
+    launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)
+    data     -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
+"""
+
+from pathlib import Path
+
+#: Repository root (the folder holding ``data/``, ``notebooks/``, ``helpers/``).
+REPO_ROOT = Path(__file__).resolve().parent.parent
