@@ -1,26 +1,18 @@
-"""The launcher contract (helpers.launch.launch): real processes, real gloo process groups."""
+"""The launcher contract (helpers.launch.launch): real processes, real gloo process groups.
 
-import _thread
+Faults (worker errors, exits, kills, hangs, interrupts, repeated launches) are in test_faults.py."""
+
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
 
 import launch_workers as w
-from _support import REPO_ROOT, TESTS_DIR, leftover_processes
-from helpers.launch import (
-    LaunchError,
-    LaunchTimeout,
-    OversubscriptionWarning,
-    WorkerError,
-    launch,
-    resolve_backend,
-)
+from _support import REPO_ROOT, TESTS_DIR
+from helpers.launch import LaunchError, OversubscriptionWarning, launch, resolve_backend
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
@@ -49,76 +41,6 @@ def test_no_fixed_port_and_repeated_launches():
 
 def test_world_size_one():
     assert launch(w.report, 1)[0]["sum"] == 0.0
-
-
-def test_worker_exception_names_rank_type_message_and_traceback():
-    start = time.monotonic()
-    with pytest.raises(WorkerError) as info:
-        launch(w.raise_on, 2, bad_rank=1, timeout=120)
-    err = info.value
-    assert err.rank == 1
-    assert err.exc_type == "ZeroDivisionError"
-    assert "deliberate failure on rank 1" in err.message
-    assert "raise_on" in err.traceback and "launch_workers.py" in err.traceback
-    assert "rank 1 failed with ZeroDivisionError" in str(err)
-    assert time.monotonic() - start < 60, "the error must end the launch, not the timeout"
-
-
-def test_worker_exception_on_rank_zero():
-    with pytest.raises(WorkerError) as info:
-        launch(w.raise_on, 2, bad_rank=0)
-    assert info.value.rank == 0
-
-
-def test_timeout_names_unfinished_ranks():
-    start = time.monotonic()
-    with pytest.raises(LaunchTimeout) as info:
-        launch(w.skip_collective, 2, timeout=6)
-    assert info.value.ranks_not_finished == [1]
-    assert "timed out after 6 s" in str(info.value)
-    assert time.monotonic() - start < 6 + 30
-
-
-def test_exit_without_result():
-    with pytest.raises(WorkerError) as info:
-        launch(w.exit_without_result, 2, timeout=120)
-    assert info.value.rank == 1
-    assert "without returning a result" in str(info.value)
-
-
-def test_sys_exit():
-    with pytest.raises(WorkerError) as info:
-        launch(w.sys_exit_3, 2, timeout=120)
-    assert info.value.rank == 1 and info.value.exc_type == "SystemExit"
-    assert "sys.exit(3)" in str(info.value)
-
-
-def test_sigkill():
-    with pytest.raises(WorkerError) as info:
-        launch(w.sigkill_self, 2, timeout=120)
-    assert info.value.rank == 1
-    assert "SIGKILL" in str(info.value)
-
-
-def test_unpicklable_result_names_rank():
-    with pytest.raises(WorkerError) as info:
-        launch(w.unpicklable_result, 2)
-    assert info.value.rank == 1
-    assert "cannot be pickled" in info.value.message
-
-
-def test_keyboard_interrupt_ends_workers_and_next_launch_works():
-    handler = signal.getsignal(signal.SIGINT)
-    timer = threading.Timer(8.0, _thread.interrupt_main)  # what "interrupt kernel" delivers
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch(w.skip_collective, 2, timeout=120)
-    finally:
-        timer.cancel()
-    assert not leftover_processes()
-    assert signal.getsignal(signal.SIGINT) is handler, "the caller's SIGINT handler must be left alone"
-    assert launch(w.report, 2)[1]["sum"] == 1.0
 
 
 # ---- bad input: refused before any process starts ------------------------------------------
