@@ -1,0 +1,100 @@
+"""Static checks on the committed notebooks (nothing is executed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ci import run_notebooks as rn
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+IDS = [p.stem for p in NOTEBOOKS]
+
+ABSOLUTE_PATH = re.compile(r"/home/|/root/|/work/|/Users/|\b[A-Za-z]:\\")
+
+
+def read(path: Path):
+    return nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
+
+
+def tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOKS_DIR}: nothing to check"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_valid_nbformat_4(path):
+    nb = read(path)
+    assert nb.nbformat == 4, f"{path.name}: nbformat {nb.nbformat}, expected 4"
+    nbformat.validate(nb)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_outputs_cleared(path):
+    nb = read(path)
+    dirty = [
+        i for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: code cells {dirty} have outputs or an execution count; clear them "
+        "(jupyter nbconvert --clear-output --inplace)"
+    )
+    executed = [i for i, c in enumerate(nb.cells) if "papermill" in c.get("metadata", {})]
+    assert "papermill" not in nb.metadata and not executed, (
+        f"{path.name}: carries papermill metadata (an executed copy from build/ was committed?)"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_exactly_one_parameters_cell(path):
+    nb = read(path)
+    marked = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
+    assert len(marked) == 1, f"{path.name}: cells tagged 'parameters': {marked}, expected exactly one"
+    assert nb.cells[marked[0]].cell_type == "code", f"{path.name}: the parameters cell is not code"
+    injected = [i for i, c in enumerate(nb.cells) if "injected-parameters" in tags(c)]
+    assert not injected, f"{path.name}: papermill's injected-parameters cell(s) {injected} committed"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_kernelspec_python3(path):
+    spec = read(path).metadata.get("kernelspec", {})
+    assert spec.get("name") == "python3", f"{path.name}: kernelspec {spec!r}, expected name python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_absolute_paths(path):
+    nb = read(path)
+    found = [
+        (i, line.strip())
+        for i, c in enumerate(nb.cells)
+        for line in c.source.splitlines()
+        if ABSOLUTE_PATH.search(line)
+    ]
+    assert not found, f"{path.name}: absolute paths in (cell, line): {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_first_cell_is_markdown(path):
+    nb = read(path)
+    assert nb.cells and nb.cells[0].cell_type == "markdown", (
+        f"{path.name}: the first cell must be markdown (title and what the notebook teaches)"
+    )
+
+
+@pytest.mark.parametrize("profile", rn.PROFILES)
+def test_profiles_match_notebook_parameters(profile):
+    """ci/profiles.json names only declared parameters, with the defaults' types (no run)."""
+    if not NOTEBOOKS:
+        pytest.fail(f"no notebooks found in {NOTEBOOKS_DIR}")
+    try:
+        rn.plan_run(None, profile)
+    except rn.ConfigError as e:
+        pytest.fail(f"profile {profile!r}: {e}")

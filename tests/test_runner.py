@@ -1,0 +1,355 @@
+"""Tests of ci/run_notebooks.py on tiny throwaway notebooks (no torch, a few kernels)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from ci import run_notebooks as rn
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "ci" / "run_notebooks.py"
+
+PARAMS = """\
+n = 2
+x = 0.5
+name = "a"
+flag = False
+maybe = None
+"""
+
+OK_CELLS = [
+    "import json",
+    'json.dump({"n": n, "x": x, "name": name, "flag": flag}, open("ok_result.json", "w"))',
+]
+FAIL_CELLS = [
+    "y = 1",
+    'assert n == 3, "n is not 3"',
+    'print("never reached")',
+]
+SLEEP_CELLS = [
+    # a child in the kernel's process group and one in its own session (immune to killpg)
+    "import subprocess, sys, time\n"
+    "SLEEPER = [sys.executable, '-c', 'import time; time.sleep(120)']\n"
+    "a = subprocess.Popen(SLEEPER)\n"
+    "b = subprocess.Popen(SLEEPER, start_new_session=True)\n"
+    "open('sleep_pids.txt', 'w').write(f'{a.pid} {b.pid}')",
+    "time.sleep(60)",
+    'print("never reached")',
+]
+LEAK_CELLS = [
+    # the intermediate process exits at once: its child is orphaned while the cell runs and
+    # is no longer a descendant of the kernel (only a subreaper runner or a snapshot finds it)
+    "import subprocess, sys\n"
+    "CODE = ('import subprocess, sys; '\n"
+    "        'p = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(120)\"], '\n"
+    "        'start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); '\n"
+    "        'print(p.pid)')\n"
+    "out = subprocess.run([sys.executable, '-c', CODE], capture_output=True, text=True, check=True)\n"
+    "open('leak_pid.txt', 'w').write(out.stdout.strip())",
+]
+
+DIE_CELLS = [
+    "import os, subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "open('die_pid.txt', 'w').write(str(child.pid))",
+    "os.kill(os.getpid(), 9)",
+]
+
+
+def make_notebook(path: Path, cells: list[str], params: str | None = PARAMS) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"# {path.stem}"))
+    if params is not None:
+        cell = nbformat.v4.new_code_cell(params)
+        cell.metadata["tags"] = ["parameters"]
+        nb.cells.append(cell)
+    nb.cells.extend(nbformat.v4.new_code_cell(src) for src in cells)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def nbdir(tmp_path: Path) -> Path:
+    d = tmp_path / "notebooks"
+    make_notebook(d / "01_ok.ipynb", OK_CELLS)
+    make_notebook(d / "02_fail.ipynb", FAIL_CELLS)
+    make_notebook(d / "03_sleep.ipynb", SLEEP_CELLS)
+    make_notebook(d / "04_leak.ipynb", LEAK_CELLS)
+    make_notebook(d / "05_die.ipynb", DIE_CELLS)
+    return d
+
+
+@pytest.fixture
+def profiles(tmp_path: Path) -> Path:
+    p = tmp_path / "profiles.json"
+    p.write_text(json.dumps({"_comment": "test", "01_ok": {"smoke": {"n": 5}, "full": {"n": 50, "x": 2}}}))
+    return p
+
+
+def common_args(nbdir: Path, profiles: Path, tmp_path: Path) -> list[str]:
+    return ["--notebooks-dir", str(nbdir), "--profiles", str(profiles),
+            "--output-dir", str(tmp_path / "build")]
+
+
+def run_cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    # from a foreign cwd, without PYTHONPATH: the script must stand on its own
+    return subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
+
+
+def table_rows(stdout: str) -> dict[str, tuple[str, float]]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == ["notebook", "status", "seconds"])
+    rows = {}
+    for line in lines[start + 1:]:
+        parts = line.split()
+        if len(parts) != 3:
+            break
+        rows[parts[0]] = (parts[1], float(parts[2]))
+    return rows
+
+
+def live(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_gone(pids: list[int], within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while any(live(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if live(p)], f"processes still running: {pids}"
+
+
+# ------------------------------------------------------------------------------------------
+# Runs that start kernels
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path):
+    res = run_cli(["02", "01_ok", "-p", "name=hello", *common_args(nbdir, profiles, tmp_path)])
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = table_rows(res.stdout)
+    assert list(rows) == ["02_fail", "01_ok"]
+    assert rows["02_fail"][0] == "FAILED"
+    assert rows["01_ok"][0] == "ok"
+    # the failure names notebook, cell (index in the source notebook + first line) and error
+    assert "02_fail: cell 3: `assert n == 3, \"n is not 3\"`: AssertionError: n is not 3" in res.stdout
+    assert (tmp_path / "build" / "smoke" / "02_fail.ipynb").is_file()
+    assert (tmp_path / "build" / "smoke" / "01_ok.ipynb").is_file()
+    # profile value (n) and -p value (name) reached the notebook; x kept its default
+    assert json.loads((nbdir / "ok_result.json").read_text()) == {
+        "n": 5, "x": 0.5, "name": "hello", "flag": False}
+
+
+@pytest.mark.timeout(120)
+def test_fail_fast_skips_the_rest(nbdir, profiles, tmp_path, capsys):
+    rc = rn.main(["--fail-fast", "02_fail", "01", *common_args(nbdir, profiles, tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == rn.EXIT_FAILED
+    rows = table_rows(out)
+    assert rows["02_fail"][0] == "FAILED"
+    assert rows["01_ok"][0] == "skipped"
+    assert not (tmp_path / "build" / "smoke" / "01_ok.ipynb").exists()
+
+
+@pytest.mark.timeout(120)
+def test_cli_timeout_names_cell_and_kills_kernel_tree(nbdir, profiles, tmp_path):
+    t0 = time.monotonic()
+    res = run_cli(["03", "--cell-timeout", "2", *common_args(nbdir, profiles, tmp_path)])
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert table_rows(res.stdout)["03_sleep"][0] == "TIMEOUT"
+    assert "03_sleep: cell 3: `time.sleep(60)`: timed out after 2 s (cell timeout)" in res.stdout
+    assert elapsed < 40, f"the timeout case took {elapsed:.0f} s"
+    pids = [int(p) for p in (nbdir / "sleep_pids.txt").read_text().split()]
+    assert len(pids) == 2
+    assert_gone(pids)
+    assert (tmp_path / "build" / "smoke" / "03_sleep.ipynb").is_file()
+
+
+@pytest.mark.timeout(120)
+def test_leftover_process_fails_the_notebook_and_is_killed(nbdir, profiles, tmp_path, monkeypatch):
+    monkeypatch.setattr(rn, "LEFTOVER_GRACE_S", 0.5)
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    rows = rn.run_notebooks(["04_leak"], output_dir=tmp_path / "build", notebooks_dir=nbdir,
+                            profiles_file=profiles)
+    (row,) = rows
+    assert row["status"] == "FAILED", row
+    assert row["processes_left"] == 1, row
+    assert "04_leak: 1 process(es) left behind" in row["error"]
+    pid = int((nbdir / "leak_pid.txt").read_text())
+    assert f"pid {pid} " in row["error"]
+    assert_gone([pid])
+    after = [p for p in me.children(recursive=True) if p.pid not in before]
+    assert not after, f"runner left children (zombies included): {after}"
+
+
+@pytest.mark.timeout(120)
+def test_kernel_death_orphans_are_found(nbdir, profiles, tmp_path, monkeypatch):
+    monkeypatch.setattr(rn, "LEFTOVER_GRACE_S", 0.5)
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    (row,) = rn.run_notebooks(["05"], output_dir=tmp_path / "build", notebooks_dir=nbdir,
+                              profiles_file=profiles)
+    assert row["status"] == "FAILED", row
+    assert row["error"].startswith("05_die: cell 3: `os.kill(os.getpid(), 9)`: the kernel died"), row
+    assert "1 process(es) left behind" in row["error"]
+    assert_gone([int((nbdir / "die_pid.txt").read_text())])
+    after = [p for p in me.children(recursive=True) if p.pid not in before]
+    assert not after, f"runner left children (zombies included): {after}"
+
+
+# ------------------------------------------------------------------------------------------
+# Checks done before anything runs (no kernel started)
+# ------------------------------------------------------------------------------------------
+
+
+def run_main(args, capsys):
+    rc = rn.main(args)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_unknown_notebook_lists_available(nbdir, profiles, tmp_path, capsys):
+    rc, out, err = run_main(["07", "nope", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2
+    assert "unknown notebook '07'" in err and "unknown notebook 'nope'" in err
+    for stem in ("01_ok", "02_fail", "03_sleep", "04_leak"):
+        assert stem in err
+    assert not (tmp_path / "build").exists()
+
+
+def test_unknown_profile_lists_profiles(nbdir, profiles, tmp_path, capsys):
+    rc, out, err = run_main(["--profile", "huge", "01", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2
+    assert "unknown profile 'huge'" in err and "smoke" in err and "full" in err
+
+
+def test_cli_unknown_name_exit_code(nbdir, profiles, tmp_path):
+    res = run_cli(["99", *common_args(nbdir, profiles, tmp_path)], timeout=60)
+    assert res.returncode == 2
+    assert "unknown notebook '99'" in res.stderr and "01_ok" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "value, given",
+    [("many", "str"), (True, "bool"), (2.5, "float"), (None, "NoneType")],
+)
+def test_wrong_type_in_profile(nbdir, tmp_path, capsys, value, given):
+    prof = tmp_path / "bad.json"
+    prof.write_text(json.dumps({"01_ok": {"smoke": {"n": value}}}))
+    rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(prof),
+                             "--output-dir", str(tmp_path / "build")], capsys)
+    assert rc == 2
+    assert "01_ok: parameter 'n' expects int" in err
+    assert f"got {given}" in err
+    assert not (tmp_path / "build").exists()
+
+
+def test_unknown_parameter(nbdir, profiles, tmp_path, capsys):
+    rc, out, err = run_main(["01", "02", "-p", "epochs=3", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2
+    assert "01_ok: unknown parameter 'epochs'" in err
+    assert "02_fail: unknown parameter 'epochs'" in err
+    assert "flag, maybe, n, name, x" in err
+
+
+def test_cli_values_are_typed_against_defaults(nbdir, profiles, tmp_path, capsys):
+    rc, out, err = run_main(
+        ["01", "--list", "-p", "x=3", "-p", "name=42", "-p", "flag=True", "-p", "maybe=[1, 2]",
+         *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 0, err
+    assert "01_ok: {'n': 5, 'x': 3, 'name': '42', 'flag': True, 'maybe': [1, 2]}" in out
+    rc, out, err = run_main(["01", "--list", "-p", "n=abc", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2
+    assert "parameter 'n' expects int" in err and "got str ('abc')" in err
+    rc, out, err = run_main(["01", "--list", "-p", "oops", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2 and "NAME=VALUE" in err
+
+
+def test_full_profile_accepts_int_for_float(nbdir, profiles, tmp_path, capsys):
+    rc, out, err = run_main(["--profile", "full", "--list", "01", *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 0, err
+    assert "01_ok: {'n': 50, 'x': 2}" in out
+
+
+def test_missing_parameters_cell(tmp_path, profiles, capsys):
+    d = tmp_path / "nb"
+    make_notebook(d / "01_ok.ipynb", OK_CELLS)
+    make_notebook(d / "02_noparams.ipynb", ["print(1)"], params=None)
+    rc, out, err = run_main(["--notebooks-dir", str(d), "--profiles", str(profiles),
+                             "--output-dir", str(tmp_path / "build")], capsys)
+    assert rc == 2
+    assert "02_noparams: no cell tagged 'parameters'" in err
+    assert not (tmp_path / "build").exists()
+
+
+def test_empty_notebooks_dir(tmp_path, profiles, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, out, err = run_main(["--notebooks-dir", str(tmp_path / "empty"), "--profiles", str(profiles)], capsys)
+    assert rc == 2 and "no notebooks" in err
+
+
+def test_name_resolution(nbdir, tmp_path):
+    make_notebook(nbdir / "06_a.ipynb", OK_CELLS)
+    make_notebook(nbdir / "06_b.ipynb", OK_CELLS)
+    resolve = rn.resolve_notebooks
+    assert [p.name for p in resolve(None, nbdir)] == [
+        "01_ok.ipynb", "02_fail.ipynb", "03_sleep.ipynb", "04_leak.ipynb", "05_die.ipynb", "06_a.ipynb",
+        "06_b.ipynb"]
+    assert resolve(["1"], nbdir) == [nbdir / "01_ok.ipynb"]
+    assert resolve(["03_sleep", str(nbdir / "01_ok.ipynb"), "01_ok.ipynb", "03"], nbdir) == [
+        nbdir / "03_sleep.ipynb", nbdir / "01_ok.ipynb"]
+    with pytest.raises(rn.ConfigError, match="ambiguous: 06_a, 06_b"):
+        resolve(["06"], nbdir)
+    with pytest.raises(rn.ConfigError, match="no such notebook file"):
+        resolve([str(tmp_path / "missing.ipynb")], nbdir)
+
+
+def test_bad_profiles_file(nbdir, tmp_path, capsys):
+    prof = tmp_path / "p.json"
+    for content, message in [
+        ("{not json", "cannot read profiles file"),
+        ('{"01_ok": {"huge": {}}}', "unknown profile 'huge'"),
+        ('{"01_ok": {"smoke": [1]}}', "must be an object"),
+    ]:
+        prof.write_text(content)
+        rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(prof)], capsys)
+        assert rc == 2 and message in err, err
+
+
+def test_expected_type_inference():
+    et = rn.expected_type
+    assert et({"inferred_type_name": "None", "default": "3"}) == ("int", False)
+    assert et({"inferred_type_name": "None", "default": "-1e-3"}) == ("float", False)
+    assert et({"inferred_type_name": "None", "default": "None"}) == (None, True)
+    assert et({"inferred_type_name": "None", "default": "2 ** 10"}) == (None, True)
+    assert et({"inferred_type_name": "int", "default": "3"}) == ("int", False)
+    assert et({"inferred_type_name": "Optional[int]", "default": "None"}) == ("int", True)
+    assert et({"inferred_type_name": "list[int]", "default": "[1]"}) == ("list", False)
+    assert et({"inferred_type_name": "str | None", "default": "None"}) == ("str", True)
+
+
+def test_parameter_papermill_cannot_parse_is_still_checked(tmp_path, profiles, capsys):
+    d = tmp_path / "nb"
+    make_notebook(d / "01_eq.ipynb", ["pass"], params="steps = 200  # 0 = all\nlr = 0.1\n")
+    args = ["--notebooks-dir", str(d), "--profiles", str(profiles), "--list"]
+    rc, out, err = run_main([*args, "-p", "steps=5"], capsys)
+    assert rc == 0 and "01_eq: {'steps': 5}" in out, err
+    rc, out, err = run_main([*args, "-p", "steps=0.5"], capsys)
+    assert rc == 2 and "parameter 'steps' expects int" in err
