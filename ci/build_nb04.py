@@ -64,8 +64,8 @@ CELLS = [
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
     world_size = 2  # DDP processes (ranks); must divide global_batch_size
     epochs = 1  # passes over the 60,000 training images
-    max_steps = 200  # optimizer steps per mode; 0 = all epochs in full (938 steps per epoch at batch 64)
-    equivalence_steps = 20  # steps over which DDP must follow the single-process loss curve (and weights); 0 = all
+    max_steps = 200  # optimizer steps per mode; 0 means all epochs in full (938 steps per epoch at batch 64)
+    equivalence_steps = 20  # steps over which DDP must follow the single-process loss curve (and weights); 0 means all
     min_accuracy = 0.85  # test accuracy every mode must reach (200 steps: ~0.88; full 1-epoch profile: 0.90)
     model = "linear"  # "linear": the seed's Linear(784, 10); "cnn": a small two-layer CNN
     global_batch_size = 64  # samples per optimizer step, all ranks together
