@@ -1,0 +1,418 @@
+"""How ``DistributedSampler`` splits a dataset over ranks, and how to evaluate without its padding
+(notebook 03).
+
+Introduced in ``notebooks/03_distributed_sampler.ipynb``. Everything here asks the **real**
+``torch.utils.data.DistributedSampler`` which indices each rank receives: it accepts
+``num_replicas`` and ``rank`` explicitly, so no process group is needed to ask it (nothing here
+re-implements its split). What it does (``torch/utils/data/distributed.py``):
+
+* ``shuffle=True``: permute ``range(N)`` with a generator seeded ``seed + epoch`` (the epoch set
+  by ``set_epoch``; 0 if never called), identically on every rank;
+* ``drop_last=False`` (default): **pad** the list with its own first items up to
+  ``total_size = ceil(N / num_replicas) * num_replicas`` so every rank gets the same number of
+  samples (equal batch counts, so no rank waits forever in a collective); ``drop_last=True``:
+  cut the tail instead (those items are never seen);
+* rank ``r`` takes ``indices[r : total_size : num_replicas]``.
+
+The sampler splits **indices**; it assumes every rank holds the *same* dataset. Padding is fine
+for training and wrong for measuring: for evaluation use :func:`unpadded_shard_indices` and
+:func:`distributed_eval_counts` (all-reduced ``correct`` and ``total`` counts), which count every
+item exactly once. ``helpers.mnist_train.distributed_accuracy`` (notebook 04) is built on them.
+
+References: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+and https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "sampler_indices",
+    "sampler_assignment",
+    "epoch_assignment",
+    "assignment_lists",
+    "times_seen",
+    "accuracy_through",
+    "plot_assignment",
+    "unpadded_shard_indices",
+    "all_reduce_counts",
+    "distributed_eval_counts",
+    "dataset_fingerprint",
+    "same_on_all_ranks",
+    "always_class_one_model",
+    "sampler_worker",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Asking the real sampler (no process group needed)
+# --------------------------------------------------------------------------------------------
+def _check_sizes(dataset_len: int, num_replicas: int) -> None:
+    if isinstance(dataset_len, bool) or not isinstance(dataset_len, int) or dataset_len < 1:
+        raise ValueError(f"dataset_len must be a positive int, got {dataset_len!r}")
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+
+
+def sampler_indices(dataset_len: int, num_replicas: int, rank: int, *, shuffle: bool = False,
+                    seed: int = 0, drop_last: bool = False, epoch: int | None = None) -> list[int]:
+    """The dataset indices rank ``rank`` receives, in order, from a fresh
+    ``torch.utils.data.DistributedSampler(range(dataset_len), num_replicas, rank, shuffle, seed,
+    drop_last)`` (``set_epoch(epoch)`` called first unless ``epoch`` is None).
+
+    Returns:
+        list of ``int`` of length ``ceil(dataset_len / num_replicas)`` (``drop_last=False``) or
+        ``dataset_len // num_replicas`` (``drop_last=True``).
+
+    Raises:
+        ValueError: ``dataset_len`` or ``num_replicas`` not a positive int, or ``rank`` outside
+            ``[0, num_replicas)`` (the sampler's own check).
+    """
+    from torch.utils.data import DistributedSampler
+
+    _check_sizes(dataset_len, num_replicas)
+    sampler = DistributedSampler(range(dataset_len), num_replicas=num_replicas, rank=rank,
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    if epoch is not None:
+        sampler.set_epoch(epoch)
+    return [int(i) for i in sampler]
+
+
+def sampler_assignment(dataset_len: int, num_replicas: int, *, shuffle: bool = False, seed: int = 0,
+                       drop_last: bool = False, epoch: int | None = None):
+    """Which rank gets which index: a ``pandas.DataFrame`` with one row per (rank, position).
+
+    Columns ``rank``, ``position`` (0-based place in that rank's order, i.e. its batch number
+    with ``batch_size=1``) and ``index`` (dataset index), all ``int64``, sorted by rank then
+    position. Arguments and errors as :func:`sampler_indices`, for every rank.
+    """
+    import pandas as pd
+
+    _check_sizes(dataset_len, num_replicas)
+    rows = [{"rank": r, "position": p, "index": i}
+            for r in range(num_replicas)
+            for p, i in enumerate(sampler_indices(dataset_len, num_replicas, r, shuffle=shuffle, seed=seed,
+                                                  drop_last=drop_last, epoch=epoch))]
+    return pd.DataFrame(rows, columns=["rank", "position", "index"]).astype("int64")
+
+
+def epoch_assignment(dataset_len: int, num_replicas: int, epochs: int, *, call_set_epoch: bool,
+                     seed: int = 0, drop_last: bool = False):
+    """Each rank's shuffled order over ``epochs`` epochs, from **one** sampler per rank reused
+    across epochs, as a training loop does; ``set_epoch(epoch)`` is called at the start of each
+    epoch only if ``call_set_epoch``.
+
+    Returns:
+        ``pandas.DataFrame`` with ``int64`` columns ``epoch``, ``rank``, ``position``, ``index``.
+
+    Raises:
+        ValueError: as :func:`sampler_indices`, or ``epochs < 1``.
+    """
+    import pandas as pd
+    from torch.utils.data import DistributedSampler
+
+    _check_sizes(dataset_len, num_replicas)
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    rows = []
+    for r in range(num_replicas):
+        sampler = DistributedSampler(range(dataset_len), num_replicas=num_replicas, rank=r, shuffle=True,
+                                     seed=seed, drop_last=drop_last)
+        for epoch in range(epochs):
+            if call_set_epoch:
+                sampler.set_epoch(epoch)
+            rows += [{"epoch": epoch, "rank": r, "position": p, "index": int(i)} for p, i in enumerate(sampler)]
+    return pd.DataFrame(rows, columns=["epoch", "rank", "position", "index"]).astype("int64")
+
+
+def assignment_lists(df) -> list[list[int]]:
+    """``[indices of rank 0, indices of rank 1, ...]`` (each in position order) from a
+    :func:`sampler_assignment` table (one epoch)."""
+    ordered = df.sort_values(["rank", "position"])
+    n_ranks = int(ordered["rank"].max()) + 1 if len(ordered) else 0
+    return [ordered.loc[ordered["rank"] == r, "index"].astype(int).tolist() for r in range(n_ranks)]
+
+
+def times_seen(df, dataset_len: int):
+    """How many times each dataset index is handed out in one epoch, over all ranks.
+
+    Returns:
+        ``pandas.Series`` of ``int64`` indexed by dataset index ``0 .. dataset_len - 1``
+        (0: never seen; 2: seen twice, i.e. padding duplicated it).
+    """
+    counts = df["index"].value_counts().reindex(range(dataset_len), fill_value=0).astype("int64")
+    counts.index.name = "index"
+    return counts.rename("times seen")
+
+
+def accuracy_through(df, correct: Sequence[bool]) -> Fraction:
+    """Accuracy as a naive distributed evaluation computes it when it iterates this sampler
+    assignment: every handed-out index counts, duplicates twice, dropped ones never.
+
+    Args:
+        df: a :func:`sampler_assignment` table.
+        correct: ``correct[i]`` is True when the model is right on dataset item ``i``.
+
+    Returns:
+        ``fractions.Fraction`` ``(sum of correct over handed-out indices) / (number handed out)``.
+    """
+    idx = df["index"].tolist()
+    return Fraction(sum(bool(correct[i]) for i in idx), len(idx))
+
+
+def plot_assignment(df, dataset_len: int, ax=None, title: str | None = None, legend: bool = True):
+    """Draw a sampler assignment: ranks as rows, dataset indices as columns.
+
+    A filled cell means "this rank receives this index" and is labelled with its position
+    (``p0`` = first batch). Indices handed out more than once in the epoch (padding) are drawn
+    in orange with a thick red edge; indices never handed out (``drop_last``) get a grey
+    hatched column. A legend explains the colours.
+
+    Args:
+        df: a :func:`sampler_assignment` table; dataset_len: number of dataset items (columns).
+        ax: a matplotlib ``Axes`` (a new figure if None); title: the axes title;
+        legend: draw the colour legend to the right of the axes.
+
+    Returns:
+        the ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.55 * dataset_len + 1.5, 0.5 * (df["rank"].max() + 1) + 1.2))
+    n_ranks = int(df["rank"].max()) + 1
+    seen = times_seen(df, dataset_len)
+    colours = {"once": "#4c72b0", "dup": "#f28e2b"}
+    for i in range(dataset_len):
+        if seen[i] == 0:
+            ax.add_patch(Rectangle((i - 0.5, -0.5), 1, n_ranks, facecolor="#dddddd", hatch="//",
+                                   edgecolor="#999999", linewidth=0.5))
+    for rank, position, index in zip(df["rank"], df["position"], df["index"]):
+        dup = seen[index] > 1
+        ax.add_patch(Rectangle((index - 0.45, rank - 0.45), 0.9, 0.9,
+                               facecolor=colours["dup" if dup else "once"],
+                               edgecolor="#c0392b" if dup else "white", linewidth=2.5 if dup else 0.5))
+        ax.text(index, rank, f"p{position}", ha="center", va="center", color="white",
+                fontsize=8, fontweight="bold")
+    ax.set_xlim(-0.5, dataset_len - 0.5)
+    ax.set_ylim(n_ranks - 0.5, -0.5)
+    ax.set_xticks(range(dataset_len))
+    ax.set_yticks(range(n_ranks), [f"rank {r}" for r in range(n_ranks)])
+    ax.set_xlabel("dataset index")
+    ax.set_ylabel("rank")
+    ax.set_aspect("equal")
+    if title:
+        ax.set_title(title, fontsize=10)
+    handles = [Patch(facecolor=colours["once"], label="seen once"),
+               Patch(facecolor=colours["dup"], edgecolor="#c0392b", linewidth=2, label="seen twice (padding)"),
+               Patch(facecolor="#dddddd", hatch="//", edgecolor="#999999", label="never seen")]
+    if legend:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return ax
+
+
+# --------------------------------------------------------------------------------------------
+# Correct distributed evaluation (usable inside workers)
+# --------------------------------------------------------------------------------------------
+def unpadded_shard_indices(dataset_len: int, rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s evaluation shard: ``[rank, rank + world_size, rank + 2 * world_size, ...]``
+    below ``dataset_len``, **without** padding.
+
+    The same interleaved split as ``DistributedSampler(shuffle=False)`` but without its padding
+    or dropping: the shards of all ranks partition ``range(dataset_len)`` (every item exactly
+    once); they may differ in length by one, which is fine for evaluation as long as every rank
+    makes the same collective calls afterwards (:func:`all_reduce_counts` once).
+
+    Returns:
+        list of ``int`` (empty when ``rank >= dataset_len``).
+
+    Raises:
+        ValueError: ``dataset_len < 0``, ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
+    """
+    if dataset_len < 0:
+        raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is outside [0, world_size={world_size})")
+    return list(range(rank, dataset_len, world_size))
+
+
+def all_reduce_counts(correct: int, total: int, device: str | torch.device = "cpu") -> tuple[int, int]:
+    """Sum ``correct`` and ``total`` over all ranks with one ``all_reduce`` (``SUM``, int64).
+
+    A collective: every rank must call it once. Without an initialised process group (one
+    process) the counts are returned unchanged. ``device``: where the count tensor lives
+    (``cuda:<local_rank>`` under nccl, ``cpu`` under gloo; see ``helpers.launch.worker_device``).
+
+    Returns:
+        ``(correct, total)`` summed over ranks, Python ints, identical on every rank.
+    """
+    counts = torch.tensor([int(correct), int(total)], dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return int(counts[0]), int(counts[1])
+
+
+def distributed_eval_counts(count_correct: Callable[[list[int]], int], dataset_len: int, rank: int,
+                            world_size: int, device: str | torch.device = "cpu") -> tuple[int, int]:
+    """Correct distributed evaluation: every item counted exactly once, same answer on every rank.
+
+    Rank ``rank`` evaluates its :func:`unpadded_shard_indices` with ``count_correct(indices)``
+    (returns how many of those items the model gets right: an int or a 0-d tensor), then
+    :func:`all_reduce_counts` sums ``correct`` and ``total = len(indices)`` over the ranks.
+    Accuracy is ``correct / total`` with ``total == dataset_len``. Compare a loop over a
+    ``DistributedSampler``, whose padding counts some items twice (``drop_last=True``: never).
+
+    Call it on every rank (it is a collective). Evaluate the plain model (``ddp_model.module``),
+    not the DDP wrapper. ``helpers.mnist_train.distributed_accuracy`` (notebook 04) uses it for
+    MNIST.
+
+    Returns:
+        ``(correct, total)``: Python ints summed over all ranks.
+
+    Raises:
+        ValueError: bad ``dataset_len``, ``rank`` or ``world_size`` (see
+            :func:`unpadded_shard_indices`), or ``count_correct`` returning a value outside
+            ``[0, len(indices)]``.
+    """
+    indices = unpadded_shard_indices(dataset_len, rank, world_size)
+    correct = int(count_correct(indices)) if indices else 0
+    if not 0 <= correct <= len(indices):
+        raise ValueError(f"count_correct returned {correct} for {len(indices)} items")
+    return all_reduce_counts(correct, len(indices), device)
+
+
+def dataset_fingerprint(data: torch.Tensor) -> torch.Tensor:
+    """A short ``(3,) float64`` summary of a tensor dataset: ``[numel, sum, position-weighted sum]``.
+
+    Equal datasets give equal fingerprints; different ones almost surely differ (including the
+    same items in a different order).
+    """
+    flat = data.detach().reshape(-1).to(torch.float64).cpu()
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    return torch.stack([torch.tensor(float(flat.numel()), dtype=torch.float64), flat.sum(), (flat * weights).sum()])
+
+
+def same_on_all_ranks(data: torch.Tensor) -> bool:
+    """Inside a worker: True when every rank holds the same ``data`` (compared through
+    ``all_gather`` of :func:`dataset_fingerprint`; same answer on every rank). A collective.
+    Without a process group: True."""
+    fp = dataset_fingerprint(data)
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    gathered = [torch.empty_like(fp) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, fp)
+    return all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def always_class_one_model() -> torch.nn.Linear:
+    """A real (tiny) classifier that predicts class 1 for every input: ``Linear(1, 2)`` with zero
+    weight and bias ``[0, 1]``. Input ``(batch, 1) float32``; output logits ``(batch, 2)``."""
+    model = torch.nn.Linear(1, 2)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([0.0, 1.0]))
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# The notebook's worker
+# --------------------------------------------------------------------------------------------
+def _eval_through_sampler(model, dataset, drop_last: bool) -> tuple[int, int, list[int]]:
+    """Naive evaluation: iterate a DistributedSampler (from the process group), count, all-reduce."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(dataset, shuffle=False, drop_last=drop_last)
+    correct = total = 0
+    seen = []
+    with torch.no_grad():
+        for idx, feats, labels in DataLoader(dataset, batch_size=2, sampler=sampler):
+            correct += int((model(feats).argmax(dim=1) == labels).sum())
+            total += len(labels)
+            seen += idx.tolist()
+    g_correct, g_total = all_reduce_counts(correct, total)
+    return g_correct, g_total, seen
+
+
+def sampler_worker(rank: int, world_size: int, base_seed: int = 0, n_items: int = 8, eval_items: int = 10,
+                   n_right: int = 5, epochs: int = 2, shuffle_seed: int = 0) -> dict:
+    """Notebook 03's live part on one rank (``launch(sampler_worker, world_size, ...)``).
+
+    Here ``DistributedSampler`` takes ``num_replicas`` and ``rank`` from the process group, as in
+    a training script. On each rank:
+
+    1. **the seed**: a dataset of ``n_items`` random values built *per rank* (seed
+       ``base_seed + rank``, so index ``i`` means different data on each rank) and one built
+       identically everywhere (seed ``base_seed``); each is iterated with
+       ``DataLoader(batch_size=1, sampler=DistributedSampler(shuffle=False))``, printing every
+       batch; :func:`same_on_all_ranks` checks both;
+    2. **evaluation**: ``eval_items`` items, labels 1 for the first ``n_right`` and 0 after,
+       evaluated with :func:`always_class_one_model` (right on exactly items ``0 .. n_right-1``)
+       through a padded sampler, a ``drop_last`` sampler, and :func:`distributed_eval_counts`;
+    3. **set_epoch**: one ``DistributedSampler(shuffle=True, seed=shuffle_seed)`` over
+       ``n_items`` for ``epochs`` epochs without ``set_epoch``, and one with it.
+
+    Returns:
+        dict: ``rank``; ``own_data`` / ``shared_data`` (``(n_items,) float32``); ``own_seen`` /
+        ``shared_seen``: ``[(index, value), ...]`` in batch order; ``own_same`` /
+        ``shared_same`` (bools from :func:`same_on_all_ranks`); ``eval``: ``{"padded",
+        "drop_last", "unpadded"}`` each ``(correct, total)`` summed over ranks, plus
+        ``eval_seen``: ``{"padded", "drop_last", "unpadded"}`` this rank's indices;
+        ``orders``: ``{"without set_epoch": [[...] per epoch], "with set_epoch": [...]}``.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    out: dict = {"rank": rank}
+    # 1. the seed: per-rank random data versus identical data
+    torch.manual_seed(base_seed + rank)
+    own = torch.randn(n_items)
+    shared = torch.randn(n_items, generator=torch.Generator().manual_seed(base_seed))
+    for name, data in (("own", own), ("shared", shared)):
+        ds = TensorDataset(torch.arange(n_items), data)
+        loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, shuffle=False))
+        seen = []
+        for b, (idx, val) in enumerate(loader):
+            seen.append((int(idx), float(val)))
+            print(f"{name + ' data':>12}, batch {b}: index {int(idx)}, value {float(val):+.4f}", flush=True)
+        out[f"{name}_data"] = data
+        out[f"{name}_seen"] = seen
+        out[f"{name}_same"] = same_on_all_ranks(data)
+
+    # 2. evaluation: padded sampler, drop_last sampler, unpadded shards
+    model = always_class_one_model()
+    labels = (torch.arange(eval_items) < n_right).long()
+    feats = torch.arange(eval_items, dtype=torch.float32).unsqueeze(1)
+    ds = TensorDataset(torch.arange(eval_items), feats, labels)
+    out["eval"], out["eval_seen"] = {}, {}
+    for name, drop_last in (("padded", False), ("drop_last", True)):
+        c, t, seen = _eval_through_sampler(model, ds, drop_last)
+        out["eval"][name], out["eval_seen"][name] = (c, t), seen
+
+    def count_correct(indices: list[int]) -> int:
+        with torch.no_grad():
+            return int((model(feats[indices]).argmax(dim=1) == labels[indices]).sum())
+
+    out["eval"]["unpadded"] = distributed_eval_counts(count_correct, eval_items, rank, world_size)
+    out["eval_seen"]["unpadded"] = unpadded_shard_indices(eval_items, rank, world_size)
+    for name, (c, t) in out["eval"].items():
+        print(f"{'eval ' + name:>12}: my indices {out['eval_seen'][name]}, all ranks: {c}/{t} correct", flush=True)
+
+    # 3. set_epoch: one sampler reused over epochs, as in a training loop
+    out["orders"] = {}
+    for name, call in (("without set_epoch", False), ("with set_epoch", True)):
+        sampler = DistributedSampler(range(n_items), shuffle=True, seed=shuffle_seed)
+        per_epoch = []
+        for epoch in range(epochs):
+            if call:
+                sampler.set_epoch(epoch)
+            per_epoch.append([int(i) for i in sampler])
+        out["orders"][name] = per_epoch
+        print(f"{name:>17}: " + "  ".join(f"epoch {e}: {o}" for e, o in enumerate(per_epoch)), flush=True)
+    return out
