@@ -260,8 +260,9 @@ CELLS = [
     Metrics are reduced, not read off one rank: the per-step loss of each rank is all-reduced
     once after training (one collective, not one per step) into the global loss, and test
     accuracy comes from `distributed_accuracy(ddp.module, ...)`: rank `r` scores its own
-    own contiguous, unpadded `1 / world_size` of the test set through the plain module (not the
-    DDP wrapper), and the correct/total counts are all-reduced. Worker output appears prefixed `[rank r]`; only rank 0
+    unpadded shard (items `r, r + world_size, ...`: `helpers.sampler.distributed_eval_counts`
+    from notebook 03) through the plain module (not the DDP wrapper), and the correct/total
+    counts are all-reduced. Worker output appears prefixed `[rank r]`; only rank 0
     shows a progress bar.
 
     **Claim:** every rank reports the same global loss curve and the same test accuracy, which

@@ -43,6 +43,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers.sampler import distributed_eval_counts
+
 MODELS = ("linear", "cnn")
 
 
@@ -214,8 +216,9 @@ def distributed_accuracy(
 ) -> float:
     """Test accuracy over the **whole** set, computed jointly by all ranks (notebook 04).
 
-    Rank ``r`` evaluates the contiguous, unpadded shard ``[r*N//W, (r+1)*N//W)`` of the ``N``
-    images; the ranks then all-reduce (sum) their ``[correct, total]`` counts, so every rank
+    Rank ``r`` evaluates its unpadded shard ``r, r + W, r + 2W, ...`` of the ``N`` images
+    (:func:`helpers.sampler.distributed_eval_counts`, notebook 03); the ranks then all-reduce
+    (sum) their ``[correct, total]`` counts, so every rank
     returns the same exact accuracy and no image is counted twice (``DistributedSampler`` would
     pad the shards with repeats; that is fine for training, wrong for measuring).
 
@@ -244,20 +247,22 @@ def distributed_accuracy(
     if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("distributed_accuracy with world_size > 1 needs an initialised process group")
     device = next(model.parameters()).device
-    n = images.shape[0]
-    start, stop = rank * n // world_size, (rank + 1) * n // world_size
     was_training = model.training
     model.eval()
-    correct = 0
-    for i in range(start, stop, batch_size):
-        j = min(i + batch_size, stop)
-        logits = model(images[i:j].to(device, non_blocking=True))
-        correct += int((logits.argmax(dim=1) == labels[i:j].to(device)).sum())
+
+    def count_correct(indices: list[int]) -> int:
+        idx = torch.tensor(indices, dtype=torch.int64)
+        correct = 0
+        for i in range(0, len(idx), batch_size):
+            batch = idx[i:i + batch_size]
+            logits = model(images[batch].to(device, non_blocking=True))
+            correct += int((logits.argmax(dim=1) == labels[batch].to(device)).sum())
+        return correct
+
+    with torch.no_grad():
+        correct, total = distributed_eval_counts(count_correct, images.shape[0], rank, world_size, device)
     model.train(was_training)
-    counts = torch.tensor([correct, stop - start], dtype=torch.int64, device=device)
-    if world_size > 1:
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return counts[0].item() / counts[1].item()
+    return correct / total
 
 
 # --------------------------------------------------------------------------------------------

@@ -98,3 +98,21 @@ def test_profiles_match_notebook_parameters(profile):
         rn.plan_run(None, profile)
     except rn.ConfigError as e:
         pytest.fail(f"profile {profile!r}: {e}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_sees_every_parameter(path):
+    """papermill silently skips a parameters line it cannot parse (e.g. ``x = 1  # 0 = all``):
+    such a parameter cannot be overridden by a profile. Every assignment must be visible."""
+    import ast
+
+    import papermill
+
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assigned = [t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)]
+    seen = set(papermill.inspect_notebook(str(path)))
+    missing = [name for name in assigned if name not in seen]
+    assert not missing, (f"{path.name}: papermill cannot parse the parameters {missing}; "
+                         "avoid '=' or '>=' inside their comments")
