@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python ci/run_notebooks.py [--profile smoke|full] [--output-dir build]
                                [--cell-timeout SECONDS] [-p NAME=VALUE ...]
                                [--fail-fast] [--notebooks-dir DIR] [--profiles FILE]
-                               [--list] [NOTEBOOK ...]
+                               [--list] [--gallery | --no-gallery] [NOTEBOOK ...]
 
 ``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``) or a path to
 an ``.ipynb`` file; without any, every ``notebooks/*.ipynb`` runs, sorted by name. Each
@@ -45,6 +45,10 @@ the kernel's tree, or that is still a descendant of the runner (on Linux the run
 "child subreaper", so orphaned grandchildren are re-parented to it and found), is given a few
 seconds to exit, then killed, and the notebook is reported as failed with
 "N process(es) left behind".
+
+Gallery (``--gallery``, on by default for the ``full`` profile; ``--no-gallery``): after the
+run, every executed notebook (failed ones too) is rendered to ``<stem>.html`` next to it and
+``<output-dir>/<profile>/index.html`` lists them with status and seconds (``ci/gallery.py``).
 
 Exit codes:
     0  every notebook ran without error;
@@ -889,7 +893,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"profiles file (default {DEFAULT_PROFILES_FILE})")
     parser.add_argument("--list", action="store_true",
                         help="list the selected notebooks with their final parameters, run nothing")
+    parser.add_argument("--gallery", action=argparse.BooleanOptionalAction, default=None,
+                        help="render the executed notebooks to HTML with an index.html in "
+                        "OUTPUT_DIR/<profile>/ (ci/gallery.py); default: on for the full "
+                        "profile, off otherwise")
     return parser
+
+
+def _write_gallery(rows: list[dict], folder: Path, profile: str) -> Path:
+    """ci/gallery.py's :func:`write_gallery`, loaded by path (this file also runs as a script)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "gallery.py"
+    spec = importlib.util.spec_from_file_location("_ddp_lab_gallery", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_gallery(rows, folder, profile=profile)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -914,6 +933,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
     print()
     print(format_table(rows))
+    gallery_failed = False
+    if args.gallery if args.gallery is not None else plan.profile == "full":
+        try:
+            index = _write_gallery(rows, plan.output_dir / plan.profile, plan.profile)
+            print(f"\ngallery: {index}")
+        except Exception as e:  # noqa: BLE001 - report, then fail the run
+            gallery_failed = True
+            print(f"\nerror: the gallery could not be written: {type(e).__name__}: {e}", file=sys.stderr)
     bad = [r for r in rows if r["status"] not in (STATUS_OK, STATUS_SKIPPED)]
     if bad:
         print()
@@ -923,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    executed notebook: {r['output']}")
         sys.stdout.flush()
         return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_FAILED if gallery_failed else EXIT_OK
 
 
 if __name__ == "__main__":
