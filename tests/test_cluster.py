@@ -1,0 +1,276 @@
+"""helpers.cluster and helpers.comm_hooks (notebook 07): torchrun entry point, multi-node
+rehearsals on one host, failures and restarts, communication hook byte counts.
+
+The integration tests start real torchrun agents as subprocesses (``python -m
+torch.distributed.run``) on loopback, or in two network namespaces created for the test when
+``ip netns`` is permitted (skipped with the reason otherwise), and check that no agent, worker
+or namespace is left behind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import helpers.cluster as cluster
+from helpers.cluster import (
+    AgentRun,
+    TwoNodeNetwork,
+    cluster_commands,
+    failure_report,
+    free_port,
+    netns_available,
+    run_agents,
+    run_job,
+    torchrun_command,
+)
+from helpers.comm_hooks import HookSpec, expected_bytes_per_step, hooks_worker, powersgd_compresses
+from helpers.launch import launch
+from helpers.mnist_train import TrainConfig, ddp_train_worker
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 20
+ARGS = ["--max-steps", STEPS, "--no-progress", "--backend", "gloo"]
+
+
+def _why(job) -> str:
+    return "\n".join(f"--- node {a.node}: exit {a.returncode}, timed out {a.timed_out}\n{a.tail(40)}"
+                     for a in job.agents)
+
+
+# ------------------------------------------------------------------------------ commands, docs
+
+
+def test_commands_are_in_the_module_docstring_and_docs():
+    doc_lines = {line.strip() for line in cluster.__doc__.splitlines()}
+    docs = (ROOT / "docs" / "CLUSTER.md").read_text()
+    docs_lines = {line.strip() for line in docs.splitlines()}
+    for title, text in cluster_commands().items():
+        for line in text.splitlines():
+            assert line.strip() in doc_lines, f"{title}: {line!r} missing from helpers/cluster.py's docstring"
+            assert line.strip() in docs_lines, f"{title}: {line!r} missing from docs/CLUSTER.md"
+
+
+def test_torchrun_command_shapes_and_errors():
+    single = torchrun_command(["--max-steps", 5], nproc_per_node=2, standalone=True)
+    assert single[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in single and "--nproc-per-node=2" in single
+    assert single[-4:] == ["-m", "helpers.cluster", "--max-steps", "5"]
+    multi = torchrun_command([], nnodes=2, rdzv_endpoint="127.0.0.1:1234", rdzv_id="x", is_host=False,
+                             local_addr="127.0.0.1", max_restarts=3, prefix=["ip", "netns", "exec", "n1"])
+    assert multi[:4] == ["ip", "netns", "exec", "n1"]
+    for part in ("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--rdzv-id=x",
+                 "--rdzv-conf=join_timeout=60,is_host=0", "--local-addr=127.0.0.1", "--max-restarts=3"):
+        assert part in multi, part
+    with pytest.raises(ValueError, match="standalone"):
+        torchrun_command([], standalone=True, rdzv_endpoint="h:1")
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_command([])
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    port = free_port()
+    assert 1024 <= port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_failure_report_parses_torchrun_summary():
+    text = """
+[rank1]: boom
+============================================================
+helpers.cluster FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : localhost
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 42)
+  error_file: /tmp/x/error.json
+  traceback : Traceback (most recent call last):
+    File "x.py", line 1, in f
+  InjectedFailure: injected failure: rank 1, training step 3
+============================================================
+"""
+    r = failure_report(AgentRun(0, [], 1, 1.0, "", text))
+    assert (r["rank"], r["local_rank"], r["exitcode"]) == (1, 0, 1)
+    assert r["error"].startswith("InjectedFailure: injected failure") and r["text"].startswith("helpers.cluster FAILED")
+    assert failure_report(AgentRun(0, [], 0, 1.0, "all good", "")) is None
+
+
+# ------------------------------------------------------------------------------ comm hook formulas
+
+
+def test_hook_byte_formulas():
+    shapes = [(10, 784), (10,)]
+    p = 7850
+    assert expected_bytes_per_step(shapes, HookSpec("allreduce"), 1) == 4 * p
+    for name in ("fp16", "bf16"):
+        assert 2 * expected_bytes_per_step(shapes, HookSpec(name), 7) == expected_bytes_per_step(shapes, HookSpec("allreduce"), 7)
+    for r in (1, 4):
+        spec = HookSpec("powersgd", rank=r, start_iter=3)
+        assert expected_bytes_per_step(shapes, spec, 3) == 4 * p  # plain all-reduce up to start_iter
+        assert expected_bytes_per_step(shapes, spec, 4) == 4 * ((10 + 784) * r + 10)  # P, Q; bias uncompressed
+    assert not powersgd_compresses((10, 784), 5)  # (10 + 784) * 5 * 2 = 7940 >= 7840
+    assert expected_bytes_per_step(shapes, HookSpec("powersgd", rank=5, start_iter=2), 9) == 4 * p
+
+
+def test_powersgd_compresses_matches_torch():
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    for shape in [(10, 784), (10,), (8, 1, 3, 3), (16, 8, 3, 3), (64, 64), (3, 1000)]:
+        n = shape[0]
+        m = int(torch.Size(shape).numel()) // n
+        for r in (1, 2, 4, 8):
+            assert powersgd_compresses(shape, r) == _should_compress(n, m, min(n, m, r), 2)[0], (shape, r)
+
+
+def test_hook_spec_validation():
+    with pytest.raises(ValueError, match="unknown hook"):
+        HookSpec("int8")
+    with pytest.raises(ValueError, match="rank"):
+        HookSpec("powersgd", rank=0)
+    with pytest.raises(ValueError, match="start_iter"):
+        HookSpec("powersgd", rank=1, start_iter=1)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_hooks_worker_counts_match_the_formulas():
+    specs = [HookSpec("allreduce"), HookSpec("fp16"), HookSpec("powersgd", rank=1, start_iter=2)]
+    per_rank = launch(hooks_worker, 2, TrainConfig(max_steps=6, progress=False), specs, backend="gloo", timeout=240)
+    for rows in per_rank:
+        for spec, row in zip(specs, rows):
+            assert row["error"] is None, row["error"]
+            assert row["bytes_per_step"] == row["expected_bytes_per_step"], spec
+            assert row["bytes_per_step"] == [expected_bytes_per_step(row["shapes"], spec, s) for s in range(1, 7)]
+    fp32, fp16, psgd = per_rank[0]
+    assert [2 * b for b in fp16["bytes_per_step"]] == fp32["bytes_per_step"]
+    assert psgd["bytes_per_step"][2:] == [4 * (794 + 10)] * 4 and psgd["calls_per_step"][-1] == 3
+
+
+# ------------------------------------------------------------------------------ torchrun jobs
+
+
+@pytest.fixture(scope="module")
+def single_node_job():
+    job = run_job(ARGS, nodes=1, nproc_per_node=2, timeout=240)
+    assert job.ok, _why(job)
+    assert not job.leftovers()
+    return job
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_torchrun_single_node_equals_launch(single_node_job):
+    ranks = single_node_job.ranks
+    assert [h["rank"] for h in ranks] == [0, 1] and all(h["steps"] == STEPS for h in ranks)
+    assert [h["node"]["LOCAL_RANK"] for h in ranks] == ["0", "1"]
+    launched = launch(ddp_train_worker, 2, TrainConfig(max_steps=STEPS, progress=False), backend="gloo", timeout=240)
+    assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(launched[0]["losses"]))
+    assert abs(ranks[0]["test_accuracy"] - launched[0]["test_accuracy"]) <= 2e-4
+
+
+def _check_two_nodes(job, reference):
+    assert job.ok, _why(job)
+    assert not job.leftovers()
+    nodes = job.node_table()
+    assert [r["RANK"] for r in nodes] == [0, 1]
+    assert [r["GROUP_RANK (node)"] for r in nodes] == [0, 1], "rank r should run on node r"
+    assert {r["WORLD_SIZE"] for r in nodes} == {2} and {r["LOCAL_RANK"] for r in nodes} == {0}
+    assert_close(torch.tensor(job.ranks[0]["losses"]), torch.tensor(reference.ranks[0]["losses"]))
+    assert job.ranks[0]["test_accuracy"] == job.ranks[1]["test_accuracy"]
+    assert abs(job.ranks[0]["test_accuracy"] - reference.ranks[0]["test_accuracy"]) <= 2e-4
+    return nodes
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_two_node_rehearsal_on_loopback(single_node_job):
+    job = run_job(ARGS, nodes=2, nproc_per_node=1, timeout=240)
+    nodes = _check_two_nodes(job, single_node_job)
+    assert {r["MASTER_ADDR"] for r in nodes} == {"127.0.0.1"} and {r["GLOO_SOCKET_IFNAME"] for r in nodes} == {"lo"}
+    assert all("--rdzv-endpoint=127.0.0.1:" in c for c in job.commands)
+
+
+@pytest.fixture(scope="module")
+def netns_ok():
+    ok, why = netns_available()
+    if not ok:
+        pytest.skip(f"network namespaces not available here: {why}")
+
+
+@pytest.mark.usefixtures("no_leftover_processes", "netns_ok")
+def test_two_node_rehearsal_in_network_namespaces(single_node_job):
+    import os
+
+    with TwoNodeNetwork() as net:
+        assert len(net.exists()) == 2
+        before = [net.counters(i) for i in range(2)]
+        job = run_job(ARGS, nodes=2, nproc_per_node=1, network=net, timeout=240)
+        after = [net.counters(i) for i in range(2)]
+    assert net.exists() == [], "namespaces must be deleted"
+    nodes = _check_two_nodes(job, single_node_job)
+    spaces = {r["network namespace"] for r in nodes}
+    assert len(spaces) == 2 and os.readlink("/proc/self/ns/net") not in spaces
+    assert {r["MASTER_ADDR"] for r in nodes} == {net.addresses[0]}
+    floor = STEPS * 4 * 7850  # each node must receive at least P float32 numbers per step
+    for i in range(2):
+        assert after[i]["rx_bytes"] - before[i]["rx_bytes"] >= floor
+        assert after[i]["tx_bytes"] - before[i]["tx_bytes"] >= floor
+
+
+@pytest.mark.usefixtures("netns_ok")
+def test_network_namespaces_are_removed_on_error():
+    net = TwoNodeNetwork()
+    with pytest.raises(RuntimeError, match="boom"):
+        with net:
+            assert len(net.exists()) == 2
+            raise RuntimeError("boom")
+    assert net.exists() == []
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_node_failure_both_agents_exit_nonzero():
+    job = run_job(ARGS + ["--fail-rank", 1, "--fail-at-step", 3], nodes=2, nproc_per_node=1, timeout=240)
+    assert not job.leftovers()
+    reports = [failure_report(a) for a in job.agents]
+    for a, r in zip(job.agents, reports):
+        assert not a.timed_out and a.returncode not in (0, None), _why(job)
+        assert r is not None, _why(job)
+    by_rank = {r["rank"]: r for r in reports}  # each node names its own worker as the root cause
+    assert sorted(by_rank) == [0, 1], reports
+    assert "InjectedFailure" in by_rank[1]["error"] and "InjectedFailure" not in by_rank[0]["error"]
+    assert job.ranks == []
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_max_restarts_restarts_the_worker_group(single_node_job):
+    job = run_job(ARGS + ["--fail-rank", 1, "--fail-at-step", 3, "--fail-attempts", 1], nodes=2, nproc_per_node=1,
+                  max_restarts=1, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, timeout=240)
+    assert job.ok, _why(job)
+    assert not job.leftovers()
+    counts = [int(h["node"]["TORCHELASTIC_RESTART_COUNT"]) for h in job.ranks]
+    assert counts[1] == 1 and counts[0] in (0, 1), counts
+    assert_close(torch.tensor(job.ranks[0]["losses"]), torch.tensor(single_node_job.ranks[0]["losses"]))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_timeout_kills_agent_and_workers(tmp_path):
+    """One agent of a two-node job waits at the rendezvous forever: the timeout ends it."""
+    port = free_port()
+    marker = f"ddp-lab-timeout-{port}"
+    cmd = torchrun_command(ARGS, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=marker, is_host=True,
+                           local_addr="127.0.0.1", log_dir=tmp_path / "torchrun-logs")
+    (run,) = run_agents([cmd], timeout=8, env={"GLOO_SOCKET_IFNAME": "lo"})
+    assert run.timed_out and run.returncode is None
+    assert not cluster.processes_matching(marker), "the agent (and any worker) must be gone"
