@@ -3,7 +3,7 @@
 
 Usage (from the repository root)::
 
-    python ci/run_notebooks.py [--profile smoke|full] [--output-dir build]
+    python ci/run_notebooks.py [--profile smoke|full|gpu] [--output-dir build]
                                [--cell-timeout SECONDS] [-p NAME=VALUE ...]
                                [--fail-fast] [--notebooks-dir DIR] [--profiles FILE]
                                [--list] [--gallery | --no-gallery] [NOTEBOOK ...]
@@ -80,7 +80,7 @@ DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_PROFILES_FILE = Path(__file__).resolve().parent / "profiles.json"
 
 #: Known profiles and their default per-cell timeout in seconds.
-PROFILE_CELL_TIMEOUTS: dict[str, int] = {"smoke": 300, "full": 1800}
+PROFILE_CELL_TIMEOUTS: dict[str, int] = {"smoke": 300, "full": 1800, "gpu": 1800}
 PROFILES = tuple(PROFILE_CELL_TIMEOUTS)
 KERNEL_NAME = "python3"
 #: Seconds a process still alive after the kernel shut down may take to exit on its own.
@@ -780,6 +780,16 @@ def plan_run(
     return Plan(jobs, profile, Path(output_dir).resolve(), timeout)
 
 
+def require_device(profile: str) -> None:
+    """Refuse, before any notebook runs, a profile whose hardware is missing (never a silent skip)."""
+    if profile == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("profile 'gpu' runs the notebooks on a CUDA GPU (nccl, real nn.DataParallel), "
+                              "but torch.cuda.is_available() is False here; use --profile full on a CPU machine")
+
+
 def execute_plan(
     plan: Plan,
     *,
@@ -839,6 +849,7 @@ def run_notebooks(
         names, profile, output_dir, cell_timeout, extra_params,
         notebooks_dir=notebooks_dir, profiles_file=profiles_file,
     )
+    require_device(plan.profile)
     return execute_plan(plan, fail_fast=fail_fast, progress=progress)
 
 
@@ -926,6 +937,11 @@ def main(argv: list[str] | None = None) -> int:
         for job in plan.jobs:
             print(f"{job.name}: {job.params or '(notebook defaults)'}")
         return EXIT_OK
+    try:
+        require_device(plan.profile)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
     def progress(msg: str) -> None:
         print(msg, flush=True)
@@ -934,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     gallery_failed = False
-    if args.gallery if args.gallery is not None else plan.profile == "full":
+    if args.gallery if args.gallery is not None else plan.profile in ("full", "gpu"):
         try:
             index = _write_gallery(rows, plan.output_dir / plan.profile, plan.profile)
             print(f"\ngallery: {index}")

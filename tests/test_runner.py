@@ -353,3 +353,13 @@ def test_parameter_papermill_cannot_parse_is_still_checked(tmp_path, profiles, c
     assert rc == 0 and "01_eq: {'steps': 5}" in out, err
     rc, out, err = run_main([*args, "-p", "steps=0.5"], capsys)
     assert rc == 2 and "parameter 'steps' expects int" in err
+
+
+def test_gpu_profile_refused_without_cuda(capsys):
+    """The gpu profile never 'passes' on a CPU machine by skipping: it is refused before running."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the gpu profile would run")
+    assert rn.main(["--profile", "gpu", "01"]) == rn.EXIT_USAGE
+    assert "torch.cuda.is_available() is False" in capsys.readouterr().err
