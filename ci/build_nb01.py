@@ -18,6 +18,9 @@ from textwrap import dedent
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from helpers.notebook import exercise_cells  # noqa: E402
+
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "01_gradients_dp_vs_ddp.ipynb"
 
 
@@ -54,14 +57,27 @@ CELLS = [
     | DP emulation `helpers.gradients.EmulatedDataParallel` (3c) | runs (clearly labelled emulation) | runs too, for comparison |
 
     **New here:** the launcher (`launch(fn, world_size, ...)` returns each rank's result to the
-    cell), DP's scatter / replicate / gather, DDP's all-reduce of gradients, and sum versus mean
-    losses. Run time: about 25 s on 2 CPU cores, half of it the worker processes starting.
+    cell), [DP](../docs/GLOSSARY.md#dp)'s scatter / replicate / gather,
+    [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients
+    over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank), and
+    sum versus mean losses. Every term is defined (with its Chinese name) in the
+    [glossary](../docs/GLOSSARY.md). Run time: about 12–22 s on 2 CPU cores, half of it
+    the worker processes starting. The notebook ends with three exercises, each checked by a
+    cell.
     """),
     code(r"""
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
     world_size = 2  # number of DDP ranks (processes); 1, 2 or 4 (section 4 splits 4 samples evenly)
     seed = 0  # seeds the Linear toy's weights and its inputs
     """, tags=["parameters"]),
+    code(r"""
+    # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(world_size=(world_size, int), seed=(seed, int))
+    check_value("world_size", world_size, world_size in (1, 2, 4),
+                "1, 2 or 4: section 4 splits its 4 samples evenly over the ranks")
+    """),
     code(r"""
     import time
 
@@ -85,10 +101,7 @@ CELLS = [
     from helpers.launch import launch
 
     LR = 1e-3  # SGD learning rate of section 4 (the numbers 0.94, 0.97, 0.985 assume it)
-    assert isinstance(world_size, int) and world_size >= 1, f"world_size must be a positive int, got {world_size!r}"
-    assert len(SCALAR_X) % world_size == 0, (
-        f"section 4 splits its {len(SCALAR_X)} samples evenly over the ranks: "
-        f"world_size={world_size} does not divide {len(SCALAR_X)}; use 1, 2 or 4")
+    assert len(SCALAR_X) % world_size == 0, f"world_size={world_size} must divide the {len(SCALAR_X)} samples of section 4"
 
     n_gpus = torch.cuda.device_count()
     print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {world_size}; seed = {seed}")
@@ -144,8 +157,8 @@ CELLS = [
     the gradients across ranks and divides by `world_size`.
 
     Starting processes costs a few seconds of `import torch` each, so this one launch
-    (`ddp_notebook01_worker`) runs every DDP experiment of the notebook, section 4's included.
-    Worker prints appear below prefixed `[rank r]`.
+    (`ddp_notebook01_worker`) runs every DDP experiment of the notebook, section 4's included
+    (about 4–12 s on a 2-core laptop). Worker prints appear below prefixed `[rank r]`.
     """),
     code(r"""
     t0 = time.perf_counter()
@@ -458,15 +471,81 @@ CELLS = [
 
     ## Exercises
 
-    1. Predict, then check with `papermill ... -p world_size 4`: the DDP gradient for the summed
-       loss, for the mean loss, and for the mean loss × `world_size`. Which rows of the heatmaps
-       change, and by what factor?
-    2. Uneven shards: take the batch `[-1, 2, -3, 4, 5]` split 3 + 2 over two ranks (as DP's
-       `x.chunk(2)` would). By hand, compute the average of the two ranks' **mean**-loss
-       gradients and compare with the single-process mean-loss gradient. Check the
-       single-process and DP sides with `scalar_sgd_step([-1, 2, -3, 4, 5], "mean", wrap=lambda
-       m: EmulatedDataParallel(m, 2))`. Why does DDP no longer match, and what would fix it?
+    Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+    check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+    collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+    every solution, so they are known to be right. None of them starts new processes.
     """),
+    *exercise_cells(1, "the Linear toy on 4 ranks", r"""
+        Run in your head what section 2 ran for `world_size = 4`: the toy is then `Linear(2, 5)`,
+        4 samples, one per rank, labels one-hot on the rank. After DDP's backward, what is the
+        **bias gradient** every rank holds? Answer with a list of 5 numbers.
+        """, r"""
+        # expected: each rank's local gradient of its own sample (this notebook's helpers, no processes),
+        # averaged as DDP's all-reduce and division by the world size do
+        x4, labels4 = linear_toy_batch(4, seed)
+        model4 = linear_toy_model(4, seed)
+        local4 = [single_device_grads(model4, x4[r : r + 1], labels4[r : r + 1])["bias"] for r in range(4)]
+        expected_1 = (sum(local4) / 4).tolist()
+        if world_size == 4:  # this run launched 4 real ranks: DDP must agree
+            assert_close(lin[0]["ddp_bias_grad"], torch.tensor(expected_1), msg="DDP's bias gradient, 4 ranks")
+        check_answer("ex1", answer_1, expected_1,
+                     hint="which bias entries does sample r touch, and what does DDP divide by?")
+        """, r"""
+        # Sample r has its label one-hot on unit r, so d loss / d bias is 1 at entry r and 0 elsewhere:
+        # only rank r has a 1 in entry r. DDP sums the 4 ranks' gradients and divides by 4, so
+        # entries 0..3 become 1/4; entry 4 (the control unit, no label) stays 0 everywhere.
+        solution_1 = [1 / 4, 1 / 4, 1 / 4, 1 / 4, 0.0]
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "the summed loss on 4 ranks", r"""
+        Section 4's scalar toy (`w = 1`, `x = [-1, 2, -3, 4]`, summed loss `sum((w x)^2)`) on
+        `world_size = 4`: each rank holds one sample. What gradient `dL/dw` does every rank hold
+        after DDP's backward? Answer with a number.
+        """, r"""
+        # expected: one real SGD step of each rank's contiguous shard (as ddp_scalar_worker splits the
+        # batch), in this process, and DDP's average of the ranks' gradients
+        shards4 = torch.tensor(SCALAR_X).chunk(4)
+        expected_2 = sum(scalar_sgd_step(s, "sum", LR)["grad"] for s in shards4) / 4
+        if world_size == 4:  # this run launched 4 real ranks
+            assert_close(ddp["sum"]["grad"], expected_2, msg="DDP's summed-loss gradient, 4 ranks")
+        check_answer("ex2", answer_2, expected_2, hint="one process gets 60; what does DDP do with 4 ranks' gradients?")
+        """, r"""
+        # One process: dL/dw = 2 w sum(x^2) = 2 * (1 + 4 + 9 + 16) = 60. Each rank sums over its own
+        # sample only (2, 8, 18, 32); DDP averages them: 60 / 4 = 15 (w after the step: 0.985).
+        solution_2 = 2 * sum(v**2 for v in (-1, 2, -3, 4)) / 4
+        check_answer("ex2", solution_2, expected_2, strict=True)
+        """),
+    *exercise_cells(3, "uneven shards", r"""
+        The global batch `[-1, 2, -3, 4, 5]` (5 samples) is split 3 + 2 over two ranks
+        (`[-1, 2, -3]` and `[4, 5]`, as `x.chunk(2)` splits it), each rank uses the **mean** loss
+        `mean((w x)^2)` at `w = 1`. What gradient does DDP give every rank? Answer with a number
+        (4 significant digits are enough) or a fraction as text, such as `"7/12"`. Then compare
+        with one process's mean-loss gradient over the 5 samples: why do they differ, and what
+        loss on each rank would make DDP match?
+        """, r"""
+        # expected: the real mean-loss gradient of each rank's shard (torch's chunk(2): 3 + 2), averaged
+        batch5 = torch.tensor([-1.0, 2.0, -3.0, 4.0, 5.0])
+        expected_3 = sum(scalar_sgd_step(s, "mean", LR)["grad"] for s in batch5.chunk(2)) / 2
+        check_answer("ex3", answer_3, expected_3, rel_tol=1e-3,
+                     hint="each rank's mean-loss gradient is 2 * mean(x^2) over its own samples")
+        """, r"""
+        from fractions import Fraction
+
+        # Each rank's mean-loss gradient is 2 * mean(x^2) over its own shard:
+        rank0, rank1 = [-1, 2, -3], [4, 5]
+        g0 = Fraction(2 * sum(v**2 for v in rank0), len(rank0))  # 28/3
+        g1 = Fraction(2 * sum(v**2 for v in rank1), len(rank1))  # 41
+        solution_3 = (g0 + g1) / 2  # DDP's average: 151/6, about 25.17
+        one_process = Fraction(2 * sum(v**2 for v in rank0 + rank1), 5)  # 22
+        print(f"DDP: {solution_3} = {float(solution_3):.4f}; one process, mean over 5 samples: {one_process}")
+        # They differ because averaging two means weighs each of rank 1's 2 samples 1/4 and each of
+        # rank 0's 3 samples 1/6, instead of 1/5 each. The fix: on every rank, loss = sum over its
+        # samples * world_size / global batch size (here 2 / 5); DDP's average then gives 22.
+        fixed = (Fraction(2, 5) * 2 * sum(v**2 for v in rank0) + Fraction(2, 5) * 2 * sum(v**2 for v in rank1)) / 2
+        assert fixed == one_process == 22, (fixed, one_process)
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 

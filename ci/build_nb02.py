@@ -18,6 +18,9 @@ from textwrap import dedent
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from helpers.notebook import exercise_cells  # noqa: E402
+
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "02_one_model_many_processes.ipynb"
 ID_PREFIX = "nb02"
 
@@ -57,8 +60,13 @@ CELLS = [
 
     **New here** (after notebook 01): DDP's **broadcast** of rank 0's parameters and buffers at
     construction, what it does *not* synchronise (a plain tensor attribute), and why
-    "all ranks start equal + all ranks apply the same all-reduced gradient" keeps them equal.
-    Run time: about 10–30 s on 2 CPU cores, almost all of it the worker processes starting.
+    "all ranks start equal + all ranks apply the same all-reduced gradient" keeps them equal:
+    each [rank](../docs/GLOSSARY.md#rank) holds its own [replica](../docs/GLOSSARY.md#replica),
+    and [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
+    [all-reduce](../docs/GLOSSARY.md#all-reduce) in the [process group](../docs/GLOSSARY.md#process-group).
+    Every term is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md).
+    Run time: about 13–33 s on 2 CPU cores, almost all of it the worker processes
+    starting. The notebook ends with three exercises, each checked by a cell.
     """),
     code(r"""
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -67,6 +75,16 @@ CELLS = [
     lr = 0.01  # SGD learning rate of the one step
     batch_size = 4  # samples per rank in the one forward pass
     """, tags=["parameters"]),
+    code(r"""
+    # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float),
+                     batch_size=(batch_size, int))
+    check_value("world_size", world_size, world_size >= 2, "at least 2 (one process has nobody to disagree with)")
+    check_value("lr", lr, lr > 0, "greater than 0")
+    check_value("batch_size", batch_size, batch_size >= 1, "at least 1")
+    """),
     code(r"""
     import time
 
@@ -78,9 +96,6 @@ CELLS = [
     from helpers.launch import launch
     from helpers.replicas import STAGES, local_gradient, make_replica, max_cross_rank_diff, replicas_worker
 
-    assert isinstance(world_size, int) and world_size >= 2, (
-        f"world_size must be an int >= 2 (one process has nobody to disagree with), got {world_size!r}")
-    assert batch_size >= 1, f"batch_size must be >= 1, got {batch_size!r}"
     print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_seed}; lr = {lr}; "
           f"batch_size = {batch_size} per rank")
     """),
@@ -103,7 +118,8 @@ CELLS = [
 
     With `world_size = 3` on a 2-core machine the launcher warns `OversubscriptionWarning`:
     three processes share two cores. The results are still exact; only timings would be
-    meaningless, and we measure none.
+    meaningless, and we measure none. The next cell takes about 5–20 s on a 2-core
+    laptop, mostly starting the processes.
     """),
     code(r"""
     t0 = time.perf_counter()
@@ -317,14 +333,66 @@ CELLS = [
 
     ## Exercises
 
-    1. Give rank 1 a different learning rate (e.g. pass `lr * (1 + rank)` inside a copy of the
-       worker). Predict the cross-rank difference after the step, then check it. What does that
-       tell you about where identical-replica guarantees come from: DDP, or every rank doing the
-       same thing?
-    2. In a copy of the worker, change the buffer on rank 1 (`model.rank_buffer += 5`) **after**
-       wrapping and **before** the forward. Predict its value after the forward with the default
-       `broadcast_buffers=True`, and with `DDP(model, broadcast_buffers=False)`. Then run both.
+    Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+    check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+    collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+    every solution, so they are known to be right. None of them starts new processes.
     """),
+    *exercise_cells(1, "what rank 1 holds", r"""
+        After the SGD step, what are `rank_buffer[0]` and `rank_attribute[0]` on **rank 1**?
+        Answer with a list of two numbers, `[buffer, attribute]`.
+        """, r"""
+        # expected: what rank 1 itself reported from the launch of section 1
+        after = results[1]["stages"]["after one SGD step"]
+        expected_1 = [after["rank_buffer"][0].item(), after["rank_attribute"][0].item()]
+        check_answer("ex1", answer_1, expected_1, hint="which of the two does DDP broadcast from rank 0?")
+        """, r"""
+        # Both start as 100 + rank = 101 on rank 1. The buffer is registered, so DDP(...) overwrote it
+        # with rank 0's value, 100 (and re-broadcast it before the forward); the plain attribute is
+        # invisible to DDP and keeps rank 1's own 101.
+        solution_1 = [100.0, 100.0 + 1]
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "a rank with its own learning rate", r"""
+        Suppose rank 1 had built its optimizer with `2 * lr` while every other rank used `lr`,
+        everything else unchanged. After the one step, what would be the largest
+        `|parameter on rank 1 - parameter on rank 0|` over all weight and bias entries? Answer
+        with a number (it is small: give 3 significant digits). What does that say about where
+        identical replicas come from: DDP, or every rank doing the same thing?
+        """, r"""
+        # expected: two real SGD optimizers (lr and 2 lr) stepping from rank 0's pre-wrap parameters
+        # with the gradient DDP gave every rank (rank 0's .grad from the launch)
+        stepped = []
+        for step_lr in (lr, 2 * lr):
+            p = [w0_before.clone().requires_grad_(), b0_before.clone().requires_grad_()]
+            p[0].grad, p[1].grad = results[0]["grad"]["weight"].clone(), results[0]["grad"]["bias"].clone()
+            torch.optim.SGD(p, lr=step_lr).step()
+            stepped.append([t.detach() for t in p])
+        expected_2 = max(float((a - b).abs().max()) for a, b in zip(stepped[1], stepped[0]))
+        check_answer("ex2", answer_2, expected_2, rel_tol=5e-3,
+                     hint="both ranks start equal and get the same gradient g; what differs is lr * g")
+        """, r"""
+        # Both ranks start from rank 0's parameters and DDP gives both the same averaged gradient g,
+        # so rank 1 ends at p - 2 lr g and rank 0 at p - lr g: they differ by lr * |g|, largest where
+        # |g| is largest. DDP keeps the gradients equal; equal replicas also need every rank to apply
+        # the same update (same optimizer, same lr, same clipping ...).
+        solution_2 = lr * max(mean_gw.abs().max().item(), mean_gb.abs().max().item())  # section 2's mean gradient
+        check_answer("ex2", solution_2, expected_2, rel_tol=1e-3, strict=True)
+        """),
+    *exercise_cells(3, "how much DDP all-reduces", r"""
+        How many numbers does DDP all-reduce in each backward pass of this `Linear(5, 5)`
+        (buffers are broadcast, not all-reduced)? Answer with a whole number.
+        """, r"""
+        # expected: DDP all-reduces one gradient entry per trainable parameter entry
+        model_0, _, _ = make_replica(0, base_seed, batch_size)
+        expected_3 = sum(p.numel() for p in model_0.parameters() if p.requires_grad)
+        check_answer("ex3", answer_3, expected_3, hint="count the entries of the weight and of the bias")
+        """, r"""
+        # The weight is 5 x 5 = 25 entries and the bias 5: one gradient entry each, 30 in all
+        # (120 bytes in float32). rank_buffer is broadcast; rank_attribute is not touched at all.
+        solution_3 = 5 * 5 + 5
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 

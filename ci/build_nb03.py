@@ -18,6 +18,9 @@ from textwrap import dedent
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from helpers.notebook import exercise_cells  # noqa: E402
+
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "03_distributed_sampler.ipynb"
 ID_PREFIX = "nb03"
 
@@ -57,8 +60,13 @@ CELLS = [
     **New here:** how `DistributedSampler` shards indices (padding, `drop_last`, `set_epoch`),
     why every rank must hold the *same* dataset, and a correct distributed evaluation
     (unpadded shards + all-reduced correct/total counts). Sections 1–3 use the issue's fixed
-    sizes whatever `world_size` is; section 4 uses `world_size`. Run time: about 10–30 s on
-    2 CPU cores, mostly the worker processes starting.
+    sizes whatever `world_size` is; section 4 uses `world_size`. Terms:
+    [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
+    [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
+    [global batch size](../docs/GLOSSARY.md#global-batch-size); every term is defined (with its
+    Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 12–27 s on
+    2 CPU cores, mostly the worker processes starting. The notebook ends with three exercises,
+    each checked by a cell.
     """),
     code(r"""
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -67,6 +75,15 @@ CELLS = [
     epochs = 2  # section 4: epochs of the set_epoch demonstration, at least 2
     """, tags=["parameters"]),
     code(r"""
+    # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), epochs=(epochs, int))
+    check_value("world_size", world_size, world_size >= 2, "at least 2 (section 4 compares ranks)")
+    check_value("epochs", epochs, epochs >= 2, "at least 2 (section 4 compares two epochs)")
+    """),
+    code(r"""
+    import math
     import time
     from fractions import Fraction
 
@@ -89,8 +106,6 @@ CELLS = [
         unpadded_shard_indices,
     )
 
-    assert isinstance(world_size, int) and world_size >= 2, f"world_size must be an int >= 2, got {world_size!r}"
-    assert isinstance(epochs, int) and epochs >= 2, f"epochs must be an int >= 2 (to compare two epochs), got {epochs!r}"
     print(f"torch {torch.__version__}; world_size = {world_size} (section 4); base_seed = {base_seed}; epochs = {epochs}")
     """),
     md(r"""
@@ -286,7 +301,8 @@ CELLS = [
 
     Worker prints appear below prefixed `[rank r]`. With `world_size = 4` on a 2-core machine the
     launcher warns `OversubscriptionWarning` (four processes share two cores): the results are
-    still exact; only timings would be meaningless, and we measure none.
+    still exact; only timings would be meaningless, and we measure none. The next cell takes
+    about 5–15 s on a 2-core laptop, mostly starting the processes.
     """),
     code(r"""
     LIVE_N = 8  # the seed's dataset size
@@ -454,15 +470,62 @@ CELLS = [
 
     ## Exercises
 
-    1. Predict, for 10 items on 4 ranks, each rank's indices with and without `drop_last`, and
-       the accuracy section 2's model would score through each. Check with
-       `sampler_assignment(10, 4)` and `accuracy_through`, then run this notebook with
-       `papermill ... -p world_size 4` and compare with section 4's live table.
-    2. `DistributedSampler(shuffle=True)` without a fixed `seed` argument uses `seed=0` on every
-       rank, so the ranks agree. What would happen if each rank passed `seed=rank`? Predict
-       whether items would be duplicated or missed in an epoch of 8 items on 2 ranks, then check
-       with `sampler_indices(8, 2, r, shuffle=True, seed=r)` for `r = 0, 1`.
+    Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+    check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+    collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+    every solution, so they are known to be right. None of them starts new processes.
     """),
+    *exercise_cells(1, "11 items on 4 ranks", r"""
+        A dataset of 11 items on 4 ranks, `DistributedSampler(shuffle=False)` with the default
+        `drop_last=False`. How many items does the epoch hand out **twice**? Answer with a whole
+        number.
+        """, r"""
+        # expected: asked of the real sampler, in this process
+        seen_11 = times_seen(sampler_assignment(11, 4), 11)
+        expected_1 = int((seen_11 > 1).sum())
+        check_answer("ex1", answer_1, expected_1, hint="every rank must get the same number of items")
+        """, r"""
+        # Every rank gets ceil(11 / 4) = 3 items, 12 in all: the sampler pads 11 up to 12 by repeating
+        # its first item (index 0, which rank 3 gets as its last item). One item is seen twice.
+        solution_1 = math.ceil(11 / 4) * 4 - 11
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "the same with drop_last=True", r"""
+        The same 11 items and 4 ranks with `drop_last=True`: how many items are **never** handed
+        out in an epoch? Answer with a whole number.
+        """, r"""
+        # expected: asked of the real sampler, in this process
+        seen_11_drop = times_seen(sampler_assignment(11, 4, drop_last=True), 11)
+        expected_2 = int((seen_11_drop == 0).sum())
+        check_answer("ex2", answer_2, expected_2, hint="the list is cut down to a multiple of 4")
+        """, r"""
+        # drop_last cuts the index list to the largest multiple of 4 that fits: 8 items, 2 per rank.
+        # Items 8, 9 and 10 are never seen.
+        solution_2 = 11 - (11 // 4) * 4
+        check_answer("ex2", solution_2, expected_2, strict=True)
+        """),
+    *exercise_cells(3, "a different seed on every rank", r"""
+        `DistributedSampler(shuffle=True)` uses `seed=0` on every rank unless told otherwise, so all
+        ranks draw the same permutation. Suppose each rank passed `seed=rank` instead: 8 items,
+        2 ranks, epoch 0. How many of the 8 items are **never** seen in that epoch? Find out with
+        `sampler_indices(8, 2, r, shuffle=True, seed=r)` for `r = 0, 1` (imported above), and
+        answer with a whole number. Why can it not happen with a common seed?
+        """, r"""
+        # expected: asked of the real sampler, in this process
+        own_seed = [sampler_indices(8, 2, r, shuffle=True, seed=r) for r in range(2)]
+        expected_3 = 8 - len(set(own_seed[0]) | set(own_seed[1]))
+        check_answer("ex3", answer_3, expected_3, hint="look for an index that both ranks receive")
+        """, r"""
+        # From scratch, without the sampler: rank r shuffles with a generator seeded seed + epoch
+        # (here r + 0) and takes every 2nd index starting at r. Two different permutations: the
+        # two strided halves can overlap (an item seen twice) and leave items out (never seen).
+        halves = [torch.randperm(8, generator=torch.Generator().manual_seed(r)).tolist()[r::2] for r in range(2)]
+        print("rank 0:", halves[0], " rank 1:", halves[1])
+        solution_3 = len(set(range(8)) - set(halves[0]) - set(halves[1]))
+        # With one common seed both ranks slice the same permutation, and the strided slices of
+        # one permutation are disjoint and cover everything.
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 

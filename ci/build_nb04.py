@@ -18,6 +18,9 @@ from textwrap import dedent
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from helpers.notebook import exercise_cells  # noqa: E402
+
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "04_mnist_single_dp_ddp.ipynb"
 
 
@@ -55,10 +58,15 @@ CELLS = [
     | DDP, `launch(ddp_train_worker, world_size, config)` | `world_size` processes, backend `gloo`, one CPU thread each | backend `nccl`, one GPU per rank, when there are at least `world_size` GPUs; else `gloo` on CPU |
 
     **New here** (after notebook 01's gradients on a toy): a real dataset and training loop, a
-    `DistributedSampler` that hands each rank its share of every global batch, metrics reduced
-    across ranks, and measured throughput and memory. Run time on 2 CPU cores: about 30 s
-    with the smoke defaults (mostly starting the worker processes), one to two minutes for one
-    full epoch per mode.
+    [`DistributedSampler`](../docs/GLOSSARY.md#distributedsampler) that hands each
+    [rank](../docs/GLOSSARY.md#rank) its share of every
+    [global batch](../docs/GLOSSARY.md#global-batch-size), metrics reduced across ranks with an
+    [all-reduce](../docs/GLOSSARY.md#all-reduce), and measured throughput and memory. Every term
+    is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU
+    cores: about 13–45 s with either profile (measured; the smoke defaults stop after 200 steps,
+    the full profile trains one whole epoch per mode, only a few seconds more for this small
+    model; most of the time goes to starting processes and loading data, and it varies with
+    what else the machine runs). The notebook ends with three exercises, each checked by a cell.
     """),
     code(r"""
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -73,6 +81,25 @@ CELLS = [
     seed = 0  # seeds the initial weights and the data order
     """, tags=["parameters"]),
     code(r"""
+    # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(world_size=(world_size, int), epochs=(epochs, int), max_steps=(max_steps, int),
+                     equivalence_steps=(equivalence_steps, int), min_accuracy=(min_accuracy, float),
+                     model=(model, str), global_batch_size=(global_batch_size, int), lr=(lr, float),
+                     seed=(seed, int))
+    check_value("world_size", world_size, world_size >= 1, "at least 1")
+    check_value("epochs", epochs, epochs >= 1, "at least 1")
+    check_value("max_steps", max_steps, max_steps >= 0, "0 (all epochs in full) or a positive number of steps")
+    check_value("equivalence_steps", equivalence_steps, equivalence_steps >= 0, "0 (every step) or a positive number of steps")
+    check_value("min_accuracy", min_accuracy, 0 <= min_accuracy <= 1, "a fraction between 0 and 1")
+    check_value("model", model, model in ("linear", "cnn"), '"linear" or "cnn"')
+    check_value("lr", lr, lr > 0, "greater than 0")
+    check_value("global_batch_size", global_batch_size, global_batch_size >= 1 and global_batch_size % world_size == 0,
+                f"a positive multiple of world_size = {world_size}: every rank takes the same share of a global batch")
+    """),
+    code(r"""
+    import math
     import time
     from dataclasses import replace
 
@@ -191,7 +218,7 @@ CELLS = [
     `train_single(config)` trains in the kernel on one device, with a `tqdm` progress bar, and
     returns a history: the loss of every step (mean cross-entropy over the global batch, in
     nats), test accuracy, samples per second of the training loop, and the process's peak
-    resident memory.
+    resident memory. The next cell takes about 1–10 s on a 2-core laptop, with either profile.
 
     **Claim:** the loss falls, and the model reaches `min_accuracy` on the 10,000 test images.
     """),
@@ -220,6 +247,8 @@ CELLS = [
 
     **Claim (with GPUs):** DP's loss on the gathered batch is the whole-batch mean, so it
     follows the single-process curve up to float rounding.
+
+    The next cell trains once more: about 0.2–6 s on a 2-core laptop, with either profile.
     """),
     code(r"""
     probe = nn.DataParallel(build_model(model, seed).to("cuda:0" if n_gpus else "cpu"))
@@ -263,7 +292,8 @@ CELLS = [
     unpadded shard (items `r, r + world_size, ...`: `helpers.sampler.distributed_eval_counts`
     from notebook 03) through the plain module (not the DDP wrapper), and the correct/total
     counts are all-reduced. Worker output appears prefixed `[rank r]`; only rank 0
-    shows a progress bar.
+    shows a progress bar. The next cell takes about 5–20 s on a 2-core laptop, with either
+    profile; starting the processes and loading the data take most of it.
 
     **Claim:** every rank reports the same global loss curve and the same test accuracy, which
     reaches `min_accuracy`; the ranks' own losses differ, since they saw different images.
@@ -441,15 +471,53 @@ CELLS = [
 
     ## Exercises
 
-    1. Run with `-p world_size 3` and read the error. Then use `-p world_size 3 -p
-       global_batch_size 96`: before running, predict whether section 6's equivalence check
-       still passes (hint: 60,000 and 96 both split evenly over 3 ranks) and how the samples/s of
-       DDP change with 3 processes on 2 cores.
-    2. Run the full profile with `-p model cnn -p max_steps 0`. A step of the CNN costs far more
-       compute than the `Linear` model's, while DDP's all-reduce (about 9,000 gradients) stays
-       about as cheap. Predict, then measure, how the ratio of DDP's samples/s to the single
-       process's changes, and explain it with the per-step costs.
+    Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+    check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+    collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+    every solution, so they are known to be right. None of them trains or starts processes.
     """),
+    *exercise_cells(1, "scaling out at a fixed global batch", r"""
+        You move this recipe to 4 GPUs and keep the global batch at 128 images per optimizer
+        step. How many images does each rank process per step? Answer with a whole number.
+        """, r"""
+        # expected: the notebook's own TrainConfig, which DDP's workers use to size their batches
+        expected_1 = TrainConfig(global_batch_size=128).batch_per_rank(4)
+        check_answer("ex1", answer_1, expected_1, hint="the global batch counts the images of all ranks together")
+        """, r"""
+        # global batch = batch per rank x world size, so each rank takes 128 / 4 = 32 images
+        # (it must divide evenly: see section 1).
+        assert 128 % 4 == 0
+        solution_1 = 128 // 4
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "steps per epoch", r"""
+        With that setup (global batch 128, 4 ranks), how many optimizer steps is one epoch of
+        the 60,000 training images? The last, partial global batch counts as a step. Answer with
+        a whole number. Does it depend on the number of ranks?
+        """, r"""
+        # expected: the notebook's own TrainConfig (DistributedSampler's padding included)
+        expected_2 = TrainConfig(global_batch_size=128, epochs=1).total_steps(60_000, 4)
+        check_answer("ex2", answer_2, expected_2, hint="divide the epoch by the global batch, then round up")
+        """, r"""
+        # One step consumes one global batch of 128 images, whatever the number of ranks:
+        # 60,000 / 128 = 468.75, so 468 full steps and a partial one: 469.
+        solution_2 = math.ceil(60_000 / 128)
+        assert solution_2 == TrainConfig(global_batch_size=128).total_steps(60_000, 1)  # same on 1 rank
+        check_answer("ex2", solution_2, expected_2, strict=True)
+        """),
+    *exercise_cells(3, "what DDP sends per step", r"""
+        With `Linear(784, 10)` in `float32`, how many **bytes** of gradients does DDP all-reduce
+        in every step (one gradient entry per parameter entry)? Answer with a whole number.
+        """, r"""
+        # expected: the parameters of the notebook's own model, counted in bytes
+        expected_3 = sum(p.numel() * p.element_size() for p in build_model("linear", seed).parameters())
+        check_answer("ex3", answer_3, expected_3, hint="count the weight and the bias, 4 bytes per float32")
+        """, r"""
+        # weight 784 x 10 = 7,840 entries, bias 10: 7,850 gradient entries x 4 bytes = 31,400 bytes
+        # (about 31 kB per step: tiny next to the 64 x 784 x 4 = 200 kB of images of one global batch).
+        solution_3 = (784 * 10 + 10) * 4
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 

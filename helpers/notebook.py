@@ -1,0 +1,390 @@
+"""What every teaching notebook needs besides its lesson: parameter checks and exercises.
+
+Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
+check_value``) and by the build scripts ``ci/build_nbNN.py`` (:func:`exercise_cells`), and
+checked by ``tests/test_learner.py``.
+
+Recipe: what a notebook must contain
+====================================
+
+Apply these in ``ci/build_nbNN.py`` (never edit the ``.ipynb``), regenerate, then add the
+notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
+``python ci/params_table.py`` (the README's parameter table).
+
+1. **Glossary link in the first cell.** The first (markdown) cell links to the glossary with a
+   relative link, ``[glossary](../docs/GLOSSARY.md)``, ideally with the terms this notebook
+   introduces linked to their anchors, e.g. ``[world size](../docs/GLOSSARY.md#world-size)``.
+   Only anchors that exist in ``docs/GLOSSARY.md`` (``<a id="...">`` or a heading) are allowed;
+   the test checks them.
+
+2. **Parameters cell, then a check cell.** The cell tagged ``parameters`` keeps one
+   ``name = literal  # description`` per line (the comment is the description in the README's
+   table; no ``=`` inside it, papermill would skip the line). The code cell **right after it**
+   imports this module and checks the type of **every** parameter, then the ranges, before
+   anything slow is imported::
+
+       from helpers.notebook import check_answer, check_parameters, check_value
+
+       check_parameters(world_size=(world_size, int), lr=(lr, float), model=(model, str))
+       check_value("world_size", world_size, world_size >= 2, "at least 2 (one rank has nobody to sync with)")
+
+   :func:`check_parameters` raises ``TypeError`` naming the parameter, the expected type, the
+   value given and what to pass (an ``int`` is accepted for a ``float``; a ``bool`` is not an
+   ``int``). :func:`check_value` raises ``ValueError`` naming the parameter, its value and the
+   allowed range. Do not keep ``assert isinstance(...)`` checks on parameters elsewhere.
+
+3. **Times on long cells.** The markdown cell before every code cell that launches workers
+   (``helpers.launch.launch``) or trains says roughly how long it takes, measured, e.g.
+   "(about 6 s on a 2-core laptop)". The per-cell durations of a papermill run are in the
+   executed notebook (``build/<profile>/<stem>.ipynb``, cell metadata
+   ``papermill.duration``).
+
+4. **Exercises at the end.** After the "What we saw" markdown (which ends with an
+   ``## Exercises`` heading and one line on how they work), two or three exercises, each made
+   of the four cells :func:`exercise_cells` returns:
+
+   * markdown: ``### Exercise N: title`` and the task (say what form the answer takes: a
+     number, a list, a fraction such as ``"7/12"``);
+   * the learner's cell: ``answer_N = None  # your answer here``;
+   * the check cell, visible, that computes the expected value from the notebook's own results
+     or helpers (the real sampler, the real ``TrainConfig``, ...), never a hard-coded guess, and
+     calls ``check_answer("exN", answer_N, expected_N)``: it **prints** "not answered yet",
+     "correct" or "not yet: ..." and never raises for the learner's value;
+   * the solution: input collapsed in JupyterLab (cell metadata
+     ``{"jupyter": {"source_hidden": true}, "tags": ["solution"]}``; JupyterLab still shows the
+     first line of a collapsed cell, so :func:`exercise_cells` makes it
+     ``# Solution of exercise N (try the exercise first)``), computes the answer from
+     scratch by a different route than the check cell (the hand calculation, a formula) and
+     ends with ``check_answer("exN", solution_N, expected_N, strict=True)``, which raises
+     ``AssertionError`` when it is wrong: papermill runs every solution in CI, so a wrong
+     solution (or a wrong expected value) fails the run.
+
+   Keep solutions cheap: no extra ``launch`` unless the exercise is about it (each launch costs
+   3 to 6 s). Exercise keys are ``"ex1"``, ``"ex2"``, ... in order.
+
+Tests that hold a notebook to this recipe (``tests/test_learner.py``, for the stems in
+``LEARNER_NOTEBOOKS``): glossary link and anchors in the first cell; a ``check_parameters`` call
+naming every parameter in the cell right after the parameters cell; at least two cells tagged
+``solution`` with ``source_hidden``, each calling ``check_answer(..., strict=True)``; every
+``answer_N = None`` cell followed by its check cell. ``tests/test_notebooks.py`` executes the
+notebooks, and so the solutions.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import numbers
+import re
+from fractions import Fraction
+from typing import Any
+
+__all__ = [
+    "SOLUTION_TAG",
+    "SOLUTION_METADATA",
+    "SOLUTION_FIRST_LINE",
+    "check_parameters",
+    "check_value",
+    "check_answer",
+    "exercise_cells",
+]
+
+#: Tag of a solution cell (and the metadata that collapses its input in JupyterLab).
+SOLUTION_TAG = "solution"
+SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": [SOLUTION_TAG]}
+#: The first line of every solution cell: JupyterLab shows it on the collapsed cell, so it must
+#: not give the answer away.
+SOLUTION_FIRST_LINE = "# Solution of exercise"
+
+# --------------------------------------------------------------------------------------------
+# Parameter checks
+# --------------------------------------------------------------------------------------------
+
+_TYPE_WORDS = {
+    int: ("an int", "a whole number (no decimal point, no quotes)", "2"),
+    float: ("a float", "a number (an int is fine too)", "0.01"),
+    bool: ("a bool", "True or False, without quotes", "True"),
+    str: ("a str", "text in quotes", '"linear"'),
+    list: ("a list", "a list in brackets", "[1, 2]"),
+    tuple: ("a tuple", "a tuple in parentheses", "(1, 2)"),
+    dict: ("a dict", "a dict in braces", '{"a": 1}'),
+}
+
+
+def _matches(value: Any, expected: type) -> bool:
+    if expected is type(None):
+        return value is None
+    if expected is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _describe_types(types: tuple[type, ...]) -> str:
+    words = [_TYPE_WORDS.get(t, (f"a {t.__name__}",))[0] if t is not type(None) else "None" for t in types]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _example(value: Any, types: tuple[type, ...]) -> tuple[str, str]:
+    """``(literal, note)``: a value of the right type to suggest, derived from the wrong one when
+    possible, and why."""
+    first = next(t for t in types if t is not type(None))
+    if isinstance(value, str):  # e.g. papermill -r (raw) or quotes around a number
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            parsed = None
+        if parsed is not None and _matches(parsed, first):
+            return repr(parsed), "the value arrived as text: no quotes, and with papermill use -p, not -r."
+    if first is int and isinstance(value, float) and value.is_integer():
+        return str(int(value)), ""
+    if first in (int, float) and isinstance(value, bool):
+        return _TYPE_WORDS[first][2], "True/False is a bool, not a number."
+    return _TYPE_WORDS.get(first, ("", "", "..."))[2], ""
+
+
+def check_parameters(**params: tuple[Any, type | tuple[type | None, ...]]) -> None:
+    """Check the types of a notebook's parameters; raise ``TypeError`` naming every wrong one.
+
+    Call it in the cell right after the ``parameters`` cell, with one keyword per parameter::
+
+        check_parameters(world_size=(world_size, int), lr=(lr, float), model=(model, str))
+
+    Each keyword maps to ``(value, expected)``, where ``expected`` is a type or a tuple of types
+    (``None`` in the tuple allows ``None``). Rules: an ``int`` is accepted for a ``float``; a
+    ``bool`` is **not** an ``int`` (nor a ``float``); numpy integers and floats are accepted.
+
+    Raises:
+        TypeError: one line per wrong parameter: its name, the expected type, the value given
+            and its type, and what to pass instead (in the parameters cell, or with papermill's
+            ``-p NAME VALUE`` / ``ci/run_notebooks.py -p NAME=VALUE``).
+        TypeError: also for a malformed call (not a ``(value, type)`` pair), naming the keyword.
+    """
+    problems = []
+    for name, spec in params.items():
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise TypeError(f"check_parameters({name}=...) expects a (value, type) pair, got {spec!r}")
+        value, expected = spec
+        types = expected if isinstance(expected, tuple) else (expected,)
+        types = tuple(type(None) if t is None else t for t in types)
+        if not types or not all(isinstance(t, type) for t in types) or all(t is type(None) for t in types):
+            raise TypeError(f"check_parameters({name}=...): the second item must be a type or a tuple of "
+                            f"types, got {expected!r}")
+        if any(_matches(value, t) for t in types):
+            continue
+        need = _describe_types(types)
+        how = _TYPE_WORDS.get(next(t for t in types if t is not type(None)), ("", "a value of that type"))[1]
+        example, note = _example(value, types)
+        cli = example.strip('"') if str in types else example  # the shell eats the quotes anyway
+        problems.append(
+            f"parameter {name!r} must be {need}, but it is {value!r} ({type(value).__name__}). "
+            f"Pass {how}, e.g. `{name} = {example}` in the parameters cell, or "
+            f"`-p {name} {cli}` with papermill." + (f" Note: {note}" if note else "")
+        )
+    if problems:
+        raise TypeError("wrong parameter type" + ("s" if len(problems) > 1 else "") + ":\n  "
+                        + "\n  ".join(problems))
+
+
+def check_value(name: str, value: Any, ok: bool, requirement: str) -> None:
+    """Raise ``ValueError`` when a parameter has the right type but an unusable value.
+
+    ``ok`` is the condition (``world_size >= 2``); ``requirement`` says, in words, what the
+    value must be (``"at least 2 (one process has nobody to disagree with)"``)::
+
+        check_value("world_size", world_size, world_size >= 2, "at least 2")
+
+    Raises:
+        ValueError: ``parameter 'world_size' = 1 is not allowed: it must be at least 2. ...``
+    """
+    if not ok:
+        raise ValueError(
+            f"parameter {name!r} = {value!r} is not allowed: it must be {requirement}. Change it in "
+            f"the parameters cell, or pass `-p {name} VALUE` with papermill."
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercises
+# --------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Tensors, numpy arrays and scalars, pandas Series -> Python numbers and lists."""
+    if isinstance(value, (str, bytes, bool, int, float, Fraction, list, tuple, dict, set, frozenset)) or value is None:
+        return value
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        try:
+            return tolist()
+        except Exception:  # noqa: BLE001 - not convertible: compare as is
+            return value
+    return value
+
+
+def _as_number(value: Any) -> Any:
+    """A learner's number; also accepts text such as ``"7/12"`` or ``"0.5"``."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return Fraction(text)
+        except (ValueError, ZeroDivisionError):
+            return value
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, where: str = "") -> str | None:
+    """``None`` when ``answer`` matches ``expected``, else a short reason (which never quotes
+    the expected value, so it does not give the answer away)."""
+    answer, expected = _plain(answer), _plain(expected)
+    at = f" at {where}" if where else ""
+    if isinstance(expected, bool):
+        if isinstance(answer, bool):
+            return None if answer == expected else f"True/False{at} is the other way round"
+        return f"expected True or False{at}, you gave {answer!r} ({type(answer).__name__})"
+    if _is_number(expected):
+        answer = _as_number(answer)
+        if not _is_number(answer):
+            return f"expected a number{at}, you gave {answer!r} ({type(answer).__name__})"
+        a, e = float(answer), float(expected)
+        if math.isclose(a, e, rel_tol=rel_tol, abs_tol=abs_tol):
+            return None
+        direction = "too large" if a > e else "too small"
+        return f"{answer!r}{at} is {direction}"
+    if isinstance(expected, str):
+        if not isinstance(answer, str):
+            return f"expected text{at}, you gave {answer!r} ({type(answer).__name__})"
+        return None if answer.strip().casefold() == expected.strip().casefold() else f"{answer!r}{at} is not it"
+    if isinstance(expected, dict):
+        if not isinstance(answer, dict):
+            return f"expected a dict{at}, you gave {type(answer).__name__}"
+        if set(answer) != set(expected):
+            return f"expected the keys {sorted(map(str, expected))}{at}, you gave {sorted(map(str, answer))}"
+        for k in expected:
+            d = _difference(answer[k], expected[k], rel_tol, abs_tol, f"{where}[{k!r}]")
+            if d:
+                return d
+        return None
+    if isinstance(expected, (set, frozenset)):
+        if not isinstance(answer, (set, frozenset, list, tuple)):
+            return f"expected a set{at}, you gave {type(answer).__name__}"
+        return None if set(answer) == set(expected) else f"the set{at} is not it"
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(answer, (list, tuple)):
+            return f"expected a list of {len(expected)} values{at}, you gave {answer!r} ({type(answer).__name__})"
+        if len(answer) != len(expected):
+            return f"expected {len(expected)} values{at}, you gave {len(answer)}"
+        for i, (a, e) in enumerate(zip(answer, expected)):
+            d = _difference(a, e, rel_tol, abs_tol, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    return None if answer == expected else f"{answer!r}{at} is not it"
+
+
+def check_answer(
+    key: str,
+    answer: Any,
+    expected: Any,
+    *,
+    strict: bool = False,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 1e-9,
+    hint: str | None = None,
+) -> None:
+    """Compare an exercise answer with the expected value and say so.
+
+    For the learner (``strict=False``, the check cell) it only **prints**, and never raises
+    because of ``answer``: ``"ex1: not answered yet ..."`` when ``answer`` is None,
+    ``"ex1: correct"``, or ``"ex1: not yet: <why> <hint>"``. For a solution (``strict=True``)
+    it prints ``"ex1: solution checked"`` or raises ``AssertionError`` naming the exercise, the
+    solution's value and the expected one.
+
+    Matching: numbers with ``math.isclose(rel_tol, abs_tol)`` (ints, floats, ``Fraction``,
+    numpy / torch scalars; text like ``"7/12"`` is read as a fraction); lists and tuples
+    element by element (tensors and arrays are turned into lists first); dicts key by key;
+    sets as sets; text ignoring case and surrounding spaces; bools exactly (a bool is not a
+    number).
+    """
+    if strict:
+        if answer is None:
+            raise AssertionError(f"{key}: the solution left its answer as None")
+        reason = _difference(answer, expected, rel_tol, abs_tol)
+        if reason is not None:
+            raise AssertionError(
+                f"{key}: the solution gives {_plain(answer)!r} but the expected value is "
+                f"{_plain(expected)!r} ({reason}): the solution or the expected value is wrong"
+            )
+        print(f"{key}: solution checked")
+        return
+    if answer is None:
+        print(f"{key}: not answered yet (replace None with your answer, then run this cell again)")
+        return
+    try:
+        reason = _difference(answer, expected, rel_tol, abs_tol)
+    except Exception as e:  # noqa: BLE001 - never raise because of the learner's value
+        reason = f"could not compare your answer ({type(e).__name__}: {e})"
+    if reason is None:
+        print(f"{key}: correct")
+    else:
+        print(f"{key}: not yet: {reason}." + (f" Hint: {hint}" if hint else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Building the cells (for ci/build_nbNN.py)
+# --------------------------------------------------------------------------------------------
+
+
+def exercise_cells(number: int, title: str, task: str, check: str, solution: str, *,
+                   answer_comment: str = "your answer here") -> list:
+    """The four cells of exercise ``number`` (see the recipe in this module's docstring).
+
+    Args:
+        number: 1, 2, 3 ...; the key is ``f"ex{number}"``, the learner's variable
+            ``answer_<number>``.
+        title: a few words, shown as ``### Exercise N: title``.
+        task: markdown: the question, and the form of the answer.
+        check: code of the visible check cell; it must compute ``expected_<number>`` and call
+            ``check_answer("exN", answer_N, expected_N, ...)``.
+        solution: code of the collapsed solution cell (a spoiler-free first line is added); it
+            must end with
+            ``check_answer("exN", solution_N, expected_N, strict=True)`` (tolerances may come
+            before ``strict=True`` on that line).
+        answer_comment: the comment after ``answer_N = None  #``.
+
+    Returns:
+        ``[markdown, learner code, check code, solution code]`` nbformat v4 cells.
+
+    Raises:
+        ValueError: if ``check`` or ``solution`` does not follow the recipe.
+    """
+    from textwrap import dedent
+
+    from nbformat.v4 import new_code_cell, new_markdown_cell
+
+    key, answer, expected = f"ex{number}", f"answer_{number}", f"expected_{number}"
+    check = dedent(check).strip("\n")
+    solution = dedent(solution).strip("\n")
+    if f'check_answer("{key}", {answer}, {expected}' not in check:
+        raise ValueError(f"exercise {number}: the check cell must call check_answer(\"{key}\", {answer}, {expected}, ...)")
+    if f"{expected} =" not in check:
+        raise ValueError(f"exercise {number}: the check cell must compute {expected}")
+    if not re.search(rf'check_answer\("{key}", solution_{number}, {expected},[^\n]*strict=True', solution):
+        raise ValueError(f"exercise {number}: the solution must end with "
+                         f"check_answer(\"{key}\", solution_{number}, {expected}, strict=True)")
+    # JupyterLab shows the first line of a collapsed cell: make it one that gives nothing away
+    solution = f"{SOLUTION_FIRST_LINE} {number} (try the exercise first)\n{solution}"
+    md_cell = new_markdown_cell(f"### Exercise {number}: {title}\n\n" + dedent(task).strip("\n"))
+    learner = new_code_cell(f"{answer} = None  # {answer_comment}")
+    learner.metadata["tags"] = ["exercise"]
+    check_cell = new_code_cell(check)
+    check_cell.metadata["tags"] = ["check"]
+    solution_cell = new_code_cell(solution)
+    solution_cell.metadata.update({"jupyter": dict(SOLUTION_METADATA["jupyter"]),
+                                   "tags": list(SOLUTION_METADATA["tags"])})
+    return [md_cell, learner, check_cell, solution_cell]

@@ -1,0 +1,421 @@
+"""The learner's side of the notebooks (issue #8): glossary links, parameter checks, exercises
+with checked solutions, run-time notes, and the README's parameter table.
+
+The recipe a notebook must follow is in ``helpers/notebook.py``'s docstring. The notebook
+tests below hold the notebooks listed in ``LEARNER_NOTEBOOKS`` to it; the suite also executes
+every notebook (``tests/test_notebooks.py``), which runs every solution cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ci import params_table
+from ci import run_notebooks as rn
+from helpers import notebook as hn
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = ROOT / "notebooks"
+GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
+
+# The notebooks held to the recipe in helpers/notebook.py. The lead extends this list (05, 06,
+# 07, ...) once a notebook follows the recipe; eventually it should be every notebooks/*.ipynb
+# (see test_every_notebook_is_a_learner_notebook_eventually below).
+LEARNER_NOTEBOOKS = [
+    "01_gradients_dp_vs_ddp",
+    "02_one_model_many_processes",
+    "03_distributed_sampler",
+    "04_mnist_single_dp_ddp",
+    "06_ddp_pitfalls",
+]
+
+GLOSSARY_LINK = "../docs/GLOSSARY.md"
+LINK = re.compile(r"\]\((\.\./docs/GLOSSARY\.md)(#[^)\s]*)?\)")
+# "(about 12 s on a 2-core laptop)", "about 1–2 min on a 2-core laptop", ...
+TIME_NOTE = re.compile(r"about [\d.,–-]+ ?(s|seconds|min|minutes)\b.*?2-core", re.S)
+LONG_CALL = re.compile(r"\b(launch|train_single|train_dp)\(")
+
+
+def path_of(stem: str) -> Path:
+    return NOTEBOOKS_DIR / f"{stem}.ipynb"
+
+
+def read(stem: str):
+    return nbformat.read(str(path_of(stem)), as_version=4)
+
+
+def tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def parameters_index(nb) -> int:
+    marked = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
+    assert len(marked) == 1, f"cells tagged 'parameters': {marked}, expected exactly one"
+    return marked[0]
+
+
+def glossary_anchors() -> set[str]:
+    text = GLOSSARY.read_text(encoding="utf-8")
+    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+# --------------------------------------------------------------------------------------------
+# Notebooks follow the recipe
+# --------------------------------------------------------------------------------------------
+
+
+def test_learner_notebooks_exist():
+    missing = [s for s in LEARNER_NOTEBOOKS if not path_of(s).is_file()]
+    assert not missing, f"LEARNER_NOTEBOOKS names notebooks that do not exist: {missing}"
+
+
+@pytest.mark.xfail(strict=False, reason="notebooks 05-07 are adopting the recipe; the lead extends LEARNER_NOTEBOOKS")
+def test_every_notebook_is_a_learner_notebook_eventually():
+    others = sorted(p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb") if p.stem not in LEARNER_NOTEBOOKS)
+    assert not others, f"notebooks not yet in LEARNER_NOTEBOOKS (tests/test_learner.py): {others}"
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_first_cell_links_to_glossary(stem):
+    nb = read(stem)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown", f"{stem}: the first cell must be markdown"
+    links = LINK.findall(first.source)
+    assert any(target == GLOSSARY_LINK for target, _ in links), (
+        f"{stem}: the first cell must link to the glossary: [glossary]({GLOSSARY_LINK})")
+    assert (path_of(stem).parent / GLOSSARY_LINK).resolve() == GLOSSARY.resolve()
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_glossary_anchors_exist(stem):
+    anchors = glossary_anchors()
+    nb = read(stem)
+    bad = sorted({frag[1:] for c in nb.cells if c.cell_type == "markdown"
+                  for _, frag in LINK.findall(c.source) if frag and frag[1:] not in anchors})
+    assert not bad, f"{stem}: links to glossary anchors that docs/GLOSSARY.md does not define: {bad}"
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_parameters_checked_in_next_cell(stem):
+    """The cell right after the parameters cell calls check_parameters with every parameter."""
+    nb = read(stem)
+    i = parameters_index(nb)
+    assert i + 1 < len(nb.cells), f"{stem}: nothing after the parameters cell"
+    cell = nb.cells[i + 1]
+    assert cell.cell_type == "code", f"{stem}: the cell after the parameters cell must be code"
+    calls = [node for node in ast.walk(ast.parse(cell.source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_parameters"]
+    assert len(calls) == 1, f"{stem}: the cell after the parameters cell must call check_parameters(...) once"
+    checked = {kw.arg for kw in calls[0].keywords}
+    declared = set(rn.notebook_parameters(path_of(stem)))
+    assert declared <= checked, f"{stem}: check_parameters(...) does not check {sorted(declared - checked)}"
+    assert checked <= declared, f"{stem}: check_parameters(...) names non-parameters {sorted(checked - declared)}"
+    for kw in calls[0].keywords:  # name=(name, type)
+        ok = (isinstance(kw.value, ast.Tuple) and len(kw.value.elts) == 2
+              and isinstance(kw.value.elts[0], ast.Name) and kw.value.elts[0].id == kw.arg)
+        assert ok, f"{stem}: write check_parameters({kw.arg}=({kw.arg}, TYPE), ...)"
+    assert "import torch" not in cell.source, f"{stem}: check the parameters before importing anything slow"
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_exercises_with_hidden_checked_solutions(stem):
+    nb = read(stem)
+    solutions = [i for i, c in enumerate(nb.cells) if hn.SOLUTION_TAG in tags(c)]
+    assert len(solutions) >= 2, f"{stem}: {len(solutions)} cell(s) tagged 'solution', expected at least 2"
+    for i in solutions:
+        c = nb.cells[i]
+        assert c.cell_type == "code", f"{stem}: solution cell {i} is not code"
+        assert c.metadata.get("jupyter", {}).get("source_hidden") is True, (
+            f"{stem}: solution cell {i} must have metadata jupyter.source_hidden = true (collapsed input)")
+        assert c.source.startswith(hn.SOLUTION_FIRST_LINE), (
+            f"{stem}: solution cell {i} must start with {hn.SOLUTION_FIRST_LINE!r} (JupyterLab shows the first "
+            "line of a collapsed cell: it must not give the answer away)")
+        assert re.search(r"check_answer\(\"ex\d+\", solution_\d+, expected_\d+,[^\n]*strict=True", c.source), (
+            f"{stem}: solution cell {i} must assert with check_answer(\"exN\", solution_N, expected_N, strict=True)")
+
+    answers = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and re.fullmatch(r"answer_(\d+) = None\s*(#.*)?", c.source.strip())]
+    assert len(answers) == len(solutions), f"{stem}: {len(answers)} answer_N cells for {len(solutions)} solutions"
+    for k, i in enumerate(answers, start=1):
+        n = re.match(r"answer_(\d+)", nb.cells[i].source).group(1)
+        assert n == str(k), f"{stem}: exercises must be numbered 1, 2, ... in order; found answer_{n} as number {k}"
+        task, check, solution = nb.cells[i - 1], nb.cells[i + 1], nb.cells[i + 2]
+        assert task.cell_type == "markdown" and f"### Exercise {n}" in task.source, f"{stem}: exercise {n} needs its task above"
+        assert f'check_answer("ex{n}", answer_{n}, expected_{n}' in check.source, (
+            f"{stem}: the cell after answer_{n} must check it: check_answer(\"ex{n}\", answer_{n}, expected_{n}, ...)")
+        assert "strict=True" not in check.source, f"{stem}: the learner's check for ex{n} must not be strict"
+        assert i + 2 in solutions, f"{stem}: exercise {n}'s solution must follow its check cell"
+    last_md = max(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "## What we saw" in c.source)
+    assert answers and last_md < answers[0], f"{stem}: the exercises come after 'What we saw'"
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_long_cells_say_how_long(stem):
+    """Every code cell that launches workers or trains has a measured time note above it."""
+    nb = read(stem)
+    missing = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code" or hn.SOLUTION_TAG in tags(c) or not LONG_CALL.search(c.source):
+            continue
+        above = next(nb.cells[j] for j in range(i - 1, -1, -1) if nb.cells[j].cell_type == "markdown")
+        if not TIME_NOTE.search(above.source):
+            missing.append(i)
+    assert not missing, (f"{stem}: the markdown above code cells {missing} must say how long they take, "
+                         "e.g. '(about 6 s on a 2-core laptop)'")
+
+
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_build_script_up_to_date(stem):
+    script = ROOT / "ci" / f"build_nb{stem[:2]}.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{stem}: {proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
+def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
+    """papermill with a wrong-typed parameter: the first cell after the parameters fails,
+    naming the parameter (the runner refuses such values earlier; papermill does not)."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    declared = rn.notebook_parameters(path_of(stem))
+    name, param = next(iter(declared.items()))
+    expected, _ = rn.expected_type(param)
+    bad = "not a number" if expected in ("int", "float") else 2.5
+    out = tmp_path / f"{stem}.ipynb"
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(path_of(stem)), str(out), parameters={name: bad}, kernel_name="python3",
+                                   cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=120)
+    err = info.value
+    assert err.ename == "TypeError", f"{stem}: {err.ename}: {err.evalue}"
+    assert repr(name) in err.evalue and repr(bad) in err.evalue, err.evalue
+    executed = nbformat.read(str(out), as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code"]  # papermill adds markdown error cells
+    injected = next(i for i, c in enumerate(code) if "injected-parameters" in tags(c))
+    failed = [i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert failed == [injected + 1], (f"{stem}: the error should be in the first code cell after the parameters "
+                                      f"(code cell {injected + 1}), got code cell(s) {failed}")
+    assert "check_parameters(" in code[injected + 1].source
+
+
+# --------------------------------------------------------------------------------------------
+# The exercise mechanism under papermill (a tiny notebook, no torch)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    cells = [
+        new_markdown_cell("# tiny"),
+        new_code_cell("x = 3", metadata={"tags": ["parameters"]}),
+        new_code_cell("from helpers.notebook import check_answer, check_parameters\ncheck_parameters(x=(x, int))"),
+        *hn.exercise_cells(1, "right solution", "3 squared?", "expected_1 = x * x\ncheck_answer(\"ex1\", answer_1, expected_1)",
+                           "solution_1 = 9\ncheck_answer(\"ex1\", solution_1, expected_1, strict=True)"),
+        *hn.exercise_cells(2, "wrong solution", "3 cubed?", "expected_2 = x ** 3\ncheck_answer(\"ex2\", answer_2, expected_2)",
+                           "solution_2 = 9\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)"),
+    ]
+    cells[4].source = "answer_1 = 10  # a learner's wrong answer"
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    src, out = tmp_path / "tiny.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, str(src))
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False, cwd=str(tmp_path))
+    assert info.value.ename == "AssertionError" and "ex2" in info.value.evalue, info.value.evalue
+    executed = nbformat.read(str(out), as_version=4)
+    text = {i: "".join(o.get("text", "") for o in c.get("outputs", [])) for i, c in enumerate(executed.cells)
+            if c.cell_type == "code"}
+    joined = "\n".join(text.values())
+    assert "ex1: not yet: 10 is too large." in joined, joined  # the learner's check printed, did not raise
+    assert "ex1: solution checked" in joined, joined
+    assert "ex2: not answered yet" in joined, joined
+
+
+# --------------------------------------------------------------------------------------------
+# helpers.notebook
+# --------------------------------------------------------------------------------------------
+
+
+def type_error(**params) -> str:
+    with pytest.raises(TypeError) as info:
+        hn.check_parameters(**params)
+    return str(info.value)
+
+
+def test_check_parameters_accepts_right_types():
+    import numpy as np
+
+    hn.check_parameters(world_size=(2, int), lr=(0.01, float), lr_int=(1, float), model=("cnn", str),
+                        flag=(False, bool), maybe=(None, (int, None)), ranks=([1, 4], list),
+                        np_int=(np.int64(3), int), np_float=(np.float32(0.5), float))
+
+
+def test_check_parameters_float_for_int():
+    msg = type_error(world_size=(2.5, int))
+    assert "'world_size' must be an int" in msg and "2.5 (float)" in msg
+    assert "`world_size = 2`" in msg and "-p world_size 2" in msg
+
+
+def test_check_parameters_bool_is_not_int_nor_float():
+    msg = type_error(world_size=(True, int))
+    assert "'world_size' must be an int" in msg and "True (bool)" in msg and "bool, not a number" in msg
+    assert "'lr' must be a float" in type_error(lr=(False, float))
+
+
+def test_check_parameters_number_as_text():
+    msg = type_error(lr=("0.1", float))
+    assert "'lr' must be a float" in msg and "'0.1' (str)" in msg and "`lr = 0.1`" in msg and "-r" in msg
+
+
+def test_check_parameters_str_and_none():
+    msg = type_error(model=(3, str))
+    assert "'model' must be a str" in msg and '`model = "linear"`' in msg
+    msg = type_error(steps=(None, int))
+    assert "'steps' must be an int" in msg and "None (NoneType)" in msg
+    assert "must be an int or None" in type_error(steps=("x", (int, None)))
+
+
+def test_check_parameters_reports_every_wrong_parameter():
+    msg = type_error(a=(1.5, int), b=(2, int), c=("x", float))
+    assert msg.startswith("wrong parameter types:") and "'a'" in msg and "'c'" in msg and "'b'" not in msg
+
+
+def test_check_parameters_malformed_call():
+    assert "(value, type) pair" in type_error(world_size=2)
+    assert "must be a type" in type_error(world_size=(2, "int"))
+
+
+def test_check_value():
+    hn.check_value("world_size", 2, True, "at least 2")
+    with pytest.raises(ValueError) as info:
+        hn.check_value("world_size", 1, False, "at least 2 (one process has nobody to disagree with)")
+    msg = str(info.value)
+    assert "'world_size' = 1 is not allowed" in msg and "at least 2 (one process" in msg and "-p world_size" in msg
+
+
+@pytest.mark.parametrize("answer, expected, verdict", [
+    (None, 15.0, "not answered yet"),
+    (15, 15.0, "correct"),
+    (15.0000001, 15.0, "correct"),
+    (30, 15.0, "not yet: 30 is too large."),
+    (10, 15.0, "not yet: 10 is too small."),
+    ("7/12", Fraction(7, 12), "correct"),
+    ("0.5", 0.5, "correct"),
+    ([0.25, 0.25, 0.0], [0.25, 0.25, 0], "correct"),
+    ([0.25, 0.5, 0.0], [0.25, 0.25, 0], "not yet: 0.5 at [1] is too large."),
+    ([1, 2], [1, 2, 3], "not yet: expected 3 values, you gave 2."),
+    (15, [1, 2], "not yet: expected a list of 2 values"),
+    ([1], 15, "not yet: expected a number"),
+    (True, 1, "not yet: expected a number"),
+    (1, True, "not yet: expected True or False"),
+    (False, True, "not yet: True/False is the other way round."),
+    (" Linear ", "linear", "correct"),
+    ({"a": 1}, {"a": 1.0}, "correct"),
+    ({"b": 1}, {"a": 1}, "not yet: expected the keys"),
+    ({3, 1}, {1, 3}, "correct"),
+    (object(), 15, "not yet: expected a number"),
+    ("abc", 15, "not yet: expected a number"),
+])
+def test_check_answer_for_the_learner(answer, expected, verdict, capsys):
+    hn.check_answer("ex1", answer, expected)  # never raises for the learner's value
+    out = capsys.readouterr().out
+    assert out.startswith(f"ex1: {verdict}"), out
+
+
+def test_check_answer_tensors_and_arrays(capsys):
+    import numpy as np
+    import torch
+
+    hn.check_answer("ex1", torch.tensor([0.25, 0.25, 0.0]), [0.25, 0.25, 0.0])
+    hn.check_answer("ex1", np.float64(15.0), torch.tensor(15.0))
+    hn.check_answer("ex1", torch.tensor(16.0), 15)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ex1: correct" and lines[1] == "ex1: correct" and lines[2].startswith("ex1: not yet"), lines
+
+
+def test_check_answer_hint_and_tolerance(capsys):
+    hn.check_answer("ex3", 25.17, 151 / 6, rel_tol=1e-3)
+    hn.check_answer("ex3", 25.17, 151 / 6, hint="average the two ranks")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ex3: correct"
+    assert lines[1].startswith("ex3: not yet:") and lines[1].endswith("Hint: average the two ranks"), lines
+
+
+def test_check_answer_strict(capsys):
+    hn.check_answer("ex2", Fraction(151, 6), 151 / 6, strict=True)
+    assert capsys.readouterr().out == "ex2: solution checked\n"
+    with pytest.raises(AssertionError) as info:
+        hn.check_answer("ex2", 14.0, 15, strict=True)
+    assert "ex2" in str(info.value) and "14.0" in str(info.value) and "15" in str(info.value)
+    with pytest.raises(AssertionError, match="ex2: the solution left its answer as None"):
+        hn.check_answer("ex2", None, 15, strict=True)
+
+
+def test_exercise_cells():
+    cells = hn.exercise_cells(2, "title", "the task", "expected_2 = 1\ncheck_answer(\"ex2\", answer_2, expected_2)",
+                              "solution_2 = 1\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)")
+    assert [c.cell_type for c in cells] == ["markdown", "code", "code", "code"]
+    assert cells[0].source.startswith("### Exercise 2: title\n\nthe task")
+    assert cells[1].source == "answer_2 = None  # your answer here"
+    assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
+    assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
+    with pytest.raises(ValueError, match="check cell must call"):
+        hn.exercise_cells(1, "t", "task", "expected_1 = 1", "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
+    with pytest.raises(ValueError, match="must compute expected_1"):
+        hn.exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
+                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
+    with pytest.raises(ValueError, match="solution must end with"):
+        hn.exercise_cells(1, "t", "task", "expected_1 = 1\ncheck_answer(\"ex1\", answer_1, expected_1)",
+                          "check_answer(\"ex1\", solution_1, expected_1)")
+
+
+# --------------------------------------------------------------------------------------------
+# The README's parameter table
+# --------------------------------------------------------------------------------------------
+
+
+def test_readme_parameter_table_is_up_to_date(capsys):
+    rc = params_table.main(["--check"])
+    out = capsys.readouterr()
+    assert rc == 0, f"{out.out}{out.err}"
+
+
+def test_params_table_rows_match_the_notebooks():
+    rows = params_table.rows()
+    nb04 = {r["parameter"]: r for r in rows if "04_mnist_single_dp_ddp" in r["notebook"]}
+    assert nb04["`max_steps`"]["type"] == "int" and nb04["`max_steps`"]["default"] == "`200`"
+    assert nb04["`model`"]["default"] == '`"linear"`' and nb04["`model`"]["type"] == "str"
+    full = rn.load_profiles().get("04_mnist_single_dp_ddp", {}).get("full", {})
+    if "max_steps" in full:
+        assert nb04["`max_steps`"]["full"] == f"**`{full['max_steps']!r}`**"
+    assert "optimizer steps per mode" in nb04["`max_steps`"]["description"]
+    stems = {p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb")}
+    assert {re.search(r"notebooks/(.+)\.ipynb", r["notebook"]).group(1) for r in rows} <= stems
+
+
+def test_params_table_check_detects_a_stale_readme(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{params_table.START}\nold table\n{params_table.END}\n\nafter\n", encoding="utf-8")
+    assert params_table.main(["--check", "--readme", str(readme)]) == 1
+    assert params_table.main(["--readme", str(readme)]) == 0
+    text = readme.read_text(encoding="utf-8")
+    assert "old table" not in text and text.startswith("# x\n\n") and text.endswith("\n\nafter\n")
+    assert params_table.main(["--check", "--readme", str(readme)]) == 0
+    readme.write_text("# no markers\n", encoding="utf-8")
+    assert params_table.main(["--check", "--readme", str(readme)]) == 2
+    capsys.readouterr()
