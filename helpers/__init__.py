@@ -12,6 +12,10 @@ Modules:
     replicas     -- notebook 02: how DDP keeps replicas identical
     sampler      -- notebook 03: DistributedSampler assignment and correct distributed evaluation
     mnist_train  -- notebook 04: MNIST training (single process, DP, DDP), TrainConfig
+    pitfalls     -- notebook 06: DDP pitfalls reproduced safely, and their fixes
+    cluster      -- notebook 07: torchrun entry point (python -m helpers.cluster), two-node rehearsal
+    comm_hooks   -- notebook 07: DDP communication hooks and the bytes they send
+    notebook     -- the learner recipe every notebook follows: parameter checks, exercises
 """
 
 from pathlib import Path
