@@ -10,26 +10,15 @@ Edit this script, not the notebook, then regenerate.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from textwrap import dedent
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from ci.nbbuild import code, md, run  # noqa: E402
+from helpers.notebook import exercise_cells  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "07_from_notebook_to_cluster.ipynb"
-
-
-def md(text: str):
-    return new_markdown_cell(dedent(text).strip("\n"))
-
-
-def code(text: str, tags: list[str] | None = None):
-    cell = new_code_cell(dedent(text).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = tags
-    return cell
 
 
 CELLS = [
@@ -47,6 +36,14 @@ CELLS = [
     `helpers/cluster.py` (the torchrun entry point `python -m helpers.cluster` and the code that
     starts torchrun agents from a cell or a test) and `helpers/comm_hooks.py` (hooks, measured).
 
+    Terms (see the [glossary](../docs/GLOSSARY.md)): [torchrun](../docs/GLOSSARY.md#torchrun),
+    [node](../docs/GLOSSARY.md#node), [rank](../docs/GLOSSARY.md#rank),
+    [local rank](../docs/GLOSSARY.md#local-rank), [world size](../docs/GLOSSARY.md#world-size),
+    [backend](../docs/GLOSSARY.md#backend), [process group](../docs/GLOSSARY.md#process-group),
+    [all-reduce](../docs/GLOSSARY.md#all-reduce), [bucket](../docs/GLOSSARY.md#bucket),
+    [DDP](../docs/GLOSSARY.md#ddp), [replica](../docs/GLOSSARY.md#replica),
+    [global batch size](../docs/GLOSSARY.md#global-batch-size).
+
     **What runs where**
 
     | part | CPU only (CI, this machine) | with GPUs |
@@ -59,10 +56,11 @@ CELLS = [
     | 6. GPU path, 7. after DDP | prose and arithmetic (no GPU was lent to the machine that wrote and tested this notebook) | -- |
 
     Every torchrun agent is a subprocess with a timeout; every agent, worker and namespace is
-    removed when its cell ends, whatever happens (checked). Run time on 2 CPU cores: about 75 s
-    with the smoke defaults (six torchrun jobs of 7 to 16 s each, mostly Python and PyTorch
-    start-up, plus two `launch` runs), up to about 3 minutes when the machine is busy; about
-    90 s with the full profile (one full epoch per run).
+    removed when its cell ends, whatever happens (checked). Run time: about 1–1.5 min on a
+    2-core laptop with the smoke defaults (measured; five torchrun jobs of 7 to 17 s each,
+    mostly Python and PyTorch start-up, plus two `launch` runs), up to about 3 minutes when the
+    machine is busy; about 90 s with the full profile (one full epoch per run). The notebook ends with
+    three exercises, each checked by a cell; none of them starts a process.
     """),
     code(r"""
     # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -81,6 +79,49 @@ CELLS = [
     seed = 0  # seeds the initial weights and the data order
     job_timeout_s = 300  # a torchrun job still running after this many seconds is killed (and the cell fails)
     """, tags=["parameters"]),
+    code(r"""
+    import math
+
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(world_size=(world_size, int), max_steps=(max_steps, int), hooks_steps=(hooks_steps, int),
+                     powersgd_ranks=(powersgd_ranks, list), powersgd_start_iter=(powersgd_start_iter, int),
+                     fail_at_step=(fail_at_step, int), netns=(netns, str), min_accuracy=(min_accuracy, float),
+                     max_accuracy_drop=(max_accuracy_drop, float), backend=(backend, str),
+                     global_batch_size=(global_batch_size, int), lr=(lr, float), seed=(seed, int),
+                     job_timeout_s=(job_timeout_s, int))
+    check_value("world_size", world_size, world_size >= 1, "at least 1")
+    check_value("global_batch_size", global_batch_size,
+                global_batch_size >= 1 and global_batch_size % math.lcm(world_size, 2) == 0,
+                f"a positive multiple of {math.lcm(world_size, 2)} (world_size = {world_size} ranks in parts 1 and 5, "
+                "2 ranks in parts 2-4): every rank takes the same share of a global batch")
+    check_value("max_steps", max_steps, max_steps >= 0, "0 (one full epoch) or a positive number of steps")
+    check_value("hooks_steps", hooks_steps, hooks_steps >= 0, "0 (one full epoch) or a positive number of steps")
+
+
+    def total_steps(limit):  # = TrainConfig(max_steps=limit).total_steps(60_000, world_size), checked below
+        full_epoch = math.ceil(math.ceil(60_000 / world_size) / (global_batch_size // world_size))
+        return full_epoch if limit == 0 else min(limit, full_epoch)
+
+
+    check_value("fail_at_step", fail_at_step, 1 <= fail_at_step <= total_steps(max_steps),
+                f"a training step of the run, between 1 and {total_steps(max_steps)}")
+    check_value("powersgd_ranks", powersgd_ranks,
+                len(powersgd_ranks) >= 1 and all(isinstance(r, int) and not isinstance(r, bool) and r >= 1
+                                                  for r in powersgd_ranks),
+                "a non-empty list of whole numbers >= 1, e.g. [1, 4]")
+    check_value("powersgd_start_iter", powersgd_start_iter, 2 <= powersgd_start_iter < total_steps(hooks_steps),
+                f"at least 2 (torch's minimum with error feedback) and below the {total_steps(hooks_steps)} "
+                "hook steps, so that PowerSGD gets steps after its start")
+    check_value("netns", netns, netns in ("auto", "off"), '"auto" or "off"')
+    check_value("backend", backend, backend in ("auto", "gloo", "nccl"), '"auto", "gloo" or "nccl"')
+    check_value("min_accuracy", min_accuracy, 0 <= min_accuracy <= 1, "a fraction between 0 and 1")
+    check_value("max_accuracy_drop", max_accuracy_drop, 0 <= max_accuracy_drop <= 1, "a fraction between 0 and 1")
+    check_value("lr", lr, lr > 0, "greater than 0")
+    check_value("seed", seed, seed >= 0, "0 or more")
+    check_value("job_timeout_s", job_timeout_s, job_timeout_s >= 10,
+                "at least 10 seconds (a torchrun job's start-up alone takes several)")
+    """),
     code(r"""
     import os
     import time
@@ -104,8 +145,8 @@ CELLS = [
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = resolve_backend(None if backend == "auto" else backend, world_size)
-    steps = TrainConfig(max_steps=max_steps).total_steps(60_000, world_size)
-    assert 1 <= fail_at_step <= steps, f"fail_at_step={fail_at_step} must be a training step in [1, {steps}]"
+    steps = TrainConfig(global_batch_size=global_batch_size, max_steps=max_steps).total_steps(60_000, world_size)
+    assert steps == total_steps(max_steps), "the check cell's step count must be TrainConfig's"
     print(f"torch {torch.__version__}; CUDA GPUs: {n_gpus}; CPU cores: {os.cpu_count()}")
     print(f"one-node runs and hooks: world_size = {world_size}, backend = {backend!r}; two-node rehearsals: gloo")
     print(f"every torchrun / launch run trains {steps} steps of global batch {global_batch_size}")
@@ -136,6 +177,9 @@ CELLS = [
     **Claim:** for the same seed and configuration, `torchrun --standalone --nproc-per-node=2 -m
     helpers.cluster` produces the same per-step loss history and test accuracy as notebook 04's
     `launch(ddp_train_worker, 2, config)`: `assert_close` on the loss curves.
+
+    The next cell runs both, one after the other: about 9–20 s on a 2-core laptop (measured;
+    most of it is starting Python and PyTorch in every process).
     """),
     code(r"""
     config = TrainConfig(global_batch_size=global_batch_size, lr=lr, max_steps=max_steps, seed=seed, progress=False)
@@ -184,6 +228,8 @@ CELLS = [
     **Claim:** the job has `WORLD_SIZE == 2`; rank 0 and rank 1 run on different node ranks
     (`GROUP_RANK` 0 and 1), each as `LOCAL_RANK` 0 of its node; and the result is the one of
     the single-node 2-process run: same loss history, same accuracy.
+
+    The next cell (one torchrun job with two agents) takes about 7–15 s on a 2-core laptop.
     """),
     code(r"""
     two_node_args = train_args + ["--backend", "gloo"]
@@ -229,6 +275,10 @@ CELLS = [
     `P` numbers per step from the other, so each node's received bytes are at least
     `steps * 4 * P` (`P = 7,850` float32 gradients); the excess is TCP/IP headers, the
     rendezvous, the initial weight broadcast and the evaluation.
+
+    The next cell takes about 7–15 s on a 2-core laptop when namespaces are permitted (one
+    torchrun job, plus creating and deleting the namespaces); well under a second when it is
+    skipped.
     """),
     code(r"""
     netns_ok, netns_why = netns_available() if netns == "auto" else (False, f"netns = {netns!r} (parameter)")
@@ -264,6 +314,7 @@ CELLS = [
     The four runs so far, on top of each other: notebook 04's `launch` from this kernel, torchrun
     on one node, two nodes on loopback and (if it ran) two nodes in two namespaces. Right: how far
     each curve is from the `launch` curve (zero is drawn at the bottom of the symlog scale).
+    The next cell only draws what the runs above returned: about 0.4 s on a 2-core laptop.
     """),
     code(r"""
     runs = {"launch() from the notebook": launch_curve, "torchrun, 1 node": torchrun_curve,
@@ -303,6 +354,9 @@ CELLS = [
     **Claim:** both agents exit non-zero within seconds of each other (the time is shown, not
     asserted: it depends on the machine), node 1 reports rank 1's `InjectedFailure`, node 0
     reports rank 0's lost connection, and no rank writes a result.
+
+    The next cell (a job that fails after `fail_at_step` steps) takes about 7–15 s on a 2-core
+    laptop.
     """),
     code(r"""
     fail_args = two_node_args + ["--fail-rank", 1, "--fail-at-step", fail_at_step]
@@ -351,6 +405,9 @@ CELLS = [
 
     **Claim:** with `--max-restarts=1` the job succeeds (both agents exit 0), rank 1 reports
     restart count 1, and the loss history is the clean run's.
+
+    The next cell pays two start-ups (the failed attempt and the restart): about 12–25 s on a
+    2-core laptop.
     """),
     code(r"""
     restarted = run_job(fail_args + ["--fail-attempts", 1], nodes=2, nproc_per_node=1, max_restarts=1,
@@ -434,12 +491,17 @@ CELLS = [
     print(f"P = {P} gradient elements: fp32 all-reduce = {4 * P} bytes per rank per step")
     pd.DataFrame(rows).set_index("gradient")
     """),
+    md(r"""
+    The next cell launches `world_size` processes once and trains `hooks_steps` steps with each
+    of the hooks in turn: about 6–15 s on a 2-core laptop with the smoke defaults (measured;
+    start-up dominates), about 20 s with the full profile (one epoch per hook).
+    """),
     code(r"""
     specs = [HookSpec("allreduce"), HookSpec("fp16"), HookSpec("bf16")] + [
         HookSpec("powersgd", rank=r, start_iter=powersgd_start_iter) for r in powersgd_ranks]
     hooks_config = TrainConfig(global_batch_size=global_batch_size, lr=lr, max_steps=hooks_steps, seed=seed, progress=False)
     hook_steps = hooks_config.total_steps(60_000, world_size)
-    assert powersgd_start_iter < hook_steps, "PowerSGD must get steps after its start"
+    assert hook_steps == total_steps(hooks_steps), "the check cell's step count must be TrainConfig's"
     t0 = time.perf_counter()
     per_rank = launch(hooks_worker, world_size, hooks_config, specs, backend=backend, timeout=job_timeout_s)
     print(f"{len(specs)} hooks x {hook_steps} steps on {world_size} ranks ({per_rank[0][0]['backend']}): "
@@ -645,47 +707,97 @@ CELLS = [
     * Beyond DDP, sharding (ZeRO, FSDP) divides the 16 bytes per parameter of model state
       across the ranks when the model no longer fits one device.
 
+    ## Going further
+
+    * Run `python ci/run_notebooks.py 07 -p fail_at_step=1`. Before running, predict whether
+      rank 0 is then waiting in the gradient all-reduce or somewhere earlier, and what node 0's
+      report says.
+    * After exercise 2, run `python ci/run_notebooks.py 07 -p "powersgd_ranks=[1, 2, 4]"`: the
+      exercise's check cell then also compares its expected value with the bytes counted in the
+      real run.
+
     ## Exercises
 
-    1. Run `python ci/run_notebooks.py 07 -p fail_at_step=1`. Before running, predict whether
-       rank 0 is then waiting in the gradient all-reduce or somewhere earlier, and what node 0's
-       report says.
-    2. Run `python ci/run_notebooks.py 07 -p "powersgd_ranks=[1, 4, 5]"`. Use the condition
-       `(n + m) * r * 2 < n * m` (or `powersgd_compresses`) to predict whether the `10 x 784`
-       weight is still compressed at rank 5, and the bytes per step PowerSGD then counts; check
-       against the table.
-    3. Redo part 7 for a 70-billion-parameter model and GPUs of 80 GB. Show that ZeRO-1 and
-       ZeRO-2 never fit its model state, however many GPUs, and find the smallest number of
-       GPUs with which ZeRO-3 does (before activations).
+    Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+    check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+    collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+    every solution, so they are known to be right. None of them starts new processes.
     """),
+    *exercise_cells(1, "ranks on three nodes", r"""
+        A job starts `torchrun --nnodes=3 --nproc-per-node=4 ...` on each of three machines.
+        What is its `WORLD_SIZE`, and which global `RANK` does torchrun give the worker with
+        `GROUP_RANK` 2 (the third node) and `LOCAL_RANK` 1? Answer with a list of two ints,
+        `[WORLD_SIZE, RANK]`.
+        """, r"""
+        # expected: the job's shape as the helper writes the multi-node command, and the rank rule that
+        # every worker of this notebook's torchrun jobs reported (checked on their node tables)
+        import re
+
+        command = cluster_commands(nproc_per_node=4, nnodes=3)["multi-node (run on every node)"]
+        nnodes = int(re.search(r"--nnodes=(\d+)", command).group(1))
+        nproc = int(re.search(r"--nproc-per-node=(\d+)", command).group(1))
+        for job in (single, two_node, restarted, ns_job):
+            for row in (job.node_table() if job is not None else []):
+                assert row["RANK"] == row["GROUP_RANK (node)"] * row["LOCAL_WORLD_SIZE"] + row["LOCAL_RANK"], row
+                assert row["WORLD_SIZE"] == len(job.ranks), row
+        expected_1 = [nnodes * nproc, 2 * nproc + 1]
+        check_answer("ex1", answer_1, expected_1,
+                     hint="every node starts --nproc-per-node workers; nodes are numbered first, then workers within a node")
+        """, r"""
+        # List every worker as torchrun numbers them: node by node, and within a node by local rank.
+        workers = [(node, local) for node in range(3) for local in range(4)]  # (GROUP_RANK, LOCAL_RANK)
+        solution_1 = [len(workers), workers.index((2, 1))]  # 3 x 4 = 12 workers; node 2 starts at 8, so 9
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "bytes per step with fp16 and PowerSGD rank 2", r"""
+        Our model is `Linear(784, 10)` (weight `10 x 784`, bias `10`). How many bytes does each
+        rank hand to `all_reduce` per training step with `fp16_compress_hook`, and with
+        `powerSGD_hook` at `matrix_approximation_rank = 2` once it has started compressing? Use
+        part 5's rules (a matrix is compressed only if that saves at least 2 times; biases never
+        are). Answer with a list of two ints, `[fp16 bytes, PowerSGD rank-2 bytes]`.
+        """, r"""
+        # expected: the helper's byte formula, which part 5 checked against the bytes counted in every
+        # step of the real run (and against the run itself when it measured rank 2)
+        fp16_bytes = expected_bytes_per_step(shapes, HookSpec("fp16"), hook_steps)
+        rank2 = HookSpec("powersgd", rank=2, start_iter=powersgd_start_iter)
+        expected_2 = [fp16_bytes, expected_bytes_per_step(shapes, rank2, powersgd_start_iter + 1)]
+        assert fp16_bytes == results[HookSpec("fp16").label]["bytes_per_step"][-1]
+        if rank2.label in results:  # this run measured PowerSGD rank 2 (-p "powersgd_ranks=[1, 2, 4]")
+            assert expected_2[1] == results[rank2.label]["bytes_per_step"][-1]
+        check_answer("ex2", answer_2, expected_2,
+                     hint="fp16: 2 bytes per gradient element; PowerSGD: P (10 x r) and Q (784 x r) in float32, plus the bias")
+        """, r"""
+        # fp16: 784 * 10 + 10 = 7,850 gradient elements of 2 bytes.
+        # PowerSGD rank 2: the weight is compressed, since (10 + 784) * 2 = 1,588 numbers is less than
+        # half of 7,840; it sends P (10 x 2) and Q (784 x 2) and the 10 bias values, all float32.
+        n, m, r = 10, 784, 2
+        assert (n + m) * r * 2 < n * m
+        solution_2 = [2 * (n * m + n), 4 * ((n + m) * r + n)]  # [15700, 6392]
+        check_answer("ex2", solution_2, expected_2, strict=True)
+        """),
+    *exercise_cells(3, "ZeRO for a 70-billion-parameter model", r"""
+        Redo part 7's arithmetic (mixed precision with Adam, `K = 12`, GB = 10^9 bytes) for a
+        model of `Psi = 70` billion parameters on GPUs of 80 GB. What is the smallest number of
+        GPUs `N_d` with which ZeRO-3 holds its model state (before activations)? Answer with a
+        whole number. Then explain why ZeRO-1 and ZeRO-2 never fit, however many GPUs.
+        """, r"""
+        # expected: part 7's own model_state_bytes, searched for the smallest N_d that fits
+        stages = list(model_state_bytes(70e9, 1))  # DDP, ZeRO-1, ZeRO-2, ZeRO-3 (in this order)
+        expected_3 = next(n_d for n_d in range(1, 100_000) if model_state_bytes(70e9, n_d)[stages[3]] <= 80e9)
+        huge = model_state_bytes(70e9, 10**9)  # as many GPUs as you like
+        assert huge[stages[1]] > 80e9 and huge[stages[2]] > 80e9, "ZeRO-1 and ZeRO-2 never fit"
+        check_answer("ex3", answer_3, expected_3, hint="ZeRO-3 divides all 16 bytes per parameter by N_d")
+        """, r"""
+        # ZeRO-3 shards all 2 + 2 + 12 = 16 bytes per parameter: 16 * 70e9 = 1,120 GB over N_d GPUs,
+        # so N_d >= 1,120 / 80 = 14. ZeRO-1 keeps the fp16 parameters and gradients whole on every GPU
+        # (4 * Psi = 280 GB) and ZeRO-2 the fp16 parameters (2 * Psi = 140 GB): both above 80 GB for any N_d.
+        psi = 70e9
+        print(f"floors: ZeRO-1 {4 * psi / 1e9:.0f} GB, ZeRO-2 {2 * psi / 1e9:.0f} GB per GPU, whatever N_d")
+        solution_3 = math.ceil(16 * psi / 80e9)
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=CELLS)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    for i, cell in enumerate(nb.cells):  # stable, readable ids (nbformat >= 4.5 wants one per cell)
-        cell["id"] = f"nb07-{i:02d}"
-    nbformat.validate(nb)
-    return nb
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare with the notebook on disk")
-    args = parser.parse_args(argv)
-    text = nbformat.writes(build()) + "\n"
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT.name}: {'up to date' if same else 'DIFFERS from ci/build_nb07.py: regenerate it'}")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    nbformat.validate(nbformat.read(OUT, as_version=4))
-    print(f"wrote {OUT.relative_to(OUT.parent.parent)} ({len(CELLS)} cells), valid")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(OUT, CELLS, "nb07"))

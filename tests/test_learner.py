@@ -35,6 +35,7 @@ LEARNER_NOTEBOOKS = [
     "03_distributed_sampler",
     "04_mnist_single_dp_ddp",
     "06_ddp_pitfalls",
+    "07_from_notebook_to_cluster",
 ]
 
 GLOSSARY_LINK = "../docs/GLOSSARY.md"
