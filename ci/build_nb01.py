@@ -10,29 +10,15 @@ Edit this script, not the notebook, then regenerate.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from textwrap import dedent
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from ci.nbbuild import code, md, run  # noqa: E402
 from helpers.notebook import exercise_cells  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "01_gradients_dp_vs_ddp.ipynb"
-
-
-def md(text: str):
-    return new_markdown_cell(dedent(text).strip("\n"))
-
-
-def code(text: str, tags: list[str] | None = None):
-    cell = new_code_cell(dedent(text).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = tags
-    return cell
 
 
 CELLS = [
@@ -549,33 +535,5 @@ CELLS = [
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=CELLS)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    for cell in nb.cells:  # stable, readable ids (nbformat >= 4.5 wants one per cell)
-        cell.pop("id", None)
-    for i, cell in enumerate(nb.cells):
-        cell["id"] = f"nb01-{i:02d}"
-    nbformat.validate(nb)
-    return nb
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare with the notebook on disk")
-    args = parser.parse_args(argv)
-    text = nbformat.writes(build()) + "\n"
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT.name}: {'up to date' if same else 'DIFFERS from ci/build_nb01.py: regenerate it'}")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    nbformat.validate(nbformat.read(OUT, as_version=4))
-    print(f"wrote {OUT.relative_to(OUT.parent.parent)} ({len(CELLS)} cells), valid")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(OUT, CELLS, "nb01"))
