@@ -10,26 +10,15 @@ Edit this script, not the notebook, then regenerate.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from textwrap import dedent
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # helpers/, when run as a script
+from ci.nbbuild import code, md, run  # noqa: E402
+from helpers.notebook import exercise_cells  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "notebooks" / "05_where_the_time_goes.ipynb"
-
-
-def md(text: str):
-    return new_markdown_cell(dedent(text).strip("\n"))
-
-
-def code(text: str, tags: list[str] | None = None):
-    cell = new_code_cell(dedent(text).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = tags
-    return cell
 
 
 CELLS = [
@@ -59,11 +48,18 @@ CELLS = [
     | 6. cost model, cluster prediction | arithmetic | arithmetic |
     | 7. launch overhead | `helpers.launch` against `torch.multiprocessing.spawn` | same |
 
-    **New here:** samples/s, speed-up and scaling efficiency; threads per rank and
-    oversubscription; `algbw` and `busbw`; `bucket_cap_mb`, `gradient_as_bucket_view` and DDP
-    communication hooks; `torch.profiler`; the alpha-beta model. Run time on 2 CPU cores: the
-    `smoke` profile (CI) about 40 s on a quiet machine (it skips the measured memory comparison
-    and the launcher timings), `full` about 5 minutes.
+    **New here:** samples/s, speed-up and scaling efficiency of [DDP](../docs/GLOSSARY.md#ddp)
+    (and why [DP](../docs/GLOSSARY.md#dp) cannot help on CPU); threads per
+    [rank](../docs/GLOSSARY.md#rank) and oversubscription as the
+    [world size](../docs/GLOSSARY.md#world-size) grows; the cost of an
+    [all-reduce](../docs/GLOSSARY.md#all-reduce) and its two bandwidths
+    [`algbw` and `busbw`](../docs/GLOSSARY.md#algbw-busbw); `bucket_cap_mb` (DDP's gradient
+    [buckets](../docs/GLOSSARY.md#bucket)), `gradient_as_bucket_view` and DDP communication
+    hooks; `torch.profiler`; the alpha-beta model. Every term is defined (with its Chinese name)
+    in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU cores: the `smoke` profile (CI)
+    about 40 s on a quiet machine (it skips the measured memory comparison and the launcher
+    timings), `full` about 5 minutes. The notebook ends with three exercises, each checked by a
+    cell.
     """),
     code(r"""
     # Parameters (papermill overrides them; the defaults are the smoke profile CI runs)
@@ -74,6 +70,22 @@ CELLS = [
     cluster_alpha_us = 10.0  # ASSUMED latency per ring step in microseconds
     cluster_compute_ms = 100.0  # ASSUMED forward+backward+optimizer time of one step on one GPU in ms
     """, tags=["parameters"]),
+    code(r"""
+    # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+    from helpers.notebook import check_answer, check_parameters, check_value
+
+    check_parameters(profile=(profile, str), seed=(seed, int),
+                     cluster_params_million=(cluster_params_million, float),
+                     cluster_link_gbit_s=(cluster_link_gbit_s, float), cluster_alpha_us=(cluster_alpha_us, float),
+                     cluster_compute_ms=(cluster_compute_ms, float))
+    check_value("profile", profile, profile in ("smoke", "full"), '"smoke" or "full" (helpers.bench.PROFILES)')
+    check_value("seed", seed, seed >= 0, "0 or a positive whole number")
+    check_value("cluster_params_million", cluster_params_million, cluster_params_million > 0,
+                "a positive number of millions of parameters")
+    check_value("cluster_link_gbit_s", cluster_link_gbit_s, cluster_link_gbit_s > 0, "a positive bandwidth in Gb/s")
+    check_value("cluster_alpha_us", cluster_alpha_us, cluster_alpha_us >= 0, "0 or a positive latency in microseconds")
+    check_value("cluster_compute_ms", cluster_compute_ms, cluster_compute_ms > 0, "a positive time in ms")
+    """),
     code(r"""
     import os
     import time
@@ -127,7 +139,9 @@ CELLS = [
 
     **Claim:** the fast path learns the same model: test accuracies agree within 0.5 points
     (same data, order and initial weights; only float rounding of the normalisation differs).
-    Its speed is measured, not asserted.
+    Its speed is measured, not asserted. The next cell takes about 5–8 s on a 2-core laptop with
+    the smoke profile (4,096 images, 1 rank), longer with `full` (the whole epoch, 1 and 2 ranks,
+    3 repeats).
     """),
     code(r"""
     c = cfg["pipeline"]
@@ -203,6 +217,9 @@ CELLS = [
     **DP.** `nn.DataParallel` is one process that splits each batch over GPUs. Without GPUs it has
     no devices (`device_ids == []`) and just calls the module: on CPU it **cannot run anything in
     parallel**, and its row equals the single process.
+
+    The next cell takes about 12–20 s on a 2-core laptop with the smoke profile (the CNN at
+    global batch 256, 1 and 2 ranks), a few minutes with `full`.
     """),
     code(r"""
     c = cfg["scaling"]
@@ -326,7 +343,9 @@ CELLS = [
     Sharing one copy would save `(world_size - 1)` copies. `bench.bench_memory` measures it: the
     `private` variant is the project's path; the `mmap` variant maps the raw `uint8` IDX file
     read-only (`numpy.memmap`, copy-on-write) so all ranks use the same page-cache pages and
-    convert each batch to normalised `float32` when they use it.
+    convert each batch to normalised `float32` when they use it. The next cell takes about
+    0–1 s on a 2-core laptop with the smoke profile, which skips the measured comparison; with
+    `full` it launches 1, 2 and 4 ranks for each variant, 3 to 6 s per launch.
     """),
     code(r"""
     mem_from_scaling = (ddp.groupby("world_size")[["peak_rss_mib_per_rank", "dataset_mib_per_rank"]].max()
@@ -370,7 +389,8 @@ CELLS = [
     process (1 thread). Small messages are dominated by fixed costs (latency), large ones by
     bandwidth: the shape the cost model of section 6 captures.
 
-    **Claim:** every row's busbw is algbw × 2(n-1)/n.
+    **Claim:** every row's busbw is algbw × 2(n-1)/n. The next cell takes about 4–7 s on a
+    2-core laptop with the smoke profile (2 ranks, 4 sizes), longer with `full`.
     """),
     code(r"""
     c = cfg["allreduce"]
@@ -418,7 +438,8 @@ CELLS = [
     bucket's size and then does exactly DDP's default all-reduce.
 
     **Claim:** a larger cap never gives more buckets, and the buckets always add up to all the
-    gradients.
+    gradients. The next cell takes about 8–13 s on a 2-core laptop with the smoke profile (2
+    ranks, caps 1 and 25 MiB, and the profiled steps), longer with `full` (7 caps).
     """),
     code(r"""
     c = cfg["buckets"]
@@ -640,7 +661,9 @@ CELLS = [
     `fn` runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
     call to the results: through `helpers.launch.launch` (torch's elastic agent, output relay,
     error handling) and through `torch.multiprocessing.spawn` with the hand-written setup the
-    tutorials use; and, as the floor, one fresh `python -c "import torch"`.
+    tutorials use; and, as the floor, one fresh `python -c "import torch"`. The next cell takes
+    about 2–3 s on a 2-core laptop with the smoke profile (only the `import torch` floor); with
+    `full` it makes 12 launches, 3 to 6 s each.
     """),
     code(r"""
     c = cfg["launch"]
@@ -706,47 +729,70 @@ CELLS = [
 
     ## Exercises
 
-    1. Oversubscribe on purpose: set `cfg["scaling"]["configs"] = [[1, 1], [2, 1], [2, 2], [4, 2]]`
-       and rerun section 2. Predict the order of the throughputs before you run it. Then rerun
-       with the environment variable `OMP_NUM_THREADS=1` set before starting Jupyter: which
-       rows change, and why (see how `helpers.launch` chooses threads)?
-    2. Use the cost model: with `cluster_alpha_us = 1` and `100`, at how many GPUs does the
-       no-overlap efficiency fall below 50 %? What `bucket_cap_mb` would you choose for 1,024
-       GPUs, and what does the model say it costs in overlap?
-    3. Make the seed recipe faster without changing the model: give its `DataLoader`
-       `num_workers=1` (and `persistent_workers=True`) in a copy of `bench._pipeline_epoch`. How
-       much does it gain on 2 cores, and why does it not reach the in-memory path?
+    Three short calculations with this notebook's formulas and results. Write your answer in the
+    `answer_N = None` cell and run the cell below it: it says whether the answer is right (it
+    never stops the notebook). The solution, collapsed, is the cell after.
     """),
+    *exercise_cells(1, "busbw on 8 ranks", r"""
+        An all-reduce over **8** ranks reaches `algbw = 10` GB/s. What is its `busbw`, in GB/s
+        (the rate each link of the ring really carries)? Answer with a number.
+        """, r"""
+        # expected: the notebook's own cost model (the formula section 4 checked on every measured row)
+        expected_1 = costmodel.busbw(10e9, 8) / 1e9
+        check_answer("ex1", answer_1, expected_1, rel_tol=1e-3, hint="busbw = algbw x 2(n-1)/n")
+        """, r"""
+        # A ring all-reduce makes every rank send (and receive) 2(n-1)/n of the data:
+        # 2 x 7 / 8 = 1.75, so busbw = 10 x 1.75 = 17.5 GB/s.
+        solution_1 = 10 * 2 * (8 - 1) / 8
+        check_answer("ex1", solution_1, expected_1, strict=True)
+        """),
+    *exercise_cells(2, "the ring model on a cluster", r"""
+        Take the cluster of section 6 (the parameters cell: `cluster_params_million` million
+        `float32` gradients, `cluster_link_gbit_s` Gb/s per GPU, latency `cluster_alpha_us` per
+        ring step; defaults 25.6 M, 100 Gb/s, 10 us). How many **milliseconds** does the ring
+        model predict for **one** all-reduce of all the gradients (a single bucket) over **8**
+        GPUs? Answer with a number, to 0.1 ms.
+        """, r"""
+        # expected: the notebook's own ring model, helpers.costmodel.ring_allreduce_seconds
+        expected_2 = costmodel.ring_allreduce_seconds(cluster_params_million * 1e6 * 4, 8, cluster_alpha_us * 1e-6,
+                                                      cluster_link_gbit_s * 1e9 / 8) * 1e3
+        check_answer("ex2", answer_2, expected_2, rel_tol=0.01,
+                     hint="t = 2(n-1) alpha + 2(n-1)/n x S / B, with S in bytes and B in bytes/s")
+        """, r"""
+        # By hand, with the defaults: S = 25.6e6 x 4 bytes = 102.4 MB, B = 100 Gb/s / 8 = 12.5 GB/s.
+        # latency term 2 x 7 x 10 us = 0.14 ms; bandwidth term 1.75 x 102.4 MB / 12.5 GB/s = 14.336 ms;
+        # total 14.476 ms (the bandwidth term dominates). Here with the notebook's parameters:
+        S, B, alpha, n = cluster_params_million * 1e6 * 4, cluster_link_gbit_s / 8 * 1e9, cluster_alpha_us * 1e-6, 8
+        latency_ms = 2 * (n - 1) * alpha * 1e3
+        bandwidth_ms = cl.loc[cl["n_gpus"] == n, "bandwidth_ms"].iloc[0]  # section 6's table has the same term
+        assert abs(bandwidth_ms - 2 * (n - 1) / n * S / B * 1e3) < 1e-9
+        solution_2 = latency_ms + bandwidth_ms
+        check_answer("ex2", solution_2, expected_2, strict=True)
+        """),
+    *exercise_cells(3, "scaling efficiency from two throughputs", r"""
+        In section 2's table, find the two DDP rows of the CNN at global batch 256 with
+        **1 thread per rank**: 1 rank and 2 ranks. From their `samples_per_s` alone, what is the
+        scaling efficiency of 2 ranks (speed-up / number of ranks)? Answer with a fraction such as
+        `0.8` (your numbers are this run's; 1% either way counts as right).
+        """, r"""
+        # expected: the efficiency helpers.bench computed for that row in this run
+        rows = scal[(scal["mode"] == "ddp") & (scal["model"] == "cnn") & (scal["global_batch_size"] == 256)
+                    & (scal["threads_per_rank"] == 1)].set_index("world_size")
+        expected_3 = float(rows.loc[2, "efficiency"])
+        print(f"this run: 1 rank {rows.loc[1, 'samples_per_s']:,.1f} samples/s, 2 ranks {rows.loc[2, 'samples_per_s']:,.1f} samples/s")
+        check_answer("ex3", answer_3, expected_3, rel_tol=0.01,
+                     hint="speed-up = samples/s with 2 ranks / samples/s with 1 rank; then divide by 2")
+        """, r"""
+        # samples/s = global batch / step time, so the speed-up is the ratio of the step times
+        # (1-rank step / 2-rank step), and the efficiency is that over 2.
+        d = scal[(scal["mode"] == "ddp") & (scal["model"] == "cnn") & (scal["global_batch_size"] == 256)
+                 & (scal["threads_per_rank"] == 1)].set_index("world_size")["step_ms"]
+        solution_3 = d.loc[1] / d.loc[2] / 2
+        check_answer("ex3", solution_3, expected_3, strict=True)
+        """),
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=CELLS)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    for cell in nb.cells:  # stable, readable ids (nbformat >= 4.5 wants one per cell)
-        cell.pop("id", None)
-    for i, cell in enumerate(nb.cells):
-        cell["id"] = f"nb05-{i:02d}"
-    nbformat.validate(nb)
-    return nb
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare with the notebook on disk")
-    args = parser.parse_args(argv)
-    text = nbformat.writes(build()) + "\n"
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT.name}: {'up to date' if same else 'DIFFERS from ci/build_nb05.py: regenerate it'}")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    nbformat.validate(nbformat.read(OUT, as_version=4))
-    print(f"wrote {OUT.relative_to(OUT.parent.parent)} ({len(CELLS)} cells), valid")
-    return 0
-
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(OUT, CELLS, "nb05"))

@@ -33,6 +33,7 @@ LEARNER_NOTEBOOKS = [
     "02_one_model_many_processes",
     "03_distributed_sampler",
     "04_mnist_single_dp_ddp",
+    "05_where_the_time_goes",
     "06_ddp_pitfalls",
     "07_from_notebook_to_cluster",
 ]
@@ -81,14 +82,9 @@ def test_learner_notebooks_exist():
     assert not missing, f"LEARNER_NOTEBOOKS names notebooks that do not exist: {missing}"
 
 
-# Notebooks that do not follow the recipe yet (issue 8 stays open while this list is not empty).
-RECIPE_PENDING = ["05_where_the_time_goes"]
-
-
 def test_every_notebook_is_a_learner_notebook():
     """Every notebook follows the recipe: a new notebook must be added to LEARNER_NOTEBOOKS."""
-    others = sorted(p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb")
-                    if p.stem not in LEARNER_NOTEBOOKS and p.stem not in RECIPE_PENDING)
+    others = sorted(p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb") if p.stem not in LEARNER_NOTEBOOKS)
     assert not others, f"notebooks not yet in LEARNER_NOTEBOOKS (tests/test_learner.py): {others}"
 
 
