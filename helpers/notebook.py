@@ -1,13 +1,12 @@
 """What every teaching notebook needs besides its lesson: parameter checks and exercises.
 
 Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
-check_value``) and by the build scripts ``ci/build_nbNN.py`` (:func:`exercise_cells`), and
-checked by ``tests/test_learner.py``.
+check_value``), and checked by ``tests/test_learner.py``.
 
 Recipe: what a notebook must contain
 ====================================
 
-Apply these in ``ci/build_nbNN.py`` (never edit the ``.ipynb``), regenerate, then add the
+Apply these in the notebook (or its jupytext twin ``notebooks/NN_*.py``), then add the
 notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
 ``python ci/params_table.py`` (the README's parameter table).
 
@@ -336,7 +335,7 @@ def check_answer(
 
 
 # --------------------------------------------------------------------------------------------
-# Building the cells (for ci/build_nbNN.py)
+# Building the cells (for a new notebook, and for tests of the exercise mechanism)
 # --------------------------------------------------------------------------------------------
 
 

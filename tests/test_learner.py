@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -175,12 +173,6 @@ def test_long_cells_say_how_long(stem):
     assert not missing, (f"{stem}: the markdown above code cells {missing} must say how long they take, "
                          "e.g. '(about 6 s on a 2-core laptop)'")
 
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_build_script_up_to_date(stem):
-    script = ROOT / "ci" / f"build_nb{stem[:2]}.py"
-    proc = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{stem}: {proc.stdout}{proc.stderr}"
 
 
 @pytest.mark.timeout(180)

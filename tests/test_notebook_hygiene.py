@@ -116,3 +116,33 @@ def test_papermill_sees_every_parameter(path):
     missing = [name for name in assigned if name not in seen]
     assert not missing, (f"{path.name}: papermill cannot parse the parameters {missing}; "
                          "avoid '=' or '>=' inside their comments")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_jupytext_twin_in_sync(path):
+    """Each notebook is paired with a jupytext percent-format twin ``NN_*.py`` holding the same
+    cells (source, type, tags); ``jupytext --sync notebooks/*.ipynb`` brings them back together."""
+    import jupytext
+
+    twin = path.with_suffix(".py")
+    assert twin.exists(), (f"{path.name} has no jupytext twin {twin.name}; create it with "
+                           f"`jupytext --set-formats ipynb,py:percent notebooks/{path.name}`")
+    nb = read(path)
+    assert nb.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent", (
+        f"{path.name}: not paired (metadata jupytext.formats); run "
+        f"`jupytext --set-formats ipynb,py:percent notebooks/{path.name}`")
+    text = jupytext.read(str(twin))
+
+    def cells(book):
+        return [(c.cell_type, c.source, sorted(tags(c))) for c in book.cells]
+
+    a, b = cells(nb), cells(text)
+    diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    assert diff is None, (
+        f"{path.name} and {twin.name} differ (first at cell {diff}): one was edited without the other. "
+        f"Run `jupytext --sync notebooks/{path.name}` (the newer file wins), then clear outputs.")
+
+
+def test_every_twin_has_a_notebook():
+    orphans = [p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.py") if not p.with_suffix(".ipynb").exists()]
+    assert not orphans, f"jupytext twins without a notebook: {orphans}; run `jupytext --sync` on them"

@@ -1,18 +1,14 @@
 """helpers.replicas (notebook 02): the toy, the reference step, and the DDP worker in real processes;
-notebook 02 in sync with ci/build_nb02.py (tests/test_notebooks.py executes it,
-tests/test_notebook_hygiene.py checks it)."""
+notebook 02 itself is executed by tests/test_notebooks.py and checked by tests/test_notebook_hygiene.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
 
-from _support import REPO_ROOT
 from helpers.launch import launch
 from helpers.replicas import (
     STAGES,
@@ -118,8 +114,3 @@ def test_replicas_worker_two_ranks_identical_and_equal_to_reference():
         assert res["all_gather_max_diff"][STAGES[1]] == 0.0 == res["all_gather_max_diff"][STAGES[2]]
     assert results[0]["loss"] != results[1]["loss"], "different data per rank, different losses"
 
-
-def test_notebook02_matches_its_generator():
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "build_nb02.py"), "--check"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,17 +1,13 @@
-"""helpers.sampler (notebook 03) against the issue's cases, the live worker in real processes, and
-notebook 03 in sync with ci/build_nb03.py (tests/test_notebooks.py executes it, tests/test_notebook_hygiene.py
-checks it)."""
+"""helpers.sampler (notebook 03) against the issue's cases, and the live worker in real processes
+(notebook 03 itself is executed by tests/test_notebooks.py and checked by tests/test_notebook_hygiene.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
 import torch
 
-from _support import REPO_ROOT
 from helpers.launch import launch
 from helpers.sampler import (
     accuracy_through,
@@ -149,8 +145,3 @@ def test_sampler_worker_three_ranks_live():
         assert o["without set_epoch"][0] == o["without set_epoch"][1]
         assert o["with set_epoch"][1] == sampler_indices(8, 3, r, shuffle=True, seed=0, epoch=1)
 
-
-def test_notebook03_matches_its_generator():
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "build_nb03.py"), "--check"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,394 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · One model, many processes: how DDP keeps the replicas identical
+#
+# **The question:** every DDP process (rank) builds its *own* copy of the model, from its own
+# random numbers, and trains it on its *own* data. Why are the copies nevertheless identical,
+# before and after every optimizer step?
+#
+# The experiment is the seed's: each of `world_size` processes builds a `Linear(5, 5)` with
+# `torch.manual_seed(base_seed + rank)` (so the copies start **different**), wraps it in
+# `DistributedDataParallel`, runs one forward pass on its own random data, an MSE loss against
+# random labels, backward, and one SGD step with learning rate `lr`. We gather every rank's
+# parameters back into this notebook after each stage and check, with
+# `torch.testing.assert_close` and `assert`, every claim the prose makes.
+#
+# **What runs where**
+#
+# | part | CPU only (CI) | with GPUs |
+# |---|---|---|
+# | the DDP experiment, `helpers.replicas.replicas_worker` through `helpers.launch.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
+# | the single-process reference, tables and figures | this notebook's process, CPU | the same |
+#
+# **New here** (after notebook 01): DDP's **broadcast** of rank 0's parameters and buffers at
+# construction, what it does *not* synchronise (a plain tensor attribute), and why
+# "all ranks start equal + all ranks apply the same all-reduced gradient" keeps them equal:
+# each [rank](../docs/GLOSSARY.md#rank) holds its own [replica](../docs/GLOSSARY.md#replica),
+# and [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
+# [all-reduce](../docs/GLOSSARY.md#all-reduce) in the [process group](../docs/GLOSSARY.md#process-group).
+# Every term is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md).
+# Run time: about 13–33 s on 2 CPU cores, almost all of it the worker processes
+# starting. The notebook ends with three exercises, each checked by a cell.
+
+# %% tags=["parameters"]
+# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+world_size = 3  # number of DDP ranks (processes), at least 2; the seed uses 3
+base_seed = 0  # rank r seeds its model and data with base_seed + r
+lr = 0.01  # SGD learning rate of the one step
+batch_size = 4  # samples per rank in the one forward pass
+
+# %%
+# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+from helpers.notebook import check_answer, check_parameters, check_value
+
+check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float),
+                 batch_size=(batch_size, int))
+check_value("world_size", world_size, world_size >= 2, "at least 2 (one process has nobody to disagree with)")
+check_value("lr", lr, lr > 0, "greater than 0")
+check_value("batch_size", batch_size, batch_size >= 1, "at least 1")
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from torch.testing import assert_close
+
+from helpers.launch import launch
+from helpers.replicas import STAGES, local_gradient, make_replica, max_cross_rank_diff, replicas_worker
+
+print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_seed}; lr = {lr}; "
+      f"batch_size = {batch_size} per rank")
+
+# %% [markdown]
+# ## 1. Run the seed's experiment on `world_size` processes
+#
+# `launch(replicas_worker, world_size, ...)` starts `world_size` processes, each with the
+# default process group initialised (backend `gloo` on CPU), and returns each rank's result
+# in rank order. On each rank the worker (in `helpers/replicas.py`):
+#
+# 1. seeds with `base_seed + rank` and builds its `Linear(5, 5)` (a subclass, `TaggedLinear`,
+#    that also carries a buffer and a plain attribute, see section 3), then its data
+#    `x: (batch_size, 5)` and labels `y: (batch_size, 5)`;
+# 2. wraps the model: `ddp_model = DistributedDataParallel(model)`;
+# 3. `loss = MSELoss()(ddp_model(x), y)`, `loss.backward()`, `SGD(lr).step()`.
+#
+# After each stage it records its parameters, and also **all-gathers** every rank's
+# parameters (`torch.distributed.all_gather`) to compute the largest cross-rank difference
+# itself; that is the number printed on each `[rank r]` line below.
+#
+# With `world_size = 3` on a 2-core machine the launcher warns `OversubscriptionWarning`:
+# three processes share two cores. The results are still exact; only timings would be
+# meaningless, and we measure none. The next cell takes about 5–20 s on a 2-core
+# laptop, mostly starting the processes.
+
+# %%
+t0 = time.perf_counter()
+results = launch(replicas_worker, world_size, base_seed, lr, batch_size)
+print(f"launch of {world_size} ranks took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
+
+# params[stage][r] = rank r's (weight (5, 5), bias (5,)) at that stage
+params = {s: [(res["stages"][s]["weight"], res["stages"][s]["bias"]) for res in results] for s in STAGES}
+assert [res["rank"] for res in results] == list(range(world_size)), "results must come back in rank order"
+
+
+def stage_diff(stage):
+    # largest |rank r's value - rank 0's value| over all ranks and every weight and bias entry
+    return max(max_cross_rank_diff([w for w, _ in params[stage]]), max_cross_rank_diff([b for _, b in params[stage]]))
+
+
+table = pd.DataFrame([
+    {"rank": r, "stage": s, "weight[0, 0]": params[s][r][0][0, 0].item(), "bias[0]": params[s][r][1][0].item(),
+     "max |param - rank 0's|": max(float((params[s][r][0] - params[s][0][0]).abs().max()),
+                                   float((params[s][r][1] - params[s][0][1]).abs().max()))}
+    for s in STAGES for r in range(world_size)
+]).set_index(["stage", "rank"])
+table
+
+# %% [markdown]
+# ## 2. Three claims about the parameters
+#
+# **Claim 1 (before wrapping):** each rank's parameters are exactly what `Linear(5, 5)` gives
+# after `torch.manual_seed(base_seed + rank)` (we rebuild every rank's model here, in one
+# process, with `helpers.replicas.make_replica`), so they **differ** across ranks: the largest
+# cross-rank difference is greater than 0. The number the workers computed with `all_gather`
+# is the same one we compute here from the launcher's results.
+
+# %%
+rebuilt = [make_replica(r, base_seed, batch_size) for r in range(world_size)]  # (model, x, y) per rank
+for r, (model_r, x_r, y_r) in enumerate(rebuilt):
+    w, b = params["before DDP"][r]
+    assert_close(w, model_r.weight.detach(), rtol=0, atol=0, msg=f"rank {r}'s weight is not Linear(5, 5) from seed {base_seed + r}")
+    assert_close(b, model_r.bias.detach(), rtol=0, atol=0, msg=f"rank {r}'s bias is not Linear(5, 5) from seed {base_seed + r}")
+    assert_close(results[r]["x"], x_r, rtol=0, atol=0, msg=f"rank {r}'s data should come from seed {base_seed + r}")
+    assert_close(results[r]["y"], y_r, rtol=0, atol=0, msg=f"rank {r}'s labels should come from seed {base_seed + r}")
+diffs = {s: stage_diff(s) for s in STAGES}
+assert diffs["before DDP"] > 0, f"before wrapping, the ranks' parameters should differ, max difference {diffs['before DDP']}"
+for r, res in enumerate(results):
+    for s in STAGES:
+        assert res["all_gather_max_diff"][s] == diffs[s], (
+            f"rank {r}'s all_gather difference at '{s}' ({res['all_gather_max_diff'][s]}) != ours ({diffs[s]})")
+print(f"before DDP: max cross-rank difference {diffs['before DDP']:.4f} (> 0: every rank built its own model)")
+
+# %% [markdown]
+# **Claim 2 (after `DDP(model)`):** the constructor **broadcasts** rank 0's parameters (and
+# buffers) to every rank. The maximum absolute difference across ranks is exactly `0.0`
+# (bitwise equal), and every rank now holds rank 0's **pre-wrap** values: the other ranks'
+# initialisations are simply overwritten.
+
+# %%
+w0_before, b0_before = params["before DDP"][0]
+assert diffs["after DDP(...)"] == 0.0, f"after DDP(...) the ranks should be bitwise equal, max difference {diffs['after DDP(...)']}"
+for r, (w, b) in enumerate(params["after DDP(...)"]):
+    assert_close(w, w0_before, rtol=0, atol=0, msg=f"rank {r}'s weight after DDP(...) should be rank 0's pre-wrap weight")
+    assert_close(b, b0_before, rtol=0, atol=0, msg=f"rank {r}'s bias after DDP(...) should be rank 0's pre-wrap bias")
+print(f"after DDP(...): max cross-rank difference {diffs['after DDP(...)']} -- every rank holds rank 0's initial values")
+
+# %% [markdown]
+# **Claim 3 (after one step):** each rank computed its loss on **different** data (the losses
+# differ), yet after `backward()` every rank holds the same gradient: DDP all-reduces (sums)
+# the gradients and divides by `world_size`, so each rank gets the **mean over ranks** of the
+# gradient each rank computed on its own data. Every rank then applies the same SGD step to
+# the same parameters, so the parameters stay bitwise identical (difference `0.0`) and equal
+# an independent single-process computation:
+#
+# $$w_\text{after} = w_\text{rank 0} - \text{lr}\cdot\frac{1}{\text{world\_size}}\sum_{r} \nabla_w \text{MSE}(x_r, y_r;\, w_\text{rank 0})$$
+#
+# Because every rank has the same `batch_size` and `MSELoss` takes a mean, that is also one
+# process taking one step on the **global batch** (all ranks' data concatenated) with the
+# same mean loss.
+
+# %%
+# the independent single-process computation, from rank 0's pre-wrap parameters and each rank's own data
+local = [local_gradient(w0_before, b0_before, x_r, y_r) for _, x_r, y_r in rebuilt]
+mean_gw = torch.stack([g["weight"] for g in local]).mean(0)
+mean_gb = torch.stack([g["bias"] for g in local]).mean(0)
+w_ref, b_ref = w0_before - lr * mean_gw, b0_before - lr * mean_gb
+
+# the same step on the global batch, one process
+x_all = torch.cat([x_r for _, x_r, _ in rebuilt])
+y_all = torch.cat([y_r for _, _, y_r in rebuilt])
+g_all = local_gradient(w0_before, b0_before, x_all, y_all)
+
+losses = [res["loss"] for res in results]
+assert len(set(losses)) == world_size, f"each rank's loss is on its own data, so they should differ: {losses}"
+assert diffs["after one SGD step"] == 0.0, (
+    f"after the step the ranks should still be bitwise equal, max difference {diffs['after one SGD step']}")
+for r, res in enumerate(results):
+    assert_close(res["grad"]["weight"], mean_gw, msg=f"rank {r}: DDP's weight gradient should be the mean of the ranks' local gradients")
+    assert_close(res["grad"]["bias"], mean_gb, msg=f"rank {r}: DDP's bias gradient should be the mean of the ranks' local gradients")
+    w, b = params["after one SGD step"][r]
+    assert_close(w, w_ref, msg=f"rank {r}: weight after the step != w_rank0 - lr * mean of local gradients")
+    assert_close(b, b_ref, msg=f"rank {r}: bias after the step != b_rank0 - lr * mean of local gradients")
+assert_close(g_all["weight"], mean_gw, msg="equal shards + mean loss: global-batch gradient should equal the mean of the ranks'")
+assert_close(g_all["bias"], mean_gb, msg="equal shards + mean loss: global-batch bias gradient should equal the mean of the ranks'")
+assert not torch.equal(local[0]["weight"], mean_gw), "rank 0's own gradient should differ from the averaged one"
+print("losses on each rank's own data:", [round(v, 4) for v in losses])
+print(f"after one SGD step: max cross-rank difference {diffs['after one SGD step']}; "
+      f"max |w - w_ref| = {float((params['after one SGD step'][0][0] - w_ref).abs().max()):.2e}")
+grad_rows = [(f"rank {r}'s own data (local)", g["weight"]) for r, g in enumerate(local)]
+grad_rows += [("mean over ranks (reference)", mean_gw)]
+grad_rows += [(f"DDP's .grad on rank {r}", res["grad"]["weight"]) for r, res in enumerate(results)]
+grad_rows += [("global batch, one process", g_all["weight"])]
+pd.DataFrame([{"weight gradient from": name, **{f"dW[0, {j}]": g[0, j].item() for j in range(3)}}
+              for name, g in grad_rows]).set_index("weight gradient from")
+
+# %% [markdown]
+# ## 3. What DDP synchronises, and what it does not
+#
+# DDP synchronises what it can see in the module: **registered parameters** (broadcast at
+# construction; afterwards kept equal by averaging their gradients) and **registered
+# buffers** (`register_buffer`, e.g. BatchNorm's running statistics: broadcast from rank 0 at
+# construction and, with the default `broadcast_buffers=True`, again before every forward).
+# A **plain tensor attribute** (`self.t = torch.tensor(...)`) is neither: DDP never touches it.
+#
+# `TaggedLinear` holds both, filled with `100 + rank` on the rank that built it (100, not 0,
+# for rank 0, so that "rank 0's value" cannot be mistaken for "reset to zero").
+#
+# **Claim:** after `DDP(...)` and after the step, `rank_buffer` is `[100, 100]` (rank 0's
+# value) on every rank, while `rank_attribute` is still `[100 + r, 100 + r]` on rank `r`.
+
+# %%
+sync_rows = []
+for s in STAGES:
+    for r, res in enumerate(results):
+        buf, attr = res["stages"][s]["rank_buffer"], res["stages"][s]["rank_attribute"]
+        expected_buf = 100.0 + (r if s == "before DDP" else 0)  # after wrapping: rank 0's, broadcast by DDP(...)
+        assert_close(buf, torch.full((2,), expected_buf), rtol=0, atol=0,
+                     msg=f"rank {r}, {s}: the registered buffer should be {expected_buf} (rank 0's after wrapping)")
+        assert_close(attr, torch.full((2,), 100.0 + r), rtol=0, atol=0,
+                     msg=f"rank {r}, {s}: the plain attribute should keep its own value {100 + r}")
+        sync_rows.append({"rank": r, "stage": s, "rank_buffer (buffer)": buf[0].item(),
+                          "rank_attribute (plain)": attr[0].item()})
+print("registered buffer: broadcast from rank 0; plain tensor attribute: left alone, per-rank")
+pd.DataFrame(sync_rows).set_index(["stage", "rank"])
+
+# %% [markdown]
+# ## 4. The same story as pictures
+#
+# One heatmap per rank (rows) and stage (first three columns): the `5 x 5` weight with the
+# bias as a sixth column, on one colour scale. Before wrapping every rank's picture is
+# different; after `DDP(...)` every rank shows rank 0's picture; after the step all ranks show
+# the same picture again. With `lr = 0.01` the step moves each entry by a few thousandths at
+# most, too little to see on that scale, so the last column shows the change the step made
+# (after the step minus after `DDP(...)`) on its own scale: the same on every rank.
+
+# %%
+mats = {s: [torch.cat([w, b.unsqueeze(1)], dim=1) for w, b in params[s]] for s in STAGES}  # (5, 6) per rank
+steps = [a - b for a, b in zip(mats["after one SGD step"], mats["after DDP(...)"])]  # the step's change
+vmax = max(float(m.abs().max()) for s in STAGES for m in mats[s])
+vstep = max(float(d.abs().max()) for d in steps) or 1.0
+panels = [(s, mats[s], vmax) for s in STAGES] + [("change made by the step", steps, vstep)]
+fig, axes = plt.subplots(world_size, len(panels), figsize=(3.1 * len(panels), 2.5 * world_size),
+                         squeeze=False, layout="constrained")
+for c, (name, per_rank, v) in enumerate(panels):
+    for r in range(world_size):
+        ax = axes[r, c]
+        im = ax.imshow(per_rank[r].numpy(), cmap="RdBu_r" if c < len(STAGES) else "PuOr_r", vmin=-v, vmax=v)
+        ax.set_title(f"rank {r} · {name}", fontsize=9)
+        ax.set_xticks(range(6), [str(j) for j in range(5)] + ["bias"], fontsize=7)
+        ax.set_yticks(range(5))
+        ax.set_xlabel("input feature (weight column) / bias", fontsize=7)
+        ax.set_ylabel("output unit", fontsize=7)
+    if c == len(STAGES) - 1:
+        fig.colorbar(im, ax=axes[:, : len(STAGES)], shrink=0.6, label="parameter value")
+fig.colorbar(im, ax=axes[:, -1], shrink=0.6, label="after step - after DDP(...)")
+fig.suptitle(f"Linear(5, 5) parameters on each of {world_size} ranks: before DDP, after DDP(...), "
+             f"after one SGD step (lr = {lr})")
+plt.show()
+assert max_cross_rank_diff(steps) == 0.0, "the step's change should be identical on every rank"
+
+# %% [markdown]
+# The bar chart shows the largest absolute difference between any rank's parameters and
+# rank 0's, at each stage: large before wrapping, exactly 0 afterwards.
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
+values = [diffs[s] for s in STAGES]
+bars = ax.bar(STAGES, values, color=["#c44e52", "#4c72b0", "#55a868"], label="computed in this notebook")
+ax.bar_label(bars, labels=[f"{v:.4g}" for v in values], padding=10)
+ax.plot(STAGES, [results[0]["all_gather_max_diff"][s] for s in STAGES], "ko", markerfacecolor="none",
+        markersize=8, label="all_gather inside the workers (rank 0)")
+ax.set_ylabel("max |param(rank r) - param(rank 0)|\n(over ranks and entries)")
+ax.set_xlabel("stage")
+ax.set_title(f"Cross-rank parameter difference, world_size = {world_size}")
+ax.set_ylim(0, 1.25 * max(values))
+ax.legend(loc="upper right")
+plt.show()
+assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, then 0, then 0: {values}"
+
+# %% [markdown]
+# ## What we saw
+#
+# * Every rank built a **different** `Linear(5, 5)` (its own seed). `DistributedDataParallel(model)`
+#   **broadcast** rank 0's parameters and buffers: afterwards all ranks were bitwise equal to
+#   rank 0's initial values.
+# * Each rank then computed its loss and gradient on its **own** data; DDP's backward
+#   **all-reduced** the gradients and divided by `world_size`, so every rank applied the same
+#   averaged gradient and the parameters stayed bitwise identical: equal to
+#   `w_rank0 - lr * mean_r(grad_r)`, and (equal shards, mean loss) to one process stepping on
+#   the global batch.
+# * DDP only synchronises what is registered: parameters and buffers. A plain tensor attribute
+#   kept each rank's own value. State you keep outside parameters and buffers (counters, masks,
+#   caches) is your job to keep consistent.
+#
+# ## Exercises
+#
+# Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
+# check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
+# collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+# every solution, so they are known to be right. None of them starts new processes.
+
+# %% [markdown]
+# ### Exercise 1: what rank 1 holds
+#
+# After the SGD step, what are `rank_buffer[0]` and `rank_attribute[0]` on **rank 1**?
+# Answer with a list of two numbers, `[buffer, attribute]`.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+# %% tags=["check"]
+# expected: what rank 1 itself reported from the launch of section 1
+after = results[1]["stages"]["after one SGD step"]
+expected_1 = [after["rank_buffer"][0].item(), after["rank_attribute"][0].item()]
+check_answer("ex1", answer_1, expected_1, hint="which of the two does DDP broadcast from rank 0?")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+# Both start as 100 + rank = 101 on rank 1. The buffer is registered, so DDP(...) overwrote it
+# with rank 0's value, 100 (and re-broadcast it before the forward); the plain attribute is
+# invisible to DDP and keeps rank 1's own 101.
+solution_1 = [100.0, 100.0 + 1]
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: a rank with its own learning rate
+#
+# Suppose rank 1 had built its optimizer with `2 * lr` while every other rank used `lr`,
+# everything else unchanged. After the one step, what would be the largest
+# `|parameter on rank 1 - parameter on rank 0|` over all weight and bias entries? Answer
+# with a number (it is small: give 3 significant digits). What does that say about where
+# identical replicas come from: DDP, or every rank doing the same thing?
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+# %% tags=["check"]
+# expected: two real SGD optimizers (lr and 2 lr) stepping from rank 0's pre-wrap parameters
+# with the gradient DDP gave every rank (rank 0's .grad from the launch)
+stepped = []
+for step_lr in (lr, 2 * lr):
+    p = [w0_before.clone().requires_grad_(), b0_before.clone().requires_grad_()]
+    p[0].grad, p[1].grad = results[0]["grad"]["weight"].clone(), results[0]["grad"]["bias"].clone()
+    torch.optim.SGD(p, lr=step_lr).step()
+    stepped.append([t.detach() for t in p])
+expected_2 = max(float((a - b).abs().max()) for a, b in zip(stepped[1], stepped[0]))
+check_answer("ex2", answer_2, expected_2, rel_tol=5e-3,
+             hint="both ranks start equal and get the same gradient g; what differs is lr * g")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+# Both ranks start from rank 0's parameters and DDP gives both the same averaged gradient g,
+# so rank 1 ends at p - 2 lr g and rank 0 at p - lr g: they differ by lr * |g|, largest where
+# |g| is largest. DDP keeps the gradients equal; equal replicas also need every rank to apply
+# the same update (same optimizer, same lr, same clipping ...).
+solution_2 = lr * max(mean_gw.abs().max().item(), mean_gb.abs().max().item())  # section 2's mean gradient
+check_answer("ex2", solution_2, expected_2, rel_tol=1e-3, strict=True)
+
+# %% [markdown]
+# ### Exercise 3: how much DDP all-reduces
+#
+# How many numbers does DDP all-reduce in each backward pass of this `Linear(5, 5)`
+# (buffers are broadcast, not all-reduced)? Answer with a whole number.
+
+# %% tags=["exercise"]
+answer_3 = None  # your answer here
+
+# %% tags=["check"]
+# expected: DDP all-reduces one gradient entry per trainable parameter entry
+model_0, _, _ = make_replica(0, base_seed, batch_size)
+expected_3 = sum(p.numel() for p in model_0.parameters() if p.requires_grad)
+check_answer("ex3", answer_3, expected_3, hint="count the entries of the weight and of the bias")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 3 (try the exercise first)
+# The weight is 5 x 5 = 25 entries and the bias 5: one gradient entry each, 30 in all
+# (120 bytes in float32). rank_buffer is broadcast; rank_attribute is not touched at all.
+solution_3 = 5 * 5 + 5
+check_answer("ex3", solution_3, expected_3, strict=True)
