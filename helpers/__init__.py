@@ -1,8 +1,8 @@
 """ddp-lab helpers: everything the notebooks call, and every function DDP workers run.
 
-Notebooks never define worker functions themselves: a process started with the ``spawn``
-method cannot import a notebook's ``__main__``. Workers live in these modules instead and
-are started through :func:`helpers.launch.launch`.
+Worker functions reused by several notebooks or run under ``torchrun`` live in these modules;
+:func:`helpers.launch.launch` also runs functions written in a notebook cell (sent to the
+spawned ranks by value with cloudpickle).
 
 Modules:
     launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)

@@ -12,7 +12,7 @@ check by hand:
   reduction does under DDP's gradient averaging.
 
 DDP workers (``ddp_*_worker``) are module-level so that :func:`helpers.launch.launch` can start
-them in fresh processes (a spawned process cannot import a notebook's ``__main__``). Each is
+them by reference in fresh processes, and torchrun can run them too. Each is
 called as ``fn(rank, world_size, ...)`` with the default process group already initialised and
 returns CPU tensors / plain Python only.
 

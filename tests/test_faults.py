@@ -12,6 +12,7 @@ import datetime
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -265,3 +266,133 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path):
     assert not leftover_processes()
     row.update(error="runner: TIMEOUT naming the notebook and `cell 3`; kernel and workers killed",
                seconds=secs, passed=True)
+
+
+# ---- cell-defined code that cannot be sent to the ranks ----------------------------------------
+
+def _cell(code: str, **names) -> dict:
+    """Run ``code`` as a notebook cell would (its functions live in ``__main__``), with ``names``
+    already defined, as earlier cells would have."""
+    ns = {"__name__": "__main__", **names}
+    exec(compile(code, "<cell>", "exec"), ns)
+    return ns
+
+
+def _refusals(tmp_path):
+    """(fault, launch arguments, the words the LaunchError must contain, resources to close)."""
+    log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - closed by the test
+    sock = socket.socket()
+    lock = threading.Lock()
+    ns_file = _cell("def work(rank, world_size):\n    log.write(f'{rank}\\n')\n", log=log)
+    ns_gen = _cell(
+        "batches = (i for i in range(10))\n"
+        "def next_batch():\n    return next(batches)\n"
+        "def work(rank, world_size):\n    return next_batch()\n"
+    )
+    ns_sock = _cell(
+        "def make(s):\n"
+        "    def work(rank, world_size):\n        return s.fileno()\n"
+        "    return work\n"
+    )
+    return [
+        ("an open file as a global of a cell-defined worker", (ns_file["work"], 2),
+         ["global `log`", "open file", "TextIOWrapper", "inside the worker"]),
+        ("a threading.Lock as an argument", (ns_file["work"], 2, lock),
+         ["positional argument 0", "lock", "inside the worker"]),
+        ("a generator used by a helper function of the worker", (ns_gen["work"], 2),
+         ["global `batches`", "generator", "inside the worker"]),
+        ("a socket as a closure variable", (ns_sock["make"](sock), 2),
+         ["closure variable `s`", "socket", "inside the worker"]),
+    ], (log, sock)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_cell_defined_worker_cannot_be_sent(row, tmp_path, case):
+    cases, resources = _refusals(tmp_path)
+    fault, launch_args, words = cases[case]
+    try:
+        row.update(fault=f"cell-defined worker: {fault}",
+                   injection="`launch(...)` of a function defined in `__main__` (as in a notebook cell)")
+        before = set(p.pid for p in psutil.Process().children(recursive=True))
+        start = time.monotonic()
+        with pytest.raises(LaunchError) as info:
+            launch(*launch_args)
+        secs = time.monotonic() - start
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+        assert set(p.pid for p in psutil.Process().children(recursive=True)) <= before, "a process was started"
+        row.update(error="`LaunchError` naming the variable and its type, before any process starts",
+                   seconds=secs, passed=True)
+    finally:
+        for r in resources:
+            r.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to make a CUDA tensor")
+def test_cuda_tensor_refused(row):
+    row.update(fault="a CUDA tensor as a global of a cell-defined worker", injection="`x = torch.ones(2, device='cuda')`")
+    ns = _cell("def work(rank, world_size):\n    return x.sum().item()\n", x=torch.ones(2, device="cuda"))
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"global `x`.*CUDA tensor.*\.cpu\(\)"):
+        launch(ns["work"], 2)
+    row.update(error="`LaunchError` naming `x`, the device and `.cpu()`", seconds=time.monotonic() - start,
+               passed=True)
+
+
+# ---- the launching process itself killed -------------------------------------------------------
+
+def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
+    """The process that called launch() is SIGKILLed (as by the OOM killer) while rank 0 waits in a
+    collective and rank 1 sleeps and ignores KeyboardInterrupt: the ranks' parent-death signal
+    (PR_SET_PDEATHSIG, SIGKILL) ends them within seconds. (torch's own start_processes asks for
+    SIGINT, which neither a rank blocked in C++ nor one that catches KeyboardInterrupt obeys.)"""
+    row.update(fault="the launching process SIGKILLed while 2 ranks run",
+               injection="`os.kill(launcher, SIGKILL)`; rank 0 in a barrier, rank 1 catching KeyboardInterrupt")
+    code = textwrap.dedent(f"""
+        import os, time
+        from helpers.launch import launch
+
+        import torch.distributed as dist
+
+        def sleeper(rank, world_size):
+            open(os.path.join({str(tmp_path)!r}, f"rank.{{rank}}"), "w").write(str(os.getpid()))
+            if rank == 0:
+                dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
+            while True:  # a rank that survives SIGINT (torch's own parent-death signal)
+                try:
+                    time.sleep(600)
+                except KeyboardInterrupt:
+                    pass
+
+        if __name__ == "__main__":
+            launch(sleeper, 2, timeout=None)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank.*"))) < 2:
+            assert launcher.poll() is None, launcher.communicate()[0]
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        time.sleep(0.2)  # both pid files complete
+        ranks = [psutil.Process(int(p.read_text())) for p in sorted(tmp_path.glob("rank.*"))]
+        tree = psutil.Process(launcher.pid).children(recursive=True)
+        assert {r.pid for r in ranks} <= {p.pid for p in tree}, "the ranks must be the launcher's children"
+        start = time.monotonic()
+        launcher.kill()
+        launcher.wait(30)
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        secs = time.monotonic() - start
+        assert not alive, f"orphaned after the launcher died: {[(p.pid, p.cmdline()) for p in alive]}"
+        row.update(error=f"none needed: all {len(tree)} processes of the launcher's tree gone "
+                         "(ranks: parent-death signal)", seconds=secs, passed=True)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for p in ranks:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

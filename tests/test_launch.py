@@ -51,29 +51,128 @@ def test_bad_world_size(world_size):
         launch(w.report, world_size)
 
 
-def test_lambda_refused():
-    with pytest.raises(LaunchError, match="lambda"):
-        launch(lambda rank, world_size: rank, 2)
+def test_lambda_runs():
+    assert launch(lambda rank, world_size: rank * 10 + world_size, 2) == [2, 12]
 
 
-def test_nested_function_refused():
-    def inner(rank, world_size):
-        return rank
+def test_closure_runs_with_its_variables():
+    offset = torch.tensor([0.5])
 
-    with pytest.raises(LaunchError, match="inside another function"):
-        launch(inner, 2)
+    def inner(rank, world_size, scale=1.0):
+        import torch.distributed as dist
+
+        t = (torch.tensor([float(rank)]) + offset) * scale
+        dist.all_reduce(t)
+        return t.item()
+
+    # (0 + 0.5) * 2 + (1 + 0.5) * 2 = 4.0 on every rank
+    assert launch(inner, 2, scale=2.0) == [4.0, 4.0]
 
 
-def test_function_from_main_refused():
-    """A function defined in __main__ (as in a notebook cell) is refused with a pointer to helpers/."""
+def test_not_callable_refused():
+    with pytest.raises(LaunchError, match="fn must be callable"):
+        launch(42, 2)
+
+
+def test_function_from_main_runs():
+    """A function defined in __main__ (a script's top level, as in a notebook cell) is sent by value."""
     code = (
-        "from helpers.launch import launch, LaunchError\n"
-        "def mine(rank, world_size):\n    return rank\n"
-        "try:\n    launch(mine, 2)\nexcept LaunchError as e:\n    print('REFUSED', e)\n"
+        "from helpers.launch import launch\n"
+        "def mine(rank, world_size):\n    return rank + 100\n"
+        "if __name__ == '__main__':\n    print('RESULTS', launch(mine, 2))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert "REFUSED" in proc.stdout and "__main__" in proc.stdout and "helpers/" in proc.stdout
+    assert "RESULTS [100, 101]" in proc.stdout, proc.stdout
+
+
+NOTEBOOK_CELLS = [
+    # a function and an nn.Module subclass defined in cells, sent by value to 2 ranks
+    """\
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.launch import launch
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 3)
+        self.fc2 = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def batch():
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+""",
+    """\
+def ddp_grads(rank, world_size):
+    torch.manual_seed(rank)  # different start weights on each rank: DDP broadcasts rank 0's
+    model = DDP(TinyNet())
+    x, y = batch()
+    shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+    nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    print(f"rank {rank} of {world_size}: {type(model.module).__name__} backward done")
+    return {name: p.grad.clone() for name, p in model.module.named_parameters()}
+
+
+results = launch(ddp_grads, world_size)
+""",
+    """\
+torch.manual_seed(0)
+reference = TinyNet()
+x, y = batch()
+nn.functional.mse_loss(reference(x), y).backward()
+for rank in range(world_size):
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(results[rank][name], p.grad)
+print("GRADS MATCH", sorted(results[0]))
+""",
+]
+
+
+def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypatch):
+    """A papermill-executed notebook: a function and an nn.Module subclass defined in cells run in
+    DDP on 2 ranks; the averaged gradients equal one process's gradients on the whole batch."""
+    import nbformat
+    import papermill as pm
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("world_size = 2")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, *(nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS)]
+    nbformat.write(nb, tmp_path / "cell_defined.ipynb")
+    pm.execute_notebook(str(tmp_path / "cell_defined.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                        cwd=str(tmp_path), progress_bar=False, execution_timeout=150)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in out.cells if c.cell_type == "code" for o in c.outputs)
+    assert "[rank 1] rank 1 of 2: TinyNet backward done" in text, text
+    assert "GRADS MATCH ['fc1.bias', 'fc1.weight', 'fc2.bias', 'fc2.weight']" in text, text
+
+
+def test_cell_defined_class_instance_comes_back():
+    ns = _cell(
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class Report:\n    rank: int\n"
+        "def work(rank, world_size):\n    return Report(rank)\n"
+    )
+    assert launch(ns["work"], 2) == [ns["Report"](0), ns["Report"](1)]
+
+
+def _cell(code: str) -> dict:
+    """Run ``code`` as a notebook cell would: its functions and classes live in ``__main__``."""
+    ns = {"__name__": "__main__"}
+    exec(compile(code, "<cell>", "exec"), ns)
+    return ns
 
 
 def test_unknown_backend():
@@ -126,3 +225,58 @@ def test_same_worker_runs_under_torchrun():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("TORCHRUN_RESULT"))
     assert lines == ["TORCHRUN_RESULT 0 2 2.0", "TORCHRUN_RESULT 1 2 2.0"], proc.stdout
+
+
+# ---- parent-death signal: the thread that starts the ranks outlives them -----------------------
+
+def pdeathsig(rank, world_size):
+    """The signal this process gets when its parent thread dies (prctl PR_GET_PDEATHSIG)."""
+    import ctypes
+
+    sig = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)  # 2 = PR_GET_PDEATHSIG
+    return sig.value
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.parametrize("how", ["returns", "times out"])
+def test_ranks_started_by_agent_thread_that_outlives_them(monkeypatch, how):
+    """PR_SET_PDEATHSIG fires when the *thread* that created a process exits. Record which thread
+    starts each rank and whether every rank has exited when that thread's elastic agent returns."""
+    import multiprocessing.process
+
+    import torch.distributed.launcher.api as api
+
+    started = []  # (thread name, process)
+    at_agent_return = []  # exit codes of the ranks when elastic_launch returned, in its thread
+    real_start, real_launch = multiprocessing.process.BaseProcess.start, api.elastic_launch
+
+    def start(self):
+        started.append((threading.current_thread().name, self))
+        return real_start(self)
+
+    def elastic_launch(config, entrypoint):
+        run = real_launch(config, entrypoint)
+
+        def wrapped(*a):
+            try:
+                return run(*a)
+            finally:
+                at_agent_return.extend(p.exitcode for _, p in started)
+        return wrapped
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    if how == "returns":
+        import signal
+
+        assert launch(pdeathsig, 2) == [signal.SIGKILL, signal.SIGKILL]
+    else:
+        from helpers import faults
+        from helpers.launch import LaunchTimeout
+
+        with pytest.raises(LaunchTimeout):
+            launch(faults.skip_collective, 2, timeout=5)
+    assert [name for name, _ in started] == ["ddp-lab-elastic-agent"] * 2, started
+    assert len(at_agent_return) == 2 and None not in at_agent_return, \
+        f"a rank was still running when the thread that started it ended: exit codes {at_agent_return}"
