@@ -8,8 +8,6 @@ Modules:
     launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)
     data     -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
     faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
-    gradients    -- notebook 01: DP vs DDP gradients on a Linear toy, DP emulation on CPU
-    replicas     -- notebook 02: how DDP keeps replicas identical
     sampler      -- notebook 03: DistributedSampler assignment and correct distributed evaluation
     mnist_train  -- notebook 04: MNIST training (single process, DP, DDP), TrainConfig
     pitfalls     -- notebook 06: DDP pitfalls reproduced safely, and their fixes

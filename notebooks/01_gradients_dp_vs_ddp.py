@@ -21,26 +21,29 @@
 #
 # We use a toy small enough to check by hand: a `Linear(2, world_size + 1)`, the loss
 # `(model(x) * labels).sum()`, one sample per process, labels one-hot on the process index.
-# Every claim below is followed by the code cell that checks it (`torch.testing.assert_close`),
-# so a wrong claim fails CI.
+# All the code that builds, wraps and steps the models is in this notebook's cells; each
+# statement marked *Claim* is followed by the code cell that checks it
+# (`torch.testing.assert_close` or `assert`), so a wrong claim fails CI.
 #
 # **What runs where**
 #
 # | part | CPU only (CI) | with GPUs |
 # |---|---|---|
 # | single-device reference | CPU | CPU |
-# | DDP, through `helpers.launch.launch` | `world_size` processes, backend `gloo` | backend `nccl` when there are at least `world_size` GPUs, else `gloo` on CPU |
-# | real `nn.DataParallel` (section 3b) | **skipped, and says so**: DP has `device_ids == []` and just calls the module | real DP over all visible GPUs |
-# | DP emulation `helpers.gradients.EmulatedDataParallel` (3c) | runs (clearly labelled emulation) | runs too, for comparison |
+# | DDP workers defined in this notebook, run by `helpers.launch.launch` | `world_size` processes, backend `gloo` | backend `nccl` when there are at least `world_size` GPUs, else `gloo` on CPU |
+# | real `nn.DataParallel` (sections 3b and 4) | **skipped, and says so**: DP has `device_ids == []` and just calls the module (3a) | real DP over all visible GPUs |
+# | DP **emulation** written in section 3c | runs (clearly labelled emulation) | runs too, for comparison |
 #
-# **New here:** the launcher (`launch(fn, world_size, ...)` returns each rank's result to the
-# cell), [DP](../docs/GLOSSARY.md#dp)'s scatter / replicate / gather,
+# **New here:** the launcher (`launch(fn, world_size, ...)` runs a function defined in a
+# cell on `world_size` new processes and returns each rank's result to the cell),
+# [DP](../docs/GLOSSARY.md#dp)'s scatter / replicate / gather,
 # [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients
-# over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank), and
-# sum versus mean losses. Every term is defined (with its Chinese name) in the
-# [glossary](../docs/GLOSSARY.md). Run time: about 12–22 s on 2 CPU cores, half of it
-# the worker processes starting. The notebook ends with three exercises, each checked by a
-# cell.
+# over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank), the
+# same all-reduce written by hand, and sum versus mean losses. Every term is defined (with its
+# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 20–40 s on 2 CPU
+# cores with `world_size = 2` (five launches, most of it worker processes starting), about
+# 1–2 min with `world_size = 4` (the `full` profile). The notebook ends with four exercises,
+# each checked by a cell; the last one asks you to fix a DDP worker.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -48,12 +51,9 @@ world_size = 2  # number of DDP ranks (processes); 1, 2 or 4 (section 4 splits 4
 seed = 0  # seeds the Linear toy's weights and its inputs
 
 # %%
-# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
-from helpers.notebook import check_answer, check_parameters, check_value
+from helpers.notebook import check_answer, check_parameters
 
 check_parameters(world_size=(world_size, int), seed=(seed, int))
-check_value("world_size", world_size, world_size in (1, 2, 4),
-            "1, 2 or 4: section 4 splits its 4 samples evenly over the ranks")
 
 # %%
 import time
@@ -61,39 +61,62 @@ import time
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+import torch.distributed as dist
 from IPython.display import Markdown, display
 from torch import nn
+from torch.func import functional_call
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
-from helpers.gradients import (
-    SCALAR_X,
-    EmulatedDataParallel,
-    ddp_notebook01_worker,
-    linear_toy_batch,
-    linear_toy_loss,
-    linear_toy_model,
-    scalar_sgd_step,
-    single_device_grads,
-)
-from helpers.launch import launch
-
-LR = 1e-3  # SGD learning rate of section 4 (the numbers 0.94, 0.97, 0.985 assume it)
-assert len(SCALAR_X) % world_size == 0, f"world_size={world_size} must divide the {len(SCALAR_X)} samples of section 4"
+from helpers.launch import launch, worker_device
 
 n_gpus = torch.cuda.device_count()
 print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {world_size}; seed = {seed}")
 print("DP branch that will run:",
-      f"REAL nn.DataParallel on {n_gpus} GPU(s) (section 3b) plus the CPU emulation (3c)" if n_gpus >= 1
-      else "no GPU: real nn.DataParallel is SKIPPED (3b); the CPU EMULATION of DP runs (3c)")
+      f"REAL nn.DataParallel on {n_gpus} GPU(s) (sections 3b, 4) plus the CPU emulation (3c)" if n_gpus >= 1
+      else "no GPU: real nn.DataParallel is SKIPPED (3b, 4); the CPU EMULATION of DP runs (3c)")
 
 # %% [markdown]
 # ## 1. The toy and its single-device gradient
 #
-# The global batch has `world_size` samples `x[r]` (2 features each); sample `r` is the one
-# rank `r` will see under DDP, and its label is one-hot on index `r`. The model is
-# `Linear(2, world_size + 1)` (for `world_size = 2`: the issue's `Linear(2, 3)`); the last
-# output unit matches no label, a control row.
-#
+# The global batch has `world_size` samples `x[r]` (2 features each, small integers so the
+# numbers read exactly); sample `r` is the one rank `r` will see under DDP, and its label is
+# one-hot on index `r`. The model is `Linear(2, world_size + 1)`; the last output unit matches
+# no label, a control row. The same seed gives the same model in every process.
+
+# %%
+def make_toy_model(world_size, seed):
+    """Linear(2, world_size + 1), float32, identical for the same seed in any process."""
+    torch.manual_seed(seed)
+    return nn.Linear(2, world_size + 1)
+
+
+def make_toy_batch(world_size, seed):
+    """x: (world_size, 2) float32 integers in [-4, 4], no all-zero row; labels: (world_size, world_size + 1) one-hot on r."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randint(-4, 5, (world_size, 2), generator=gen).float()
+    x[x.abs().sum(dim=1) == 0, 0] = 1.0  # an all-zero sample would look like the control row
+    return x, torch.eye(world_size, world_size + 1)
+
+
+def toy_loss(output, labels):
+    return (output * labels).sum()  # a sum over samples
+
+
+def grads_of(model, x, labels):
+    """{name: gradient of toy_loss(model(x), labels)} as CPU tensors; leaves model.grad as it was."""
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(toy_loss(model(x), labels), list(params.values()))
+    return {name: g.detach().cpu() + 0.0 for name, g in zip(params, grads)}  # + 0.0: no -0.0 in prints
+
+
+x, labels = make_toy_batch(world_size, seed)
+model = make_toy_model(world_size, seed)
+print(model)
+print("x      =", x.tolist())
+print("labels =", labels.tolist())
+
+# %% [markdown]
 # With loss $L = \sum_i \sum_j \text{out}_{ij}\,\text{labels}_{ij} = \sum_r (W x_r + b)_r$,
 # sample `r` touches only row `r`: $\partial L/\partial W_{r\cdot} = x_r$ and
 # $\partial L/\partial b_r = 1$.
@@ -103,17 +126,11 @@ print("DP branch that will run:",
 # gradient is 1 for the first `world_size` entries and 0 for the last.
 
 # %%
-x, labels = linear_toy_batch(world_size, seed)  # (world_size, 2) float32, (world_size, world_size + 1)
-model = linear_toy_model(world_size, seed)
-print(model)
-print("x      =", x.tolist())
-print("labels =", labels.tolist())
-
-full = single_device_grads(model, x, labels)  # the reference: one device, whole batch
-per_sample = [single_device_grads(model, x[r : r + 1], labels[r : r + 1]) for r in range(world_size)]
+full = grads_of(model, x, labels)  # the reference: one device, whole batch
+per_sample = [grads_of(model, x[r : r + 1], labels[r : r + 1]) for r in range(world_size)]
 
 expected_w = torch.zeros(world_size + 1, 2)
-expected_w[:world_size] = x  # row r = x[r], last row 0
+expected_w[:world_size] = x  # row r = x[r], last row 0 (the hand computation above)
 expected_b = torch.zeros(world_size + 1)
 expected_b[:world_size] = 1.0
 assert_close(full["weight"], expected_w, msg="single-device weight gradient: row r should equal x[r], last row 0")
@@ -126,30 +143,47 @@ print("single-device bias gradient:", full["bias"].tolist())
 # %% [markdown]
 # ## 2. DDP: each rank's own gradient, then all-reduce and average
 #
-# `launch(fn, world_size, ...)` starts `world_size` processes with the default process group
-# initialised and returns each rank's result, in rank order. The worker
-# `helpers.gradients.ddp_linear_worker` builds the same model on every rank, takes sample
-# `rank`, computes its gradient **without** DDP (the *local* gradient), then wraps a fresh copy
-# in `DistributedDataParallel` and runs backward again: DDP's backward **all-reduces** (sums)
+# The worker below is what every rank runs. `launch(ddp_gradients, world_size, ...)` starts
+# `world_size` processes with the default process group initialised, sends them the function
+# (and the helpers it calls) from this notebook, calls `ddp_gradients(rank, world_size, ...)`
+# on each and returns each rank's result, in rank order. On each rank the worker takes sample
+# `rank`, computes its gradient **without** DDP (the *local* gradient), then wraps a fresh
+# copy in `DistributedDataParallel` and runs backward again: DDP's backward **all-reduces**
 # the gradients across ranks and divides by `world_size`.
-#
-# Starting processes costs a few seconds of `import torch` each, so this one launch
-# (`ddp_notebook01_worker`) runs every DDP experiment of the notebook, section 4's included
-# (about 4–12 s on a 2-core laptop). Worker prints appear below prefixed `[rank r]`.
+
+# %%
+def ddp_gradients(rank, world_size, x, labels, seed):
+    device = worker_device()  # cuda:<local_rank> under nccl, else cpu
+    x_r, labels_r = x[rank : rank + 1].to(device), labels[rank : rank + 1].to(device)  # this rank's shard
+
+    local = grads_of(make_toy_model(world_size, seed).to(device), x_r, labels_r)  # no DDP
+
+    model = make_toy_model(world_size, seed).to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    toy_loss(ddp_model(x_r), labels_r).backward()  # backward all-reduces the gradients
+    synced = {name: p.grad.detach().cpu() + 0.0 for name, p in model.named_parameters()}
+    print(f"x_r = {x_r[0].tolist()}, local grad row {rank} = {local['weight'][rank].tolist()}, "
+          f"after DDP's backward = {synced['weight'][rank].tolist()}")
+    return {"x": x_r[0].cpu(), "local": local, "ddp": synced}
+
+
+# %% [markdown]
+# The launch (about 4–15 s on a 2-core laptop, mostly starting processes; longer with 4
+# ranks). Worker prints appear below prefixed `[rank r]`.
 
 # %%
 t0 = time.perf_counter()
-results = launch(ddp_notebook01_worker, world_size, x, labels, seed=seed, scalar_x=SCALAR_X, lr=LR)
+lin = launch(ddp_gradients, world_size, x, labels, seed)
 print(f"launch of {world_size} rank(s) took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
-lin = [res["linear"] for res in results]  # per rank: local and DDP gradients of the Linear toy
 
 # %% [markdown]
 # **Claim:** rank `r`'s local gradient has only row `r` non-zero, equal to `x[r]` (bias:
 # one-hot on `r`). After DDP's backward, **every** rank holds the same gradient: row `r` equals
 # `x[r] / world_size`, the last row is zero, and the bias gradient is `1 / world_size` for the
-# first `world_size` entries, 0 for the last. For the issue's `world_size = 2`: row `r` is
-# `x[r] / 2`, row 2 is zero, bias gradient `[0.5, 0.5, 0]`. So here DDP's gradient is the
-# single-device gradient divided by `world_size`.
+# first `world_size` entries, 0 for the last. For `world_size = 2`: row `r` is `x[r] / 2`,
+# row 2 is zero, bias gradient `[0.5, 0.5, 0]`; for `world_size = 4`, `x[r] / 4` and
+# `[0.25, 0.25, 0.25, 0.25, 0]`. So here DDP's gradient is the single-device gradient divided
+# by `world_size`.
 
 # %%
 rows = []
@@ -157,31 +191,74 @@ for r, res in enumerate(lin):
     assert_close(res["x"], x[r], msg=f"rank {r} should have taken sample x[{r}]")
     local_expected = torch.zeros(world_size + 1, 2)
     local_expected[r] = x[r]
-    assert_close(res["local_weight_grad"], local_expected,
-                 msg=f"rank {r}: the local gradient should have only row {r} = x[{r}]")
-    assert_close(res["local_bias_grad"], torch.eye(world_size + 1)[r], msg=f"rank {r}: local bias gradient")
-    assert_close(res["ddp_weight_grad"], expected_w / world_size,
+    assert_close(res["local"]["weight"], local_expected, msg=f"rank {r}: the local gradient should have only row {r} = x[{r}]")
+    assert_close(res["local"]["bias"], torch.eye(world_size + 1)[r], msg=f"rank {r}: local bias gradient")
+    assert_close(res["ddp"]["weight"], expected_w / world_size,
                  msg=f"rank {r}: after all-reduce, row s should be x[s] / world_size, last row 0")
-    assert_close(res["ddp_bias_grad"], expected_b / world_size, msg=f"rank {r}: DDP bias gradient")
-    assert_close(res["ddp_weight_grad"], full["weight"] / world_size,
+    assert_close(res["ddp"]["bias"], expected_b / world_size, msg=f"rank {r}: DDP bias gradient")
+    assert_close(res["ddp"]["weight"], full["weight"] / world_size,
                  msg="DDP gradient should be the single-device gradient / world_size for this summed loss")
     rows.append({"rank": r, "its sample x[r]": res["x"].tolist(),
-                 "local grad, row r": res["local_weight_grad"][r].tolist(),
+                 "local grad, row r": res["local"]["weight"][r].tolist(),
                  "local grad, other rows": "all 0" if world_size > 1 else "-",
-                 "DDP grad, row r": res["ddp_weight_grad"][r].tolist(),
+                 "DDP grad, row r": res["ddp"]["weight"][r].tolist(),
                  "x[r] / world_size": (res["x"] / world_size).tolist(),
-                 "DDP bias grad": res["ddp_bias_grad"].tolist()})
-if world_size == 2:  # the issue's exact case
+                 "DDP bias grad": res["ddp"]["bias"].tolist()})
+literal = {2: [0.5, 0.5, 0.0], 4: [0.25, 0.25, 0.25, 0.25, 0.0]}  # the numbers typed in the claim
+if world_size in literal:
     for res in lin:
-        assert_close(res["ddp_bias_grad"], torch.tensor([0.5, 0.5, 0.0]), msg="issue: bias gradient [0.5, 0.5, 0]")
-        assert_close(res["ddp_weight_grad"][2], torch.zeros(2), msg="issue: row 2 is zero")
-        for r in range(2):
-            assert_close(res["ddp_weight_grad"][r], x[r] / 2, msg=f"issue: row {r} = x[{r}] / 2")
-    print("the issue's world_size = 2 case holds exactly: rows x[r] / 2, row 2 zero, bias [0.5, 0.5, 0]")
+        assert_close(res["ddp"]["bias"], torch.tensor(literal[world_size]), msg=f"bias gradient {literal[world_size]}")
+        assert_close(res["ddp"]["weight"][world_size], torch.zeros(2), msg=f"row {world_size} is zero")
+    print(f"the typed numbers for world_size = {world_size} hold: bias gradient {literal[world_size]}")
 else:
-    print(f"world_size = {world_size}: checked the general formula row r = x[r] / {world_size}; "
-          "the issue's literal world_size = 2 numbers apply to world_size = 2 only")
+    print(f"world_size = {world_size}: the typed numbers are for 2 and 4; checked the general formula")
 pd.DataFrame(rows).set_index("rank")
+
+# %% [markdown]
+# ## 2b. The same averaging, written by hand
+#
+# What DDP's backward adds is one collective per gradient (DDP groups them into buckets and
+# overlaps them with the backward; see notebook 05): `dist.all_reduce(grad)` leaves the
+# element-wise **sum** over ranks on every rank, and dividing by `world_size` makes it the
+# mean. The worker below does exactly that on a plain, unwrapped model, and also runs DDP on a
+# second copy for comparison. The launch takes about 4–15 s on a 2-core laptop.
+
+# %%
+def average_gradients(model, world_size):
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # every rank now holds the sum over ranks
+        p.grad /= world_size
+
+
+def by_hand_vs_ddp(rank, world_size, x, labels, seed):
+    device = worker_device()
+    x_r, labels_r = x[rank : rank + 1].to(device), labels[rank : rank + 1].to(device)
+    plain = make_toy_model(world_size, seed).to(device)
+    toy_loss(plain(x_r), labels_r).backward()  # local gradient only: no DDP here
+    average_gradients(plain, world_size)
+    wrapped = make_toy_model(world_size, seed).to(device)
+    ddp_model = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    toy_loss(ddp_model(x_r), labels_r).backward()
+    return {"by hand": {n: p.grad.cpu() + 0.0 for n, p in plain.named_parameters()},
+            "ddp": {n: p.grad.cpu() + 0.0 for n, p in wrapped.named_parameters()}}
+
+
+t0 = time.perf_counter()
+by_hand = launch(by_hand_vs_ddp, world_size, x, labels, seed)
+print(f"launch took {time.perf_counter() - t0:.1f} s")
+
+# %% [markdown]
+# **Claim:** on every rank the hand-written all-reduce-and-divide gives the same gradient as
+# DDP's backward, for the weight and the bias, and both equal the per-sample gradients of
+# section 1 averaged in this process (no collectives involved).
+
+# %%
+mean_of_samples = {n: sum(g[n] for g in per_sample) / world_size for n in ("weight", "bias")}
+for r, res in enumerate(by_hand):
+    for n in ("weight", "bias"):
+        assert_close(res["by hand"][n], res["ddp"][n], msg=f"rank {r}, {n}: all_reduce by hand != DDP")
+        assert_close(res["by hand"][n], mean_of_samples[n], msg=f"rank {r}, {n}: != mean of the per-sample gradients")
+print("rank 0, weight gradient by hand:\n", by_hand[0]["by hand"]["weight"])
 
 # %% [markdown]
 # ## 3. DP: one process, replicas, gradients summed into the original model
@@ -190,10 +267,11 @@ pd.DataFrame(rows).set_index("rank")
 # batch over `device_ids` (chunks along dim 0), **replicates** the module onto them, runs the
 # replicas **in parallel** (one thread per GPU) and **gathers** the outputs on `device_ids[0]`.
 # The loss is computed on the gathered output, i.e. over the whole batch, and backward **sums**
-# the replicas' gradients into the original parameters.
-#
-# **Claim:** the DP gradient equals the single-device gradient of the whole batch: row `r` is
-# `x[r]`, not `x[r] / world_size`.
+# the replicas' gradients into the original parameters (source: `DataParallel.forward` in
+# `torch/nn/parallel/data_parallel.py`, and the
+# [DataParallel docs](https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html)).
+# So DP's gradient should be the single-device gradient of the whole batch: row `r` is `x[r]`,
+# not `x[r] / world_size`. Sections 3b and 3c check that.
 #
 # ### 3a. `nn.DataParallel` on this machine
 #
@@ -203,11 +281,11 @@ pd.DataFrame(rows).set_index("rank")
 
 # %%
 if n_gpus == 0:
-    cpu_model = linear_toy_model(world_size, seed)
+    cpu_model = make_toy_model(world_size, seed)
     dp_cpu = nn.DataParallel(cpu_model)
     calls = []  # batch size of every forward call of the wrapped module
     hook = cpu_model.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
-    linear_toy_loss(dp_cpu(x), labels).backward()
+    toy_loss(dp_cpu(x), labels).backward()
     hook.remove()
     print(f"nn.DataParallel on CPU: device_ids = {dp_cpu.device_ids}, "
           f"module called {len(calls)} time(s) with batch size(s) {calls}")
@@ -215,34 +293,31 @@ if n_gpus == 0:
     assert calls == [world_size], f"expected one call on the whole batch ({world_size}), got {calls}"
     assert_close(cpu_model.weight.grad, full["weight"], msg="DP on CPU is the plain module: same gradient")
 else:
-    print(f"{n_gpus} GPU(s) visible: nn.DataParallel(model).device_ids would be {list(range(n_gpus))}; "
-          "the CPU-only behaviour (device_ids == []) is not shown on this machine. Real DP runs in 3b.")
+    print(f"SKIPPED the CPU-only check: {n_gpus} GPU(s) visible, so nn.DataParallel(model).device_ids would be "
+          f"{list(range(n_gpus))}; the CPU-only behaviour (device_ids == []) is not shown on this machine. "
+          "Real DP runs in 3b.")
 
 # %% [markdown]
 # ### 3b. Real `nn.DataParallel` on GPUs (runs only when `torch.cuda.device_count() >= 1`)
 #
-# **Claim:** real DP's gradient equals the single-device gradient of the whole batch, and one
-# SGD step of section 4's scalar toy under DP matches the single process. With one GPU, DP
-# scatters into one chunk and calls the module directly; with several, the forward hook below
+# **Claim:** real DP's gradient equals the single-device gradient of the whole batch. With one
+# GPU, DP calls the module directly on the whole batch; with several, the forward hook below
 # fires once per replica with one chunk each. On a CPU-only machine this cell prints that it
 # skipped, and why.
 
 # %%
 dp_real = None  # filled only when real DP runs
 if n_gpus >= 1:
-    gpu_model = linear_toy_model(world_size, seed).cuda()
+    gpu_model = make_toy_model(world_size, seed).cuda()
     dp = nn.DataParallel(gpu_model)  # device_ids = every visible GPU
     calls = []
     hook = gpu_model.register_forward_hook(lambda mod, inp, out: calls.append((str(inp[0].device), inp[0].shape[0])))
-    linear_toy_loss(dp(x.cuda()), labels.cuda()).backward()
+    toy_loss(dp(x.cuda()), labels.cuda()).backward()
     hook.remove()
     dp_real = {"weight": gpu_model.weight.grad.cpu(), "bias": gpu_model.bias.grad.cpu()}
     print(f"RAN real nn.DataParallel: device_ids = {dp.device_ids}; forward calls (device, chunk size): {calls}")
     assert_close(dp_real["weight"], full["weight"], msg="real DP weight gradient != single-device gradient")
     assert_close(dp_real["bias"], full["bias"], msg="real DP bias gradient != single-device gradient")
-    dp_real_scalar = {red: scalar_sgd_step(SCALAR_X, red, LR, wrap=nn.DataParallel, device="cuda")
-                      for red in ("sum", "mean")}
-    print("real DP, scalar toy:", dp_real_scalar)
 else:
     print("SKIPPED real nn.DataParallel: torch.cuda.device_count() == 0, so DataParallel has no devices "
           "to scatter to (device_ids == []; see 3a). Section 3c shows what it does with a labelled CPU emulation.")
@@ -254,34 +329,57 @@ display(Markdown(f"**DP branch that ran:** real `nn.DataParallel` on {n_gpus} GP
 # %% [markdown]
 # ### 3c. What DP does, emulated on CPU (an **emulation**, not torch's DP)
 #
-# `helpers.gradients.EmulatedDataParallel(model, num_replicas)` follows
-# `DataParallel.forward` step by step, on CPU: **scatter** with `x.chunk(num_replicas)` (DP's
-# chunking), **replicate** as differentiable copies of the parameters (`p.clone()`, as DP's
-# `Broadcast` autograd function makes them), apply each replica to its chunk (sequentially:
-# no speed-up), **gather** with `torch.cat`. In backward, autograd accumulates every replica's
-# gradient into the original parameter: a sum, like DP's `ReduceAddCoalesced`.
-# (`torch.nn.parallel.replicate` itself refuses CPU devices.)
+# The function below follows `DataParallel.forward` step by step, on CPU:
 #
+# 1. **scatter**: `x.chunk(num_replicas)` along dim 0, as DP's `scatter` chunks a tensor;
+# 2. **replicate**: differentiable copies of the parameters (`p.clone()`), as DP's
+#    `Broadcast` autograd function makes them on each GPU (`torch.nn.parallel.replicate` itself
+#    refuses CPU devices);
+# 3. **apply** each replica to its chunk, here one after the other (no speed-up);
+# 4. **gather**: `torch.cat` of the outputs.
+#
+# In backward, autograd accumulates every replica's gradient into the original parameter, a
+# sum, as DP's `Broadcast.backward` (`ReduceAddCoalesced`) does across GPUs.
+
+# %%
+def emulated_data_parallel(module, x, num_replicas):
+    """EMULATION of nn.DataParallel's forward on CPU. Returns (output, chunks, replica parameters)."""
+    chunks = x.chunk(num_replicas)  # 1. scatter
+    replicas = []
+    for _ in chunks:  # 2. replicate: one differentiable copy of every parameter per chunk
+        params = {name: p.clone() for name, p in module.named_parameters()}
+        for copy in params.values():
+            copy.retain_grad()  # keep each replica's own gradient, to look at it below
+        replicas.append(params)
+    outputs = [functional_call(module, params, (chunk,)) for params, chunk in zip(replicas, chunks)]  # 3. apply
+    return torch.cat(outputs), chunks, replicas  # 4. gather
+
+
+emu_model = make_toy_model(world_size, seed)
+out, chunks, replicas = emulated_data_parallel(emu_model, x, num_replicas=world_size)
+toy_loss(out, labels).backward()  # the loss on the gathered, whole-batch output
+replica_grads = [params["weight"].grad + 0.0 for params in replicas]
+print("EMULATED DP: chunk sizes", [c.shape[0] for c in chunks])
+for r, g in enumerate(replica_grads):
+    print(f"  replica {r} weight gradient rows: {g.tolist()}")
+
+# %% [markdown]
 # **Claim:** with `world_size` replicas, replica `r` gets chunk `r` (sample `x[r]`), its
 # gradient is that sample's gradient (only row `r`), and the replicas' gradients **sum** to the
 # original model's gradient, which equals the single-device gradient: `world_size` times
 # DDP's.
 
 # %%
-emu_model = linear_toy_model(world_size, seed)
-emu = EmulatedDataParallel(emu_model, num_replicas=world_size)
-linear_toy_loss(emu(x), labels).backward()
-replica_grads = [params["weight"].grad + 0.0 for params in emu.last_replica_params]
-print("EMULATED DP: chunk sizes", [c.shape[0] for c in emu.last_chunks])
 for r, g in enumerate(replica_grads):
-    print(f"  replica {r} weight gradient rows: {g.tolist()}")
-    assert_close(emu.last_chunks[r], x[r : r + 1], msg=f"replica {r} should get chunk x[{r}:{r + 1}]")
+    assert_close(chunks[r], x[r : r + 1], msg=f"replica {r} should get chunk x[{r}:{r + 1}]")
     assert_close(g, per_sample[r]["weight"], msg=f"replica {r}'s gradient should be sample {r}'s gradient")
 assert_close(sum(replica_grads), emu_model.weight.grad, msg="replica gradients should sum into the original")
 assert_close(emu_model.weight.grad, full["weight"], msg="emulated DP gradient != single-device gradient")
 assert_close(emu_model.bias.grad, full["bias"], msg="emulated DP bias gradient != single-device gradient")
-assert_close(emu_model.weight.grad, lin[0]["ddp_weight_grad"] * world_size,
+assert_close(emu_model.weight.grad, lin[0]["ddp"]["weight"] * world_size,
              msg="DP gradient should be world_size x the DDP gradient here")
+if dp_real is not None:
+    assert_close(dp_real["weight"], emu_model.weight.grad, msg="real DP and the emulation should agree")
 dp_grad_for_plot = dp_real["weight"] if dp_real is not None else emu_model.weight.grad
 dp_label = "real nn.DataParallel (GPU)" if dp_real is not None else "DP, EMULATED on CPU"
 print("DP gradient shown in the figure:", dp_label)
@@ -295,14 +393,14 @@ print("DP gradient shown in the figure:", dp_label)
 # single-device one, is their sum. The last row, matching no label, stays zero everywhere.
 
 # %%
-panels = [(f"rank {r}: local gradient\n(no DDP)", res["local_weight_grad"]) for r, res in enumerate(lin)]
+panels = [(f"rank {r}: local gradient\n(no DDP)", res["local"]["weight"]) for r, res in enumerate(lin)]
 panels += [
-    ("DDP: all-reduced average\n(identical on every rank)", lin[0]["ddp_weight_grad"]),
+    ("DDP: all-reduced average\n(identical on every rank)", lin[0]["ddp"]["weight"]),
     (f"{dp_label}\n(sum over replicas)", dp_grad_for_plot),
     ("single device, whole batch\n(reference)", full["weight"]),
 ]
 vmax = max(float(g.abs().max()) for _, g in panels) or 1.0
-fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4), constrained_layout=True)
+fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.6), constrained_layout=True)
 for ax, (title, g) in zip(axes, panels):
     im = ax.imshow(g.numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax)
     for (i, j), v in pd.DataFrame(g.numpy()).stack().items():
@@ -313,15 +411,16 @@ for ax, (title, g) in zip(axes, panels):
     ax.set_xticks(range(g.shape[1]))
     ax.set_yticks(range(g.shape[0]))
 axes[0].set_ylabel("output unit i (weight row)")
-fig.colorbar(im, ax=axes, shrink=0.8, label="dL/dW[i, j]")
+fig.colorbar(im, ax=axes, shrink=0.8, label="dL/dW[i, j] (loss units per weight unit)")
 fig.suptitle(f"Weight gradients of Linear(2, {world_size + 1}), world_size = {world_size}")
 plt.show()
 
 # %% [markdown]
 # ## 4. Sum versus mean
 #
-# A scalar model `y = w * x` with `w = 1`, target 0, the global batch
-# `x = [-1, 2, -3, 4]`, learning rate `1e-3`, one real SGD step each.
+# A scalar model `y = w * x` with `w = 1`, target 0, a fixed **global batch**
+# `x = [-1, 2, -3, 4]` (4 samples per optimizer step, split evenly: `4 / world_size` per rank),
+# learning rate `1e-3`, one real SGD step each. By hand:
 #
 # * Summed loss $L = \sum_i (w x_i)^2$: $dL/dw = 2w\sum_i x_i^2 = 2 \cdot 30 = 60$, and
 #   $w \leftarrow 1 - 10^{-3}\cdot 60 = 0.94$.
@@ -331,41 +430,111 @@ plt.show()
 #   single-process gradient. In general $60 / \text{world\_size}$.
 # * DDP with the **mean** loss: local gradients 5 and 25, average **15**, $w = 0.985$:
 #   the same as one process (for any `world_size` that splits the batch evenly).
-# * DP computes the loss on the gathered whole batch, so it matches the single process for
-#   both reductions.
+# * DP computes the loss on the gathered whole batch, so it should match the single process
+#   for both reductions.
 #
-# **Claim:** these numbers, from real SGD steps (DDP ran in the launch of section 2).
+# The step, the single-process run and the DDP worker:
 
 # %%
-single = {red: scalar_sgd_step(SCALAR_X, red, LR) for red in ("sum", "mean")}
-dp_emulated = {red: scalar_sgd_step(SCALAR_X, red, LR, wrap=lambda m: EmulatedDataParallel(m, world_size))
-               for red in ("sum", "mean")}
-ddp = results[0]["scalar"]
-for r, res in enumerate(results):
-    for case, v in res["scalar"].items():  # local_loss differs per rank; grad and w must not
-        assert_close((v["grad"], v["w"]), (ddp[case]["grad"], ddp[case]["w"]),
-                     msg=f"rank {r}, {case}: should hold the same gradient and weight as rank 0")
+SCALAR_X = [-1.0, 2.0, -3.0, 4.0]  # the global batch
+LR = 1e-3
+global_batch_size = len(SCALAR_X)
+assert global_batch_size % world_size == 0, (
+    f"world_size = {world_size} must divide the global batch of {global_batch_size} samples: use 1, 2 or 4")
+batch_per_rank = global_batch_size // world_size
 
+
+def scalar_model(device="cpu"):
+    model = nn.Linear(1, 1, bias=False, dtype=torch.float64, device=device)  # y = w x; float64: 0.94 prints as 0.94
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    return model
+
+
+def as_column(values, device="cpu"):
+    return torch.tensor(values, dtype=torch.float64, device=device).reshape(-1, 1)  # (batch, 1)
+
+
+def one_step(model, forward, x, reduction, lr, loss_scale=1.0):
+    """One real SGD step; forward is the model or a wrapper of it. Returns dL/dw before and w after."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    out = forward(x)
+    loss = ((out**2).sum() if reduction == "sum" else (out**2).mean()) * loss_scale  # target 0
+    loss.backward()
+    grad = model.weight.grad.item()
+    opt.step()
+    return {"grad": grad, "w": model.weight.item()}
+
+
+def ddp_scalar_steps(rank, world_size, global_x, lr, loss_scale=1.0):
+    device = worker_device()
+    per_rank = len(global_x) // world_size
+    shard = as_column(global_x[rank * per_rank : (rank + 1) * per_rank], device)  # contiguous shard
+    result = {}
+    for reduction in ("sum", "mean"):
+        model = scalar_model(device)
+        ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        result[reduction] = one_step(model, ddp_model, shard, reduction, lr, loss_scale)
+    print(f"shard {shard.flatten().tolist()}, loss x {loss_scale:g}: "
+          + ", ".join(f"{k} grad {v['grad']:g}" for k, v in result.items()))
+    return result
+
+
+single, dp_emulated, dp_real_scalar = {}, {}, None
+for red in ("sum", "mean"):
+    m = scalar_model()
+    single[red] = one_step(m, m, as_column(SCALAR_X), red, LR)
+    m = scalar_model()
+    dp_emulated[red] = one_step(m, lambda xb, m=m: emulated_data_parallel(m, xb, world_size)[0], as_column(SCALAR_X), red, LR)
+if n_gpus >= 1:
+    dp_real_scalar = {}
+    for red in ("sum", "mean"):
+        m = scalar_model("cuda")
+        dp_real_scalar[red] = one_step(m, nn.DataParallel(m), as_column(SCALAR_X, "cuda"), red, LR)
+    print("RAN real nn.DataParallel on the scalar toy:", dp_real_scalar)
+else:
+    print("SKIPPED real nn.DataParallel on the scalar toy: no GPU (torch.cuda.device_count() == 0); "
+          "the CPU emulation of section 3c stands in for it")
+print(f"single process: {single}\nDP (emulated): {dp_emulated}")
+
+# %% [markdown]
+# **Claim:** these numbers, from real SGD steps: one process 60 / 0.94 (sum) and
+# 15 / 0.985 (mean); DP (real on GPUs, emulated here) the same as one process; DDP
+# `60 / world_size` (30 / 0.97 for 2 ranks, 15 / 0.985 for 4) with the summed loss and
+# 15 / 0.985 with the mean loss, identical on every rank. The DDP launch takes about 4–15 s
+# on a 2-core laptop.
+
+# %%
 def check(measured, grad, what):
-    # every number: the gradient, and w after one SGD step from w = 1
+    # the gradient, and w after one SGD step from w = 1, recomputed from the gradient
     assert_close(measured["grad"], grad, msg=f"{what}: gradient {measured['grad']} != {grad}")
     assert_close(measured["w"], 1.0 - LR * grad, msg=f"{what}: w after the step {measured['w']} != {1.0 - LR * grad}")
 
-check(single["sum"], 60.0, "single process, sum")
-check(single["mean"], 15.0, "single process, mean")
-assert_close(single["sum"]["w"], 0.94, msg="issue: single process, sum: w = 0.94")
-assert_close(single["mean"]["w"], 0.985, msg="issue: single process, mean: w = 0.985")
+
+t0 = time.perf_counter()
+scalar = launch(ddp_scalar_steps, world_size, SCALAR_X, LR)
+print(f"launch took {time.perf_counter() - t0:.1f} s")
+ddp = scalar[0]
+for r, res in enumerate(scalar):
+    assert res == ddp, f"rank {r} should hold the same gradient and weight as rank 0: {res} != {ddp}"
+hand_sum = 2 * sum(v**2 for v in SCALAR_X)  # 2 w sum(x^2) at w = 1, by hand
+check(single["sum"], hand_sum, "single process, sum")
+check(single["mean"], hand_sum / global_batch_size, "single process, mean")
+assert_close(single["sum"]["w"], 0.94, msg="single process, sum: w = 0.94")
+assert_close(single["mean"]["w"], 0.985, msg="single process, mean: w = 0.985")
 for red in ("sum", "mean"):
     check(dp_emulated[red], single[red]["grad"], f"emulated DP, {red}")
-    if dp_real is not None:
+    if dp_real_scalar is not None:
         check(dp_real_scalar[red], single[red]["grad"], f"real DP, {red}")
-check(ddp["sum"], 60.0 / world_size, "DDP, sum")
-check(ddp["mean"], 15.0, "DDP, mean")
-if world_size == 2:  # the issue's literal numbers
-    assert_close(ddp["sum"]["grad"], 30.0, msg="issue: DDP (2 ranks), sum: grad 30")
-    assert_close(ddp["sum"]["w"], 0.97, msg="issue: DDP (2 ranks), sum: w = 0.97")
-    assert_close(ddp["mean"]["w"], 0.985, msg="issue: DDP (2 ranks), mean: w = 0.985")
-print(f"single: {single}\nDP (emulated): {dp_emulated}\nDDP (rank 0): {ddp}")
+# DDP: each rank's local gradient of its own shard, by hand, then the average over ranks
+shards = [SCALAR_X[r * batch_per_rank : (r + 1) * batch_per_rank] for r in range(world_size)]
+check(ddp["sum"], sum(2 * sum(v**2 for v in s) for s in shards) / world_size, "DDP, sum")
+check(ddp["mean"], sum(2 * sum(v**2 for v in s) / len(s) for s in shards) / world_size, "DDP, mean")
+assert_close(ddp["mean"]["w"], 0.985, msg="DDP, mean: w = 0.985")
+typed = {2: (30.0, 0.97), 4: (15.0, 0.985)}  # the numbers typed in the claim
+if world_size in typed:
+    assert_close((ddp["sum"]["grad"], ddp["sum"]["w"]), typed[world_size], msg=f"DDP ({world_size} ranks), sum")
+print(f"DDP (rank 0): {ddp}")
 
 # %% [markdown]
 # ## 5. A common mistake: multiplying the loss by `world_size`
@@ -377,17 +546,24 @@ print(f"single: {single}\nDP (emulated): {dp_emulated}\nDDP (rank 0): {ddp}")
 # silently multiplies the learning rate by `world_size`.
 #
 # **Claim:** loss × `world_size` under DDP gives 60 with the summed loss and
-# `15 * world_size` (30 for 2 ranks), not 15, with the mean loss.
+# `15 * world_size` (30 for 2 ranks, 60 for 4), not 15, with the mean loss. The same worker
+# as in section 4, with `loss_scale = world_size`; the launch takes about 4–15 s on a 2-core
+# laptop.
 
 # %%
-check(ddp["sum_x_world"], 60.0, "DDP, sum x world_size")
-check(ddp["mean_x_world"], 15.0 * world_size, "DDP, mean x world_size")
-if world_size == 2:
-    assert_close(ddp["mean_x_world"]["grad"], 30.0, msg="issue: DDP, mean loss x world_size: grad 30")
+t0 = time.perf_counter()
+scaled = launch(ddp_scalar_steps, world_size, SCALAR_X, LR, loss_scale=float(world_size))
+print(f"launch took {time.perf_counter() - t0:.1f} s")
+assert all(res == scaled[0] for res in scaled), "every rank should hold the same result"
+ddp_x_world = scaled[0]
+check(ddp_x_world["sum"], single["sum"]["grad"], "DDP, sum x world_size")
+check(ddp_x_world["mean"], single["mean"]["grad"] * world_size, "DDP, mean x world_size")
+typed = {2: 30.0, 4: 60.0}
+if world_size in typed:
+    assert_close(ddp_x_world["mean"]["grad"], typed[world_size], msg=f"DDP ({world_size} ranks), mean x world_size")
 if world_size > 1:  # the mean loss the learner asked for is no longer what is optimised
-    assert ddp["mean_x_world"]["grad"] != single["mean"]["grad"], \
-        "mean loss x world_size should differ from the single-process mean-loss gradient"
-print(f"DDP, mean loss x {world_size}: grad {ddp['mean_x_world']['grad']:g}, w {ddp['mean_x_world']['w']:g} "
+    assert ddp_x_world["mean"]["grad"] != single["mean"]["grad"], "mean loss x world_size should differ from 15"
+print(f"DDP, mean loss x {world_size}: grad {ddp_x_world['mean']['grad']:g}, w {ddp_x_world['mean']['w']:g} "
       f"(single process: {single['mean']['grad']:g} / {single['mean']['w']:g})")
 
 # %% [markdown]
@@ -397,11 +573,10 @@ print(f"DDP, mean loss x {world_size}: grad {ddp['mean_x_world']['grad']:g}, w {
 # "same as single process?" compares with the single process using the same reduction.
 
 # %%
-dp_mode = "DP (real, GPU)" if dp_real is not None else "DP (EMULATED, CPU)"
-modes = {"single process": single, dp_mode: dp_real_scalar if dp_real is not None else dp_emulated,
-         f"DDP ({world_size} ranks)": {"sum": ddp["sum"], "mean": ddp["mean"]},
-         f"DDP, loss x world_size": {"sum": ddp["sum_x_world"], "mean": ddp["mean_x_world"]}}
-if dp_real is not None:
+dp_mode = "DP (real, GPU)" if dp_real_scalar is not None else "DP (EMULATED, CPU)"
+modes = {"single process": single, dp_mode: dp_real_scalar if dp_real_scalar is not None else dp_emulated,
+         f"DDP ({world_size} ranks)": ddp, "DDP, loss x world_size": ddp_x_world}
+if dp_real_scalar is not None:
     modes["DP (EMULATED, CPU)"] = dp_emulated
 table = pd.DataFrame([
     {"mode": mode, "loss reduction": red, "grad": v[red]["grad"], "w after step": v[red]["w"],
@@ -410,25 +585,33 @@ table = pd.DataFrame([
 ]).set_index(["mode", "loss reduction"])
 table
 
+# %% [markdown]
+# The gradients are bars from zero; the weights differ only in the second decimal, so they are
+# shown as points on a zoomed axis (a bar there would exaggerate the differences).
+
 # %%
-fig, (ax_g, ax_w) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+fig, (ax_g, ax_w) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
 names = list(modes)
 width = 0.38
-for k, red in enumerate(("sum", "mean")):
+for k, (red, marker) in enumerate((("sum", "o"), ("mean", "s"))):
     pos = [i + (k - 0.5) * width for i in range(len(names))]
     bars = ax_g.bar(pos, [modes[m][red]["grad"] for m in names], width, label=f"{red} loss")
     ax_g.bar_label(bars, fmt="%g", fontsize=8)
-    bars = ax_w.bar(pos, [modes[m][red]["w"] for m in names], width, label=f"{red} loss")
-    ax_w.bar_label(bars, fmt="%g", fontsize=8)
+    ws_ = [modes[m][red]["w"] for m in names]
+    ax_w.plot(pos, ws_, marker, markersize=8, linestyle="none", color=bars.patches[0].get_facecolor())
+    for p_, w_ in zip(pos, ws_):
+        ax_w.annotate(f"{w_:g}", (p_, w_), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
 for ax in (ax_g, ax_w):
     ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
     ax.set_xlabel("mode")
+ax_g.set_ylim(0, 1.15 * max(modes[m][r]["grad"] for m in names for r in ("sum", "mean")))
 fig.legend(*ax_g.get_legend_handles_labels(), loc="outside upper center", ncol=2)
-ax_g.set_ylabel("dL/dw before the step")
-ax_g.set_title("Gradient of the scalar toy")
-ax_w.set_ylabel("w after one SGD step (lr = 1e-3)")
+ax_g.set_ylabel("dL/dw before the step (loss units per unit of w)")
+ax_g.set_title("Gradient of the scalar toy (bars from 0)")
+ax_w.set_ylabel("w after one SGD step (lr = 1e-3, dimensionless)")
 ax_w.set_ylim(0.9, 1.0)
-ax_w.set_title("Weight after one step (from w = 1)")
+ax_w.grid(axis="y", alpha=0.3)
+ax_w.set_title("Weight after one step from w = 1 (points, zoomed axis)")
 plt.show()
 
 # %% [markdown]
@@ -437,21 +620,23 @@ plt.show()
 # * **DP** (one process, many GPUs) computes the loss on the gathered whole batch and sums the
 #   replicas' gradients into one model: its gradient **is** the single-device gradient. On a
 #   CPU-only machine `nn.DataParallel` has no devices and just calls the module; the emulation
-#   showed the data flow, and its gradient matched the single device exactly.
+#   written in section 3c showed the data flow, and its gradient matched the single device.
 # * **DDP** (one process per rank) computes each rank's gradient on its own shard, then its
 #   backward **all-reduces** and **averages**: every rank ends with the same gradient, the
-#   mean of the local ones (row `r` = `x[r] / world_size` in the toy).
+#   mean of the local ones (row `r` = `x[r] / world_size` in the toy). Four lines of
+#   `dist.all_reduce` and a division give the same numbers (section 2b).
 # * With a **mean** loss and an evenly split global batch, DDP's averaging gives exactly the
 #   single-process gradient (15, `w = 0.985`). With a **summed** loss it gives
-#   `1 / world_size` of it (30, `w = 0.97`). Multiplying a mean loss by `world_size` "to undo
-#   the averaging" is a mistake (30 instead of 15).
+#   `1 / world_size` of it. Multiplying a mean loss by `world_size` "to undo the averaging"
+#   is a mistake (`15 * world_size` instead of 15).
 #
 # ## Exercises
 #
-# Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
-# check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
-# collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
-# every solution, so they are known to be right. None of them starts new processes.
+# Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
+# (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
+# hint. The solution is in the collapsed cell after the check (click the "…" or the bar on its
+# left to open it). CI runs every solution, so they are known to be right. Only exercise 4
+# starts processes.
 
 # %% [markdown]
 # ### Exercise 1: the Linear toy on 4 ranks
@@ -464,14 +649,15 @@ plt.show()
 answer_1 = None  # your answer here
 
 # %% tags=["check"]
-# expected: each rank's local gradient of its own sample (this notebook's helpers, no processes),
+# expected: each rank's local gradient of its own sample (this notebook's functions, no processes),
 # averaged as DDP's all-reduce and division by the world size do
-x4, labels4 = linear_toy_batch(4, seed)
-model4 = linear_toy_model(4, seed)
-local4 = [single_device_grads(model4, x4[r : r + 1], labels4[r : r + 1])["bias"] for r in range(4)]
+x4, labels4 = make_toy_batch(4, seed)
+model4 = make_toy_model(4, seed)
+local4 = [grads_of(model4, x4[r : r + 1], labels4[r : r + 1])["bias"] for r in range(4)]
 expected_1 = (sum(local4) / 4).tolist()
-if world_size == 4:  # this run launched 4 real ranks: DDP must agree
-    assert_close(lin[0]["ddp_bias_grad"], torch.tensor(expected_1), msg="DDP's bias gradient, 4 ranks")
+if world_size == 4:  # this run launched 4 real ranks (the full profile): DDP must agree
+    assert_close(lin[0]["ddp"]["bias"], torch.tensor(expected_1), msg="DDP's bias gradient, 4 ranks")
+    print("checked against the 4-rank DDP run of section 2")
 check_answer("ex1", answer_1, expected_1,
              hint="which bias entries does sample r touch, and what does DDP divide by?")
 
@@ -494,12 +680,14 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 answer_2 = None  # your answer here
 
 # %% tags=["check"]
-# expected: one real SGD step of each rank's contiguous shard (as ddp_scalar_worker splits the
-# batch), in this process, and DDP's average of the ranks' gradients
-shards4 = torch.tensor(SCALAR_X).chunk(4)
-expected_2 = sum(scalar_sgd_step(s, "sum", LR)["grad"] for s in shards4) / 4
-if world_size == 4:  # this run launched 4 real ranks
+# expected: one real SGD step on each rank's one-sample shard, in this process, averaged as DDP does
+expected_2 = 0.0
+for v in SCALAR_X:
+    m = scalar_model()
+    expected_2 += one_step(m, m, as_column([v]), "sum", LR)["grad"] / 4
+if world_size == 4:  # this run launched 4 real ranks (the full profile)
     assert_close(ddp["sum"]["grad"], expected_2, msg="DDP's summed-loss gradient, 4 ranks")
+    print("checked against the 4-rank DDP run of section 4")
 check_answer("ex2", answer_2, expected_2, hint="one process gets 60; what does DDP do with 4 ranks' gradients?")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -525,7 +713,10 @@ answer_3 = None  # your answer here
 # %% tags=["check"]
 # expected: the real mean-loss gradient of each rank's shard (torch's chunk(2): 3 + 2), averaged
 batch5 = torch.tensor([-1.0, 2.0, -3.0, 4.0, 5.0])
-expected_3 = sum(scalar_sgd_step(s, "mean", LR)["grad"] for s in batch5.chunk(2)) / 2
+expected_3 = 0.0
+for shard5 in batch5.chunk(2):
+    m = scalar_model()
+    expected_3 += one_step(m, m, as_column(shard5.tolist()), "mean", LR)["grad"] / 2
 check_answer("ex3", answer_3, expected_3, rel_tol=1e-3,
              hint="each rank's mean-loss gradient is 2 * mean(x^2) over its own samples")
 
@@ -546,3 +737,58 @@ print(f"DDP: {solution_3} = {float(solution_3):.4f}; one process, mean over 5 sa
 fixed = (Fraction(2, 5) * 2 * sum(v**2 for v in rank0) + Fraction(2, 5) * 2 * sum(v**2 for v in rank1)) / 2
 assert fixed == one_process == 22, (fixed, one_process)
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# ### Exercise 4: fix a DDP worker
+#
+# A colleague wrote this worker, with the mean loss and the "undo DDP's averaging" habit of
+# section 5:
+#
+# ```python
+# def colleague_worker(rank, world_size, global_x, lr):
+#     device = worker_device()
+#     per_rank = len(global_x) // world_size
+#     shard = as_column(global_x[rank * per_rank : (rank + 1) * per_rank], device)
+#     model = scalar_model(device)
+#     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+#     return one_step(model, ddp_model, shard, "mean", lr, loss_scale=world_size)
+# ```
+#
+# Write a fixed worker with the same signature (you may use `scalar_model`, `as_column`,
+# `one_step` from section 4) so that, with any `world_size` that divides the global batch,
+# every rank ends with the single process's mean-loss gradient and weight (`single["mean"]`).
+# Replace the `None` line below with your `def my_worker(rank, world_size, global_x, lr): ...`
+# followed by `answer_4 = my_worker`. The check runs your worker on `world_size` real ranks
+# (about 4–15 s on a 2-core laptop) and compares every rank's `[grad, w]`.
+
+# %% tags=["exercise"]
+answer_4 = None  # your fixed worker function (def my_worker ...; answer_4 = my_worker)
+
+# %% tags=["check"]
+# expected on every rank: one process's mean-loss step on the whole global batch (section 4)
+expected_4 = [[single["mean"]["grad"], single["mean"]["w"]]] * world_size
+if answer_4 is None:
+    check_answer("ex4", answer_4, expected_4)
+else:
+    try:
+        ran_4 = [[res["grad"], res["w"]] for res in launch(answer_4, world_size, SCALAR_X, LR)]
+    except Exception as e:  # noqa: BLE001 - the learner's worker failed on some rank: say so, do not stop the notebook
+        ran_4 = f"your worker failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    check_answer("ex4", ran_4, expected_4,
+                 hint="the mean loss on equal shards is already right after DDP's average: what undoes it?")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 4 (try the exercise first)
+# With equal shards, the mean over a rank's shard averaged over ranks is the mean over the whole
+# global batch: DDP's averaging is exactly what the mean loss needs. Drop the loss scaling.
+def fixed_worker(rank, world_size, global_x, lr):
+    device = worker_device()
+    per_rank = len(global_x) // world_size
+    shard = as_column(global_x[rank * per_rank : (rank + 1) * per_rank], device)
+    model = scalar_model(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return one_step(model, ddp_model, shard, "mean", lr)  # no loss_scale
+
+
+solution_4 = [[res["grad"], res["w"]] for res in launch(fixed_worker, world_size, SCALAR_X, LR)]
+check_answer("ex4", solution_4, expected_4, strict=True)

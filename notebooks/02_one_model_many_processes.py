@@ -23,26 +23,29 @@
 # The experiment is the seed's: each of `world_size` processes builds a `Linear(5, 5)` with
 # `torch.manual_seed(base_seed + rank)` (so the copies start **different**), wraps it in
 # `DistributedDataParallel`, runs one forward pass on its own random data, an MSE loss against
-# random labels, backward, and one SGD step with learning rate `lr`. We gather every rank's
-# parameters back into this notebook after each stage and check, with
-# `torch.testing.assert_close` and `assert`, every claim the prose makes.
+# random labels, backward, and one SGD step with learning rate `lr`. The worker that does it
+# is written in this notebook's cells; we gather every rank's parameters back into the
+# notebook after each stage, and each statement marked *Claim* is checked by the code cell
+# after it (`torch.testing.assert_close`, `assert`).
 #
 # **What runs where**
 #
 # | part | CPU only (CI) | with GPUs |
 # |---|---|---|
-# | the DDP experiment, `helpers.replicas.replicas_worker` through `helpers.launch.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
+# | the DDP workers defined here, run by `helpers.launch.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
 # | the single-process reference, tables and figures | this notebook's process, CPU | the same |
 #
 # **New here** (after notebook 01): DDP's **broadcast** of rank 0's parameters and buffers at
-# construction, what it does *not* synchronise (a plain tensor attribute), and why
-# "all ranks start equal + all ranks apply the same all-reduced gradient" keeps them equal:
-# each [rank](../docs/GLOSSARY.md#rank) holds its own [replica](../docs/GLOSSARY.md#replica),
-# and [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
+# construction, exactly when it broadcasts buffers again before a forward, what it does *not*
+# synchronise (a plain tensor attribute), and why "all ranks start equal + all ranks apply the
+# same all-reduced gradient" keeps them equal: each [rank](../docs/GLOSSARY.md#rank) holds its
+# own [replica](../docs/GLOSSARY.md#replica), and
+# [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
 # [all-reduce](../docs/GLOSSARY.md#all-reduce) in the [process group](../docs/GLOSSARY.md#process-group).
 # Every term is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md).
-# Run time: about 13–33 s on 2 CPU cores, almost all of it the worker processes
-# starting. The notebook ends with three exercises, each checked by a cell.
+# Run time: about 15–45 s on 2 CPU cores (three launches, almost all of it worker processes
+# starting). The notebook ends with four exercises, each checked by a cell; the last one asks
+# you to write DDP's construction-time broadcast yourself.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -52,50 +55,110 @@ lr = 0.01  # SGD learning rate of the one step
 batch_size = 4  # samples per rank in the one forward pass
 
 # %%
-# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
-from helpers.notebook import check_answer, check_parameters, check_value
+from helpers.notebook import check_answer, check_parameters
 
-check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float),
-                 batch_size=(batch_size, int))
-check_value("world_size", world_size, world_size >= 2, "at least 2 (one process has nobody to disagree with)")
-check_value("lr", lr, lr > 0, "greater than 0")
-check_value("batch_size", batch_size, batch_size >= 1, "at least 1")
+check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float), batch_size=(batch_size, int))
 
 # %%
+import contextlib
 import time
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.launch import launch
-from helpers.replicas import STAGES, local_gradient, make_replica, max_cross_rank_diff, replicas_worker
 
+assert world_size >= 2, f"world_size = {world_size}: use at least 2 (one rank has nobody to disagree with)"
 print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_seed}; lr = {lr}; "
       f"batch_size = {batch_size} per rank")
 
 # %% [markdown]
-# ## 1. Run the seed's experiment on `world_size` processes
+# ## 1. The seed's experiment on `world_size` processes
 #
-# `launch(replicas_worker, world_size, ...)` starts `world_size` processes, each with the
-# default process group initialised (backend `gloo` on CPU), and returns each rank's result
-# in rank order. On each rank the worker (in `helpers/replicas.py`):
-#
-# 1. seeds with `base_seed + rank` and builds its `Linear(5, 5)` (a subclass, `TaggedLinear`,
-#    that also carries a buffer and a plain attribute, see section 3), then its data
-#    `x: (batch_size, 5)` and labels `y: (batch_size, 5)`;
-# 2. wraps the model: `ddp_model = DistributedDataParallel(model)`;
-# 3. `loss = MSELoss()(ddp_model(x), y)`, `loss.backward()`, `SGD(lr).step()`.
-#
-# After each stage it records its parameters, and also **all-gathers** every rank's
-# parameters (`torch.distributed.all_gather`) to compute the largest cross-rank difference
-# itself; that is the number printed on each `[rank r]` line below.
-#
-# With `world_size = 3` on a 2-core machine the launcher warns `OversubscriptionWarning`:
-# three processes share two cores. The results are still exact; only timings would be
-# meaningless, and we measure none. The next cell takes about 5–20 s on a 2-core
-# laptop, mostly starting the processes.
+# Every rank builds its model and data from its own seed. The model is a `Linear(5, 5)`
+# subclass, `TaggedLinear`, that also carries two pieces of state filled with `100 + rank`
+# (100, not 0, on rank 0, so that "rank 0's value" cannot be mistaken for "reset to zero"): a
+# **registered buffer** and a **plain tensor attribute**; section 3 uses them. Calling
+# `make_replica(r, ...)` in this notebook rebuilds exactly what rank `r` builds.
+
+# %%
+class TaggedLinear(nn.Linear):
+    """Linear(in_features, out_features) plus rank_buffer (registered) and rank_attribute (plain), both (2,) = 100 + rank."""
+
+    def __init__(self, in_features, out_features, rank):
+        super().__init__(in_features, out_features)
+        self.register_buffer("rank_buffer", torch.full((2,), 100.0 + rank))  # in state_dict, seen by DDP
+        self.rank_attribute = torch.full((2,), 100.0 + rank)  # just a Python attribute: invisible to DDP
+
+
+def make_replica(rank, base_seed, batch_size):
+    """Rank `rank`'s (model, x (batch_size, 5), y (batch_size, 5)), float32, from seed base_seed + rank."""
+    torch.manual_seed(base_seed + rank)
+    return TaggedLinear(5, 5, rank), torch.randn(batch_size, 5), torch.randn(batch_size, 5)
+
+
+def snapshot(model):
+    return {name: t.detach().clone() for name, t in
+            [("weight", model.weight), ("bias", model.bias),
+             ("rank_buffer", model.rank_buffer), ("rank_attribute", model.rank_attribute)]}
+
+
+def max_cross_rank_diff(tensors):
+    """max over r of max |tensors[r] - tensors[0]|; 0.0 means bitwise identical on every rank."""
+    return max(float((t - tensors[0]).abs().max()) for t in tensors)
+
+
+# %% [markdown]
+# The worker each rank runs: record, wrap in `DDP`, record, one training step, record. At each
+# stage it also **all-gathers** every rank's flattened parameters (`dist.all_gather`) and
+# computes the largest cross-rank difference itself; that is the number printed on each
+# `[rank r]` line.
+
+# %%
+STAGES = ("before DDP", "after DDP(...)", "after one SGD step")
+
+
+def all_gather_max_diff(model):
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)  # every rank receives every rank's parameters
+    return max_cross_rank_diff(gathered)
+
+
+def replicas_worker(rank, world_size, base_seed, lr, batch_size):
+    model, x, y = make_replica(rank, base_seed, batch_size)
+    stages, diffs = {}, {}
+
+    def record(stage):
+        stages[stage], diffs[stage] = snapshot(model), all_gather_max_diff(model)
+        print(f"{stage:>20}: weight[0, 0] = {model.weight[0, 0].item():+.4f}  max cross-rank diff = {diffs[stage]:.4g}")
+
+    record(STAGES[0])
+    ddp_model = DDP(model)  # CPU module, gloo: no device_ids
+    record(STAGES[1])
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=lr)
+    loss = nn.functional.mse_loss(ddp_model(x), y)
+    loss.backward()  # DDP all-reduces the gradients and divides by world_size
+    grad = {"weight": model.weight.grad.clone(), "bias": model.bias.grad.clone()}
+    opt.step()
+    record(STAGES[2])
+    return {"rank": rank, "stages": stages, "all_gather_max_diff": diffs, "x": x, "y": y,
+            "loss": loss.item(), "grad": grad}
+
+
+# %% [markdown]
+# The launch: `launch(replicas_worker, world_size, ...)` starts `world_size` processes, each
+# with the default process group initialised (backend `gloo` on CPU), sends them the worker
+# and the class and functions it uses from this notebook, and returns each rank's result in
+# rank order. With `world_size = 3` on a 2-core machine the launcher warns
+# `OversubscriptionWarning`: three processes share two cores; the results are exact, and no
+# time is measured. The cell takes about 5–20 s on a 2-core laptop, mostly starting the
+# processes.
 
 # %%
 t0 = time.perf_counter()
@@ -125,7 +188,7 @@ table
 #
 # **Claim 1 (before wrapping):** each rank's parameters are exactly what `Linear(5, 5)` gives
 # after `torch.manual_seed(base_seed + rank)` (we rebuild every rank's model here, in one
-# process, with `helpers.replicas.make_replica`), so they **differ** across ranks: the largest
+# process, with `make_replica`), so they **differ** across ranks: the largest
 # cross-rank difference is greater than 0. The number the workers computed with `all_gather`
 # is the same one we compute here from the launcher's results.
 
@@ -174,6 +237,12 @@ print(f"after DDP(...): max cross-rank difference {diffs['after DDP(...)']} -- e
 # same mean loss.
 
 # %%
+def local_gradient(weight, bias, x, y):
+    # MSE-loss gradient at the given parameters, in this process, without nn.Linear or DDP
+    w, b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    return dict(zip(("weight", "bias"), torch.autograd.grad(nn.functional.mse_loss(x @ w.T + b, y), (w, b))))
+
+
 # the independent single-process computation, from rank 0's pre-wrap parameters and each rank's own data
 local = [local_gradient(w0_before, b0_before, x_r, y_r) for _, x_r, y_r in rebuilt]
 mean_gw = torch.stack([g["weight"] for g in local]).mean(0)
@@ -208,35 +277,121 @@ grad_rows += [("global batch, one process", g_all["weight"])]
 pd.DataFrame([{"weight gradient from": name, **{f"dW[0, {j}]": g[0, j].item() for j in range(3)}}
               for name, g in grad_rows]).set_index("weight gradient from")
 
+
 # %% [markdown]
 # ## 3. What DDP synchronises, and what it does not
 #
 # DDP synchronises what it can see in the module: **registered parameters** (broadcast at
 # construction; afterwards kept equal by averaging their gradients) and **registered
-# buffers** (`register_buffer`, e.g. BatchNorm's running statistics: broadcast from rank 0 at
-# construction and, with the default `broadcast_buffers=True`, again before every forward).
-# A **plain tensor attribute** (`self.t = torch.tensor(...)`) is neither: DDP never touches it.
+# buffers** (`register_buffer`, e.g. BatchNorm's running statistics). A **plain tensor
+# attribute** (`self.t = torch.tensor(...)`) is neither: DDP never touches it.
 #
-# `TaggedLinear` holds both, filled with `100 + rank` on the rank that built it (100, not 0,
-# for rank 0, so that "rank 0's value" cannot be mistaken for "reset to zero").
-#
-# **Claim:** after `DDP(...)` and after the step, `rank_buffer` is `[100, 100]` (rank 0's
-# value) on every rank, while `rank_attribute` is still `[100 + r, 100 + r]` on rank `r`.
+# **Claim:** after `DDP(...)` and after the step of section 1, `rank_buffer` is `[100, 100]`
+# (rank 0's value) on every rank, while `rank_attribute` is still `[100 + r, 100 + r]` on
+# rank `r`.
 
 # %%
 sync_rows = []
 for s in STAGES:
     for r, res in enumerate(results):
         buf, attr = res["stages"][s]["rank_buffer"], res["stages"][s]["rank_attribute"]
-        expected_buf = 100.0 + (r if s == "before DDP" else 0)  # after wrapping: rank 0's, broadcast by DDP(...)
+        expected_buf = 100.0 + (r if s == "before DDP" else 0)  # after wrapping: rank 0's
         assert_close(buf, torch.full((2,), expected_buf), rtol=0, atol=0,
                      msg=f"rank {r}, {s}: the registered buffer should be {expected_buf} (rank 0's after wrapping)")
         assert_close(attr, torch.full((2,), 100.0 + r), rtol=0, atol=0,
                      msg=f"rank {r}, {s}: the plain attribute should keep its own value {100 + r}")
         sync_rows.append({"rank": r, "stage": s, "rank_buffer (buffer)": buf[0].item(),
                           "rank_attribute (plain)": attr[0].item()})
-print("registered buffer: broadcast from rank 0; plain tensor attribute: left alone, per-rank")
+print("registered buffer: rank 0's on every rank after wrapping; plain tensor attribute: per-rank")
 pd.DataFrame(sync_rows).set_index(["stage", "rank"])
+
+# %% [markdown]
+# ### When exactly are buffers broadcast again?
+#
+# Buffers change during training (BatchNorm updates its running statistics in every training
+# forward, from the local batch), so DDP can also broadcast them again. In torch 2.14.1 the
+# rule is in `torch/nn/parallel/distributed.py`: before a forward, `_pre_forward` broadcasts
+# rank 0's buffers when `will_sync_module_buffers()` is true, that is when
+# `forward_sync_buffers` is on (the default; the deprecated `broadcast_buffers` sets it) **and**
+# `require_forward_param_sync` is true. That flag starts true and `_post_forward` sets it after
+# every forward: true when the forward ran with gradients enabled and outside `no_sync()`,
+# false otherwise. `model.train()` / `model.eval()` plays no part. Notebook 06 shows what this
+# does to BatchNorm statistics.
+#
+# The experiment: after wrapping, each rank overwrites its buffer with `value + rank` (a
+# rank-local change, as a BatchNorm forward makes), runs one forward (and backward, when
+# gradients are on) in a given situation, and reports the buffer it holds afterwards. The
+# linear layer does not read the buffer, so the forward itself leaves it alone: `value` on
+# every rank means DDP broadcast rank 0's buffer before that forward; `value + rank` means it
+# did not. The launch takes about 5–20 s on a 2-core laptop.
+
+# %%
+SITUATIONS = [  # (name, forward_sync_buffers, grad enabled, train mode, inside no_sync)
+    ("1. first forward, train(), grad on", True, True, True, False),
+    ("2. forward under torch.no_grad()", True, False, True, False),
+    ("3. next forward, grad on", True, True, True, False),
+    ("4. forward in eval(), grad on", True, True, False, False),
+    ("5. forward inside no_sync()", True, True, True, True),
+    ("6. next forward, after no_sync()", True, True, True, False),
+    ("7. new DDP(..., forward_sync_buffers=False), first forward", False, True, True, False),
+    ("8. same wrapper, next forward", False, True, True, False),
+]
+
+
+def buffer_rule_worker(rank, world_size, base_seed):
+    model, x, _ = make_replica(rank, base_seed, 1)
+    ddp_model = DDP(model)
+    seen = {}
+    for k, (name, forward_sync, grad_on, train, in_no_sync) in enumerate(SITUATIONS):
+        if not forward_sync and ddp_model.forward_sync_buffers:  # situation 7: a fresh wrapper
+            model, x, _ = make_replica(rank, base_seed, 1)
+            ddp_model = DDP(model, forward_sync_buffers=False)  # construction still broadcasts
+            seen["construction with forward_sync_buffers=False"] = model.rank_buffer[0].item()
+        value = 100.0 * (k + 2)
+        model.rank_buffer.fill_(value + rank)  # a rank-local change
+        model.train(train)
+        with torch.set_grad_enabled(grad_on), (ddp_model.no_sync() if in_no_sync else contextlib.nullcontext()):
+            out = ddp_model(x)
+            if grad_on:
+                out.sum().backward()
+        seen[name] = model.rank_buffer[0].item()
+    return seen
+
+
+t0 = time.perf_counter()
+buffer_runs = launch(buffer_rule_worker, world_size, base_seed)
+print(f"launch took {time.perf_counter() - t0:.1f} s")
+pd.DataFrame(buffer_runs).T.rename(columns=lambda r: f"rank {r}")
+
+# %% [markdown]
+# **Claim:** the rule above, applied to the eight situations in order, predicts every value
+# each rank reported: the broadcast happens in situations 1, 2, 4 and 5 (including the
+# forward under `no_grad()`, because the forward *before* it had gradients, and the one in
+# `eval()` mode); it does **not** happen in 3 and 6 (the forward before them ran without
+# gradients or inside `no_sync()`), nor ever with `forward_sync_buffers=False`, although that
+# wrapper's construction still broadcast rank 0's buffer (`100` on every rank).
+
+# %%
+def predicted_broadcasts(situations):
+    """The rule, written out: which forwards start with a broadcast of rank 0's buffers."""
+    out, require_sync = [], True  # require_forward_param_sync starts true in a new wrapper
+    for k, (name, forward_sync, grad_on, _train, in_no_sync) in enumerate(situations):
+        if k > 0 and forward_sync != situations[k - 1][1]:
+            require_sync = True  # a new DDP wrapper
+        out.append(forward_sync and require_sync)
+        require_sync = grad_on and not in_no_sync  # what _post_forward leaves for the next forward
+    return out
+
+
+predicted = predicted_broadcasts(SITUATIONS)
+assert predicted == [True, True, False, True, True, False, False, False], predicted
+for r, seen in enumerate(buffer_runs):
+    assert seen["construction with forward_sync_buffers=False"] == 100.0, f"rank {r}: construction should broadcast rank 0's 100"
+    for k, ((name, *_), synced) in enumerate(zip(SITUATIONS, predicted)):
+        value = 100.0 * (k + 2)
+        expected = value if synced else value + r
+        assert seen[name] == expected, f"rank {r}, {name}: buffer {seen[name]}, the rule predicts {expected}"
+print("broadcast before the forward:", {name.split(".")[0]: synced for (name, *_), synced in zip(SITUATIONS, predicted)})
 
 # %% [markdown]
 # ## 4. The same story as pictures
@@ -244,9 +399,10 @@ pd.DataFrame(sync_rows).set_index(["stage", "rank"])
 # One heatmap per rank (rows) and stage (first three columns): the `5 x 5` weight with the
 # bias as a sixth column, on one colour scale. Before wrapping every rank's picture is
 # different; after `DDP(...)` every rank shows rank 0's picture; after the step all ranks show
-# the same picture again. With `lr = 0.01` the step moves each entry by a few thousandths at
-# most, too little to see on that scale, so the last column shows the change the step made
-# (after the step minus after `DDP(...)`) on its own scale: the same on every rank.
+# the same picture again. A small `lr` moves each entry too little to see on that scale (the
+# cell prints the largest change next to the largest value), so the last column shows the
+# change the step made (after the step minus after `DDP(...)`) on its own scale: the same on
+# every rank.
 
 # %%
 mats = {s: [torch.cat([w, b.unsqueeze(1)], dim=1) for w, b in params[s]] for s in STAGES}  # (5, 6) per rank
@@ -271,6 +427,7 @@ fig.colorbar(im, ax=axes[:, -1], shrink=0.6, label="after step - after DDP(...)"
 fig.suptitle(f"Linear(5, 5) parameters on each of {world_size} ranks: before DDP, after DDP(...), "
              f"after one SGD step (lr = {lr})")
 plt.show()
+print(f"largest |parameter| {vmax:.3f}; largest change made by the step {vstep:.2e}")
 assert max_cross_rank_diff(steps) == 0.0, "the step's change should be identical on every rank"
 
 # %% [markdown]
@@ -278,19 +435,20 @@ assert max_cross_rank_diff(steps) == 0.0, "the step's change should be identical
 # rank 0's, at each stage: large before wrapping, exactly 0 afterwards.
 
 # %%
-fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
+fig, ax = plt.subplots(figsize=(6.5, 4.0), layout="constrained")
 values = [diffs[s] for s in STAGES]
 bars = ax.bar(STAGES, values, color=["#c44e52", "#4c72b0", "#55a868"], label="computed in this notebook")
 ax.bar_label(bars, labels=[f"{v:.4g}" for v in values], padding=10)
 ax.plot(STAGES, [results[0]["all_gather_max_diff"][s] for s in STAGES], "ko", markerfacecolor="none",
         markersize=8, label="all_gather inside the workers (rank 0)")
-ax.set_ylabel("max |param(rank r) - param(rank 0)|\n(over ranks and entries)")
+ax.set_ylabel("max |param(rank r) - param(rank 0)|\n(parameter units, over ranks and entries)")
 ax.set_xlabel("stage")
 ax.set_title(f"Cross-rank parameter difference, world_size = {world_size}")
 ax.set_ylim(0, 1.25 * max(values))
-ax.legend(loc="upper right")
+fig.legend(loc="outside lower center", ncol=2, fontsize=8)  # below the axes, never over a bar
 plt.show()
 assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, then 0, then 0: {values}"
+
 
 # %% [markdown]
 # ## What we saw
@@ -303,16 +461,20 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 #   averaged gradient and the parameters stayed bitwise identical: equal to
 #   `w_rank0 - lr * mean_r(grad_r)`, and (equal shards, mean loss) to one process stepping on
 #   the global batch.
-# * DDP only synchronises what is registered: parameters and buffers. A plain tensor attribute
-#   kept each rank's own value. State you keep outside parameters and buffers (counters, masks,
+# * DDP only synchronises what is registered: parameters and buffers. Buffers are broadcast
+#   from rank 0 at construction and, with `forward_sync_buffers` on, before a forward whose
+#   previous forward ran with gradients outside `no_sync()` (and before the first); not
+#   "before every forward", and train/eval mode does not matter. A plain tensor attribute kept
+#   each rank's own value. State you keep outside parameters and buffers (counters, masks,
 #   caches) is your job to keep consistent.
 #
 # ## Exercises
 #
-# Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
-# check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
-# collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
-# every solution, so they are known to be right. None of them starts new processes.
+# Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
+# (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
+# hint. The solution is in the collapsed cell after the check (click the "…" or the bar on its
+# left to open it). CI runs every solution, so they are known to be right. Only exercise 4
+# starts processes.
 
 # %% [markdown]
 # ### Exercise 1: what rank 1 holds
@@ -332,8 +494,8 @@ check_answer("ex1", answer_1, expected_1, hint="which of the two does DDP broadc
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 1 (try the exercise first)
 # Both start as 100 + rank = 101 on rank 1. The buffer is registered, so DDP(...) overwrote it
-# with rank 0's value, 100 (and re-broadcast it before the forward); the plain attribute is
-# invisible to DDP and keeps rank 1's own 101.
+# with rank 0's value, 100 (the first forward broadcast rank 0's 100 again); the plain
+# attribute is invisible to DDP and keeps rank 1's own 101.
 solution_1 = [100.0, 100.0 + 1]
 check_answer("ex1", solution_1, expected_1, strict=True)
 
@@ -392,3 +554,56 @@ check_answer("ex3", answer_3, expected_3, hint="count the entries of the weight 
 # (120 bytes in float32). rank_buffer is broadcast; rank_attribute is not touched at all.
 solution_3 = 5 * 5 + 5
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# ### Exercise 4: DDP's construction-time broadcast, by hand
+#
+# Write `sync_from_rank0(model)`: called on every rank, it must leave every rank holding rank
+# 0's parameters **and** registered buffers, as `DDP(model)` does at construction (section 2,
+# claim 2), with `torch.distributed` collectives (`dist.broadcast(tensor, src=0)` overwrites
+# `tensor` in place on every rank except rank 0, with rank 0's values). Replace the `None` line below with your `def sync_from_rank0(model): ...` followed by
+# `answer_4 = sync_from_rank0`. The check builds each rank's own `make_replica(rank, ...)` on
+# `world_size` real ranks, calls your function, and compares what every rank then holds with
+# rank 0's model rebuilt here (about 5–20 s on a 2-core laptop).
+
+# %% tags=["exercise"]
+answer_4 = None  # your function (def sync_from_rank0(model): ...; answer_4 = sync_from_rank0)
+
+# %% tags=["check"]
+def run_sync_with(sync_fn):
+    def run_sync(rank, world_size, base_seed):  # the worker: each rank's own model, then sync_fn
+        model, _, _ = make_replica(rank, base_seed, 1)
+        sync_fn(model)
+        state = snapshot(model)
+        return [state["weight"].tolist(), state["bias"].tolist(), state["rank_buffer"].tolist(),
+                state["rank_attribute"].tolist()]
+    return run_sync
+
+
+# expected on rank r: rank 0's weight, bias and buffer (rebuilt here), and rank r's own plain attribute
+model_0, _, _ = make_replica(0, base_seed, 1)
+expected_4 = [[model_0.weight.tolist(), model_0.bias.tolist(), model_0.rank_buffer.tolist(), [100.0 + r] * 2]
+              for r in range(world_size)]
+if answer_4 is None:
+    check_answer("ex4", answer_4, expected_4)
+else:
+    try:
+        ran_4 = launch(run_sync_with(answer_4), world_size, base_seed)
+    except Exception as e:  # noqa: BLE001 - the learner's function failed on some rank: say so, do not stop the notebook
+        ran_4 = f"your function failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    check_answer("ex4", ran_4, expected_4,
+                 hint="broadcast every parameter and every buffer from rank 0 (model.parameters(), model.buffers())")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 4 (try the exercise first)
+# One broadcast per tensor, from rank 0, over parameters and buffers. (DDP coalesces them into
+# fewer, larger messages: _sync_module_states in torch/distributed/utils.py.) The plain
+# attribute is not in parameters() or buffers(), so it keeps each rank's own value, as under DDP.
+def sync_from_rank0_solution(model):
+    with torch.no_grad():  # a copy of values, not part of any computation to differentiate
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t, src=0)  # in place: rank 0's values on every rank
+
+
+solution_4 = launch(run_sync_with(sync_from_rank0_solution), world_size, base_seed)
+check_answer("ex4", solution_4, expected_4, strict=True)
