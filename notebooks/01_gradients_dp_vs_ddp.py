@@ -334,7 +334,7 @@ display(Markdown(f"**DP branch that ran:** real `nn.DataParallel` on {n_gpus} GP
 # 1. **scatter**: `x.chunk(num_replicas)` along dim 0, as DP's `scatter` chunks a tensor;
 # 2. **replicate**: differentiable copies of the parameters (`p.clone()`), as DP's
 #    `Broadcast` autograd function makes them on each GPU (`torch.nn.parallel.replicate` itself
-#    refuses CPU devices);
+#    refuses CPU devices, which the cell checks);
 # 3. **apply** each replica to its chunk, here one after the other (no speed-up);
 # 4. **gather**: `torch.cat` of the outputs.
 #
@@ -356,6 +356,14 @@ def emulated_data_parallel(module, x, num_replicas):
 
 
 emu_model = make_toy_model(world_size, seed)
+try:  # torch's own replicate on CPU: refused, hence the clones above
+    torch.nn.parallel.replicate(emu_model, [torch.device("cpu")])
+    refusal = None
+except ValueError as e:
+    refusal = str(e)
+assert refusal is not None and "cpu" in refusal, f"torch.nn.parallel.replicate should refuse CPU devices: {refusal}"
+print(f"torch.nn.parallel.replicate on CPU: ValueError({refusal!r})")
+
 out, chunks, replicas = emulated_data_parallel(emu_model, x, num_replicas=world_size)
 toy_loss(out, labels).backward()  # the loss on the gathered, whole-batch output
 replica_grads = [params["weight"].grad + 0.0 for params in replicas]

@@ -155,9 +155,9 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 # The launch: `launch(replicas_worker, world_size, ...)` starts `world_size` processes, each
 # with the default process group initialised (backend `gloo` on CPU), sends them the worker
 # and the class and functions it uses from this notebook, and returns each rank's result in
-# rank order. With `world_size = 3` on a 2-core machine the launcher warns
-# `OversubscriptionWarning`: three processes share two cores; the results are exact, and no
-# time is measured. The cell takes about 5–20 s on a 2-core laptop, mostly starting the
+# rank order. When there are more ranks than CPU cores the launcher warns
+# `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
+# measured. The cell takes about 5–20 s on a 2-core laptop, mostly starting the
 # processes.
 
 # %%
