@@ -275,7 +275,7 @@ print("rank 0, weight gradient by hand:\n", by_hand[0]["by hand"]["weight"])
 #
 # ### 3a. `nn.DataParallel` on this machine
 #
-# **Claim (CPU only):** without GPUs, `nn.DataParallel(model).device_ids == []` and its forward
+# **Claim:** (CPU only) without GPUs, `nn.DataParallel(model).device_ids == []` and its forward
 # simply calls the module, once, on the whole batch: no scatter, no replicas, no speed-up.
 # (`torch/nn/parallel/data_parallel.py`: `if not self.device_ids: return self.module(*inputs, **kwargs)`.)
 

@@ -186,7 +186,7 @@ table
 # %% [markdown]
 # ## 2. Three claims about the parameters
 #
-# **Claim 1 (before wrapping):** each rank's parameters are exactly what `Linear(5, 5)` gives
+# **Claim:** (1, before wrapping) each rank's parameters are exactly what `Linear(5, 5)` gives
 # after `torch.manual_seed(base_seed + rank)` (we rebuild every rank's model here, in one
 # process, with `make_replica`), so they **differ** across ranks: the largest
 # cross-rank difference is greater than 0. The number the workers computed with `all_gather`
@@ -209,7 +209,7 @@ for r, res in enumerate(results):
 print(f"before DDP: max cross-rank difference {diffs['before DDP']:.4f} (> 0: every rank built its own model)")
 
 # %% [markdown]
-# **Claim 2 (after `DDP(model)`):** the constructor **broadcasts** rank 0's parameters (and
+# **Claim:** (2, after `DDP(model)`) the constructor **broadcasts** rank 0's parameters (and
 # buffers) to every rank. The maximum absolute difference across ranks is exactly `0.0`
 # (bitwise equal), and every rank now holds rank 0's **pre-wrap** values: the other ranks'
 # initialisations are simply overwritten.
@@ -223,7 +223,7 @@ for r, (w, b) in enumerate(params["after DDP(...)"]):
 print(f"after DDP(...): max cross-rank difference {diffs['after DDP(...)']} -- every rank holds rank 0's initial values")
 
 # %% [markdown]
-# **Claim 3 (after one step):** each rank computed its loss on **different** data (the losses
+# **Claim:** (3, after one step) each rank computed its loss on **different** data (the losses
 # differ), yet after `backward()` every rank holds the same gradient: DDP all-reduces (sums)
 # the gradients and divides by `world_size`, so each rank gets the **mean over ranks** of the
 # gradient each rank computed on its own data. Every rank then applies the same SGD step to
