@@ -152,17 +152,18 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 
 
 # %% [markdown]
-# The launch: `launch(replicas_worker, world_size, ...)` starts `world_size` processes, each
-# with the default process group initialised (backend `gloo` on CPU), sends them the worker
-# and the class and functions it uses from this notebook, and returns each rank's result in
-# rank order. When there are more ranks than CPU cores the launcher warns
+# The launch: `launch(replicas_worker, world_size, ..., backend="gloo")` starts `world_size`
+# processes, each with the default process group initialised with backend `gloo` (the
+# models are on CPU; without `backend`, `launch` picks `nccl` when there is one GPU per rank),
+# sends them the worker and the class and functions it uses from this notebook, and returns
+# each rank's result in rank order. When there are more ranks than CPU cores the launcher warns
 # `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
 # measured. The cell takes about 5–20 s on a 2-core laptop, mostly starting the
 # processes.
 
 # %%
 t0 = time.perf_counter()
-results = launch(replicas_worker, world_size, base_seed, lr, batch_size)
+results = launch(replicas_worker, world_size, base_seed, lr, batch_size, backend="gloo")
 print(f"launch of {world_size} ranks took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
 
 # params[stage][r] = rank r's (weight (5, 5), bias (5,)) at that stage
@@ -359,7 +360,7 @@ def buffer_rule_worker(rank, world_size, base_seed):
 
 
 t0 = time.perf_counter()
-buffer_runs = launch(buffer_rule_worker, world_size, base_seed)
+buffer_runs = launch(buffer_rule_worker, world_size, base_seed, backend="gloo")
 print(f"launch took {time.perf_counter() - t0:.1f} s")
 pd.DataFrame(buffer_runs).T.rename(columns=lambda r: f"rank {r}")
 
@@ -588,7 +589,7 @@ if answer_4 is None:
     check_answer("ex4", answer_4, expected_4)
 else:
     try:
-        ran_4 = launch(run_sync_with(answer_4), world_size, base_seed)
+        ran_4 = launch(run_sync_with(answer_4), world_size, base_seed, backend="gloo")
     except Exception as e:  # noqa: BLE001 - the learner's function failed on some rank: say so, do not stop the notebook
         ran_4 = f"your function failed: {type(e).__name__}: {str(e).splitlines()[0]}"
     check_answer("ex4", ran_4, expected_4,
@@ -605,5 +606,5 @@ def sync_from_rank0_solution(model):
             dist.broadcast(t, src=0)  # in place: rank 0's values on every rank
 
 
-solution_4 = launch(run_sync_with(sync_from_rank0_solution), world_size, base_seed)
+solution_4 = launch(run_sync_with(sync_from_rank0_solution), world_size, base_seed, backend="gloo")
 check_answer("ex4", solution_4, expected_4, strict=True)
