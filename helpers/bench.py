@@ -1051,7 +1051,10 @@ def threads_worker(rank: int = 0, world_size: int = 1) -> dict[str, Any]:
 
 
 def _threads_lines(text: str) -> list[dict[str, Any]]:
-    rows = [json.loads(line.split("THREADS ", 1)[1]) for line in text.splitlines() if "THREADS {" in line]
+    import re
+
+    # findall, not line by line: two ranks writing to one pipe may run their lines together
+    rows = [json.loads(m) for m in re.findall(r"THREADS (\{[^{}]*\})", text)]
     return sorted(rows, key=lambda r: r["rank"])
 
 

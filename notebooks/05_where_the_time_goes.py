@@ -50,8 +50,9 @@
 # hooks; `torch.profiler`; the alpha-beta model. Every term is defined (with its Chinese name)
 # in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU cores: the `smoke` profile (CI)
 # about 40 s on a quiet machine and about 130 s with the load average at 7–9 (measured; it
-# skips the measured memory comparison and the launcher timings), `full` about 5 minutes. The notebook ends with three exercises, each checked by a
-# cell.
+# skips the measured memory comparison and the launcher timings), `full` about 5 minutes. The
+# notebook ends with four exercises, each checked by a cell; the last one asks for a
+# communication hook, run on real ranks.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; the defaults are the smoke profile CI runs)
@@ -401,10 +402,12 @@ for ax, model in zip(axes[0], models):
                label=None)
     ax.errorbar(x, step, yerr=[step - d["step_ms_min"].to_numpy(dtype=float), d["step_ms_max"].to_numpy(dtype=float) - step],
                 fmt="none", ecolor="gray", capsize=3)
-    for xi, failed in zip(x, d["decomposition"] == "FAILED (negative term)"):
+    tops = np.fmax(d["step_ms_max"].to_numpy(dtype=float), np.fmax(solo, solo + interference))
+    for xi, top, failed in zip(x, tops, d["decomposition"] == "FAILED (negative term)"):
         if failed:
-            ax.annotate("split failed:\nnegative term", (xi, 0), xytext=(0, 4), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=7, color="red")
+            ax.annotate("split failed:\nnegative term", (xi, top), xytext=(0, 4), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color="red")
+    ax.margins(y=0.2)  # room for the labels
     base = d[(d["world_size"] == 1) & (d["threads_per_rank"] == 1)]["step_ms"]
     if len(base):
         ax.scatter(x, base.iloc[0] / d["world_size"].to_numpy(), marker="_", s=500, color="black",
@@ -878,9 +881,10 @@ pd.DataFrame(summary).set_index("measure")
 #
 # ## Exercises
 #
-# Three short calculations with this notebook's formulas and results. Write your answer in the
-# `answer_N = None` cell and run the cell below it: it says whether the answer is right (it
-# never stops the notebook). The solution, collapsed, is the cell after.
+# Three short calculations with this notebook's formulas and results, and one worker to write
+# (a communication hook, run on real ranks). Write your answer in the `answer_N = None` cell and
+# run the cell below it: it says whether the answer is right (it never stops the notebook). The
+# solution, collapsed, is the cell after.
 
 # %% [markdown]
 # ### Exercise 1: busbw on 8 ranks
@@ -962,3 +966,58 @@ d = scal[(scal["mode"] == "ddp") & (scal["model"] == "cnn") & (scal["global_batc
          & (scal["threads_per_rank"] == 1)].set_index("world_size")["step_ms"]
 solution_3 = d.loc[1] / d.loc[2] / 2
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# ### Exercise 4: write a communication hook that reads DDP's buckets
+#
+# Section 5 read the bucket layout with a communication hook. Write it yourself: a worker
+# `bucket_sizes(rank, world_size, cap_mb)` that wraps `bench.build_bench_model("mlp")` in
+# `DistributedDataParallel(..., bucket_cap_mb=cap_mb)`, registers a hook
+# `hook(state, bucket)` that appends the size in bytes of `bucket.buffer()` to `state` (a list)
+# and then averages the bucket as DDP would (divide by the world size, all-reduce, return the
+# future's tensor), runs forward and backward on a random batch twice (DDP rebuilds its buckets
+# after the first step; record only the second), and returns the list. Then set
+# `answer_4 = bucket_sizes`. The check cell runs your worker on 2 real ranks with a 1 MiB cap
+# and compares it with section 5's table (it starts 2 processes: about 10–45 s on a 2-core
+# laptop, the longer when it is busy).
+
+# %% tags=["exercise"]
+answer_4 = None  # your worker function here (define it in this cell, then answer_4 = bucket_sizes)
+
+# %% tags=["check"]
+# expected: the layout section 5 measured for a 1 MiB cap (bench.bucket_worker's hook), in bytes
+from helpers.launch import launch
+
+expected_4 = [round(b * 1e6) for b in bk[(bk["bucket_cap_mb"] == 1.0) & ~bk["gradient_as_bucket_view"]]["bucket_mb"].iloc[0]]
+if callable(answer_4):  # your worker, run on 2 real ranks: what rank 0 returned is your answer
+    answer_4 = launch(answer_4, 2, 1.0, backend="gloo")[0]
+check_answer("ex4", answer_4, expected_4,
+             hint="record bucket.buffer().numel() * element_size() in the second step only; the hook must still "
+                  "all-reduce and divide, or DDP's gradients are wrong")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 4 (try the exercise first)
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def record_and_average(state, bucket):
+    buf = bucket.buffer()
+    state.append(buf.numel() * buf.element_size())
+    buf.div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def bucket_sizes(rank, world_size, cap_mb):
+    ddp = DDP(bench.build_bench_model("mlp"), bucket_cap_mb=cap_mb)
+    sizes = []
+    ddp.register_comm_hook(sizes, record_and_average)
+    x = torch.randn(8, 1, 28, 28)
+    for _ in range(2):  # the first step runs on the initial layout; DDP then rebuilds it
+        sizes.clear()
+        ddp(x).sum().backward()
+    return sizes
+
+
+solution_4 = launch(bucket_sizes, 2, 1.0, backend="gloo")[0]
+check_answer("ex4", solution_4, expected_4, strict=True)
