@@ -45,16 +45,16 @@
 # | 2. two "nodes" on one host | two torchrun agents, `--nnodes=2`, c10d rendezvous on `127.0.0.1`, gloo | the same (a rehearsal of the control plane: each "node" would need its own GPU for nccl) |
 # | 3. two nodes in two network namespaces | when `ip netns` is permitted (root / CAP_NET_ADMIN); else skipped visibly | the same |
 # | 4. a node fails; `--max-restarts` | two agents on loopback, gloo | the same |
-# | 5. communication hooks | gloo: fp32, fp16, bf16, PowerSGD rank 1 and 4 | the same hooks on nccl |
+# | 5. communication hooks | gloo: hooks written in the cells (averaging, two broken ones), then the built-in fp32, fp16, bf16, PowerSGD rank 1 and 4 | the same hooks on nccl |
 # | 6. GPU path, 7. after DDP | the runner's `gpu` profile exists; this part prints whether this run had a GPU | prose and arithmetic |
 #
 # Every torchrun agent is a subprocess with a timeout; every agent, worker and namespace is
-# removed when its cell ends, whatever happens (checked). Run time: about 1–1.5 min on a
-# 2-core laptop with the smoke defaults (measured; five torchrun jobs of 7 to 17 s each,
-# mostly Python and PyTorch start-up, plus two `launch` runs), up to about 3 minutes when the
-# machine is busy; about 90 s with the full profile (one full epoch per run). The notebook ends with
-# four exercises, each checked by a cell; the last asks for a communication hook and runs it on
-# 2 real ranks.
+# removed when its cell ends, whatever happens (checked). Run time with the smoke defaults
+# (measured): about 1.5–2 min on a quiet 2-core laptop (five torchrun jobs of 7 to 17 s each,
+# mostly Python and PyTorch start-up, plus four `launch` runs), about 6 minutes on a 2-core
+# machine with the load average near 8; the full profile adds about a minute (one full epoch
+# per run). The notebook ends with four exercises, each checked by a cell; the last asks for a
+# communication hook and runs it on 2 real ranks.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
