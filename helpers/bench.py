@@ -1101,7 +1101,20 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
                               run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
                               rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
                               monitor_interval=0.1, start_method="spawn")
-        got = elastic_launch(config, threads_worker)()
+        import signal
+
+        # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
+        # process (a notebook kernel here); put the caller's back afterwards
+        sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
+        import threading
+
+        in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
+        handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
+        try:
+            got = elastic_launch(config, threads_worker)()
+        finally:
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
         rows += [{"launcher": "elastic_launch", **got[r]} for r in sorted(got)]
         rows += [{"launcher": "helpers.launch", **r} for r in launch(threads_worker, world_size, timeout=timeout)]
     finally:
