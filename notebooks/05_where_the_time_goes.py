@@ -49,9 +49,10 @@
 # [buckets](../docs/GLOSSARY.md#bucket)), `gradient_as_bucket_view` and DDP communication
 # hooks; `torch.profiler`; the alpha-beta model. Every term is defined (with its Chinese name)
 # in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU cores: the `smoke` profile (CI)
-# about 40 s on a quiet machine and about 130 s with the load average at 7–9 (measured; it
-# skips the measured memory comparison and the launcher timings), `full` about 5 minutes. The
-# notebook ends with four exercises, each checked by a cell; the last one asks for a
+# about 40 s on a quiet machine, 2 to 4.5 minutes with the load average between 7 and 18
+# (measured; it skips the measured memory comparison and the launcher timings), `full` about
+# 5 minutes on a quiet machine. Each benchmark's worker code (it stays in `helpers/bench.py`,
+# the same code as `python -m helpers.bench`) is shown above its run. The notebook ends with four exercises, each checked by a cell; the last one asks for a
 # communication hook, run on real ranks.
 
 # %% tags=["parameters"]
@@ -131,6 +132,7 @@ print(load_line("start"))
 # 3 repeats).
 
 # %%
+display(Code(inspect.getsource(bench._pipeline_epoch), language="python"))  # each rank's timed epoch
 c = cfg["pipeline"]
 pipe = pd.DataFrame(bench.bench_pipeline(c["world_sizes"], c["n_train"] or None, c["n_test"] or None,
                                          threads=c["threads"], repeats=c["repeats"], seed=seed))
@@ -256,6 +258,7 @@ threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["t
 # global batch 256, 1 and 2 ranks), a few minutes with `full`.
 
 # %%
+display(Code(inspect.getsource(bench.scaling_worker), language="python"))  # what every rank runs
 c = cfg["scaling"]
 scal = pd.DataFrame(bench.bench_scaling(c["configs"], c["models"], c["global_batch_sizes"], c["steps"],
                                         c["warmup"], c["local"], seed))
@@ -497,6 +500,7 @@ else:
 # smoke profile (2 ranks, 4 sizes), longer with `full`.
 
 # %%
+display(Code(inspect.getsource(bench.allreduce_worker), language="python"))  # what every rank runs
 c = cfg["allreduce"]
 ar_out = bench.bench_allreduce(c["world_sizes"], c["sizes_kib"], threads=c["threads"])
 ar = pd.DataFrame(ar_out["allreduce"])
@@ -567,6 +571,8 @@ plt.show()
 # MiB, the default, and the profiled steps), longer with `full` (7 caps).
 
 # %%
+display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsource(bench._bucket_layout),
+             language="python"))  # how each rank reads the bucket layout
 c = cfg["buckets"]
 bk_out = bench.bench_buckets(c["world_size"], c["bucket_caps_mb"], c["as_view"], steps=c["steps"],
                              warmup=c["warmup"], profile_cap_mb=c["profile_cap_mb"])
