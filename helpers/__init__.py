@@ -12,7 +12,7 @@ Modules:
     mnist_train  -- notebook 04: MNIST training (single process, DP, DDP), TrainConfig
     pitfalls     -- notebook 06: DDP pitfalls reproduced safely, and their fixes
     cluster      -- notebook 07: torchrun entry point (python -m helpers.cluster), two-node rehearsal
-    comm_hooks   -- notebook 07: DDP communication hooks and the bytes they send
+    comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
     notebook     -- the learner recipe every notebook follows: parameter checks, exercises
 """
 

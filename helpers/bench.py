@@ -521,8 +521,8 @@ def scaling_worker(rank: int, world_size: int, models: Sequence[str] = ("linear"
 
     Returns:
         one row per (model, global batch): ``model``, ``global_batch_size``, ``rank``,
-        ``world_size``, ``threads_per_rank``, ``step_s_mean``, ``step_s_median`` (synced steps,
-        s), ``nosync_step_s_mean``, ``nosync_step_s_median`` (``None`` without ``no_sync``),
+        ``world_size``, ``threads_per_rank``, ``step_s_mean``, ``step_s_median``, ``step_s_min``,
+        ``step_s_max`` (synced steps, s), ``nosync_step_s_mean``, ``nosync_step_s_median`` (``None`` without ``no_sync``),
         ``solo_step_s_median`` (rank 0 alone; ``None`` on other ranks, with one rank or without
         ``no_sync``),
         ``peak_rss_mib`` (this process's peak RSS at the end, MiB), ``dataset_mib`` (the
@@ -568,6 +568,7 @@ def scaling_worker(rank: int, world_size: int, models: Sequence[str] = ("linear"
                 "model": name, "global_batch_size": gb, "rank": rank, "world_size": world_size,
                 "threads_per_rank": torch.get_num_threads(), "device": str(device), "steps": steps,
                 "step_s_mean": sum(synced) / len(synced), "step_s_median": _median(synced),
+                "step_s_min": min(synced), "step_s_max": max(synced),
                 "nosync_step_s_mean": sum(unsynced) / len(unsynced) if unsynced else None,
                 "nosync_step_s_median": _median(unsynced) if unsynced else None,
                 "solo_step_s_median": _median(solo) if solo else None,
@@ -620,6 +621,7 @@ def local_throughput(mode: str = "single", models: Sequence[str] = ("linear", "c
                     "mode": mode, "model": name, "global_batch_size": gb, "rank": 0, "world_size": 1,
                     "threads_per_rank": torch.get_num_threads(), "device": str(device), "steps": steps,
                     "step_s_mean": sum(synced) / len(synced), "step_s_median": _median(synced),
+                    "step_s_min": min(synced), "step_s_max": max(synced),
                     "dp_device_ids": dp_ids,
                 })
     return rows
@@ -640,6 +642,8 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
         (``world_size * threads_per_rank``), ``oversubscribed`` (total threads > logical CPUs),
         ``model``, ``global_batch_size``, ``step_ms`` (the slowest rank's **median** step, ms:
         robust to bursts of other work on the machine), ``step_ms_mean`` (slowest rank's mean),
+        ``step_ms_min``, ``step_ms_max`` (the spread: the largest over ranks of each rank's
+        fastest and slowest timed step, ms),
         ``samples_per_s`` (``global_batch_size / step_ms``), ``solo_step_ms`` (one rank's share
         of the work with the machine to itself, ms; with one rank: ``nosync_step_ms``),
         ``nosync_step_ms`` (median, ms, all ranks at once without the all-reduce),
@@ -679,6 +683,8 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
                 "oversubscribed": ws * r0["threads_per_rank"] > cpus,
                 "model": r0["model"], "global_batch_size": r0["global_batch_size"], "device": r0["device"],
                 "step_ms": step * 1e3, "step_ms_mean": max(r["step_s_mean"] for r in ranks) * 1e3,
+                "step_ms_min": max(r["step_s_min"] for r in ranks) * 1e3,
+                "step_ms_max": max(r["step_s_max"] for r in ranks) * 1e3,
                 "samples_per_s": r0["global_batch_size"] / step,
                 "solo_step_ms": solo * 1e3 if solo is not None else None,
                 "nosync_step_ms": nosync * 1e3 if nosync is not None else None,
@@ -697,6 +703,7 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
                         "total_threads": r["threads_per_rank"], "oversubscribed": r["threads_per_rank"] > cpus,
                         "model": r["model"], "global_batch_size": r["global_batch_size"], "device": r["device"],
                         "step_ms": r["step_s_median"] * 1e3, "step_ms_mean": r["step_s_mean"] * 1e3,
+                        "step_ms_min": r["step_s_min"] * 1e3, "step_ms_max": r["step_s_max"] * 1e3,
                         "samples_per_s": r["global_batch_size"] / r["step_s_median"],
                         "solo_step_ms": None, "nosync_step_ms": None, "interference_ms": None,
                         "comm_exposed_ms": None,
@@ -732,10 +739,17 @@ def allreduce_worker(rank: int, world_size: int, sizes_bytes: Sequence[int], war
     calls to move about ``target_bytes``, clamped to ``[min_iters, max_iters]``), and takes the
     slowest rank's mean time per call (an all-reduce finishes when its last rank does).
 
+    It also counts the bytes each rank really **sent** during the timed calls: the kernel's
+    ``wchar`` counter of ``/proc/self/io`` (bytes passed to ``write``-family system calls, which
+    is how gloo sends over its TCP sockets; Linux only). That is a measurement, independent of
+    the ring formula ``2(n-1)/n * S`` that defines busbw (notebook 05 compares the two).
+
     Returns:
         rank 0: one row per size: ``bytes``, ``world_size``, ``iters``, ``seconds`` (one
         all-reduce, s), ``algbw_GBps`` (``S / t``, GB/s), ``busbw_GBps`` (``algbw * 2(n-1)/n``,
-        GB/s), ``backend``, ``threads_per_rank``; other ranks: ``[]``.
+        GB/s), ``sent_bytes_per_call`` (list, one per rank: bytes written per all-reduce,
+        measured; ``None`` where ``/proc/self/io`` is missing, or on GPUs, where NCCL does not
+        go through system calls), ``backend``, ``threads_per_rank``; other ranks: ``[]``.
     """
     from helpers.launch import worker_device
 
@@ -750,19 +764,39 @@ def allreduce_worker(rank: int, world_size: int, sizes_bytes: Sequence[int], war
             dist.all_reduce(t)
         _sync(device)
         dist.barrier()
+        written0 = _bytes_written()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t)
         _sync(device)
-        per_call = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+        elapsed = time.perf_counter() - t0
+        written1 = _bytes_written()
+        sent = (written1 - written0) / iters if written0 is not None and written1 is not None else -1.0
+        per_call = torch.tensor([elapsed / iters], dtype=torch.float64, device=device)
         dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+        sent_all = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world_size)]
+        dist.all_gather(sent_all, torch.tensor([sent], dtype=torch.float64, device=device))
         seconds = float(per_call.item())
         size = t.numel() * t.element_size()
         a = _algbw(size, seconds)
+        sent_bytes = [float(x.item()) for x in sent_all]
         rows.append({"bytes": size, "world_size": world_size, "iters": iters, "seconds": seconds,
                      "algbw_GBps": a / 1e9, "busbw_GBps": _busbw(a, world_size) / 1e9,
+                     "sent_bytes_per_call": None if device.type == "cuda" or min(sent_bytes) < 0 else sent_bytes,
                      "backend": dist.get_backend(), "threads_per_rank": torch.get_num_threads()})
     return rows if rank == 0 else []
+
+
+def _bytes_written() -> int | None:
+    """This process's ``wchar`` from ``/proc/self/io`` (bytes written by system calls), or ``None``."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def memcpy_bandwidth(sizes_bytes: Sequence[int], threads: int | None = 1, repeats_min: int = 5,
@@ -999,6 +1033,97 @@ def bench_memory(world_sizes: Sequence[int] = (1, 2, 4), variants: Sequence[str]
 
 
 # --------------------------------------------------------------------------------------------
+# 5b. Threads per rank: what each launcher sets (notebook 05)
+# --------------------------------------------------------------------------------------------
+
+#: What :func:`bench_threads_by_launcher` runs in each rank (and in the plain process): prints
+#: one JSON line with the rank, ``torch.get_num_threads()`` and ``OMP_NUM_THREADS`` as it found it.
+THREADS_REPORT_CODE = ("import json, os, torch; print('THREADS ' + json.dumps({'rank': int(os.environ.get('RANK', 0)), "
+                       "'torch_threads': torch.get_num_threads(), 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS')}))")
+
+
+def threads_worker(rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+    """One rank's ``{"rank", "torch_threads", "OMP_NUM_THREADS"}`` (``None`` when unset): what
+    the launcher that started this process left it. Works under ``launch``, ``mp.spawn`` and
+    ``elastic_launch`` (which passes no arguments: the rank comes from ``RANK``)."""
+    return {"rank": int(os.environ.get("RANK", rank)), "torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _threads_lines(text: str) -> list[dict[str, Any]]:
+    import re
+
+    # findall, not line by line: two ranks writing to one pipe may run their lines together
+    rows = [json.loads(m) for m in re.findall(r"THREADS (\{[^{}]*\})", text)]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> dict[str, Any]:
+    """Threads per rank as four launchers leave them, each measured in real processes.
+
+    With ``OMP_NUM_THREADS`` removed from the environment the children inherit (restored after):
+
+    * ``"plain python"``: one fresh ``python -c`` (torch's own default, no launcher);
+    * ``"torchrun"``: ``python -m torch.distributed.run --standalone --nproc-per-node
+      world_size --no-python python -c ...`` (torchrun's CLI, ``torch/distributed/run.py``, sets
+      ``OMP_NUM_THREADS=1`` when it starts more than one process per node and the variable is
+      unset, and prints a warning saying so);
+    * ``"torch.multiprocessing.spawn"``: :func:`spawn_launch` of :func:`threads_worker`;
+    * ``"elastic_launch"``: ``torch.distributed.launcher.api.elastic_launch`` (the engine
+      behind torchrun, called from Python) of :func:`threads_worker`;
+    * ``"helpers.launch"``: :func:`helpers.launch.launch` of :func:`threads_worker`.
+
+    Returns:
+        ``{"rows": [{"launcher", "rank", "torch_threads", "OMP_NUM_THREADS"}, ...],
+        "torchrun_stderr": str, "cpu_count": int}``.
+
+    Raises:
+        subprocess.CalledProcessError / TimeoutExpired: a child failed or hung (it is killed).
+    """
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from helpers.launch import launch
+
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
+    env = dict(os.environ)
+    rows: list[dict[str, Any]] = []
+    try:
+        plain = subprocess.run([sys.executable, "-c", THREADS_REPORT_CODE], env=env, capture_output=True,
+                               text=True, timeout=timeout, check=True)
+        rows += [{"launcher": "plain python", **r} for r in _threads_lines(plain.stdout)]
+        tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={world_size}", "--no-python", sys.executable, "-c",
+                             THREADS_REPORT_CODE], env=env, capture_output=True, text=True, timeout=timeout,
+                            check=True)
+        rows += [{"launcher": "torchrun", **r} for r in _threads_lines(tr.stdout + tr.stderr)]
+        rows += [{"launcher": "torch.multiprocessing.spawn", **r} for r in spawn_launch(threads_worker, world_size)]
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
+                              run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
+                              rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
+                              monitor_interval=0.1, start_method="spawn")
+        import signal
+
+        # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
+        # process (a notebook kernel here); put the caller's back afterwards
+        sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
+        import threading
+
+        in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
+        handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
+        try:
+            got = elastic_launch(config, threads_worker)()
+        finally:
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
+        rows += [{"launcher": "elastic_launch", **got[r]} for r in sorted(got)]
+        rows += [{"launcher": "helpers.launch", **r} for r in launch(threads_worker, world_size, timeout=timeout)]
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return {"rows": rows, "torchrun_stderr": tr.stderr if "tr" in locals() else "", "cpu_count": os.cpu_count()}
+
+
+# --------------------------------------------------------------------------------------------
 # 6. DDP gradient buckets, and a profiler timeline of all-reduce overlapping backward
 # --------------------------------------------------------------------------------------------
 
@@ -1013,11 +1138,13 @@ def _counting_hook(state: dict, bucket):
     return allreduce_hook(None, bucket)
 
 
-def _bucket_layout(model_name: str, seed: int, cap_mb: float, view: bool, x, y, device) -> list[int]:
+def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
     """Bucket sizes (bytes) DDP all-reduces per step with this cap, read with a comm hook on a
-    throw-away DDP model, after DDP rebuilt its buckets in the first step's gradient order."""
+    throw-away DDP model, after DDP rebuilt its buckets in the first step's gradient order.
+    ``cap_mb=None`` leaves ``bucket_cap_mb`` at DDP's default (the argument is not passed)."""
     state: dict[str, list] = {"bytes": []}
-    ddp = _ddp(build_bench_model(model_name, seed), device, bucket_cap_mb=cap_mb, gradient_as_bucket_view=view)
+    kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    ddp = _ddp(build_bench_model(model_name, seed), device, gradient_as_bucket_view=view, **kwargs)
     ddp.register_comm_hook(state, _counting_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for _ in range(2):
@@ -1121,8 +1248,10 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     (all ranks run them).
 
     Returns:
-        ``{"rows": [...], "timeline": [...] or None, "profile_bucket_mb": [...] or None}`` (the
-        last: bucket sizes, MB, of the profiled model); rows: ``bucket_cap_mb``,
+        ``{"rows": [...], "timeline": [...] or None, "profile_bucket_mb": [...] or None,
+        "default_cap_bucket_mb": [...]}`` (``profile_bucket_mb``: bucket sizes, MB, of the
+        profiled model; ``default_cap_bucket_mb``: the layout when ``bucket_cap_mb`` is not
+        passed at all, DDP's default); rows: ``bucket_cap_mb``,
         ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
         all-reduce order), ``step_s_median``, ``step_s_mean`` (s), ``rank``, ``world_size``,
         ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
@@ -1151,6 +1280,7 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
                          "bucket_mb": [b / 1e6 for b in layout], "step_s_median": _median(times),
                          "step_s_mean": sum(times) / len(times), "rank": rank, "world_size": world_size,
                          "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
+    default_layout = _bucket_layout(model, seed, None, False, x, y, device)
     timeline = profile_layout = None
     if profile_cap_mb:
         profile_layout = _bucket_layout(model, seed, profile_cap_mb, False, x, y, device)
@@ -1175,7 +1305,8 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
                 _train_step(ddp, opt, x, y)
             _sync(device)
     return {"rows": rows, "timeline": timeline,
-            "profile_bucket_mb": [b / 1e6 for b in profile_layout] if profile_layout is not None else None}
+            "profile_bucket_mb": [b / 1e6 for b in profile_layout] if profile_layout is not None else None,
+            "default_cap_bucket_mb": [b / 1e6 for b in default_layout]}
 
 
 def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
@@ -1185,9 +1316,10 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
     """The bucket sweep in one launch of ``world_size`` ranks.
 
     Returns:
-        ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...]}``: one row per (cap,
-        view) with ``step_ms`` (slowest rank's median step, ms) added to rank 0's row; the
-        timeline from rank 0 and the profiled model's bucket sizes (MB).
+        ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...], "default_cap_bucket_mb":
+        [...]}``: one row per (cap, view) with ``step_ms`` (slowest rank's median step, ms) added
+        to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB) and the
+        bucket sizes (MB) with ``bucket_cap_mb`` left at DDP's default.
     """
     from helpers.launch import launch
 
@@ -1199,7 +1331,8 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         r["step_ms"] = max(g["rows"][i]["step_s_median"] for g in got) * 1e3
         r["rank"] = "all"
         rows.append(r)
-    return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"]}
+    return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"],
+            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"]}
 
 
 # --------------------------------------------------------------------------------------------

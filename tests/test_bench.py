@@ -209,6 +209,9 @@ def test_tiny_allreduce(no_leftover_processes):
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)
         assert r["copy_GBps"] > 0
+        # measured by the kernel: each of 2 ranks sends at least the ring's 2(n-1)/n * S = S bytes
+        assert len(r["sent_bytes_per_call"]) == 2 and min(r["sent_bytes_per_call"]) >= r["bytes"]
+    assert max(rows[1]["sent_bytes_per_call"]) <= 1.02 * rows[1]["bytes"]  # 64 KiB: headers are small
     assert len(out["memcpy"]) == 2
 
 
@@ -236,6 +239,7 @@ def test_tiny_scaling(no_leftover_processes):
     (r,) = rows
     assert r["mode"] == "ddp" and r["world_size"] == 2 and r["threads_per_rank"] == 1
     assert r["samples_per_s"] == pytest.approx(64 / (r["step_ms"] / 1e3))
+    assert 0 < r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
     assert r["nosync_step_ms"] > 0 and r["comm_exposed_ms"] == pytest.approx(r["step_ms"] - r["nosync_step_ms"])
     assert r["solo_step_ms"] > 0 and r["interference_ms"] == pytest.approx(r["nosync_step_ms"] - r["solo_step_ms"])
     assert r["dataset_mib_per_rank"] == pytest.approx((60000 * 784 * 4 + 60000 * 8) / 2**20)
@@ -252,6 +256,11 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
     small, big = rows
     assert small["n_buckets"] > big["n_buckets"] >= 1  # smaller cap, more buckets
     assert sum(small["bucket_mb"]) == pytest.approx(bench.MLP_PARAMS * 4 / 1e6, rel=1e-6)
+    largest = max(p.numel() * 4 for p in bench.build_bench_model("mlp").parameters())
+    assert all(b * 1e6 < 2**20 + largest for b in small["bucket_mb"]) and max(small["bucket_mb"]) * 1e6 > 2**20
+    # bucket_cap_mb left at its default: the first bucket closes at 1 MiB, the rest at 25 MiB
+    first, *rest = out["default_cap_bucket_mb"]
+    assert 2**20 <= first * 1e6 < 2**20 + largest and len(rest) == 1
     kinds = {e["kind"] for e in out["timeline"]}
     assert {"forward", "backward", "allreduce launched", "allreduce", "step"} <= kinds
     o = bench.timeline_overlap(out["timeline"])
@@ -263,3 +272,20 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
 @pytest.mark.timeout(120)
 def test_spawn_launch_returns_results_in_rank_order(no_leftover_processes):
     assert bench.spawn_launch(bench.trivial_worker, 2) == [0, 1]
+
+
+@pytest.mark.timeout(300)
+def test_threads_by_launcher(no_leftover_processes, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # removed for the children, restored after
+    out = bench.bench_threads_by_launcher(2)
+    import os
+
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    by = {}
+    for r in out["rows"]:
+        by.setdefault(r["launcher"], []).append((r["torch_threads"], r["OMP_NUM_THREADS"]))
+    default = by["plain python"][0][0]
+    assert by["torchrun"] == [(1, "1")] * 2
+    assert by["torch.multiprocessing.spawn"] == by["elastic_launch"] == [(default, None)] * 2
+    assert by["helpers.launch"] == [(max(1, out["cpu_count"] // 2), None)] * 2
+    assert "OMP_NUM_THREADS" in out["torchrun_stderr"]

@@ -1,4 +1,4 @@
-"""helpers.cluster and helpers.comm_hooks (notebook 07): torchrun entry point, multi-node
+"""helpers.cluster and helpers.comm_hooks' formulas (notebook 07; its cells count the real bytes): torchrun entry point, multi-node
 rehearsals on one host, failures and restarts, communication hook byte counts.
 
 The integration tests start real torchrun agents as subprocesses (``python -m
@@ -28,7 +28,7 @@ from helpers.cluster import (
     run_job,
     torchrun_command,
 )
-from helpers.comm_hooks import HookSpec, expected_bytes_per_step, hooks_worker, powersgd_compresses
+from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
 from helpers.launch import launch
 from helpers.mnist_train import TrainConfig, ddp_train_worker
 
@@ -144,20 +144,6 @@ def test_hook_spec_validation():
         HookSpec("powersgd", rank=0)
     with pytest.raises(ValueError, match="start_iter"):
         HookSpec("powersgd", rank=1, start_iter=1)
-
-
-@pytest.mark.usefixtures("no_leftover_processes")
-def test_hooks_worker_counts_match_the_formulas():
-    specs = [HookSpec("allreduce"), HookSpec("fp16"), HookSpec("powersgd", rank=1, start_iter=2)]
-    per_rank = launch(hooks_worker, 2, TrainConfig(max_steps=6, progress=False), specs, backend="gloo", timeout=240)
-    for rows in per_rank:
-        for spec, row in zip(specs, rows):
-            assert row["error"] is None, row["error"]
-            assert row["bytes_per_step"] == row["expected_bytes_per_step"], spec
-            assert row["bytes_per_step"] == [expected_bytes_per_step(row["shapes"], spec, s) for s in range(1, 7)]
-    fp32, fp16, psgd = per_rank[0]
-    assert [2 * b for b in fp16["bytes_per_step"]] == fp32["bytes_per_step"]
-    assert psgd["bytes_per_step"][2:] == [4 * (794 + 10)] * 4 and psgd["calls_per_step"][-1] == 3
 
 
 # ------------------------------------------------------------------------------ torchrun jobs
