@@ -295,6 +295,7 @@ def check_answer(
     rel_tol: float = 1e-6,
     abs_tol: float = 1e-9,
     hint: str | None = None,
+    run: Any = None,
 ) -> None:
     """Compare an exercise answer with the expected value and say so.
 
@@ -309,7 +310,21 @@ def check_answer(
     element by element (tensors and arrays are turned into lists first); dicts key by key;
     sets as sets; text ignoring case and surrounding spaces; bools exactly (a bool is not a
     number).
+
+    Exercises whose answer is code: ``answer`` is the learner's function and ``run`` a function
+    that turns it into the value to compare, e.g. ``run=lambda fn: launch(fn, 3, data)`` to run
+    it on real ranks. ``run`` is not called while ``answer`` is None; in the learner's check an
+    exception it raises is printed as "not yet" (with strict=True it propagates).
     """
+    if run is not None and answer is not None:
+        try:
+            answer = run(answer)
+        except Exception as e:  # the learner's code failed: say so, do not raise
+            if strict:
+                raise
+            print(f"{key}: not yet: your code raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                  + (f" Hint: {hint}" if hint else ""))
+            return
     if strict:
         if answer is None:
             raise AssertionError(f"{key}: the solution left its answer as None")

@@ -359,6 +359,25 @@ def test_check_answer_strict(capsys):
         hn.check_answer("ex2", None, 15, strict=True)
 
 
+def test_check_answer_runs_code_answers(capsys):
+    """A code exercise: run= turns the learner's function into the value compared; a failing
+    function is a "not yet" for the learner and an error for a solution."""
+    square = lambda fn: [fn(x) for x in (1, 2, 3)]  # noqa: E731
+    hn.check_answer("ex4", None, [1, 4, 9], run=square)
+    hn.check_answer("ex4", lambda x: x * x, [1, 4, 9], run=square)
+    hn.check_answer("ex4", lambda x: x + x, [1, 4, 9], run=square)
+    hn.check_answer("ex4", lambda x: 1 / 0, [1, 4, 9], run=square, hint="multiply")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ex4: not answered yet") and lines[1] == "ex4: correct", lines
+    assert lines[2].startswith("ex4: not yet:"), lines
+    assert lines[3].startswith("ex4: not yet: your code raised ZeroDivisionError") and lines[3].endswith("Hint: multiply")
+    hn.check_answer("ex4", lambda x: x ** 2, [1, 4, 9], run=square, strict=True)
+    with pytest.raises(AssertionError, match="ex4"):
+        hn.check_answer("ex4", lambda x: x, [1, 4, 9], run=square, strict=True)
+    with pytest.raises(ZeroDivisionError):
+        hn.check_answer("ex4", lambda x: 1 / 0, [1, 4, 9], run=square, strict=True)
+
+
 def test_exercise_cells():
     cells = hn.exercise_cells(2, "title", "the task", "expected_2 = 1\ncheck_answer(\"ex2\", answer_2, expected_2)",
                               "solution_2 = 1\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)")
