@@ -1,10 +1,12 @@
 """How ``DistributedSampler`` splits a dataset over ranks, and how to evaluate without its padding
 (notebook 03).
 
-Introduced in ``notebooks/03_distributed_sampler.ipynb``. Everything here asks the **real**
-``torch.utils.data.DistributedSampler`` which indices each rank receives: it accepts
-``num_replicas`` and ``rank`` explicitly, so no process group is needed to ask it (nothing here
-re-implements its split). What it does (``torch/utils/data/distributed.py``):
+Introduced in ``notebooks/03_distributed_sampler.ipynb``, which writes the sampler loop, the
+evaluation with all-reduced counts and the gathering of predictions in its own cells and runs
+them on real ranks; this module only holds the infrastructure around them. The table helpers
+ask the **real** ``torch.utils.data.DistributedSampler`` which indices each rank receives: it
+accepts ``num_replicas`` and ``rank`` explicitly, so no process group is needed to ask it
+(nothing here re-implements its split). What it does (``torch/utils/data/distributed.py``):
 
 * ``shuffle=True``: permute ``range(N)`` with a generator seeded ``seed + epoch`` (the epoch set
   by ``set_epoch``; 0 if never called), identically on every rank;
@@ -15,9 +17,10 @@ re-implements its split). What it does (``torch/utils/data/distributed.py``):
 * rank ``r`` takes ``indices[r : total_size : num_replicas]``.
 
 The sampler splits **indices**; it assumes every rank holds the *same* dataset. Padding is fine
-for training and wrong for measuring: for evaluation use :func:`unpadded_shard_indices` and
-:func:`distributed_eval_counts` (all-reduced ``correct`` and ``total`` counts), which count every
-item exactly once. ``helpers.mnist_train.distributed_accuracy`` (notebook 04) is built on them.
+for training and wrong for measuring: :func:`unpadded_shard_indices` and :func:`distributed_eval_counts` (all-reduced
+``correct`` and ``total`` counts) count every item exactly once;
+``helpers.mnist_train.distributed_accuracy`` (used by notebook 07 and the benchmarks) is built
+on them.
 
 References: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
 and https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce.
@@ -42,10 +45,6 @@ __all__ = [
     "unpadded_shard_indices",
     "all_reduce_counts",
     "distributed_eval_counts",
-    "dataset_fingerprint",
-    "same_on_all_ranks",
-    "always_class_one_model",
-    "sampler_worker",
 ]
 
 
@@ -271,8 +270,7 @@ def distributed_eval_counts(count_correct: Callable[[list[int]], int], dataset_l
     ``DistributedSampler``, whose padding counts some items twice (``drop_last=True``: never).
 
     Call it on every rank (it is a collective). Evaluate the plain model (``ddp_model.module``),
-    not the DDP wrapper. ``helpers.mnist_train.distributed_accuracy`` (notebook 04) uses it for
-    MNIST.
+    not the DDP wrapper. ``helpers.mnist_train.distributed_accuracy`` uses it for MNIST.
 
     Returns:
         ``(correct, total)``: Python ints summed over all ranks.
@@ -287,132 +285,3 @@ def distributed_eval_counts(count_correct: Callable[[list[int]], int], dataset_l
     if not 0 <= correct <= len(indices):
         raise ValueError(f"count_correct returned {correct} for {len(indices)} items")
     return all_reduce_counts(correct, len(indices), device)
-
-
-def dataset_fingerprint(data: torch.Tensor) -> torch.Tensor:
-    """A short ``(3,) float64`` summary of a tensor dataset: ``[numel, sum, position-weighted sum]``.
-
-    Equal datasets give equal fingerprints; different ones almost surely differ (including the
-    same items in a different order).
-    """
-    flat = data.detach().reshape(-1).to(torch.float64).cpu()
-    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
-    return torch.stack([torch.tensor(float(flat.numel()), dtype=torch.float64), flat.sum(), (flat * weights).sum()])
-
-
-def same_on_all_ranks(data: torch.Tensor) -> bool:
-    """Inside a worker: True when every rank holds the same ``data`` (compared through
-    ``all_gather`` of :func:`dataset_fingerprint`; same answer on every rank). A collective.
-    Without a process group: True."""
-    fp = dataset_fingerprint(data)
-    if not (dist.is_available() and dist.is_initialized()):
-        return True
-    gathered = [torch.empty_like(fp) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, fp)
-    return all(torch.equal(g, gathered[0]) for g in gathered)
-
-
-def always_class_one_model() -> torch.nn.Linear:
-    """A real (tiny) classifier that predicts class 1 for every input: ``Linear(1, 2)`` with zero
-    weight and bias ``[0, 1]``. Input ``(batch, 1) float32``; output logits ``(batch, 2)``."""
-    model = torch.nn.Linear(1, 2)
-    with torch.no_grad():
-        model.weight.zero_()
-        model.bias.copy_(torch.tensor([0.0, 1.0]))
-    return model
-
-
-# --------------------------------------------------------------------------------------------
-# The notebook's worker
-# --------------------------------------------------------------------------------------------
-def _eval_through_sampler(model, dataset, drop_last: bool) -> tuple[int, int, list[int]]:
-    """Naive evaluation: iterate a DistributedSampler (from the process group), count, all-reduce."""
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    sampler = DistributedSampler(dataset, shuffle=False, drop_last=drop_last)
-    correct = total = 0
-    seen = []
-    with torch.no_grad():
-        for idx, feats, labels in DataLoader(dataset, batch_size=2, sampler=sampler):
-            correct += int((model(feats).argmax(dim=1) == labels).sum())
-            total += len(labels)
-            seen += idx.tolist()
-    g_correct, g_total = all_reduce_counts(correct, total)
-    return g_correct, g_total, seen
-
-
-def sampler_worker(rank: int, world_size: int, base_seed: int = 0, n_items: int = 8, eval_items: int = 10,
-                   n_right: int = 5, epochs: int = 2, shuffle_seed: int = 0) -> dict:
-    """Notebook 03's live part on one rank (``launch(sampler_worker, world_size, ...)``).
-
-    Here ``DistributedSampler`` takes ``num_replicas`` and ``rank`` from the process group, as in
-    a training script. On each rank:
-
-    1. **the seed**: a dataset of ``n_items`` random values built *per rank* (seed
-       ``base_seed + rank``, so index ``i`` means different data on each rank) and one built
-       identically everywhere (seed ``base_seed``); each is iterated with
-       ``DataLoader(batch_size=1, sampler=DistributedSampler(shuffle=False))``, printing every
-       batch; :func:`same_on_all_ranks` checks both;
-    2. **evaluation**: ``eval_items`` items, labels 1 for the first ``n_right`` and 0 after,
-       evaluated with :func:`always_class_one_model` (right on exactly items ``0 .. n_right-1``)
-       through a padded sampler, a ``drop_last`` sampler, and :func:`distributed_eval_counts`;
-    3. **set_epoch**: one ``DistributedSampler(shuffle=True, seed=shuffle_seed)`` over
-       ``n_items`` for ``epochs`` epochs without ``set_epoch``, and one with it.
-
-    Returns:
-        dict: ``rank``; ``own_data`` / ``shared_data`` (``(n_items,) float32``); ``own_seen`` /
-        ``shared_seen``: ``[(index, value), ...]`` in batch order; ``own_same`` /
-        ``shared_same`` (bools from :func:`same_on_all_ranks`); ``eval``: ``{"padded",
-        "drop_last", "unpadded"}`` each ``(correct, total)`` summed over ranks, plus
-        ``eval_seen``: ``{"padded", "drop_last", "unpadded"}`` this rank's indices;
-        ``orders``: ``{"without set_epoch": [[...] per epoch], "with set_epoch": [...]}``.
-    """
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    out: dict = {"rank": rank}
-    # 1. the seed: per-rank random data versus identical data
-    torch.manual_seed(base_seed + rank)
-    own = torch.randn(n_items)
-    shared = torch.randn(n_items, generator=torch.Generator().manual_seed(base_seed))
-    for name, data in (("own", own), ("shared", shared)):
-        ds = TensorDataset(torch.arange(n_items), data)
-        loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, shuffle=False))
-        seen = []
-        for b, (idx, val) in enumerate(loader):
-            seen.append((int(idx), float(val)))
-            print(f"{name + ' data':>12}, batch {b}: index {int(idx)}, value {float(val):+.4f}", flush=True)
-        out[f"{name}_data"] = data
-        out[f"{name}_seen"] = seen
-        out[f"{name}_same"] = same_on_all_ranks(data)
-
-    # 2. evaluation: padded sampler, drop_last sampler, unpadded shards
-    model = always_class_one_model()
-    labels = (torch.arange(eval_items) < n_right).long()
-    feats = torch.arange(eval_items, dtype=torch.float32).unsqueeze(1)
-    ds = TensorDataset(torch.arange(eval_items), feats, labels)
-    out["eval"], out["eval_seen"] = {}, {}
-    for name, drop_last in (("padded", False), ("drop_last", True)):
-        c, t, seen = _eval_through_sampler(model, ds, drop_last)
-        out["eval"][name], out["eval_seen"][name] = (c, t), seen
-
-    def count_correct(indices: list[int]) -> int:
-        with torch.no_grad():
-            return int((model(feats[indices]).argmax(dim=1) == labels[indices]).sum())
-
-    out["eval"]["unpadded"] = distributed_eval_counts(count_correct, eval_items, rank, world_size)
-    out["eval_seen"]["unpadded"] = unpadded_shard_indices(eval_items, rank, world_size)
-    for name, (c, t) in out["eval"].items():
-        print(f"{'eval ' + name:>12}: my indices {out['eval_seen'][name]}, all ranks: {c}/{t} correct", flush=True)
-
-    # 3. set_epoch: one sampler reused over epochs, as in a training loop
-    out["orders"] = {}
-    for name, call in (("without set_epoch", False), ("with set_epoch", True)):
-        sampler = DistributedSampler(range(n_items), shuffle=True, seed=shuffle_seed)
-        per_epoch = []
-        for epoch in range(epochs):
-            if call:
-                sampler.set_epoch(epoch)
-            per_epoch.append([int(i) for i in sampler])
-        out["orders"][name] = per_epoch
-        print(f"{name:>17}: " + "  ".join(f"epoch {e}: {o}" for e, o in enumerate(per_epoch)), flush=True)
-    return out

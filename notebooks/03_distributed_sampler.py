@@ -22,16 +22,16 @@
 # different data behind the same index)?
 #
 # The seed: a dataset of 8 items on 4 processes with `DistributedSampler(shuffle=False)` and
-# `batch_size=1`: process `r` receives items `r` and `r + 4`. Every claim below is followed by
-# the code cell that checks it (`assert` / `torch.testing.assert_close`), so a wrong claim
-# fails CI.
+# `batch_size=1`: process `r` receives items `r` and `r + 4`. Every claim below (in bold) is
+# followed by the code cell that checks it (`assert` / `torch.testing.assert_close`), so a
+# wrong claim fails CI.
 #
 # **What runs where**
 #
 # | part | CPU only (CI) | with GPUs |
 # |---|---|---|
-# | sections 1–3: asking the real `DistributedSampler` (`helpers.sampler`), the issue's fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
-# | section 4: the sampler inside real DDP workers, `helpers.sampler.sampler_worker` via `helpers.launch.launch` | `world_size` processes, backend `gloo` | the same: data indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
+# | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the issue's fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
+# | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.launch.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
 #
 # **New here:** how `DistributedSampler` shards indices (padding, `drop_last`, `set_epoch`),
 # why every rank must hold the *same* dataset, and a correct distributed evaluation
@@ -40,9 +40,9 @@
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [global batch size](../docs/GLOSSARY.md#global-batch-size); every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 12–27 s on
-# 2 CPU cores, mostly the worker processes starting. The notebook ends with three exercises,
-# each checked by a cell.
+# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: under a minute on
+# 2 CPU cores, mostly worker processes starting (five launches). The notebook ends with four
+# exercises, each checked by a cell; the last one asks you to write distributed code.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -55,8 +55,7 @@ epochs = 2  # section 4: epochs of the set_epoch demonstration, at least 2
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), epochs=(epochs, int))
-check_value("world_size", world_size, world_size >= 2, "at least 2 (section 4 compares ranks)")
-check_value("epochs", epochs, epochs >= 2, "at least 2 (section 4 compares two epochs)")
+check_value("world_size and epochs", (world_size, epochs), world_size >= 2 and epochs >= 2, "both at least 2 (section 4 compares ranks and epochs)")
 
 # %%
 import math
@@ -66,20 +65,21 @@ from fractions import Fraction
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+import torch.distributed as dist
 from matplotlib.patches import Rectangle
+from torch import nn
 from torch.testing import assert_close
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from helpers.launch import launch
-from helpers.sampler import (
+from helpers.sampler import (  # tables and pictures of what the real sampler hands out
     accuracy_through,
     assignment_lists,
     epoch_assignment,
     plot_assignment,
     sampler_assignment,
     sampler_indices,  # for the exercises
-    sampler_worker,
     times_seen,
-    unpadded_shard_indices,
 )
 
 print(f"torch {torch.__version__}; world_size = {world_size} (section 4); base_seed = {base_seed}; epochs = {epochs}")
@@ -162,53 +162,79 @@ plt.show()
 # ## 2. Padding skews evaluation
 #
 # Padding is harmless for training (two extra samples per epoch) but wrong for **measuring**.
-# Take the 10 items and a model that is right on exactly items 0–4 (wrong on 5–9): its true
-# accuracy is 5/10 = **0.5**.
+# Take the 10 items and a real (tiny) classifier that predicts class 1 for every input, with
+# labels 1 on items 0–4 and 0 on items 5–9: it is right on exactly items 0–4.
 #
-# **Claim:** evaluated through the padded sampler (every rank counts what it is handed, the
-# counts are summed over ranks) it scores **7/12**: items 0 and 1, both right, are counted
-# twice. With `drop_last=True` it scores **5/9**: item 9, wrong, is never counted. A correct
-# distributed evaluation gives **0.5**: each rank evaluates an **unpadded** shard
-# (`helpers.sampler.unpadded_shard_indices`: `rank, rank + world_size, ...`), and the ranks
-# all-reduce their `correct` and `total` counts (`helpers.sampler.distributed_eval_counts`,
-# run for real in section 4). Here we add the counts of the three shards by hand.
+# **Claim:** its true accuracy, from one forward pass over all 10 items in this process
+# (no sampler), is **0.5**. Evaluated through the padded sampler (every rank counts what it
+# is handed, the counts are summed over ranks) it scores **7/12**: items 0 and 1, both right,
+# are counted twice. With `drop_last=True` it scores **5/9**: item 9, wrong, is never
+# counted. A correct distributed evaluation gives the true accuracy: each rank evaluates an
+# **unpadded** shard (`range(rank, N, world_size)`: the sampler's split without its padding),
+# and the ranks sum their `correct` and `total` counts (an all-reduce in section 4.2; here we
+# add the three shards' counts by hand). The sampler-based scores are checked against
+# `accuracy_through`, which counts over the table of indices the real sampler hands out.
 
 # %%
 EVAL_N, N_RIGHT = 10, 5
-right = [i < N_RIGHT for i in range(EVAL_N)]  # the model is right on items 0-4 only
-true_acc = Fraction(sum(right), EVAL_N)
-shards = [unpadded_shard_indices(EVAL_N, r, 3) for r in range(3)]
-assert sorted(i for s in shards for i in s) == list(range(EVAL_N)), f"unpadded shards must partition the items: {shards}"
-def counts(indices):  # (number right, number counted) when exactly these indices are evaluated
-    indices = list(indices)
-    return sum(right[i] for i in indices), len(indices)
+eval_feats = torch.arange(EVAL_N, dtype=torch.float32).unsqueeze(1)  # (10, 1): item i's feature is i
+eval_labels = (torch.arange(EVAL_N) < N_RIGHT).long()  # (10,): 1 on items 0-4, 0 on items 5-9
 
 
+def always_class_one() -> nn.Linear:
+    """Linear(1, 2) with zero weight and bias [0, 1]: logits (batch, 2), argmax 1 for every input."""
+    model = nn.Linear(1, 2)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([0.0, 1.0]))
+    return model
+
+
+clf = always_class_one()
+with torch.no_grad():
+    right = (clf(eval_feats).argmax(dim=1) == eval_labels).tolist()  # right[i]: the model is right on item i
+true_acc = Fraction(sum(right), EVAL_N)  # one forward over all 10 items, no sampler, no shards
+
+
+def counts_through_sampler(drop_last: bool, num_replicas: int = 3) -> tuple[int, int]:
+    """Naive evaluation: each rank counts what its DistributedSampler hands it; the counts are summed."""
+    correct = total = 0
+    for rank in range(num_replicas):
+        for i in DistributedSampler(range(EVAL_N), num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=drop_last):
+            correct, total = correct + right[i], total + 1
+    return correct, total
+
+
+shards = [list(range(rank, EVAL_N, 3)) for rank in range(3)]  # unpadded: the sampler's split without padding
 evals = {
-    "true accuracy (all 10 items once)": counts(range(EVAL_N)),
-    "padded sampler (default)": counts(case_b["index"]),
-    "sampler with drop_last=True": counts(case_c["index"]),
-    "unpadded shards + summed counts": counts(i for s in shards for i in s),
+    "true accuracy (one forward, all 10 items)": (sum(right), EVAL_N),
+    "padded sampler (default)": counts_through_sampler(drop_last=False),
+    "sampler with drop_last=True": counts_through_sampler(drop_last=True),
+    "unpadded shards + summed counts": (sum(right[i] for s in shards for i in s), sum(len(s) for s in shards)),
 }
-assert true_acc == Fraction(*evals["true accuracy (all 10 items once)"]) == Fraction(1, 2), "true accuracy should be 0.5"
+assert right == [True] * 5 + [False] * 5 and true_acc == Fraction(1, 2), f"the model should be right on items 0-4 only: {right}"
+assert sorted(i for s in shards for i in s) == list(range(EVAL_N)), f"unpadded shards must partition the items: {shards}"
 assert Fraction(*evals["padded sampler (default)"]) == accuracy_through(case_b, right) == Fraction(7, 12), (
     f"padded: expected 7/12, got {evals['padded sampler (default)']}")
 assert Fraction(*evals["sampler with drop_last=True"]) == accuracy_through(case_c, right) == Fraction(5, 9), (
     f"drop_last: expected 5/9, got {evals['sampler with drop_last=True']}")
-assert Fraction(*evals["unpadded shards + summed counts"]) == Fraction(1, 2), "the correct distributed evaluation should give 0.5"
+assert evals["unpadded shards + summed counts"] == evals["true accuracy (one forward, all 10 items)"], (
+    "the correct distributed evaluation should count exactly what one forward over all items counts")
 eval_table = pd.DataFrame([{"evaluation": k, "right": c, "counted": t, "accuracy": c / t,
                             "error vs true": c / t - float(true_acc)} for k, (c, t) in evals.items()])
 eval_table.set_index("evaluation")
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
+fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
 names = list(evals)
 accs = [c / t for c, t in evals.values()]
-bars = ax.barh(names, accs, color=["#555555", "#f28e2b", "#bbbbbb", "#4c72b0"])
-ax.bar_label(bars, labels=[f"{c}/{t} = {c / t:.4f}" for c, t in evals.values()], padding=3)
-ax.axvline(0.5, color="k", linestyle="--", linewidth=1, label="true accuracy 0.5")
-ax.set_xlim(0, 0.75)
+ax.scatter(accs, names, s=80, color=["#555555", "#f28e2b", "#bbbbbb", "#4c72b0"], edgecolor="k", zorder=3)
+for acc, name, (c, t) in zip(accs, names, evals.values()):
+    ax.annotate(f"{c}/{t} = {c / t:.4f}", (acc, name), xytext=(10, 0), textcoords="offset points", va="center")
+ax.axvline(float(true_acc), color="k", linestyle="--", linewidth=1, label=f"true accuracy {float(true_acc)}")
+ax.set_xlim(0, 1)
 ax.invert_yaxis()
+ax.margins(y=0.25)
 ax.set_xlabel("accuracy (fraction of counted items that are right)")
 ax.set_ylabel("how it was measured")
 ax.set_title("A model right on items 0-4 of 10, evaluated over 3 ranks")
@@ -260,33 +286,56 @@ plt.show()
 # %% [markdown]
 # ## 4. The sampler inside real DDP workers
 #
-# Now the same sampler inside a training-like script: `launch(sampler_worker, world_size, ...)`
-# starts `world_size` processes with a `gloo` process group, and there
-# `DistributedSampler(dataset, shuffle=False)` takes `num_replicas` and `rank` **from the
-# process group**, as in any DDP script. Each rank (code in `helpers/sampler.py`):
+# Now the same sampler inside real ranks. Each function below is written in this notebook and
+# run with `launch(fn, world_size, ...)`: it starts `world_size` processes with a `gloo`
+# process group, sends them the function, and returns each rank's result to this cell, in
+# rank order. Inside a rank, `DistributedSampler(dataset)` takes `num_replicas` and `rank`
+# **from the process group**, as in any DDP script. Worker prints appear below prefixed
+# `[rank r]`. With more ranks than cores the launcher warns `OversubscriptionWarning`: the
+# results are still exact; we measure no time here.
 #
-# 1. builds the seed's 8-item dataset twice: once **per rank** (`torch.manual_seed(base_seed
-#    + rank)`, as the seed does: index `i` then means different data on each rank), once
-#    **shared** (seed `base_seed` on every rank), and iterates each with
-#    `DataLoader(batch_size=1, sampler=DistributedSampler(...))`, printing every batch;
-# 2. evaluates section 2's model and 10 items three ways, all with all-reduced counts: through
-#    the padded sampler, through `drop_last=True`, and with `distributed_eval_counts`
-#    (unpadded shards);
-# 3. iterates one `DistributedSampler(shuffle=True, seed=0)` over `epochs` epochs without
-#    `set_epoch`, and another one with it.
+# ### 4.1 The seed's loop, and different data behind the same index
 #
-# Worker prints appear below prefixed `[rank r]`. With `world_size = 4` on a 2-core machine the
-# launcher warns `OversubscriptionWarning` (four processes share two cores): the results are
-# still exact; only timings would be meaningless, and we measure none. The next cell takes
+# Each rank builds the seed's 8-item dataset twice: once **per rank**
+# (`torch.manual_seed(base_seed + rank)`, as the seed does: index `i` then means different
+# data on each rank) and once **shared** (seed `base_seed` on every rank), and iterates each
+# with `DataLoader(batch_size=1, sampler=DistributedSampler(...))`. `same_on_all_ranks`
+# compares a fingerprint of the data across ranks with an `all_gather`. The launch takes
 # about 5–15 s on a 2-core laptop, mostly starting the processes.
 
 # %%
+def fingerprint(data: torch.Tensor) -> torch.Tensor:
+    """(3,) float64: [numel, sum, position-weighted sum]; equal data -> equal fingerprints."""
+    flat = data.reshape(-1).to(torch.float64)
+    return torch.stack([torch.tensor(float(flat.numel()), dtype=torch.float64), flat.sum(),
+                        (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum()])
+
+
+def same_on_all_ranks(data: torch.Tensor) -> bool:
+    """A collective: every rank gathers every rank's fingerprint and compares."""
+    fp = fingerprint(data)
+    gathered = [torch.empty_like(fp) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, fp)
+    return all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def seed_worker(rank, world_size, base_seed, n_items):
+    torch.manual_seed(base_seed + rank)
+    out = {"own_data": torch.randn(n_items)}  # the seed's bug: a different dataset on each rank
+    out["shared_data"] = torch.randn(n_items, generator=torch.Generator().manual_seed(base_seed))
+    for name in ("own", "shared"):
+        ds = TensorDataset(torch.arange(n_items), out[f"{name}_data"])
+        sampler = DistributedSampler(ds, shuffle=False)  # num_replicas, rank: from the process group
+        out[f"{name}_seen"] = [(int(i), float(v)) for i, v in DataLoader(ds, batch_size=1, sampler=sampler)]
+        out[f"{name}_same"] = same_on_all_ranks(out[f"{name}_data"])
+        print(f"{name:>6} data: (index, value) {[(i, round(v, 3)) for i, v in out[name + '_seen']]}", flush=True)
+    return out
+
+
 LIVE_N = 8  # the seed's dataset size
 t0 = time.perf_counter()
-results = launch(sampler_worker, world_size, base_seed, n_items=LIVE_N, eval_items=EVAL_N, n_right=N_RIGHT,
-                 epochs=epochs, shuffle_seed=0)
+results = launch(seed_worker, world_size, base_seed, LIVE_N)
 print(f"launch of {world_size} ranks took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
-assert [res["rank"] for res in results] == list(range(world_size)), "results must come back in rank order"
 live = sampler_assignment(LIVE_N, world_size, shuffle=False)  # what the real sampler predicts, asked here
 expected = assignment_lists(live)
 pd.DataFrame([{"rank": r, "batch": b, "index": i, "value (shared dataset)": v,
@@ -298,9 +347,9 @@ pd.DataFrame([{"rank": r, "batch": b, "index": i, "value (shared dataset)": v,
 # sampler predicted in this process for `world_size` ranks (for `world_size = 4`: rank `r`
 # gets items `r` and `r + 4`, as the seed prints), with either dataset; the sampler splits
 # **indices**, it never looks at the data. With the shared dataset every rank holds the same
-# data (`same_on_all_ranks`, an `all_gather` of a fingerprint, is True), the values each rank
-# receives are the shared dataset's items at those indices, and over all ranks every item is
-# seen (padded duplicates only if `world_size` does not divide 8).
+# data (`same_on_all_ranks` is True), the values each rank receives are the shared dataset's
+# items at those indices, and over all ranks every item is seen (padded duplicates only if
+# `world_size` does not divide 8).
 
 # %%
 shared = results[0]["shared_data"]
@@ -317,7 +366,7 @@ for r, res in enumerate(results):
     assert res["shared_same"] is True, f"rank {r}: same_on_all_ranks should be True for the shared dataset"
     seen_all += shared_idx
 assert set(seen_all) == set(range(LIVE_N)), f"every item should be seen at least once: {sorted(seen_all)}"
-assert len(seen_all) - LIVE_N == (-LIVE_N) % world_size, "duplicates should be exactly the padding"
+assert len(seen_all) - LIVE_N == math.ceil(LIVE_N / world_size) * world_size - LIVE_N, "duplicates should be exactly the padding"
 print(f"shared dataset: indices per rank {expected}; every item seen; {len(seen_all) - LIVE_N} padded duplicate(s)")
 
 # %% [markdown]
@@ -373,32 +422,140 @@ fig.suptitle("Value behind each index on each rank; black boxes: what the sample
 plt.show()
 
 # %% [markdown]
-# **Claim (evaluation, live):** in the workers, with counts all-reduced over `world_size`
-# ranks, `distributed_eval_counts` (unpadded shards) gives 5 correct of 10 = **0.5** on every
-# rank, whatever `world_size` is. Evaluating through the sampler gives whatever the padding or
-# dropping predicts for `world_size` ranks (asked of the real sampler in this process): for
-# `world_size = 3` exactly section 2's 7/12 and 5/9.
+# ### 4.2 Evaluation with all-reduced counts
+#
+# Section 2's classifier and 10 items, evaluated on real ranks three ways. Each rank counts
+# `correct` and `total` over the indices it evaluates, then **one all-reduce** (`SUM`) of the
+# two counts gives every rank the global numbers. The model is evaluated as a plain module
+# (in a DDP script: `ddp_model.module`, never the wrapper). The launch takes about 5–15 s on a
+# 2-core laptop.
 
 # %%
+def eval_worker(rank, world_size, feats, labels):
+    model = always_class_one()  # in a DDP script: ddp_model.module
+    n = len(labels)
+    shards = {"padded": list(DistributedSampler(range(n), shuffle=False)),
+              "drop_last": list(DistributedSampler(range(n), shuffle=False, drop_last=True)),
+              "unpadded": list(range(rank, n, world_size))}  # every item exactly once over the ranks
+    out = {"seen": shards, "counts": {}}
+    for name, idx in shards.items():
+        with torch.no_grad():
+            correct = int((model(feats[idx]).argmax(dim=1) == labels[idx]).sum()) if idx else 0
+        counts = torch.tensor([correct, len(idx)], dtype=torch.int64)
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # same global counts on every rank
+        out["counts"][name] = tuple(counts.tolist())
+        print(f"{name:>9}: my indices {idx}, all ranks: {out['counts'][name][0]}/{out['counts'][name][1]} correct", flush=True)
+    return out
+
+
+eval_results = launch(eval_worker, world_size, eval_feats, eval_labels)
+
+# %% [markdown]
+# **Claim (evaluation, live):** with counts all-reduced over `world_size` ranks, the unpadded
+# shards count every item once and give exactly what one forward over all 10 items gives in
+# this process (5 right of 10), on every rank, whatever `world_size` is. Evaluating through the
+# sampler gives whatever the padding or dropping predicts for `world_size` ranks (counted over
+# the indices the real sampler hands out, asked in this process): for `world_size = 3`
+# exactly section 2's 7/12 and 5/9 (the runner's `full` profile runs 3 ranks).
+
+# %%
+with torch.no_grad():
+    one_forward = (int((clf(eval_feats).argmax(dim=1) == eval_labels).sum()), EVAL_N)  # no ranks, no shards
 predicted = {"padded": sampler_assignment(EVAL_N, world_size), "drop_last": sampler_assignment(EVAL_N, world_size, drop_last=True)}
-live_rows = []
-for r, res in enumerate(results):
-    c, t = res["eval"]["unpadded"]
-    assert (c, t) == (N_RIGHT, EVAL_N) and Fraction(c, t) == Fraction(1, 2), (
-        f"rank {r}: the correct distributed evaluation should count 5 of 10 (0.5), got {c}/{t}")
-    assert res["eval_seen"]["unpadded"] == unpadded_shard_indices(EVAL_N, r, world_size), f"rank {r}: wrong unpadded shard"
+for r, res in enumerate(eval_results):
+    assert res["counts"]["unpadded"] == one_forward, (
+        f"rank {r}: unpadded + all-reduce counted {res['counts']['unpadded']}, one forward counts {one_forward}")
+    assert res["seen"]["unpadded"] == list(range(EVAL_N))[r::world_size], f"rank {r}: wrong unpadded shard"
     for name, df in predicted.items():
-        c, t = res["eval"][name]
+        c, t = res["counts"][name]
         assert Fraction(c, t) == accuracy_through(df, right) and t == len(df), (
             f"rank {r}, {name}: {c}/{t} differs from the sampler's prediction {accuracy_through(df, right)} of {len(df)}")
-        assert res["eval_seen"][name] == assignment_lists(df)[r], f"rank {r}, {name}: evaluated the wrong indices"
+        assert res["seen"][name] == assignment_lists(df)[r], f"rank {r}, {name}: evaluated the wrong indices"
 if world_size == 3:
-    assert Fraction(*results[0]["eval"]["padded"]) == Fraction(7, 12), "3 ranks, padded: 7/12"
-    assert Fraction(*results[0]["eval"]["drop_last"]) == Fraction(5, 9), "3 ranks, drop_last: 5/9"
-for name, (c, t) in results[0]["eval"].items():
-    live_rows.append({"evaluation (live, all-reduced)": name, "correct": c, "counted": t, "accuracy": c / t,
-                      "rank 0's items": results[0]["eval_seen"][name]})
-pd.DataFrame(live_rows).set_index("evaluation (live, all-reduced)")
+    assert Fraction(*eval_results[0]["counts"]["padded"]) == Fraction(7, 12), "3 ranks, padded: 7/12"
+    assert Fraction(*eval_results[0]["counts"]["drop_last"]) == Fraction(5, 9), "3 ranks, drop_last: 5/9"
+    print("world_size = 3: section 2's 7/12 and 5/9 reproduced on real ranks")
+else:
+    print(f"world_size = {world_size}: the 7/12 and 5/9 of 3 ranks are checked in the full profile (world_size = 3)")
+pd.DataFrame([{"evaluation (live, all-reduced)": name, "correct": c, "counted": t, "accuracy": c / t,
+               "rank 0's items": eval_results[0]["seen"][name]}
+              for name, (c, t) in eval_results[0]["counts"].items()]).set_index("evaluation (live, all-reduced)")
+
+# %% [markdown]
+# ### 4.3 Gathered predictions come back in the sampler's order
+#
+# To keep every prediction (not just counts), ranks `all_gather` their outputs. Gathering
+# needs equal-sized tensors on every rank, which the padded sampler provides, but the result
+# is in the **sampler's** order: rank 0's items, then rank 1's, and so on. The fixed case: 5
+# items, 2 ranks, `shuffle=False`; each item's "prediction" is a real forward of
+# `Linear(1, 1)` (weight 10, bias 0.5) on the item's feature, so that values differ by item.
+# The launch takes about 5–15 s on a 2-core laptop.
+
+# %%
+def gather_worker(rank, world_size, feats):
+    model = nn.Linear(1, 1)
+    with torch.no_grad():
+        model.weight.fill_(10.0)
+        model.bias.fill_(0.5)
+        idx = torch.tensor(list(DistributedSampler(range(len(feats)), shuffle=False)))  # padded: equal length
+        preds = model(feats[idx]).squeeze(1)
+    gathered_idx = [torch.empty_like(idx) for _ in range(world_size)]
+    gathered_pred = [torch.empty_like(preds) for _ in range(world_size)]
+    dist.all_gather(gathered_idx, idx)
+    dist.all_gather(gathered_pred, preds)
+    n = len(feats)
+    return {"mine": idx.tolist(),
+            "concatenated": torch.cat(gathered_idx)[:n].tolist(),  # wrong: the sampler's order
+            "interleaved": torch.stack(gathered_idx, dim=1).reshape(-1)[:n].tolist(),  # rank r had items r, r+W, ...
+            "interleaved_pred": torch.stack(gathered_pred, dim=1).reshape(-1)[:n]}
+
+
+GATHER_N = 5
+gather_feats = torch.arange(GATHER_N, dtype=torch.float32).unsqueeze(1)
+gathered = launch(gather_worker, 2, gather_feats)
+pd.DataFrame([{"rank": r, "its items (padded)": g["mine"], "cat of gathered, first 5": g["concatenated"],
+               "interleaved, padding dropped": g["interleaved"]} for r, g in enumerate(gathered)]).set_index("rank")
+
+# %% [markdown]
+# **Claim (gathering order):** rank 0 holds items `[0, 2, 4]` and rank 1 `[1, 3, 0]` (its last
+# item is padding). Concatenating the gathered tensors and keeping the first 5 gives items
+# `[0, 2, 4, 1, 3]`, not the dataset's order; interleaving (`torch.stack(gathered, dim=1)`
+# then flatten: rank `r` held items `r, r + 2, ...`) and then dropping the padding gives
+# `[0, 1, 2, 3, 4]`, and the interleaved predictions equal one forward of the same model over
+# the 5 items in this process. (With `shuffle=True`, gather the indices too and sort by them.)
+
+# %%
+assert [g["mine"] for g in gathered] == [[0, 2, 4], [1, 3, 0]], [g["mine"] for g in gathered]
+for r, g in enumerate(gathered):
+    assert g["concatenated"] == [0, 2, 4, 1, 3], f"rank {r}: concatenation gave {g['concatenated']}"
+    assert g["interleaved"] == list(range(GATHER_N)), f"rank {r}: interleaving gave {g['interleaved']}"
+    reference = gather_feats.squeeze(1) * 10.0 + 0.5  # the same Linear(1, 1), written out, over items 0..4 in order
+    assert_close(g["interleaved_pred"], reference, rtol=0, atol=0,
+                 msg=f"rank {r}: the interleaved predictions should be items 0..4 in order")
+print("concatenated:", gathered[0]["concatenated"], " interleaved:", gathered[0]["interleaved"])
+
+# %% [markdown]
+# ### 4.4 `set_epoch` on real ranks
+#
+# One `DistributedSampler(shuffle=True, seed=0)` per rank reused over `epochs` epochs, as a
+# training loop does: once without `set_epoch`, once with `sampler.set_epoch(epoch)` at the
+# start of each epoch. The launch takes about 5–15 s on a 2-core laptop.
+
+# %%
+def epoch_worker(rank, world_size, n_items, epochs):
+    orders = {}
+    for name, call_set_epoch in (("without set_epoch", False), ("with set_epoch", True)):
+        sampler = DistributedSampler(range(n_items), shuffle=True, seed=0)
+        orders[name] = []
+        for epoch in range(epochs):
+            if call_set_epoch:
+                sampler.set_epoch(epoch)
+            orders[name].append(list(sampler))
+        print(f"{name:>17}: " + "  ".join(f"epoch {e}: {o}" for e, o in enumerate(orders[name])), flush=True)
+    return orders
+
+
+epoch_results = launch(epoch_worker, world_size, LIVE_N, epochs)
 
 # %% [markdown]
 # **Claim (`set_epoch`, live):** each rank's shuffled orders in the workers are exactly what
@@ -412,16 +569,16 @@ pred = {"without set_epoch": epoch_assignment(LIVE_N, world_size, epochs, call_s
 for name, df in pred.items():
     for e in range(epochs):
         want = orders(df, e)
-        got = [res["orders"][name][e] for res in results]
+        got = [res[name][e] for res in epoch_results]
         assert got == want, f"{name}, epoch {e}: workers got {got}, the sampler predicts {want}"
         if LIVE_N % world_size == 0:
             assert sorted(i for o in got for i in o) == list(range(LIVE_N)), f"{name}, epoch {e}: not exactly once"
-for res in results:
-    assert all(o == res["orders"]["without set_epoch"][0] for o in res["orders"]["without set_epoch"]), (
-        f"rank {res['rank']}: without set_epoch every epoch should repeat epoch 0")
-with_orders = [[res["orders"]["with set_epoch"][e] for res in results] for e in range(epochs)]
+for r, res in enumerate(epoch_results):
+    assert all(o == res["without set_epoch"][0] for o in res["without set_epoch"]), (
+        f"rank {r}: without set_epoch every epoch should repeat epoch 0")
+with_orders = [[res["with set_epoch"][e] for res in epoch_results] for e in range(epochs)]
 assert all(with_orders[e] != with_orders[0] for e in range(1, epochs)), "with set_epoch the order should change every epoch"
-pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res["orders"][name][e] for r, res in enumerate(results)}}
+pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r, res in enumerate(epoch_results)}}
               for name in pred for e in range(epochs)]).set_index(["set_epoch", "epoch"])
 
 # %% [markdown]
@@ -434,22 +591,23 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res["orders"][name
 #   3 ranks: items 0 and 1 twice) so that every rank has the same number of batches and the
 #   collectives stay in step; `drop_last=True` instead **drops** the tail (item 9 never seen).
 # * Both skew evaluation: a model that is right on half the items scored 7/12 (padded) or 5/9
-#   (`drop_last`). Unpadded shards plus an all-reduce of the correct and total counts
-#   (`helpers.sampler.distributed_eval_counts`) gave the true 0.5, in real workers, for any
-#   `world_size`.
+#   (`drop_last`). Unpadded shards plus one all-reduce of the correct and total counts gave
+#   what a single forward over all items gives, on real ranks, for any `world_size`.
+# * Gathered outputs come back in the sampler's order: interleave, then drop the padding.
 # * Without `set_epoch` every epoch repeats the same order; with `set_epoch(epoch)` it changes,
 #   and the ranks still cover every item exactly once per epoch.
 # * The sampler assumes every rank holds the **same** dataset. Built per rank from different
 #   seeds (the seed's bug), the same index means different data: the epoch silently mixes
-#   `world_size` datasets and nothing warns you; `same_on_all_ranks` (an `all_gather` of a
-#   fingerprint) catches it.
+#   `world_size` datasets and nothing warns you; comparing a fingerprint across ranks (an
+#   `all_gather`) catches it.
 #
 # ## Exercises
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
 # check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
 # collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
-# every solution, so they are known to be right. None of them starts new processes.
+# every solution, so they are known to be right. Exercises 1–3 start no processes; exercise 4
+# runs your function on 3 real ranks.
 
 # %% [markdown]
 # ### Exercise 1: 11 items on 4 ranks
@@ -525,3 +683,52 @@ solution_3 = len(set(range(8)) - set(halves[0]) - set(halves[1]))
 # With one common seed both ranks slice the same permutation, and the strided slices of
 # one permutation are disjoint and cover everything.
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# ### Exercise 4: count every item once while iterating the padded sampler
+#
+# Sometimes you cannot change the evaluation loop: it iterates a padded
+# `DistributedSampler(shuffle=False)`. This function counts the padding too (10 items, 3
+# ranks, the section 2 model: 7/12 instead of 5/10):
+#
+# ```python
+# def padded_counts(rank, world_size, right):
+#     correct = total = 0
+#     for i in DistributedSampler(range(len(right)), shuffle=False):
+#         correct, total = correct + int(right[i]), total + 1
+#     counts = torch.tensor([correct, total])
+#     dist.all_reduce(counts)
+#     return counts.tolist()
+# ```
+#
+# Write a fixed version that still iterates the sampler but skips the padded positions (hint:
+# the `p`-th item rank `r` receives sits at position `p * world_size + r` of the padded list;
+# which positions are padding?), and set `answer_4 = your_function` (the function itself,
+# not a call). The check cell runs it on 3 real ranks with section 2's `right` and compares
+# every rank's `[correct, total]` with one count over all items in this process (about 5–15 s
+# on a 2-core laptop, once you have answered).
+
+# %% tags=["exercise"]
+answer_4 = None  # your answer here
+
+# %% tags=["check"]
+# expected: every rank holds the count over all 10 items, once each (no sampler, no ranks)
+expected_4 = [[sum(right), len(right)]] * 3
+check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(fn, 3, right),
+             hint="position p * world_size + rank is padding when it is >= len(right)")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 4 (try the exercise first)
+# The sampler pads the list to ceil(n / W) * W; the p-th index rank r receives sits at position
+# p * W + r of that list, and the positions from n on are the padding: skip them.
+def solution_4(rank, world_size, right):
+    correct = total = 0
+    for p, i in enumerate(DistributedSampler(range(len(right)), shuffle=False)):
+        if p * world_size + rank < len(right):  # a real item, not padding
+            correct, total = correct + int(right[i]), total + 1
+    counts = torch.tensor([correct, total])
+    dist.all_reduce(counts)
+    return counts.tolist()
+
+
+check_answer("ex4", solution_4, expected_4, run=lambda fn: launch(fn, 3, right), strict=True)

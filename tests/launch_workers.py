@@ -33,6 +33,14 @@ def report(rank, world_size, offset=0.0):
     }
 
 
+
+def eval_counts_odd(rank, world_size, n_items):
+    """helpers.sampler.distributed_eval_counts where item i is right when i is odd (test_sampler)."""
+    from helpers.sampler import distributed_eval_counts
+
+    return distributed_eval_counts(lambda idx: sum(i % 2 for i in idx), n_items, rank, world_size)
+
+
 if __name__ == "__main__":
     result = main_from_env(report, 0.5)
     print(f"TORCHRUN_RESULT {result['rank']} {result['world_size']} {result['sum']}")

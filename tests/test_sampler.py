@@ -1,27 +1,24 @@
-"""helpers.sampler (notebook 03) against the issue's cases, and the live worker in real processes
-(notebook 03 itself is executed by tests/test_notebooks.py and checked by tests/test_notebook_hygiene.py)."""
+"""helpers.sampler (notebook 03's tables, pictures and the evaluation counts helpers.mnist_train
+uses) against the issue's cases, including the counts all-reduced on real ranks (notebook 03 itself,
+whose worker code lives in its cells, is executed by tests/test_notebooks.py)."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
 import pytest
-import torch
+from launch_workers import eval_counts_odd
 
 from helpers.launch import launch
 from helpers.sampler import (
     accuracy_through,
     all_reduce_counts,
-    always_class_one_model,
     assignment_lists,
-    dataset_fingerprint,
     distributed_eval_counts,
     epoch_assignment,
     plot_assignment,
-    same_on_all_ranks,
     sampler_assignment,
     sampler_indices,
-    sampler_worker,
     times_seen,
     unpadded_shard_indices,
 )
@@ -104,15 +101,6 @@ def test_counts_without_process_group():
         distributed_eval_counts(lambda idx: len(idx) + 1, 10, 0, 1)
 
 
-def test_fingerprint_and_model():
-    a = torch.arange(5.0)
-    assert torch.equal(dataset_fingerprint(a), dataset_fingerprint(a.clone()))
-    assert not torch.equal(dataset_fingerprint(a), dataset_fingerprint(a.flip(0)))
-    assert same_on_all_ranks(a) is True  # no process group
-    logits = always_class_one_model()(torch.arange(10.0).unsqueeze(1))
-    assert logits.shape == (10, 2) and (logits.argmax(1) == 1).all()
-
-
 def test_plot_assignment_draws_every_cell():
     import matplotlib
 
@@ -129,19 +117,9 @@ def test_plot_assignment_draws_every_cell():
 @pytest.mark.timeout(240)
 @pytest.mark.filterwarnings("ignore::helpers.launch.OversubscriptionWarning")
 @pytest.mark.usefixtures("no_leftover_processes")
-def test_sampler_worker_three_ranks_live():
-    results = launch(sampler_worker, 3, 0, n_items=8, eval_items=10, n_right=5, epochs=2, timeout=200)
-    expected = assignment_lists(sampler_assignment(8, 3))
-    for r, res in enumerate(results):
-        assert [i for i, _ in res["shared_seen"]] == expected[r]
-        assert [i for i, _ in res["own_seen"]] == expected[r]
-        assert res["shared_same"] is True and res["own_same"] is False
-        assert res["eval"]["unpadded"] == (5, 10)
-        assert res["eval"]["padded"] == (7, 12)
-        assert res["eval"]["drop_last"] == (5, 9)
-        assert res["eval_seen"]["padded"] == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]][r]
-        assert res["eval_seen"]["unpadded"] == unpadded_shard_indices(10, r, 3)
-        o = res["orders"]
-        assert o["without set_epoch"][0] == o["without set_epoch"][1]
-        assert o["with set_epoch"][1] == sampler_indices(8, 3, r, shuffle=True, seed=0, epoch=1)
-
+def test_distributed_eval_counts_on_three_ranks():
+    """10 items on 3 real ranks: every rank gets the all-reduced count of all items, each once
+    (5 odd items of 10), where the padded sampler would hand out 12."""
+    results = launch(eval_counts_odd, 3, 10, timeout=200)
+    assert results == [(5, 10)] * 3
+    assert len(sampler_assignment(10, 3)) == 12
