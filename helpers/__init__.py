@@ -8,8 +8,8 @@ Modules:
     launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)
     data     -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
     faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
-    sampler      -- notebook 03: DistributedSampler assignment and correct distributed evaluation
-    mnist_train  -- notebook 04: MNIST training (single process, DP, DDP), TrainConfig
+    sampler      -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
+    mnist_train  -- MNIST training as a module (single, DP, DDP; TrainConfig) for notebook 07, cluster and bench
     pitfalls     -- notebook 06: DDP pitfalls reproduced safely, and their fixes
     cluster      -- notebook 07: torchrun entry point (python -m helpers.cluster), two-node rehearsal
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula

@@ -40,8 +40,8 @@
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [global batch size](../docs/GLOSSARY.md#global-batch-size); every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: under a minute on
-# 2 CPU cores, mostly worker processes starting (five launches). The notebook ends with four
+# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 1–2 minutes
+# on 2 CPU cores, mostly worker processes starting (five launches). The notebook ends with four
 # exercises, each checked by a cell; the last one asks you to write distributed code.
 
 # %% tags=["parameters"]
@@ -245,7 +245,8 @@ plt.show()
 # ## 3. `set_epoch`: a new shuffle every epoch, only if you ask
 #
 # With `shuffle=True` the sampler permutes the indices with a generator seeded
-# `seed + epoch`, where `epoch` is whatever `set_epoch` last set: **0 if you never call it**.
+# `seed + epoch`, where `epoch` is whatever `set_epoch` last set: **0 if you never call it**
+# (`torch/utils/data/distributed.py`, `__iter__` and `set_epoch`).
 # A training loop reuses one sampler across epochs, so:
 #
 # **Claim:** 8 items, 2 ranks, `shuffle=True`, `seed=0`. Without `set_epoch`, each rank's
@@ -287,9 +288,9 @@ plt.show()
 # ## 4. The sampler inside real DDP workers
 #
 # Now the same sampler inside real ranks. Each function below is written in this notebook and
-# run with `launch(fn, world_size, ...)`: it starts `world_size` processes with a `gloo`
-# process group, sends them the function, and returns each rank's result to this cell, in
-# rank order. Inside a rank, `DistributedSampler(dataset)` takes `num_replicas` and `rank`
+# run with `launch(fn, world_size, ..., backend="gloo")`: it starts `world_size` processes
+# with a `gloo` process group (CPU tensors, on any machine), sends them the function, and
+# returns each rank's result to this cell, in rank order. Inside a rank, `DistributedSampler(dataset)` takes `num_replicas` and `rank`
 # **from the process group**, as in any DDP script. Worker prints appear below prefixed
 # `[rank r]`. With more ranks than cores the launcher warns `OversubscriptionWarning`: the
 # results are still exact; we measure no time here.
@@ -334,7 +335,7 @@ def seed_worker(rank, world_size, base_seed, n_items):
 
 LIVE_N = 8  # the seed's dataset size
 t0 = time.perf_counter()
-results = launch(seed_worker, world_size, base_seed, LIVE_N)
+results = launch(seed_worker, world_size, base_seed, LIVE_N, backend="gloo")
 print(f"launch of {world_size} ranks took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
 live = sampler_assignment(LIVE_N, world_size, shuffle=False)  # what the real sampler predicts, asked here
 expected = assignment_lists(live)
@@ -448,7 +449,7 @@ def eval_worker(rank, world_size, feats, labels):
     return out
 
 
-eval_results = launch(eval_worker, world_size, eval_feats, eval_labels)
+eval_results = launch(eval_worker, world_size, eval_feats, eval_labels, backend="gloo")
 
 # %% [markdown]
 # **Claim (evaluation, live):** with counts all-reduced over `world_size` ranks, the unpadded
@@ -512,7 +513,7 @@ def gather_worker(rank, world_size, feats):
 
 GATHER_N = 5
 gather_feats = torch.arange(GATHER_N, dtype=torch.float32).unsqueeze(1)
-gathered = launch(gather_worker, 2, gather_feats)
+gathered = launch(gather_worker, 2, gather_feats, backend="gloo")
 pd.DataFrame([{"rank": r, "its items (padded)": g["mine"], "cat of gathered, first 5": g["concatenated"],
                "interleaved, padding dropped": g["interleaved"]} for r, g in enumerate(gathered)]).set_index("rank")
 
@@ -555,7 +556,7 @@ def epoch_worker(rank, world_size, n_items, epochs):
     return orders
 
 
-epoch_results = launch(epoch_worker, world_size, LIVE_N, epochs)
+epoch_results = launch(epoch_worker, world_size, LIVE_N, epochs, backend="gloo")
 
 # %% [markdown]
 # **Claim (`set_epoch`, live):** each rank's shuffled orders in the workers are exactly what
@@ -714,7 +715,7 @@ answer_4 = None  # your answer here
 # %% tags=["check"]
 # expected: every rank holds the count over all 10 items, once each (no sampler, no ranks)
 expected_4 = [[sum(right), len(right)]] * 3
-check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(fn, 3, right),
+check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(fn, 3, right, backend="gloo"),
              hint="position p * world_size + rank is padding when it is >= len(right)")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -731,4 +732,4 @@ def solution_4(rank, world_size, right):
     return counts.tolist()
 
 
-check_answer("ex4", solution_4, expected_4, run=lambda fn: launch(fn, 3, right), strict=True)
+check_answer("ex4", solution_4, expected_4, run=lambda fn: launch(fn, 3, right, backend="gloo"), strict=True)
