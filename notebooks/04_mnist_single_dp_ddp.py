@@ -533,6 +533,8 @@ ax.set_title(f"{repeats} timed repeats of {timed_steps} steps per mode, after a 
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 plt.show()
 names = list(samples_per_s)
+print(f"threads: kernel (single, DP) {torch.get_num_threads()}, each DDP rank {ddp_ranks[0]['threads']}; "
+      "DDP was timed in its own launch, not interleaved with the kernel's repeats")
 for a, b in [(names[0], names[1]), (names[0], names[2])]:
     va, vb = samples_per_s[a], samples_per_s[b]
     overlap = min(max(va), max(vb)) >= max(min(va), min(vb))
