@@ -23,8 +23,8 @@
 # cells and run on real ranks with `launch` (the functions are sent to the worker processes by
 # value); the symptom as a learner meets it (reproduced on CPU with the gloo backend; where it
 # would hang, a short timeout ends it and the error is caught and shown); then the fix, each
-# claim (in bold, "Claim:") asserted (`torch.testing.assert_close` or `assert` with a message) in the code cell
-# right after it.
+# claim (in bold, "Claim:") asserted (`torch.testing.assert_close` or `assert` with a message)
+# in the code cell right after it.
 #
 # 1. gradient accumulation with `no_sync()` · 2. uneven inputs and `Join` · 3. unused
 # parameters · 4. unequal per-rank batch sizes · 5. BatchNorm · 6. checkpoints ·
@@ -58,7 +58,7 @@ seed = 0  # seeds every model and data set
 accum_steps = 4  # k, micro-batches per optimizer step in section 1
 seed_steps = 30  # SGD steps of the seeds experiment in section 8
 collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
-hang_timeout_s = 15.0  # launch timeout of section 2's hang, which the launcher itself ends
+hang_timeout_s = 10.0  # launch timeout of section 2's hang, which the launcher itself ends
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
@@ -501,7 +501,7 @@ plt.show()
 # as a real job would, until `launch` gives up after `hang_timeout_s`, ends every worker and
 # raises `LaunchTimeout` naming the ranks that never finished. (Worker start-up counts against
 # the limit too, so on a very slow machine rank 0 may also be listed; the ranks with the extra
-# batch always are.) The cell takes `hang_timeout_s`: about 15 s with the default, on a 2-core
+# batch always are.) The cell takes `hang_timeout_s`: about 10 s with the default, on a 2-core
 # machine or any other.
 #
 # **Claim:** `launch` raises `LaunchTimeout` (its `timeout` is `hang_timeout_s`), listing every rank with an
@@ -701,8 +701,8 @@ table3
 # `N = world_size (world_size + 1) / 2` (2 ranks: `[1]` and `[2, 3]`); model `y = w x` at
 # `w = 1`, per-sample loss `y^2`, per-sample gradient `2 x^2`. **The fix:** all-reduce the
 # sample count `N` first and use `loss = local sum * world_size / N`: DDP's `1 / world_size`
-# cancels the `world_size` and leaves `global sum / N`, the global mean. The worker takes the
-# loss as a function, so exercise 2 can run yours the same way.
+# cancels the `world_size` and leaves `global sum / N`, the global mean. The worker takes each
+# loss as a function `loss_fn(per_sample, n_total, world_size)` and runs both.
 
 # %%
 def unequal_shards(world_size):
@@ -940,7 +940,7 @@ print("all-reduced sums reproduce BatchNorm on the global batch: outputs and run
 
 # %% [markdown]
 # **On a GPU machine** (one GPU per rank, at least `world_size` GPUs): the next cell launches
-# real `SyncBatchNorm` with `backend="nccl"` (about 10 s) and compares it with the reference
+# real `SyncBatchNorm` with `backend="nccl"` and compares it with the reference
 # above. On a machine with fewer GPUs it launches nothing and says that it skipped (about 0.1 s
 # on a 2-core CPU-only machine).
 #
@@ -1120,10 +1120,10 @@ assert not Path(ckpt_dir).exists(), f"the temporary checkpoint directory {ckpt_d
 # `consume_prefix_in_state_dict_if_present(sd, "module.")` repairs such a file; better, save
 # `ddp.module.state_dict()` in the first place.
 #
-# **Claim:** only rank 0 saved (its `saved checkpoint.pt` line appears once in the launch
-# output), every rank saw exactly that one file after the barrier, and since model **and
-# optimizer** state (momentum) were saved, the resumed run's parameters are **bit-identical**
-# to the uninterrupted run's, on every rank.
+# **Claim:** every rank saw exactly one file, `checkpoint.pt`, after the barrier (only rank 0
+# wrote it: its `saved checkpoint.pt` line is the one in the launch output), every rank loaded
+# step `ckpt_steps`, and since model **and optimizer** state (momentum) were saved, the resumed
+# run's parameters are **bit-identical** to the uninterrupted run's, on every rank.
 
 # %%
 c0 = CK[0]
@@ -1300,7 +1300,7 @@ pd.DataFrame([{"who": f"rank {r} (its shard)", "samples": e["local"]["count"], "
 # (`collective_timeout_s`; the seconds it waited are in the table) for
 # the BatchNorm model (even under `eval()` and `no_grad()`) and for the `Linear` with gradients
 # enabled after one step; `ddp.module` of the BatchNorm model, the `Linear` under `no_grad`, and
-# the `Linear` with gradients after two steps return at once.
+# the `Linear` with gradients after two steps return (no collective involved).
 
 # %%
 HANGS = {"bn_wrapper_eval_no_grad", "linear_wrapper_grad_after_1_step"}
@@ -1632,12 +1632,15 @@ tb = init_error.traceback
 cell_file = init_alone_worker.__code__.co_filename
 ours = re.findall(rf'File "{re.escape(cell_file)}", line (\d+), in init_alone_worker', tb)
 assert ours and "TCPStore" in tb.split("in init_alone_worker")[-1], tb[-1500:]
-our_line = linecache.getline(cell_file, int(ours[-1])).strip()
+relayed_next = tb.split(f'line {ours[-1]}, in init_alone_worker\n')[1].splitlines()[0].strip()
+assert relayed_next.startswith("File "), f"the worker showed a source line for the cell's function: {relayed_next}"
+our_line = linecache.getline(cell_file, int(ours[-1])).strip()  # this kernel has the cell's source
 assert our_line.startswith("dist.init_process_group("), our_line
 print(f"launch -> WorkerError after {launch_s['9 init timeout']:.1f} s (timeout {T:g} s): rank {init_error.rank}, "
       f"{init_error.exc_type}: {init_error.message}")
 print("last line of the relayed traceback:", tb.strip().splitlines()[-1])
-print(f"last frame in our code: init_alone_worker, line {ours[-1]} of its cell: {our_line}")
+print(f"last frame in our code, as relayed: line {ours[-1]}, in init_alone_worker; next line: {relayed_next}")
+print(f"line {ours[-1]} of that cell, from this kernel's linecache: {our_line}")
 
 # %%
 total_s = time.perf_counter() - t_notebook
@@ -1772,19 +1775,23 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 answer_2 = None  # your answer here
 
 # %% tags=["check"]
-def exercise2_worker(rank, world_size, loss_fn):
-    model = scalar_model()
-    ddp = wrap(model)
+def exercise2_worker(rank, world_size, losses):
+    """{name: the gradient of w on this rank after one backward of loss_fn(per_sample, world_size)}."""
     x = unequal_shards(world_size)[rank].to(worker_device()).reshape(-1, 1)
-    loss_fn(ddp(x).pow(2).flatten(), world_size).backward()
-    return model.weight.grad.item()
+    out = {}
+    for name, loss_fn in losses.items():
+        model = scalar_model()
+        ddp = wrap(model)
+        loss_fn(ddp(x).pow(2).flatten(), world_size).backward()
+        out[name] = model.weight.grad.item()
+    return out
 
 
 # expected: every rank holds section 4's exact global mean 2 sum(x^2) / N
 expected_2 = [float(global_mean)] * world_size
 if callable(answer_2):  # your loss, on world_size real ranks: the gradients it gave become the answer
     try:
-        answer_2 = launch(exercise2_worker, world_size, answer_2, backend="gloo", timeout=120)
+        answer_2 = [g["yours"] for g in launch(exercise2_worker, world_size, {"yours": answer_2}, backend="gloo", timeout=120)]
     except WorkerError as e:
         answer_2 = f"your loss raised on rank {e.rank}: {e.exc_type}: {e.message}"
     print(f"gradient on each rank with your loss: {answer_2}")
@@ -1801,9 +1808,10 @@ def global_mean_loss(per_sample, world_size):
     return per_sample.sum() * world_size / n_total
 
 
-naive_grads = launch(exercise2_worker, world_size, lambda per_sample, ws: per_sample.mean(), backend="gloo", timeout=120)
-assert_close(naive_grads, [float(mean_of_rank_means)] * world_size, msg="the naive loss: the mean of rank means")
-solution_2 = launch(exercise2_worker, world_size, global_mean_loss, backend="gloo", timeout=120)
+both = launch(exercise2_worker, world_size, {"naive": lambda per_sample, ws: per_sample.mean(), "fixed": global_mean_loss},
+              backend="gloo", timeout=120)
+assert_close([g["naive"] for g in both], [float(mean_of_rank_means)] * world_size, msg="the naive loss: the mean of rank means")
+solution_2 = [g["fixed"] for g in both]
 check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
