@@ -814,6 +814,7 @@ def sync_batchnorm_reference(x, bn):
     return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
 
 
+# %%
 def batchnorm_worker(rank, world_size):
     device = worker_device()
     batches = [b.to(device) for b in bn_batches(rank)]
@@ -1242,6 +1243,7 @@ def eval_hang_case(rank, case, timeout_s):
     return {"result": result, "seconds": time.perf_counter() - t0}
 
 
+# %%
 def evaluation_worker(rank, world_size, timeout_s):
     model = classifier_model()
     ddp = wrap(model)
@@ -1366,6 +1368,7 @@ def seeded_training(rank, world_size, augment):
     return {"init": init, "final": params(model), "loss": losses}
 
 
+# %%
 def seeds_worker(rank, world_size):
     out = {"init_same_seed": params(seed_model(seed))}
     model = seed_model(seed + rank)
