@@ -48,8 +48,10 @@
 # `find_unused_parameters` / `static_graph`, `broadcast_buffers`, `SyncBatchNorm`,
 # checkpointing under DDP, distributed evaluation, `TORCH_DISTRIBUTED_DEBUG`. Every claim was
 # checked against torch 2.14.1; where it differs from folklore, the notebook says what really
-# happens. The whole notebook prints its run time at the end of section 9; most of it is worker
-# start-up (every launch starts fresh processes) and the deliberate timeouts.
+# happens. The whole notebook prints its run time and the seconds of each launch at the end of
+# section 9; most of it is worker start-up (every launch starts fresh processes, and the times
+# below were measured on a 2-core machine shared with other work: they grow with the load) and
+# the deliberate timeouts.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -269,7 +271,7 @@ LOOPS = {f.__name__: f for f in (no_sync_all_but_last, one_big_batch, sync_every
                                  forward_outside, backward_outside)}
 
 # %% [markdown]
-# One launch runs the six loops on `world_size` ranks (about 5 s on a 2-core machine: mostly
+# One launch runs the six loops on `world_size` ranks (about 6 s on a 2-core machine: mostly
 # worker start-up). The reference is one process on the whole global batch, no DDP.
 
 # %%
@@ -402,7 +404,7 @@ def join_worker(rank, world_size, timeout_s):
     return out
 
 # %% [markdown]
-# The launch takes about 5 s plus `collective_timeout_s` on a 2-core machine (worker start-up,
+# The launch takes about 7 s plus `collective_timeout_s` on a 2-core machine (worker start-up,
 # and the ranks with an extra batch waiting for rank 0).
 
 # %%
@@ -605,7 +607,7 @@ def unused_parameters_worker(rank, world_size, iterations=3):
     return out
 
 # %% [markdown]
-# One launch, about 5 s on a 2-core machine. The launch output shows DDP's warning
+# One launch, about 7 s on a 2-core machine. The launch output shows DDP's warning
 # "find_unused_parameters=True was specified ... but did not find any unused parameters": its
 # search starts from the returned outputs and reaches `head_b` through the output the loss
 # ignores; the gradients below show the run is nonetheless right.
@@ -733,7 +735,7 @@ def unequal_batch_worker(rank, world_size, losses):
     return out
 
 # %% [markdown]
-# One launch, about 4 s on a 2-core machine.
+# One launch, about 7 s on a 2-core machine.
 
 # %%
 t0 = time.perf_counter()
@@ -845,7 +847,7 @@ def batchnorm_worker(rank, world_size):
     return out
 
 # %% [markdown]
-# One launch, about 5 s on a 2-core machine. The single-process model of the buffers,
+# One launch, about 8 s on a 2-core machine. The single-process model of the buffers,
 # `simulate_bn_buffers`, replays the broadcast rule in this kernel: before each step, rank 0's
 # buffers are copied to every rank (if `broadcast_buffers`), then each rank updates with its batch.
 
@@ -1105,7 +1107,7 @@ def checkpoint_worker(rank, world_size, ckpt_dir):
     return out
 
 # %% [markdown]
-# One launch, about 5 s on a 2-core machine.
+# One launch, about 9 s on a 2-core machine.
 
 # %%
 t0 = time.perf_counter()
@@ -1268,7 +1270,7 @@ def evaluation_worker(rank, world_size, timeout_s):
             "hang_cases": {case: eval_hang_case(rank, case, timeout_s) for case in EVAL_HANG_CASES}}
 
 # %% [markdown]
-# One launch, about 5 s plus two `collective_timeout_s` waits on a 2-core machine.
+# One launch, about 7 s plus two `collective_timeout_s` waits on a 2-core machine.
 
 # %%
 t0 = time.perf_counter()
@@ -1383,7 +1385,7 @@ def seeds_worker(rank, world_size):
     return out
 
 # %% [markdown]
-# One launch, about 5 s on a 2-core machine; then the same training in this kernel with
+# One launch, about 9 s on a 2-core machine; then the same training in this kernel with
 # `world_size = 1`.
 
 # %%
@@ -1495,7 +1497,7 @@ plt.show()
 # (operation, shapes, dtypes) across ranks before running them. The worker switches the same
 # checker on for one group with `dist.set_debug_level(DebugLevel.DETAIL)` before
 # `dist.new_group()`, and runs the mismatch on it and on a plain short-timeout group. One
-# launch, about 5 s plus up to `collective_timeout_s` on a 2-core machine.
+# launch, about 6 s plus up to `collective_timeout_s` on a 2-core machine.
 
 # %%
 def debug_worker(rank, world_size, timeout_s):
@@ -1716,7 +1718,7 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # ```
 #
 # Copy it into the answer cell, fix it, and set `answer_1 = my_accumulate`. The check cell runs
-# your loop with section 1's `accumulation_worker` on `world_size` ranks (about 5 s on a 2-core
+# your loop with section 1's `accumulation_worker` on `world_size` ranks (about 7 s on a 2-core
 # machine) and compares the all-reduces per optimizer step and every rank's gradient with one
 # process on the whole global batch.
 
@@ -1771,7 +1773,7 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # device), and nobody hands you the global sample count. Return a scalar such that, after DDP
 # averages the gradients over the ranks, every rank holds the gradient of the **global mean**
 # over all samples. (Hint: a collective in the loss is fine, as long as every rank calls it.)
-# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks (about 5 s on a
+# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks (about 7 s on a
 # 2-core machine); `per_sample.mean()`, the naive loss, gives section 4's mean of rank means.
 
 # %% tags=["exercise"]
