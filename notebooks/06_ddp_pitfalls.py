@@ -1697,8 +1697,9 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #
 # ## Exercises
 #
-# Exercises 1 and 2 ask for code: write the function into `answer_N` (replacing `None`) and run
-# the check cell below it, which runs your function on `world_size` real ranks. Exercises 3-5
+# Exercises 1 and 2 ask for code: define your function in the answer cell, set `answer_N` to it
+# (replacing `None`) and run the check cell below it, which runs your function on `world_size`
+# real ranks (`check_answer(..., run=...)`). Exercises 3-5
 # ask for a value: predict it by hand first. Each check cell prints "correct" or "not yet" with a
 # hint. The solution is in the collapsed cell after the check (click the "…" or the bar on its
 # left to open it); CI runs every solution, so they are known to be right.
@@ -1728,15 +1729,21 @@ answer_1 = None  # your answer here
 # %% tags=["check"]
 # expected: 1 all-reduce per optimizer step, and on every rank the gradient of ONE process on the whole global batch
 expected_1 = {"all-reduces per step": 1, "gradient == one process, on every rank": True}
-if callable(answer_1):  # your loop, on world_size real ranks: what it did becomes the answer
-    try:
-        mine = launch(accumulation_worker, world_size, accum_steps, {"yours": answer_1}, backend="gloo", timeout=120)
-        answer_1 = {"all-reduces per step": mine[0]["yours"]["calls"],
-                    "gradient == one process, on every rank": all(torch.allclose(m["yours"]["grad"], ref_grad) for m in mine)}
-    except WorkerError as e:
-        answer_1 = f"your loop raised on rank {e.rank}: {e.exc_type}: {e.message}"
-    print(f"your loop: {answer_1}")
-check_answer("ex1", answer_1, expected_1,
+
+
+def accumulation_summary(results, name):  # what loop `name` did on the ranks, in expected_1's terms
+    return {"all-reduces per step": results[0][name]["calls"],
+            "gradient == one process, on every rank": all(torch.allclose(res[name]["grad"], ref_grad) for res in results)}
+
+
+def run_1(loop):  # your loop, on world_size real ranks
+    summary = accumulation_summary(launch(accumulation_worker, world_size, accum_steps, {"yours": loop},
+                                          backend="gloo", timeout=120), "yours")
+    print(f"your loop: {summary}")
+    return summary
+
+
+check_answer("ex1", answer_1, expected_1, run=run_1,
              hint="for which j is `j < k` False? The LAST micro-batch must run outside no_sync().")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -1761,8 +1768,7 @@ both = launch(accumulation_worker, world_size, accum_steps, {"buggy": buggy_accu
               backend="gloo", timeout=120)
 assert both[0]["buggy"]["calls"] == 0, "the buggy loop never synchronises"
 assert not any(torch.allclose(b["buggy"]["grad"], ref_grad) for b in both), "so no rank holds the global gradient"
-solution_1 = {"all-reduces per step": both[0]["fixed"]["calls"],
-              "gradient == one process, on every rank": all(torch.allclose(b["fixed"]["grad"], ref_grad) for b in both)}
+solution_1 = accumulation_summary(both, "fixed")
 check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
@@ -1794,13 +1800,15 @@ def exercise2_worker(rank, world_size, losses):
 
 # expected: every rank holds section 4's exact global mean 2 sum(x^2) / N
 expected_2 = [float(global_mean)] * world_size
-if callable(answer_2):  # your loss, on world_size real ranks: the gradients it gave become the answer
-    try:
-        answer_2 = [g["yours"] for g in launch(exercise2_worker, world_size, {"yours": answer_2}, backend="gloo", timeout=120)]
-    except WorkerError as e:
-        answer_2 = f"your loss raised on rank {e.rank}: {e.exc_type}: {e.message}"
-    print(f"gradient on each rank with your loss: {answer_2}")
-check_answer("ex2", answer_2, expected_2,
+
+
+def run_2(loss_fn):  # your loss, on world_size real ranks: the gradient each rank holds
+    got = [g["yours"] for g in launch(exercise2_worker, world_size, {"yours": loss_fn}, backend="gloo", timeout=120)]
+    print(f"gradient on each rank with your loss: {got}")
+    return got
+
+
+check_answer("ex2", answer_2, expected_2, run=run_2,
              hint="all-reduce the local sample count to get N, then return sum * world_size / N")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
