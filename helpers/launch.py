@@ -147,24 +147,24 @@ class OversubscriptionWarning(UserWarning):
 # input checks (all before any process starts)
 # ----------------------------------------------------------------------------------------------
 
-def _check_world_size(world_size: Any) -> int:
+def _check_world_size(world_size: Any, name: str = "world_size") -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise LaunchError(
-            f"world_size must be a positive int (the number of processes), got {world_size!r} "
-            f"of type {type(world_size).__name__}. Pass e.g. world_size=2."
+            f"{name} must be a positive int (the number of processes), got {world_size!r} "
+            f"of type {type(world_size).__name__}. Pass e.g. {name}=2."
         )
     if world_size < 1:
-        raise LaunchError(f"world_size must be >= 1, got {world_size}. Pass e.g. world_size=2.")
+        raise LaunchError(f"{name} must be >= 1, got {world_size}. Pass e.g. {name}=2.")
     cpus = os.cpu_count() or 1
     if world_size > MAX_RANKS_PER_CPU * cpus:
         raise LaunchError(
-            f"world_size={world_size} is more than {MAX_RANKS_PER_CPU} ranks per CPU core on this "
+            f"{name}={world_size} is more than {MAX_RANKS_PER_CPU} ranks per CPU core on this "
             f"machine ({cpus} cores); that many processes would thrash memory and the scheduler. "
-            f"Use world_size <= {MAX_RANKS_PER_CPU * cpus}."
+            f"Use {name} <= {MAX_RANKS_PER_CPU * cpus}."
         )
     if world_size > cpus:
         warnings.warn(
-            f"world_size={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
+            f"{name}={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
             "correct, but timings are not meaningful (oversubscription).",
             OversubscriptionWarning,
             stacklevel=3,
