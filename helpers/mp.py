@@ -37,7 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from helpers.launch import LaunchError, _check_callable, _check_timeout, _check_world_size, _run, _serialise
+from helpers.launch import (
+    LaunchError,
+    _check_callable,
+    _check_timeout,
+    _check_world_size,
+    _run,
+    _serialise,
+)
 
 __all__ = ["spawn"]
 

@@ -43,7 +43,6 @@ import copy
 import datetime
 import os
 import re
-import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -1144,9 +1143,9 @@ def detail_ddp_worker(rank: int, world_size: int) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from helpers.procs import free_port
+
+    return free_port()
 
 
 def init_alone_worker(rank: int, world_size: int, timeout_s: float = 3.0) -> str:
