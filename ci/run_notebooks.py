@@ -75,6 +75,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from helpers.procs import end_processes
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_PROFILES_FILE = Path(__file__).resolve().parent / "profiles.json"
@@ -437,12 +439,9 @@ def _wait_gone(procs: list, timeout: float) -> list:
 
 def _kill_all(procs: list, timeout: float = 5.0) -> list:
     """SIGKILL ``procs`` (parents before children, the order given) and wait; returns survivors."""
-    import psutil
-
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    return _wait_gone(procs, timeout)
+    survivors = end_processes(procs, terminate=False, timeout=timeout)
+    _reap_zombie_children()  # orphans this subreaper adopted while their parents died
+    return survivors
 
 
 @contextlib.contextmanager

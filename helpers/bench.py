@@ -45,7 +45,6 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -866,9 +865,9 @@ def trivial_worker(rank: int, world_size: int) -> int:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from helpers.procs import free_port
+
+    return free_port()
 
 
 def _spawn_entry(local_rank: int, fn, world_size: int, port: int, queue, backend: str) -> None:

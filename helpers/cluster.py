@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from helpers import REPO_ROOT
+from helpers import procs as _procs
 
 __all__ = [
     "ENV_KEYS",
@@ -155,12 +156,9 @@ def cluster_commands(nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST
 # ----------------------------------------------------------------------------------------------
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now: bind port 0, read the port the OS chose,
-    release it. Another process could take it before we use it (rare); pass the port to one
-    agent that *hosts* the rendezvous store, which fails loudly if it is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that is free on ``host`` right now (:func:`helpers.procs.free_port`). Pass it to
+    the one agent that *hosts* the rendezvous store, which fails loudly if it is taken."""
+    return _procs.free_port(host)
 
 
 def torchrun_command(entry_args: Sequence[str], *, nproc_per_node: int = 1, nnodes: int = 1,
@@ -260,25 +258,8 @@ def _descendants(proc) -> list:
 
 
 def _stop(processes: list, grace_s: float) -> None:
-    """SIGTERM, wait up to ``grace_s``, then SIGKILL whatever is left (psutil.Process objects;
-    psutil checks the start time, so a recycled pid is never hit)."""
-    import psutil
-
-    alive = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                p.terminate()
-                alive.append(p)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL whatever is left (:func:`helpers.procs.end_processes`)."""
+    _procs.end_processes(processes, grace_s)
 
 
 def run_agents(commands: Sequence[Sequence[str]], *, timeout: float = 180.0, env: dict[str, str] | None = None,

@@ -37,7 +37,6 @@ Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/ru
 
 from __future__ import annotations
 
-import datetime
 import functools
 import glob
 import io
@@ -57,6 +56,9 @@ import uuid
 import warnings
 from typing import Any, Callable
 
+from helpers import procs
+from helpers.procs import main_from_env
+
 __all__ = [
     "launch",
     "main_from_env",
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 #: Backends :func:`launch` accepts (``None`` chooses one).
-BACKENDS = ("gloo", "nccl")
+BACKENDS = procs.BACKENDS
 
 #: ``world_size`` above ``MAX_RANKS_PER_CPU * os.cpu_count()`` is refused; above the CPU count
 #: it is allowed with an :class:`OversubscriptionWarning` (ranks share cores: correct results,
@@ -147,24 +149,24 @@ class OversubscriptionWarning(UserWarning):
 # input checks (all before any process starts)
 # ----------------------------------------------------------------------------------------------
 
-def _check_world_size(world_size: Any) -> int:
+def _check_world_size(world_size: Any, name: str = "world_size") -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise LaunchError(
-            f"world_size must be a positive int (the number of processes), got {world_size!r} "
-            f"of type {type(world_size).__name__}. Pass e.g. world_size=2."
+            f"{name} must be a positive int (the number of processes), got {world_size!r} "
+            f"of type {type(world_size).__name__}. Pass e.g. {name}=2."
         )
     if world_size < 1:
-        raise LaunchError(f"world_size must be >= 1, got {world_size}. Pass e.g. world_size=2.")
+        raise LaunchError(f"{name} must be >= 1, got {world_size}. Pass e.g. {name}=2.")
     cpus = os.cpu_count() or 1
     if world_size > MAX_RANKS_PER_CPU * cpus:
         raise LaunchError(
-            f"world_size={world_size} is more than {MAX_RANKS_PER_CPU} ranks per CPU core on this "
+            f"{name}={world_size} is more than {MAX_RANKS_PER_CPU} ranks per CPU core on this "
             f"machine ({cpus} cores); that many processes would thrash memory and the scheduler. "
-            f"Use world_size <= {MAX_RANKS_PER_CPU * cpus}."
+            f"Use {name} <= {MAX_RANKS_PER_CPU * cpus}."
         )
     if world_size > cpus:
         warnings.warn(
-            f"world_size={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
+            f"{name}={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
             "correct, but timings are not meaningful (oversubscription).",
             OversubscriptionWarning,
             stacklevel=3,
@@ -357,27 +359,14 @@ def _serialise(fn: Any, args: tuple, kwargs: dict) -> bytes:
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str:
-    """Choose or check the process-group backend.
+    """Choose or check the process-group backend (the rule lives in :func:`helpers.procs.resolve_backend`).
 
     ``None`` gives ``"nccl"`` when CUDA has at least ``world_size`` GPUs, else ``"gloo"`` (CPU).
 
     Raises:
         LaunchError: unknown backend, or ``"nccl"`` without one GPU per rank.
     """
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend is None:
-        return "nccl" if gpus >= world_size else "gloo"
-    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
-        raise LaunchError(f"unknown backend {backend!r}; use one of {BACKENDS} or None to choose automatically.")
-    backend = backend.lower()
-    if backend == "nccl" and gpus < world_size:
-        raise LaunchError(
-            f"backend 'nccl' needs one CUDA GPU per rank: world_size={world_size} but this machine has "
-            f"{gpus} GPU(s). Use backend='gloo' (runs on CPU) or backend=None to choose automatically."
-        )
-    return backend
+    return procs.resolve_backend(backend, world_size, error=LaunchError)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,43 +385,6 @@ def worker_device():
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
-
-
-def _init_process_group(backend: str | None, timeout_s: float | None) -> None:
-    import torch
-    import torch.distributed as dist
-
-    world_size = int(os.environ["WORLD_SIZE"])
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(
-            os.environ.get("LOCAL_WORLD_SIZE", world_size)) else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    kw = {}
-    if timeout_s is not None:
-        kw["timeout"] = datetime.timedelta(seconds=max(1.0, float(timeout_s)))
-    dist.init_process_group(backend=backend, **kw)
-
-
-def main_from_env(fn: Callable, *args, backend: str | None = None, **kwargs):
-    """Run ``fn(rank, world_size, *args, **kwargs)`` in a process started by ``torchrun``.
-
-    Reads ``RANK`` and ``WORLD_SIZE`` set by torchrun, initialises the default process group
-    (``backend=None``: nccl with enough GPUs, else gloo), calls ``fn`` and destroys the group.
-    This is how a worker written for :func:`launch` runs unchanged on a cluster::
-
-        torchrun --standalone --nproc-per-node=2 -m helpers.some_module
-
-    Returns:
-        whatever ``fn`` returns on this rank.
-    """
-    import torch.distributed as dist
-
-    _init_process_group(backend, None)
-    try:
-        return fn(dist.get_rank(), dist.get_world_size(), *args, **kwargs)
-    finally:
-        dist.destroy_process_group()
 
 
 def _write_json(path: str, payload: dict) -> None:
@@ -506,7 +458,7 @@ def _worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | 
                 os.environ.pop(name, None)
             result = fn(rank, *args, **kwargs)
         else:
-            _init_process_group(backend, timeout_s)
+            procs.init_process_group_from_env(backend, timeout_s)
             result = fn(rank, world_size, *args, **kwargs)
         try:
             data = cloudpickle.dumps(result)
@@ -597,15 +549,15 @@ def _worker_processes(run_dir: str):
     """The live worker processes (and anything they started), found through their pid files."""
     import psutil
 
-    procs = []
+    found = []
     for rank, info in _read_markers(run_dir, "pid").items():
         try:
             p = psutil.Process(info["pid"])
-            procs.append((rank, p))
-            procs.extend((rank, c) for c in p.children(recursive=True))
+            found.append((rank, p))
+            found.extend((rank, c) for c in p.children(recursive=True))
         except psutil.Error:
             pass
-    return procs
+    return found
 
 
 def _spawned_since(before: set[int]):
@@ -626,32 +578,9 @@ def _spawned_since(before: set[int]):
     return found
 
 
-def _end_processes(procs) -> None:
-    import psutil
-
-    alive = []
-    for _, p in procs:
-        try:
-            p.terminate()
-            alive.append(p)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=_KILL_GRACE_S)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=_KILL_GRACE_S)
-
-
-def _is_dead(p) -> bool:
-    import psutil
-
-    try:
-        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
+def _end_processes(found) -> None:
+    """End ``(rank, psutil.Process)`` pairs: SIGTERM, a grace period, SIGKILL (helpers.procs)."""
+    procs.end_processes([p for _, p in found], _KILL_GRACE_S)
 
 
 class _QuietElastic:

@@ -567,23 +567,10 @@ def summarize_ddp(histories: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    """``torchrun --standalone --nproc_per_node=2 -m helpers.mnist_train [--max-steps N] ...``"""
-    import argparse
+    """``torchrun ... -m helpers.mnist_train [options]``: the same entry point as ``-m helpers.cluster``."""
+    from helpers.cluster import main
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=0, help="0: full epochs")
-    p.add_argument("--model", choices=MODELS, default="linear")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    config = TrainConfig(a.global_batch_size, a.lr, a.epochs, a.max_steps, a.model, a.seed)
-    from helpers.launch import main_from_env
-
-    h = main_from_env(ddp_train_worker, config)
-    if h is not None and h.get("rank") == 0:
-        print(f"test accuracy {h['test_accuracy']:.4f}, {h['samples_per_s']:.0f} samples/s")
+    main(argv)
 
 
 if __name__ == "__main__":

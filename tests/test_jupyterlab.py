@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -182,9 +181,9 @@ def require_browser() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from helpers.procs import free_port
+
+    return free_port()
 
 
 def _http(url: str, method: str = "GET", timeout: float = 5.0) -> int:

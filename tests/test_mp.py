@@ -1,0 +1,141 @@
+"""helpers.mp.spawn, the notebook-safe drop-in for torch.multiprocessing.spawn: the official DDP
+tutorial's code runs from a notebook cell with one changed import. Real processes, real gloo."""
+
+import os
+
+import pytest
+
+from _support import REPO_ROOT
+from helpers import mp
+from helpers.launch import LaunchError, WorkerError
+
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
+
+# The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
+# Case"), pasted as a learner would; the only change is the import of mp (and no device_ids).
+TUTORIAL = '''\
+import os
+import sys
+import tempfile
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+
+import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '12355'
+
+    # initialize the process group
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super(ToyModel, self).__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def demo_basic(rank, world_size):
+    print(f"Running basic DDP example on rank {rank}.")
+    setup(rank, world_size)
+
+    # create model and move it to GPU with id rank
+    model = ToyModel()
+    ddp_model = DDP(model)
+
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+
+    cleanup()
+    print(f"Finished running basic DDP example on rank {rank}.")
+
+
+def run_demo(demo_fn, world_size):
+    mp.spawn(demo_fn,
+             args=(world_size,),
+             nprocs=world_size,
+             join=True)
+'''
+
+
+def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, monkeypatch):
+    import nbformat
+    import papermill as pm
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("world_size = 2")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(TUTORIAL),
+                nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)"),
+                nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)  # again: MASTER_PORT 12355 is free again")]
+    nbformat.write(nb, tmp_path / "tutorial.ipynb")
+    pm.execute_notebook(str(tmp_path / "tutorial.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                        cwd=str(tmp_path), progress_bar=False, execution_timeout=300)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    for cell in out.cells[2:4]:
+        text = "".join(o.get("text", "") for o in cell.outputs)
+        for rank in range(2):
+            assert f"[rank {rank}] Running basic DDP example on rank {rank}." in text, text
+            assert f"[rank {rank}] Finished running basic DDP example on rank {rank}." in text, text
+
+
+def _cell(code: str) -> dict:
+    ns = {"__name__": "__main__"}
+    exec(compile(code, "<cell>", "exec"), ns)
+    return ns
+
+
+def test_results_in_rank_order_no_group_and_no_agent_environment():
+    ns = _cell(
+        "import os\n"
+        "import torch.distributed as dist\n"
+        "def fn(i, base):\n"
+        "    agent = sorted(k for k in os.environ if k in ('RANK', 'WORLD_SIZE', 'MASTER_PORT', 'MASTER_ADDR')\n"
+        "                  or k.startswith('TORCHELASTIC_'))\n"
+        "    return base + i, dist.is_initialized(), agent\n"
+    )
+    assert mp.spawn(ns["fn"], args=(100,), nprocs=2) == [(100, False, []), (101, False, [])]
+
+
+def test_error_names_the_rank():
+    ns = _cell("def fn(i):\n    if i == 1:\n        raise ZeroDivisionError('rank one divides by zero')\n")
+    with pytest.raises(WorkerError, match="rank 1 failed with ZeroDivisionError") as info:
+        mp.spawn(ns["fn"], nprocs=2)
+    assert "rank one divides by zero" in info.value.traceback or "rank one" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"join": False}, ["join=False", "join=True"]),
+    ({"start_method": "fork"}, ["'fork'", "Cannot re-initialize CUDA in forked subprocess", "'spawn'"]),
+    ({"start_method": "forkserver"}, ["'forkserver'", "only 'spawn'"]),
+    ({"args": [2]}, ["args must be a tuple"]),
+    ({"nprocs": 0}, ["nprocs must be >= 1"]),
+])
+def test_refused_before_any_process_starts(kwargs, words):
+    with pytest.raises(LaunchError) as info:
+        mp.spawn(print, **kwargs)
+    for word in words:
+        assert word in str(info.value), str(info.value)

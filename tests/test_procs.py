@@ -1,0 +1,72 @@
+"""helpers.procs: the one home of process plumbing (free ports, ending process trees, the backend
+rule). Real processes and sockets."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from helpers import procs
+
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
+
+def test_free_port_is_bindable():
+    port = procs.free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def _child(ignore_term: bool) -> psutil.Process:
+    code = ("import signal, sys, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "print('ready', flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.stdout.close()
+    return psutil.Process(p.pid)
+
+
+def test_end_processes_terminates_then_kills():
+    polite, stubborn = _child(False), _child(True)
+    start = time.monotonic()
+    left = procs.end_processes([polite, stubborn], grace_s=1.0)
+    assert left == []
+    assert not polite.is_running() and not stubborn.is_running()
+    # the stubborn one ignored SIGTERM, so it needed the SIGKILL after the grace period
+    assert time.monotonic() - start >= 1.0
+
+
+def test_end_processes_kill_at_once_and_already_gone():
+    p = _child(True)
+    assert procs.end_processes([p], terminate=False, timeout=5) == []
+    assert procs.end_processes([p]) == []  # already ended: nothing to do, no error
+
+
+def test_backend_rule():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert procs.default_backend(1) == ("nccl" if gpus >= 1 else "gloo")
+    assert procs.resolve_backend(None, 2) == ("nccl" if gpus >= 2 else "gloo")
+    assert procs.resolve_backend("GLOO", 2) == "gloo"
+    with pytest.raises(ValueError, match="unknown backend"):
+        procs.resolve_backend("mpi", 2)
+    if gpus < 64:
+        with pytest.raises(KeyError, match="nccl"):
+            procs.resolve_backend("nccl", 64, error=KeyError)
+
+
+def test_sigterm_is_what_end_processes_sends_first():
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(0)))\n"
+            "print('ready', flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    assert procs.end_processes([psutil.Process(p.pid)], grace_s=10) == []
+    assert p.stdout.read().strip() == "got SIGTERM"
+    p.stdout.close()
+    p.wait()
