@@ -78,7 +78,6 @@ import io
 import linecache
 import os
 import re
-import socket
 import tempfile
 import time
 from fractions import Fraction
@@ -100,6 +99,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.launch import LaunchTimeout, WorkerError, launch, worker_device
+from helpers.procs import free_port
 
 t_notebook = time.perf_counter()
 T = collective_timeout_s
@@ -1607,12 +1607,6 @@ else:  # another torch version: report what happened instead of asserting 2.14.1
 # start-up plus the timeout).
 
 # %%
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_alone_worker(rank, world_size, timeout_s):
     dist.destroy_process_group()  # the launcher's group; now a job of world_size + 1 processes
     port = free_port()
