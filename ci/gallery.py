@@ -17,17 +17,21 @@ the gallery itself never raises for one bad notebook.
 
 Standalone, on notebooks a previous run left in a folder (statuses are not known then)::
 
-    python ci/gallery.py build/full
+    python3 ci/gallery.py build/full
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import html
 import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable
+
+import nbformat
+from nbconvert import HTMLExporter
 
 __all__ = ["write_gallery", "render_notebook"]
 
@@ -79,9 +83,6 @@ def render_notebook(ipynb: str | os.PathLike, html_path: str | os.PathLike,
     With ``banner_status`` (e.g. ``"FAILED"``), a red banner with it and ``banner_error`` is
     inserted at the top of the page. Returns the HTML path.
     """
-    import nbformat
-    from nbconvert import HTMLExporter
-
     nb = nbformat.read(str(ipynb), as_version=4)
     body, _ = HTMLExporter().from_notebook_node(
         nb, resources={"metadata": {"name": Path(ipynb).stem}}
@@ -185,8 +186,6 @@ def write_gallery(
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Render the executed notebooks in FOLDER to "
                                      "HTML and write FOLDER/index.html (statuses unknown).")
     parser.add_argument("folder")

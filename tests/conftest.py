@@ -1,17 +1,17 @@
-"""Make the repository root (for ``ci.run_notebooks``) and tests/ (for worker modules such as
-``launch_workers``, which spawned workers import by name) importable without PYTHONPATH."""
-
-import sys
-from pathlib import Path
+"""Shared fixtures and options. The repository root (for ``ci``) and tests/ (for worker modules
+such as ``launch_workers``, which spawned workers import by name) are on ``sys.path`` through
+``pythonpath`` in pyproject.toml's ``[tool.pytest.ini_options]``."""
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (str(Path(__file__).resolve().parent), str(ROOT)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from _support import leftover_processes
 
-from _support import leftover_processes  # noqa: E402
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full-profile-follows", action="store_true", default=False,
+        help="CI's main job (python3 ci/run_notebooks.py --profile full) runs after the tests: skip "
+        "the smoke run of a notebook whose smoke and full parameters are equal (.ci/run passes this)")
 
 
 @pytest.fixture

@@ -216,15 +216,22 @@ def test_far_too_many_ranks_refused():
 
 # ---- the same worker under torchrun --------------------------------------------------------
 
-def test_same_worker_runs_under_torchrun():
+def test_same_worker_runs_under_torchrun(tmp_path):
+    """Each rank's stdout goes to its own file (``--redirects 3`` under ``--log-dir``): two ranks
+    writing one stdout at once can join their lines, so the combined stream is never parsed."""
+    logs = tmp_path / "torchrun-logs"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(TESTS_DIR / "launch_workers.py")],
+         f"--log-dir={logs}", "--redirects=3", str(TESTS_DIR / "launch_workers.py")],
         capture_output=True, text=True, timeout=150, cwd=REPO_ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("TORCHRUN_RESULT"))
-    assert lines == ["TORCHRUN_RESULT 0 2 2.0", "TORCHRUN_RESULT 1 2 2.0"], proc.stdout
+    # torchrun's layout: <log-dir>/<run id>/attempt_0/<local rank>/stdout.log
+    files = sorted(logs.glob("*/attempt_0/*/stdout.log"), key=lambda p: int(p.parent.name))
+    assert [int(f.parent.name) for f in files] == [0, 1], f"per-rank logs: {files}\n{proc.stderr}"
+    for local_rank, f in enumerate(files):
+        results = [line for line in f.read_text().splitlines() if line.startswith("TORCHRUN_RESULT")]
+        assert results == [f"TORCHRUN_RESULT {local_rank} 2 2.0"], f.read_text()
 
 
 # ---- parent-death signal: the thread that starts the ranks outlives them -----------------------

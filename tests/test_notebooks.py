@@ -1,29 +1,67 @@
-"""Execute every notebooks/*.ipynb through the CI runner, in the smoke and the full profile.
+"""Execute every notebooks/*.ipynb through the CI runner, in the smoke profile.
 
-The full profile (ci/profiles.json) is what a learner runs and what the main job executes; it
-adds about 9 minutes on 2 cores, most of it notebook 05's benchmarks."""
+The full profile (ci/profiles.json, the learner's parameters) is not run here: CI's main job
+runs it once, after the tests (``.ci/run``: ``python3 ci/run_notebooks.py --profile full``).
+So that no notebook runs twice with the same parameters in one CI run, ``.ci/run`` passes
+``--full-profile-follows``: then a notebook whose smoke parameters equal its full ones is
+skipped here (the main job runs it next, with exactly these parameters), with that reason in
+pytest's summary. Without the option (a contributor's ``python3 -m pytest``) every notebook runs.
+"""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
+from ci.planning import notebook_parameters, plan_run
 from ci.run_notebooks import run_notebooks
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 
 
+def effective_parameters(path: Path, profile: str) -> dict:
+    """The values the notebook runs with in ``profile``: its defaults, overridden by the profile.
+
+    A default that is not a Python literal is kept as its source text (profiles cannot set such
+    a parameter to the same text, so the comparison stays exact)."""
+    values = {}
+    for name, declared in notebook_parameters(path).items():
+        try:
+            values[name] = ast.literal_eval(str(declared.get("default", "")))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            values[name] = ("<expression>", declared.get("default"))
+    (job,) = plan_run([str(path)], profile=profile).jobs
+    values.update(job.params)
+    return values
+
+
 def test_there_are_notebooks():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOKS_DIR}: nothing to execute"
 
 
+def test_effective_parameters_sees_profile_overrides():
+    """The skip rule below compares real values: a notebook whose full profile overrides a
+    parameter must differ, and smoke must equal the notebook's own defaults."""
+    overridden = [p for p in NOTEBOOKS if plan_run([str(p)], profile="full").jobs[0].params]
+    assert overridden, "no notebook has full-profile overrides: check ci/profiles.json"
+    for path in NOTEBOOKS:
+        smoke, full = effective_parameters(path, "smoke"), effective_parameters(path, "full")
+        assert set(smoke) == set(full) == set(notebook_parameters(path)), path.stem
+    for path in overridden:
+        assert effective_parameters(path, "smoke") != effective_parameters(path, "full"), path.stem
+
+
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("profile", ["smoke", "full"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, profile: str, tmp_path: Path):
-    (row,) = run_notebooks([str(path)], profile=profile, output_dir=tmp_path)
+def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
+    if request.config.getoption("full_profile_follows") and (
+            effective_parameters(path, "smoke") == effective_parameters(path, "full")):
+        pytest.skip(f"{path.stem}: smoke and full parameters are equal; the main job "
+                    "(ci/run_notebooks.py --profile full) runs it after the tests")
+    (row,) = run_notebooks([str(path)], profile="smoke", output_dir=tmp_path)
     assert row["status"] == "ok", (
         f"{row['notebook']} {row['status']} after {row['seconds']:.1f} s: {row['error']}\n"
         f"executed notebook: {row['output']}"

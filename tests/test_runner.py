@@ -12,6 +12,7 @@ import nbformat
 import psutil
 import pytest
 
+from ci import execution
 from ci import run_notebooks as rn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +184,7 @@ def test_cli_timeout_names_cell_and_kills_kernel_tree(nbdir, profiles, tmp_path)
 
 @pytest.mark.timeout(120)
 def test_leftover_process_fails_the_notebook_and_is_killed(nbdir, profiles, tmp_path, monkeypatch):
-    monkeypatch.setattr(rn, "LEFTOVER_GRACE_S", 0.5)
+    monkeypatch.setattr(execution, "LEFTOVER_GRACE_S", 0.5)
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     rows = rn.run_notebooks(["04_leak"], output_dir=tmp_path / "build", notebooks_dir=nbdir,
@@ -201,7 +202,7 @@ def test_leftover_process_fails_the_notebook_and_is_killed(nbdir, profiles, tmp_
 
 @pytest.mark.timeout(120)
 def test_kernel_death_orphans_are_found(nbdir, profiles, tmp_path, monkeypatch):
-    monkeypatch.setattr(rn, "LEFTOVER_GRACE_S", 0.5)
+    monkeypatch.setattr(execution, "LEFTOVER_GRACE_S", 0.5)
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     (row,) = rn.run_notebooks(["05"], output_dir=tmp_path / "build", notebooks_dir=nbdir,

@@ -1,0 +1,392 @@
+"""Planning a notebook run: which notebooks, which profile, which parameters, all checked
+before anything runs.
+
+Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``) or a path to an
+``.ipynb`` file. Parameters, lowest priority first: the notebook's cell tagged ``parameters``;
+``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
+starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
+notebook's ``parameters`` cell (``papermill.inspect_notebook``); :class:`ConfigError` carries
+every problem found. Used by :mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import nbformat
+import papermill
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DEFAULT_PROFILES_FILE = Path(__file__).resolve().parent / "profiles.json"
+
+#: Known profiles and their default per-cell timeout in seconds.
+PROFILE_CELL_TIMEOUTS: dict[str, int] = {"smoke": 300, "full": 1800, "gpu": 1800}
+PROFILES = tuple(PROFILE_CELL_TIMEOUTS)
+
+
+class ConfigError(Exception):
+    """Bad invocation or configuration, detected before any notebook ran (exit code 2)."""
+
+
+class CliValue(str):
+    """A ``-p NAME=VALUE`` text; typed per notebook against the parameter's default."""
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook selection
+# --------------------------------------------------------------------------------------------
+
+
+def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> list[Path]:
+    """All ``*.ipynb`` files directly in ``notebooks_dir``, sorted by name."""
+    folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(
+        (p.resolve() for p in folder.glob("*.ipynb") if not p.name.startswith(".")),
+        key=lambda p: p.name,
+    )
+
+
+def _number_prefix(stem: str) -> int | None:
+    m = re.match(r"(\d+)", stem)
+    return int(m.group(1)) if m else None
+
+
+def resolve_notebooks(
+    names: Iterable[str] | None, notebooks_dir: str | os.PathLike | None = None
+) -> list[Path]:
+    """Map notebook names (stem, number prefix or path) to absolute paths.
+
+    Raises :class:`ConfigError` listing the available notebooks when a name matches none, or
+    a number prefix matches several.
+    """
+    folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
+    available = discover_notebooks(folder)
+    listing = "\n".join(f"  {p.stem}" for p in available) or "  (none)"
+    names = list(names or [])
+    if not names:
+        if not available:
+            raise ConfigError(f"no notebooks (*.ipynb) found in {folder}")
+        return available
+
+    chosen: list[Path] = []
+    errors: list[str] = []
+    for name in names:
+        looks_like_path = name.endswith(".ipynb") or "/" in name or os.sep in name
+        if looks_like_path:
+            p = Path(name)
+            if p.is_file():
+                chosen.append(p.resolve())
+            elif p.parent == Path(".") and (folder / p.name).is_file():
+                chosen.append((folder / p.name).resolve())
+            else:
+                errors.append(f"no such notebook file: {name!r}")
+            continue
+        exact = [p for p in available if p.stem == name]
+        if exact:
+            chosen.append(exact[0])
+            continue
+        if name.isdigit():
+            matches = [p for p in available if _number_prefix(p.stem) == int(name)]
+            if len(matches) == 1:
+                chosen.append(matches[0])
+                continue
+            if len(matches) > 1:
+                errors.append(
+                    f"notebook number {name!r} is ambiguous: " + ", ".join(p.stem for p in matches)
+                )
+                continue
+        errors.append(f"unknown notebook {name!r}")
+    if errors:
+        raise ConfigError("\n".join(errors) + f"\navailable notebooks in {folder}:\n{listing}")
+
+    unique: list[Path] = []
+    for p in chosen:
+        if p not in unique:
+            unique.append(p)
+    stems: dict[str, Path] = {}
+    for p in unique:
+        if p.stem in stems:
+            raise ConfigError(
+                f"two selected notebooks share the name {p.stem!r} (their outputs would "
+                f"collide): {stems[p.stem]} and {p}"
+            )
+        stems[p.stem] = p
+    return unique
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles and parameters
+# --------------------------------------------------------------------------------------------
+
+
+def check_profile(profile: str) -> None:
+    if profile not in PROFILE_CELL_TIMEOUTS:
+        raise ConfigError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
+
+
+def load_profiles(profiles_file: str | os.PathLike | None = None) -> dict[str, dict[str, dict]]:
+    """Read and shape-check the profiles file; ``{stem: {profile: {name: value}}}``."""
+    path = Path(profiles_file) if profiles_file is not None else DEFAULT_PROFILES_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"profiles file not found: {path}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read profiles file {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    out: dict[str, dict[str, dict]] = {}
+    for stem, entry in raw.items():
+        if stem.startswith("_"):
+            continue
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {stem!r} must map profile names to objects")
+        out[stem] = {}
+        for prof, params in entry.items():
+            if prof.startswith("_"):
+                continue
+            if prof not in PROFILE_CELL_TIMEOUTS:
+                raise ConfigError(
+                    f"{path}: {stem!r} has unknown profile {prof!r}; profiles: {', '.join(PROFILES)}"
+                )
+            if not isinstance(params, dict):
+                raise ConfigError(f"{path}: {stem!r} -> {prof!r} must be an object of parameters")
+            out[stem][prof] = {k: v for k, v in params.items() if not k.startswith("_")}
+    return out
+
+
+def notebook_parameters(path: Path) -> dict[str, dict]:
+    """The parameters declared in the notebook's ``parameters`` cell (papermill's view).
+
+    Raises :class:`ConfigError` when there is no cell tagged ``parameters``.
+    """
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception as e:  # noqa: BLE001 - any unreadable notebook is a config error
+        raise ConfigError(f"{path.stem}: cannot read {path}: {e}") from None
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
+        raise ConfigError(f"{path.stem}: no cell tagged 'parameters' in {path}")
+    try:
+        declared = papermill.inspect_notebook(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{path.stem}: cannot inspect parameters of {path}: {e}") from None
+    # papermill's line-based parser skips e.g. a line whose comment contains '='; top-level
+    # assignments it missed are still parameters (their type is taken from the literal default)
+    source = next(c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    for name, annotation, default in parameter_assignments(source):
+        declared.setdefault(
+            name,
+            {"name": name, "inferred_type_name": annotation or "None", "default": default, "help": ""},
+        )
+    return declared
+
+
+def parameter_assignments(source: str) -> list[tuple[str, str | None, str]]:
+    """``(name, annotation, default source)`` of the top-level ``name = value`` statements."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # e.g. IPython magics; papermill's view is all there is
+        return []
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found.append((node.targets[0].id, None, ast.unparse(node.value)))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            found.append((node.target.id, ast.unparse(node.annotation), ast.unparse(node.value)))
+    return found
+
+
+_GENERIC_BASES = {"List": "list", "Dict": "dict", "Tuple": "tuple", "Set": "set"}
+
+
+def expected_type(param: dict) -> tuple[str | None, bool]:
+    """``(type name or None when unknown, whether None is acceptable)`` for a parameter.
+
+    Uses papermill's ``inferred_type_name`` (from an annotation or type comment) and, when
+    that is absent, the type of the default if the default is a Python literal.
+    """
+    name = str(param.get("inferred_type_name") or "None").strip()
+    if name not in ("None", ""):
+        nullable = False
+        m = re.fullmatch(r"(?:typing\.)?Optional\[(.+)\]", name)
+        if m:
+            name, nullable = m.group(1).strip(), True
+        if "|" in name:
+            parts = [s.strip() for s in name.split("|")]
+            nullable = nullable or "None" in parts
+            parts = [s for s in parts if s != "None"]
+            if len(parts) != 1:
+                return None, True
+            name = parts[0]
+        base = name.split("[", 1)[0].strip().rsplit(".", 1)[-1]
+        return _GENERIC_BASES.get(base, base), nullable
+    try:
+        default = ast.literal_eval(str(param.get("default", "")))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None, True
+    if default is None:
+        return None, True
+    return type(default).__name__, False
+
+
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "list": lambda v: isinstance(v, (list, tuple)),
+    "tuple": lambda v: isinstance(v, (list, tuple)),
+    "set": lambda v: isinstance(v, (list, tuple, set)),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
+    text = str(value)
+    if expected == "str":
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return text
+        return parsed if isinstance(parsed, str) else text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def check_parameters(
+    stem: str, declared: dict[str, dict], values: dict[str, tuple[Any, str]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Type ``values`` (``{name: (value, where it came from)}``) against ``declared``.
+
+    Returns the final parameters and a list of error messages.
+    """
+    final: dict[str, Any] = {}
+    errors: list[str] = []
+    known = ", ".join(sorted(declared)) or "(none)"
+    for name, (value, source) in values.items():
+        if name not in declared:
+            errors.append(
+                f"{stem}: unknown parameter {name!r} (from {source}); the parameters cell "
+                f"declares: {known}"
+            )
+            continue
+        expected, nullable = expected_type(declared[name])
+        if isinstance(value, CliValue):
+            value = _coerce_cli_value(value, expected)
+        if value is None:
+            if expected is not None and not nullable:
+                errors.append(
+                    f"{stem}: parameter {name!r} expects {expected}, got NoneType (None) "
+                    f"(from {source})"
+                )
+                continue
+        elif expected in _TYPE_CHECKS and not _TYPE_CHECKS[expected](value):
+            errors.append(
+                f"{stem}: parameter {name!r} expects {expected} (default "
+                f"{declared[name].get('default')}), got {type(value).__name__} ({value!r}) "
+                f"(from {source})"
+            )
+            continue
+        final[name] = value
+    return final, errors
+
+
+
+@dataclass
+class Job:
+    """One notebook to execute, with its checked parameters (profile and ``-p`` values only;
+    the notebook's own defaults are not repeated)."""
+
+    path: Path
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+@dataclass
+class Plan:
+    """A fully validated run: what :func:`run_notebooks` executes."""
+
+    jobs: list[Job]
+    profile: str
+    output_dir: Path
+    cell_timeout: int | None
+
+
+def plan_run(
+    names: Iterable[str] | None = None,
+    profile: str = "smoke",
+    output_dir: str | os.PathLike = "build",
+    cell_timeout: float | None = None,
+    extra_params: dict[str, Any] | None = None,
+    *,
+    notebooks_dir: str | os.PathLike | None = None,
+    profiles_file: str | os.PathLike | None = None,
+) -> Plan:
+    """Check everything (names, profile, profiles file, parameters) without running anything.
+
+    Raises :class:`ConfigError` with every problem found.
+    """
+    check_profile(profile)
+    paths = resolve_notebooks(names, notebooks_dir)
+    profiles = load_profiles(profiles_file)
+    known_stems = {p.stem for p in discover_notebooks(notebooks_dir)} | {p.stem for p in paths}
+    for stem in profiles:
+        if stem not in known_stems:
+            print(
+                f"warning: {profiles_file or DEFAULT_PROFILES_FILE} has an entry for "
+                f"{stem!r}, which is not a notebook here",
+                file=sys.stderr,
+            )
+    if cell_timeout is None:
+        timeout: int | None = PROFILE_CELL_TIMEOUTS[profile]
+    elif cell_timeout < 0:
+        raise ConfigError(f"--cell-timeout must be >= 0 (0 disables it), got {cell_timeout}")
+    else:
+        timeout = int(math.ceil(cell_timeout)) or None
+
+    jobs: list[Job] = []
+    errors: list[str] = []
+    for path in paths:
+        try:
+            declared = notebook_parameters(path)
+        except ConfigError as e:
+            errors.append(str(e))
+            continue
+        values: dict[str, tuple[Any, str]] = {}
+        for k, v in profiles.get(path.stem, {}).get(profile, {}).items():
+            values[k] = (v, f"profile {profile!r} in {Path(profiles_file or DEFAULT_PROFILES_FILE).name}")
+        for k, v in (extra_params or {}).items():
+            values[k] = (v, f"-p {k}=" + (str(v) if isinstance(v, CliValue) else repr(v)))
+        params, errs = check_parameters(path.stem, declared, values)
+        errors.extend(errs)
+        jobs.append(Job(path, params))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return Plan(jobs, profile, Path(output_dir).resolve(), timeout)
+
+
+def require_device(profile: str) -> None:
+    """Refuse, before any notebook runs, a profile whose hardware is missing (never a silent skip)."""
+    if profile == "gpu":
+        import torch  # here, not at the top: 1.6 s measured, needed only by the gpu profile
+
+        if not torch.cuda.is_available():
+            raise ConfigError("profile 'gpu' runs the notebooks on a CUDA GPU (nccl, real nn.DataParallel), "
+                              "but torch.cuda.is_available() is False here; use --profile full on a CPU machine")
+
