@@ -390,3 +390,23 @@ def require_device(profile: str) -> None:
             raise ConfigError("profile 'gpu' runs the notebooks on a CUDA GPU (nccl, real nn.DataParallel), "
                               "but torch.cuda.is_available() is False here; use --profile full on a CPU machine")
 
+
+
+def effective_parameters(path: Path, profile: str, extra_params: dict[str, Any] | None = None, *,
+                         profiles_file: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Every parameter's value when ``path`` runs in ``profile``: the notebook's defaults, then the
+    profile's values, then ``extra_params`` (checked as :func:`plan_run` checks them).
+
+    Two runs with equal results execute the notebook with the same parameters (CI uses this to
+    run no notebook twice with the same parameters). A default that is not a Python literal is
+    kept as ``("<expression>", source text)``. Raises :class:`ConfigError` like :func:`plan_run`.
+    """
+    values: dict[str, Any] = {}
+    for name, declared in notebook_parameters(path).items():
+        try:
+            values[name] = ast.literal_eval(str(declared.get("default", "")))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            values[name] = ("<expression>", declared.get("default"))
+    (job,) = plan_run([str(path)], profile, extra_params=extra_params, profiles_file=profiles_file).jobs
+    values.update(job.params)
+    return values

@@ -9,6 +9,11 @@ notebook model, no rendered stderr holding a traceback). It saves screenshots to
 ``[rank r]`` output), shuts the server down through its REST API and checks that no process it
 started (server, kernel, DDP workers, browser) is left behind.
 
+Parameters: the browser runs the notebook with :data:`BROWSER_PARAMETERS` (``world_size`` 4),
+injected into the temporary copy as papermill does, so this is the one run of notebook 01 with
+four ranks: no other run in CI (the smoke tests, the main job's full profile) executes the
+notebook with the same parameters, which the test checks.
+
 Isolation: JupyterLab serves a temporary copy of ``notebooks/`` (the notebook in git is never
 touched, whatever JupyterLab autosaves; the test checks its bytes did not change) with
 temporary settings, workspaces, runtime and config folders, on 127.0.0.1, a free port and a
@@ -17,8 +22,9 @@ random token.
 Needs Chromium (Debian: ``apt-get install -y chromium``; ``.ci/run`` installs it) and the
 ``playwright`` Python package (requirements.txt), which drives that Chromium; Playwright's own
 browser download (``playwright install``) is never used. ``DDP_LAB_CHROMIUM`` may name another
-Chromium executable. Without them the test FAILS, saying how to install them; set
-``DDP_LAB_SKIP_BROWSER=1`` to skip it on purpose.
+Chromium executable. Where the environment variable ``CI`` is set the test is mandatory: a
+missing browser FAILS it, saying how to install one. Elsewhere it is skipped, with the reason
+in pytest's summary; ``DDP_LAB_SKIP_BROWSER=1`` skips it on purpose (not under ``CI``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from _support import leftover_processes
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
 NB_NAME = "01_gradients_dp_vs_ddp.ipynb"
+#: Injected into the temporary copy; must differ from the notebook's smoke and full parameters.
+BROWSER_PARAMETERS = {"world_size": 4}
 BUILD_DIR = ROOT / "build"
 SCREENSHOT = BUILD_DIR / "jupyterlab_nb01.png"
 SCREENSHOT_RANKS = BUILD_DIR / "jupyterlab_nb01_ranks.png"
@@ -69,7 +77,7 @@ CHROMIUM_ARGS = [
 
 MARKER_ENV = "DDP_LAB_JUPYTERLAB_TEST"
 SERVER_START_TIMEOUT_S = 180
-RUN_ALL_TIMEOUT_S = 600  # notebook 01 takes 20-60 s on 2 busy cores; the rest is slack
+RUN_ALL_TIMEOUT_S = 600  # notebook 01 with 4 ranks takes 30-90 s on 2 busy cores; the rest is slack
 SHUTDOWN_TIMEOUT_S = 60
 
 #: JupyterLab user settings for a deterministic, quiet, offline UI.
@@ -147,8 +155,12 @@ def _chromium_executable() -> str | None:
 
 
 def require_browser() -> str:
-    """The Chromium executable; skips only on DDP_LAB_SKIP_BROWSER=1, else fails with a fix."""
+    """The Chromium executable. Where ``CI`` is set a missing browser fails the test; elsewhere
+    it skips it (reason in pytest's summary), as does ``DDP_LAB_SKIP_BROWSER=1``."""
+    in_ci = bool(os.environ.get("CI"))
     if os.environ.get(SKIP_ENV) == "1":
+        if in_ci:
+            pytest.fail(f"{SKIP_ENV}=1 but CI is set: in CI the JupyterLab browser test is mandatory", pytrace=False)
         pytest.skip(f"{SKIP_ENV}=1: the JupyterLab browser test is skipped on purpose")
     problems = []
     chromium = _chromium_executable()
@@ -167,12 +179,32 @@ def require_browser() -> str:
             "(do not run `playwright install`: the test drives the system Chromium)."
         )
     if problems:
-        pytest.fail(
-            "The JupyterLab browser test needs a browser:\n- " + "\n- ".join(problems)
-            + f"\nSet {SKIP_ENV}=1 to skip this test on purpose.",
-            pytrace=False,
-        )
+        message = "The JupyterLab browser test needs a browser:\n- " + "\n- ".join(problems)
+        if in_ci:
+            pytest.fail(message + "\nCI is set, so this test is mandatory.", pytrace=False)
+        pytest.skip(message.replace("\n", " ") + " (mandatory where CI is set)")
     return chromium
+
+
+def inject_browser_parameters(path: Path) -> dict:
+    """Write :data:`BROWSER_PARAMETERS` into the notebook at ``path`` (a temporary copy) the way
+    papermill does (an ``injected-parameters`` cell after the ``parameters`` cell), after the
+    runner's type checks; returns the values the notebook runs with."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    from ci.planning import effective_parameters
+
+    source = NOTEBOOKS_DIR / NB_NAME
+    values = effective_parameters(source, "smoke", BROWSER_PARAMETERS)
+    for profile in ("smoke", "full"):
+        assert values != effective_parameters(source, profile), (
+            f"the browser test would run {NB_NAME} with the {profile} profile's parameters, which "
+            f"another CI run already executes: change BROWSER_PARAMETERS")
+    nb = parameterize_notebook(load_notebook_node(str(path)), dict(BROWSER_PARAMETERS))
+    nbformat.write(nb, str(path))
+    return values
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,6 +416,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     server = LabServer(tmp_path)
+    inject_browser_parameters(server.root / NB_NAME)
     n_seen = 0
     try:
         server.start()

@@ -10,32 +10,15 @@ pytest's summary. Without the option (a contributor's ``python3 -m pytest``) eve
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-from ci.planning import notebook_parameters, plan_run
+from ci.planning import effective_parameters, notebook_parameters, plan_run
 from ci.run_notebooks import run_notebooks
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-
-
-def effective_parameters(path: Path, profile: str) -> dict:
-    """The values the notebook runs with in ``profile``: its defaults, overridden by the profile.
-
-    A default that is not a Python literal is kept as its source text (profiles cannot set such
-    a parameter to the same text, so the comparison stays exact)."""
-    values = {}
-    for name, declared in notebook_parameters(path).items():
-        try:
-            values[name] = ast.literal_eval(str(declared.get("default", "")))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            values[name] = ("<expression>", declared.get("default"))
-    (job,) = plan_run([str(path)], profile=profile).jobs
-    values.update(job.params)
-    return values
 
 
 def test_there_are_notebooks():

@@ -1,0 +1,45 @@
+"""Lint as a habit: ruff (configured in pyproject.toml) on the code and the notebooks' .py twins,
+and the dependencies declared once for pip (pyproject.toml) and once for the README (requirements.txt)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *LINTED], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (
+        f"`ruff check {' '.join(LINTED)}` found problems (many are fixed by `ruff check --fix ...`):\n"
+        + proc.stdout + proc.stderr)
+
+
+def test_ruff_lints_the_notebook_twins():
+    """The twins must be linted at all: they exist, and ruff does not exclude them."""
+    twins = [p for p in LINTED if p.startswith("notebooks/")]
+    assert twins, "no notebooks/*.py twins found"
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--show-files", *twins],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    listed = {Path(line.strip()).name for line in proc.stdout.splitlines() if line.strip()}
+    assert {Path(t).name for t in twins} <= listed, proc.stdout + proc.stderr
+
+
+def _requirement_names_and_pins(lines: list[str]) -> list[str]:
+    return sorted(re.sub(r"\s+", "", line) for line in lines)
+
+
+def test_pyproject_dependencies_mirror_requirements_txt():
+    """`pip install -e .` alone gives the same install as `pip install -r requirements.txt`."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    required = [line for line in required if line and not line.startswith("-e")]
+    assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
