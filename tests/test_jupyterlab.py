@@ -207,6 +207,24 @@ def inject_browser_parameters(path: Path) -> dict:
     return values
 
 
+def test_missing_browser_skips_outside_ci_and_fails_in_ci(monkeypatch, tmp_path):
+    """The rule a newcomer and CI rely on (README, "The two commands")."""
+    monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-chromium"))
+    monkeypatch.delenv(SKIP_ENV, raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="Chromium not found"):
+        require_browser()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set, so this test is mandatory"):
+        require_browser()
+    monkeypatch.setenv(SKIP_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="mandatory"):
+        require_browser()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="on purpose"):
+        require_browser()
+
+
 # --------------------------------------------------------------------------------------------
 # JupyterLab server
 # --------------------------------------------------------------------------------------------
