@@ -10,9 +10,9 @@ notebook model, no rendered stderr holding a traceback). It saves screenshots to
 started (server, kernel, DDP workers, browser) is left behind.
 
 Parameters: the browser runs the notebook with :data:`BROWSER_PARAMETERS` (``world_size`` 4),
-injected into the temporary copy as papermill does, so this is the one run of notebook 01 with
-four ranks: no other run in CI (the smoke tests, the main job's full profile) executes the
-notebook with the same parameters, which the test checks.
+injected into the temporary copy as papermill does (its jupytext twin rewritten to match), so
+this is the one run of notebook 01 with four ranks: no other run in CI (the smoke tests, the
+main job's full profile) executes the notebook with the same parameters, which the test checks.
 
 Isolation: JupyterLab serves a temporary copy of ``notebooks/`` (the notebook in git is never
 touched, whatever JupyterLab autosaves; the test checks its bytes did not change) with
@@ -190,6 +190,7 @@ def inject_browser_parameters(path: Path) -> dict:
     """Write :data:`BROWSER_PARAMETERS` into the notebook at ``path`` (a temporary copy) the way
     papermill does (an ``injected-parameters`` cell after the ``parameters`` cell), after the
     runner's type checks; returns the values the notebook runs with."""
+    import jupytext
     import nbformat
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
@@ -204,6 +205,11 @@ def inject_browser_parameters(path: Path) -> dict:
             f"another CI run already executes: change BROWSER_PARAMETERS")
     nb = parameterize_notebook(load_notebook_node(str(path)), dict(BROWSER_PARAMETERS))
     nbformat.write(nb, str(path))
+    # the jupytext twin too, written after the .ipynb: JupyterLab (with jupytext) refuses a
+    # paired .ipynb that is newer than its .py and differs from it
+    twin = path.with_suffix(".py")
+    if twin.exists():
+        jupytext.write(nb, str(twin), fmt="py:percent")
     return values
 
 
