@@ -188,8 +188,7 @@ def test_twenty_launches_in_a_row(row):
 def test_two_launches_at_once_from_two_processes(row):
     row.update(fault="2 processes launching at the same time", injection="2 subprocesses x 5 launches each")
     code = textwrap.dedent("""
-        from ci import reliability
-from helpers import faults
+        from helpers import faults
         from helpers.launch import launch
         for _ in range(5):
             assert launch(faults.ok, 2) == [0, 1]
