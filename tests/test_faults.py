@@ -40,10 +40,17 @@ def write_report(request):
     opt = request.config.option
     selected = bool(opt.keyword or opt.markexpr or any("::" in str(a) for a in request.config.args))
     # an interrupted session (Ctrl-C, a crash) tears down before every row was made
-    expected = [item for item in request.session.items
-                if item.module is request.module and "row" in item.fixturenames]
+    expected = [item for item in request.session.items if item.module is request.module
+                and "row" in item.fixturenames and not _skipped_by_mark(item)]
     complete = not selected and len(ROWS) == len(expected)
     reliability.write_build_report(ROWS, reliability.run_details(torch.__version__), complete=complete)
+
+
+def _skipped_by_mark(item) -> bool:
+    """Skipped before its fixtures ran (``skip``, or ``skipif`` with a true condition): no row."""
+    if any(True for _ in item.iter_markers("skip")):
+        return True
+    return any(m.args and not isinstance(m.args[0], str) and bool(m.args[0]) for m in item.iter_markers("skipif"))
 
 
 @pytest.fixture
