@@ -41,6 +41,7 @@ bytes/s), MiB (2**20 bytes).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -48,6 +49,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -1050,10 +1052,9 @@ def threads_worker(rank: int = 0, world_size: int = 1) -> dict[str, Any]:
 
 
 def _threads_lines(text: str) -> list[dict[str, Any]]:
-    import re
-
-    # findall, not line by line: two ranks writing to one pipe may run their lines together
-    rows = [json.loads(m) for m in re.findall(r"THREADS (\{[^{}]*\})", text)]
+    """The ``THREADS {...}`` report lines of ONE process's output (never a stream that several
+    processes share: their lines could run together)."""
+    rows = [json.loads(line.split("THREADS ", 1)[1]) for line in text.splitlines() if line.startswith("THREADS ")]
     return sorted(rows, key=lambda r: r["rank"])
 
 
@@ -1090,11 +1091,19 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
         plain = subprocess.run([sys.executable, "-c", THREADS_REPORT_CODE], env=env, capture_output=True,
                                text=True, timeout=timeout, check=True)
         rows += [{"launcher": "plain python", **r} for r in _threads_lines(plain.stdout)]
-        tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             f"--nproc-per-node={world_size}", "--no-python", sys.executable, "-c",
-                             THREADS_REPORT_CODE], env=env, capture_output=True, text=True, timeout=timeout,
-                            check=True)
-        rows += [{"launcher": "torchrun", **r} for r in _threads_lines(tr.stdout + tr.stderr)]
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-threads-") as log_dir:
+            # --redirects 3: each rank's stdout/stderr go to its own file under --log-dir
+            # (<log_dir>/<run id>/attempt_0/<rank>/stdout.log), so no two ranks share a stream
+            tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={world_size}", f"--log-dir={log_dir}", "--redirects=3",
+                                 "--no-python", sys.executable, "-c", THREADS_REPORT_CODE],
+                                env=env, capture_output=True, text=True, timeout=timeout, check=True)
+            logs = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stdout.log")))
+            if len(logs) != world_size:
+                raise RuntimeError(f"torchrun left {len(logs)} rank stdout logs for world_size={world_size}: {logs}")
+            for path in logs:
+                with open(path) as f:
+                    rows += [{"launcher": "torchrun", **r} for r in _threads_lines(f.read())]
         rows += [{"launcher": "torch.multiprocessing.spawn", **r} for r in spawn_launch(threads_worker, world_size)]
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
                               run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
