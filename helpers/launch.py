@@ -64,6 +64,7 @@ __all__ = [
     "main_from_env",
     "worker_device",
     "resolve_backend",
+    "threads_per_rank",
     "LaunchError",
     "WorkerError",
     "LaunchTimeout",
@@ -367,6 +368,12 @@ def resolve_backend(backend: str | None, world_size: int) -> str:
         LaunchError: unknown backend, or ``"nccl"`` without one GPU per rank.
     """
     return procs.resolve_backend(backend, world_size, error=LaunchError)
+
+
+def threads_per_rank(world_size: int) -> int:
+    """CPU threads each rank gets: ``max(1, os.cpu_count() // world_size)`` (ranks do not fight
+    over cores). Applied with ``torch.set_num_threads`` unless ``OMP_NUM_THREADS`` is set."""
+    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -689,7 +696,7 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     import cloudpickle
     import psutil
 
-    threads = max(1, (os.cpu_count() or 1) // world_size)
+    threads = threads_per_rank(world_size)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with tempfile.TemporaryDirectory(prefix="ddp-lab-launch-") as run_dir, _QuietElastic():
         config = _configure(world_size, run_dir, timeout)

@@ -1,0 +1,628 @@
+"""Warm ranks: a process group that lives across notebook cells, on ipyparallel engines.
+
+:func:`launch` starts fresh processes for every call (each imports torch again: seconds).
+Warm ranks start ``world_size`` persistent IPython engines once (``ipyparallel``, the Jupyter
+project's library for parallel engines), initialise the default process group on them, and keep
+them: every later call costs milliseconds, and names defined in one cell are still there in the
+next. Use them to poke at DDP state (weights, gradients, buckets) on every rank, step by step::
+
+    from helpers.ranks import start_ranks
+    ranks = start_ranks(world_size=2)          # also activates %%px in this notebook
+
+    %%px
+    t = torch.tensor([float(rank)]); dist.all_reduce(t); print(t)
+
+    ranks.run(lambda rank, world_size: rank * 10)   # -> [0, 10]
+    ranks.stop()
+
+On every rank the names ``rank``, ``world_size``, ``device`` (``cuda:<rank>`` under nccl, else
+``cpu``), ``torch`` and ``dist`` (``torch.distributed``) are predefined. Rank = engine id.
+
+What this module adds to ipyparallel (engines, the ``%%px`` magic, output labelled
+``[stdout:<rank>]``, cloudpickle for cell-defined code are ipyparallel's own):
+
+- the same input checks, backend rule and threads per rank as :func:`helpers.launch.launch`;
+- a process group on ``127.0.0.1`` through a ``TCPStore`` that rank 0 opens on port 0 (the OS
+  picks a free port: nothing to collide with), initialised with ``timeout=`` so gloo itself
+  raises rather than hang for its default 30 minutes;
+- a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
+  cannot restart engines, so this module registers a thin ``%%px`` (and ``%px``) over
+  ipyparallel's: it runs the cell with ipyparallel's ``DirectView.execute`` and shows the output
+  with ipyparallel's own streaming/display, but watches the ranks while it waits. A hung
+  collective (past ``timeout``), a rank that raised while its peers still wait, a rank whose
+  process died (SIGKILL, ``os._exit``) and "interrupt kernel" (SIGINT is sent to the ranks; if
+  they do not stop within seconds, e.g. inside a C++ collective) each end the wait, **end all
+  ranks at once** (never a half-dead group) and raise :class:`~helpers.launch.WorkerError`,
+  :class:`RanksTimeout` or ``KeyboardInterrupt`` naming the ranks; fresh ranks (new engines, new
+  group) start by themselves before the next ``run`` or ``%%px`` cell, so the error comes
+  within seconds instead of after a restart. ``%%px`` with ipyparallel options (``--targets``, ``--noblock`` ...) goes straight
+  to ipyparallel's magic, without these guarantees;
+- no process left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine
+  process trees; it runs at interpreter exit (kernel shutdown/restart) and when
+  :func:`start_ranks` is called with another ``world_size``, backend, timeout or environment.
+  A watchdog process kills them too if the kernel itself dies without running ``atexit``
+  (SIGKILL, the OOM killer): ipyparallel starts engines in their own sessions, so they would
+  otherwise outlive it.
+
+References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html ,
+``ipyparallel/client/magics.py`` (``parallel_execute``), ``torch/distributed/distributed_c10d.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import ipyparallel as ipp
+import psutil
+
+from helpers.launch import (
+    LaunchError,
+    LaunchTimeout,
+    WorkerError,
+    _check_world_size,  # private in launch.py; the same checks and messages as launch()
+    resolve_backend,
+    threads_per_rank,
+    worker_device,
+)
+
+__all__ = ["start_ranks", "WarmRanks", "RanksTimeout", "current_ranks"]
+
+_POLL_S = 0.05  # how often a wait checks the ranks (seconds)
+_ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
+_INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
+_START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
+_RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
+                 "(names defined on the ranks are gone: run your set-up cells again).")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+#: Errors that leave the process group unusable (a peer gone, a collective timed out).
+_GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
+                 "timed out", "DistBackendError", "DistNetworkError", "NCCL")
+
+
+class RanksTimeout(LaunchTimeout):
+    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
+
+    Attributes:
+        timeout: the limit in seconds.
+        ranks_not_finished: ranks that had not finished when time ran out.
+    """
+
+    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run"):
+        super().__init__(timeout, ranks_not_finished)
+        self.what = what
+        self.args = (
+            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
+            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+            "waiting forever: check that every rank makes the same collective calls in the same "
+            "order, or pass a larger timeout. " + _RESTART_NOTE,
+        )
+
+    def __str__(self):
+        return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.timeout, self.ranks_not_finished, self.what))
+
+
+# ----------------------------------------------------------------------------------------------
+# on the engines (imported there by reference: helpers is importable in every engine)
+# ----------------------------------------------------------------------------------------------
+
+_STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
+
+
+def _open_store(world_size: int, timeout_s: float) -> int:
+    """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
+    global _STORE
+    import torch.distributed as dist
+
+    _STORE = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    return _STORE.port
+
+
+def _join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int,
+                env: dict) -> str:
+    """Every rank: set the torchrun variables, threads and device, join the default group."""
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = _STORE if rank == 0 else dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return str(worker_device())
+
+
+_PRELUDE = (
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "from helpers.launch import worker_device as _ddp_lab_device\n"
+    "device = _ddp_lab_device()\n"
+    "del _ddp_lab_device\n"
+)
+
+
+def _call(fn, args, kwargs):
+    """Every rank: ``fn(rank, world_size, *args, **kwargs)``."""
+    return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# the watchdog: kills the engines and controller if the kernel dies without running atexit
+# ----------------------------------------------------------------------------------------------
+
+_WATCHDOG = r"""
+import os, sys, time, psutil
+parent, roots = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+known = {}
+while True:
+    for pid in roots:
+        try:
+            p = psutil.Process(pid)
+            known.setdefault(p.pid, p)
+            for c in p.children(recursive=True):
+                known.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+    if os.getppid() != parent:  # the kernel died: we were re-parented
+        for p in known.values():
+            try:
+                p.kill()  # psutil refuses if the pid was reused by another process
+            except psutil.Error:
+                pass
+        sys.exit(0)
+    if not any(p.is_running() for p in known.values()):
+        sys.exit(0)
+    time.sleep(0.5)
+"""
+
+
+def _kill(procs) -> None:
+    """SIGKILL ``procs`` (psutil.Process) and reap them. Engines hold no state worth a grace period."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=5.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# in the kernel
+# ----------------------------------------------------------------------------------------------
+
+_CURRENT: "WarmRanks | None" = None
+_ATEXIT_REGISTERED = False
+
+
+def current_ranks() -> "WarmRanks | None":
+    """The running :class:`WarmRanks` started by :func:`start_ranks`, or ``None``."""
+    return _CURRENT if _CURRENT is not None and not _CURRENT.stopped else None
+
+
+def _atexit_stop() -> None:
+    if _CURRENT is not None:
+        _CURRENT.stop()
+
+
+def _check_timeout(timeout: Any, name: str = "timeout") -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise LaunchError(f"{name} must be a positive number of seconds, got {timeout!r}.")
+    return float(timeout)
+
+
+def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
+                env: dict[str, str] | None = None, activate: bool = True) -> "WarmRanks":
+    """Start ``world_size`` warm ranks with a default process group, or return the running ones.
+
+    Calling it again with the same arguments (and the same ``os.environ``) returns the running
+    ranks unchanged (re-running the cell is cheap); any change (``world_size``, ``backend``,
+    ``timeout``, ``env`` or the kernel's environment) stops the old ranks first.
+
+    Args:
+        world_size: number of ranks (engines), a positive int; same limits as ``launch``.
+        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
+            least ``world_size`` GPUs, else gloo): :func:`helpers.launch.resolve_backend`.
+        timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
+            ``timeout=`` overrides it); also the process group's collective timeout, so gloo
+            raises in a rank stuck in a collective.
+        env: extra environment variables for the ranks (set before torch is imported there).
+        activate: register the ``%%px``/``%px`` magics in the calling IPython session.
+
+    Returns:
+        WarmRanks: rank ``r`` is engine ``r``; ``torch.set_num_threads(threads_per_rank(world_size))``
+        on each unless ``OMP_NUM_THREADS`` is set; ``device`` is ``cuda:<rank>`` under nccl.
+
+    Raises:
+        LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
+        RuntimeError: the engines or the process group did not come up within 180 s; nothing is
+            left running.
+    """
+    global _CURRENT, _ATEXIT_REGISTERED
+    world_size = _check_world_size(world_size)
+    backend = resolve_backend(backend, world_size)
+    timeout = _check_timeout(timeout)
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    key = (world_size, backend, timeout, tuple(sorted(env.items())), tuple(sorted(os.environ.items())))
+    if _CURRENT is not None and not _CURRENT.stopped:
+        if _CURRENT._key == key and not _CURRENT.dead_ranks():
+            if _CURRENT._restart_pending:
+                _CURRENT.restart()
+            if activate:
+                _CURRENT._activate()
+            return _CURRENT
+        _CURRENT.stop()
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_atexit_stop)
+        _ATEXIT_REGISTERED = True
+    ranks = WarmRanks(world_size, backend, timeout, env, activate, key)
+    _CURRENT = ranks
+    ranks._start()
+    return ranks
+
+
+class WarmRanks:
+    """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
+
+    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
+    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (engine process
+    ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
+    all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
+    after a fault), ``startup_seconds`` (the last start: engines, torch import, group).
+    """
+
+    def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self.env = env
+        self._activate_magics = activate
+        self._key = key
+        self.cluster = self.client = self.view = None
+        self.pids: list[int] = []
+        self.devices: list[str] = []
+        self.stopped = False
+        self.restarts = 0
+        self.startup_seconds = None
+        self._profile_dir = None
+        self._watchdog = None
+        self._ipp_px = None
+        self._restart_pending = False
+
+    def __repr__(self):
+        state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
+                 else f"pids {self.pids}")
+        return f"<WarmRanks world_size={self.world_size} backend={self.backend!r} timeout={self.timeout:g} s, {state}>"
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        t0 = time.perf_counter()
+        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+        try:
+            self.cluster = ipp.Cluster(
+                n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
+                controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
+                log_level=logging.WARNING, shutdown_atexit=False, load_profile=False)
+            self.client = self.cluster.start_and_connect_sync(n=self.world_size)
+            ids = sorted(self.client.ids)
+            assert ids == list(range(self.world_size)), f"engine ids {ids}"
+            self.view = self.client[ids]
+            self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
+            self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
+            self._start_watchdog()
+            port = self.client[0].apply_async(_open_store, self.world_size, self.timeout).get(_START_TIMEOUT_S)
+            joins = [self.client[r].apply_async(_join_group, r, self.world_size, self.backend, port, self.timeout,
+                                                threads_per_rank(self.world_size), self.env)
+                     for r in ids]
+            self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
+            for r in ids:
+                self.client[r].push({"rank": r, "world_size": self.world_size}, block=True)
+            self.view.execute(_PRELUDE, block=False).get(_START_TIMEOUT_S)
+        except BaseException as e:
+            self._shutdown()
+            self.stopped = True
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {_ANSI.sub('', str(e))}); "
+                               "nothing was left running") from e
+        self.startup_seconds = time.perf_counter() - t0
+        if self._activate_magics:
+            self._activate()
+
+    def _start_watchdog(self) -> None:
+        roots = [self.cluster.controller.process.pid, *self.pids]
+        for launcher in self.cluster.engines.values():
+            roots += [el.process.pid for el in launcher.launchers.values() if el.process is not None]
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *map(str, sorted(set(roots)))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
+
+    def _processes(self) -> list:
+        """The controller and engine process trees (psutil.Process), found from the launchers."""
+        roots = []
+        if self.cluster is not None:
+            launchers = [self.cluster.controller] if self.cluster.controller is not None else []
+            for es in self.cluster.engines.values():
+                launchers += list(es.launchers.values())
+            roots = [el.process for el in launchers if getattr(el, "process", None) is not None]
+        roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
+        procs = {}
+        for p in roots:
+            with contextlib.suppress(psutil.Error):
+                procs[p.pid] = p
+                for c in p.children(recursive=True):
+                    procs[c.pid] = c
+        return list(procs.values())
+
+    def _shutdown(self) -> None:
+        procs = self._processes()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close(linger=0)
+        _kill(procs)
+        if self.cluster is not None:
+            self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
+            self.cluster.engines = {}
+        if self._watchdog is not None:
+            with contextlib.suppress(Exception):
+                self._watchdog.kill()
+                self._watchdog.wait(5)
+        if self._profile_dir:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+        self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
+        self.pids = []
+
+    def stop(self) -> None:
+        """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self._shutdown()
+
+    def restart(self) -> None:
+        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
+
+        After a fault the ranks are ended at once and this runs by itself before the next
+        ``run`` or ``%%px`` cell."""
+        self._shutdown()
+        self.stopped = False
+        self._restart_pending = False
+        self.restarts += 1
+        self._start()
+
+    def _activate(self) -> None:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None or self.view is None:
+            return
+        self.view.activate()  # ipyparallel's %px, %%px, %autopx, %pxresult, %pxconfig
+        self._ipp_px = ip.magics_manager.magics["cell"].get("px")
+        ip.register_magic_function(_px_magic, magic_kind="line_cell", magic_name="px")
+
+    # -- health ------------------------------------------------------------------------------
+
+    def dead_ranks(self) -> dict[int, str]:
+        """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""
+        dead = {}
+        for rank, pid in enumerate(self.pids):
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                pass
+            dead[rank] = self._exit_description(pid)
+        return dead
+
+    def _exit_description(self, pid: int) -> str:
+        code = None
+        deadline = time.monotonic() + 0.5  # ipyparallel's waiter thread reaps the engine
+        while code is None and time.monotonic() < deadline and self.cluster is not None:
+            for es in self.cluster.engines.values():
+                for el in es.launchers.values():
+                    if el.pid == pid:
+                        got = getattr(el.process, "_exitcode", None)  # psutil caches what wait() reaped
+                        code = got if isinstance(got, int) else (el.stop_data or {}).get("exit_code")
+            if code is None:
+                time.sleep(0.05)
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        if code is not None:
+            return f"exited with code {code}"
+        return "exited"
+
+    def _check_alive(self, what: str) -> None:
+        if self.stopped:
+            raise RuntimeError("these warm ranks were stopped; call start_ranks(...) again")
+        if self._restart_pending:
+            print(f"(starting fresh warm ranks after the last fault: about "
+                  f"{self.startup_seconds or 0:.0f} s)", file=sys.stderr, flush=True)
+            self.restart()
+            return
+        dead = self.dead_ranks()
+        if dead:
+            raise self._restart_with(self._dead_error(dead, what))
+
+    def _dead_error(self, dead: dict[int, str], what: str) -> WorkerError:
+        rank = min(dead)
+        others = {r: "ended" for r in range(self.world_size) if r != rank}
+        others.update({r: d for r, d in dead.items() if r != rank})
+        return WorkerError(rank, dead[rank],
+                           f"the engine process of rank {rank} (pid {self.pids[rank]}) died before {what} "
+                           "finished (a signal such as SIGKILL, e.g. from the out-of-memory killer, or "
+                           "os._exit()); " + _RESTART_NOTE, "", others)
+
+    def _restart_with(self, error: BaseException) -> BaseException:
+        """End the ranks now (no half-dead group survives) and start fresh ones on the next call
+        (``run``, ``%%px``), so the fault is reported at once; return ``error`` to raise."""
+        self._shutdown()
+        self._restart_pending = True
+        return error
+
+    # -- waiting for the ranks -----------------------------------------------------------------
+
+    def _supervise(self, ar, timeout: float | None, what: str) -> tuple[list[int], BaseException | None]:
+        """Wait for ``ar`` (one message per rank) while watching the ranks.
+
+        Returns ``(ranks_with_errors, fault)``; ``fault`` (to raise after a restart) is set when a
+        rank died, the time ran out, peers still ran after a rank raised, or the caller was
+        interrupted.
+        """
+        parts = ar.split() if self.world_size > 1 else [ar]
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        start = time.monotonic()
+        first_error = None
+        try:
+            while True:
+                ar.wait(_POLL_S)
+                done = [p.ready() for p in parts]
+                errors = [r for r, p in enumerate(parts) if done[r] and not p.successful()]
+                if all(done):
+                    return errors, None
+                dead = self.dead_ranks()
+                if dead:
+                    return errors, self._dead_error(dead, what)
+                if errors:
+                    first_error = first_error or time.monotonic()
+                    if time.monotonic() - first_error > _ERROR_GRACE_S:
+                        err = self._worker_error(parts, errors[0])
+                        err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
+                                                for r, d in enumerate(done) if not d})
+                        return errors, _rebuild(err, _RESTART_NOTE)
+                if time.monotonic() - start > limit:
+                    return errors, RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
+        except KeyboardInterrupt:
+            running = [r for r, p in enumerate(parts) if not p.ready()]
+            with contextlib.suppress(Exception):
+                self.client.send_signal(signal.SIGINT, targets=running, block=True)
+            stopped = ar.wait(_INTERRUPT_GRACE_S)
+            if stopped:
+                return [], KeyboardInterrupt(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
+            still = [r for r, p in enumerate(parts) if not p.ready()]
+            return [], KeyboardInterrupt(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
+                                         "in a collective). " + _RESTART_NOTE)
+
+    def _worker_error(self, parts, rank: int) -> WorkerError:
+        try:
+            parts[rank].get(0)
+        except ipp.RemoteError as e:
+            tb = e.traceback
+            tb = "\n".join(tb) if isinstance(tb, list) else (tb or "")
+            return WorkerError(rank, e.ename, _ANSI.sub("", str(e.evalue)), _ANSI.sub("", tb))
+        except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
+            return WorkerError(rank, type(e).__name__, _ANSI.sub("", str(e)), "")
+        return WorkerError(rank, "unknown", "no error recorded", "")
+
+    def _raise_for(self, ar, errors: list[int], fault: BaseException | None) -> None:
+        """After :meth:`_supervise`: on a fault restart and raise it; on rank errors raise WorkerError."""
+        if fault is not None:
+            if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
+                raise fault
+            raise self._restart_with(fault)
+        if errors:
+            parts = ar.split() if self.world_size > 1 else [ar]
+            err = self._worker_error(parts, errors[0])
+            err.other_ranks.update({r: self._worker_error(parts, r).message[:200] for r in errors[1:]})
+            if any(s in f"{err.exc_type} {err.message}" for s in _GROUP_BROKEN):
+                # a collective failed: the group's state is unknown, start afresh
+                raise self._restart_with(_rebuild(err, "a collective failed: " + _RESTART_NOTE))
+            raise _rebuild(err, None)
+
+    # -- public calls --------------------------------------------------------------------------
+
+    def run(self, fn: Callable, *args, timeout: float | None = None, **kwargs) -> list:
+        """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank; return the results in rank order.
+
+        ``fn`` may be defined in a notebook cell (a function, lambda or closure: sent by value with
+        cloudpickle). Arguments and results travel pickled.
+
+        Args:
+            timeout: seconds for this call (default: the ranks' ``timeout``).
+
+        Returns:
+            list: ``results[r]`` is rank ``r``'s return value.
+
+        Raises:
+            WorkerError: a rank raised (names the rank, its traceback) or its process died. When a
+                rank died, peers were left waiting or a collective failed, all ranks were ended
+                first; fresh ones start before the next call.
+            RanksTimeout: past ``timeout``; names the ranks not finished; all ranks were ended.
+            KeyboardInterrupt: interrupted; SIGINT was sent to the ranks (all ended if they did not stop).
+        """
+        if not callable(fn):
+            raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
+        self._check_alive("run")
+        ar = self.view.apply_async(_call, fn, args, kwargs)
+        self._raise_for(ar, *self._supervise(ar, timeout, "run"))
+        return ar.get(0)
+
+    def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:
+        """Run ``code`` on every rank, as ``%%px`` does, showing each rank's output labelled by rank.
+
+        Same errors as :meth:`run` (``what`` = ``"%%px cell"``).
+        """
+        self._check_alive("the %%px cell")
+        if stream is None:
+            stream = not ipp._NONINTERACTIVE
+        ar = self.view.execute(code, silent=False, block=False)
+        ar._fname = "%px"
+        with ar.stream_output() if stream else contextlib.nullcontext():
+            try:
+                errors, fault = self._supervise(ar, timeout, "%%px cell")
+            finally:
+                ar.wait_for_output(1)
+        if not stream:
+            ar.display_outputs()
+        self._raise_for(ar, errors, fault)
+
+
+def _rebuild(err: WorkerError, note: str | None) -> WorkerError:
+    """A fresh WorkerError (its message lists ``other_ranks``) with an optional note appended."""
+    new = WorkerError(err.rank, err.exc_type, err.message, err.traceback, err.other_ranks)
+    if note:
+        new.args = (f"{new.args[0]}\n({note})",)
+    return new
+
+
+def _px_magic(line: str, cell: str | None = None):
+    """``%%px [--timeout S]``: run the cell on every warm rank (see :meth:`WarmRanks.execute`).
+
+    Other ipyparallel options (``--targets``, ``--noblock``, ``--local`` ...) are passed to
+    ipyparallel's own magic, which has no time limit and no restart.
+    """
+    ranks = current_ranks()
+    if ranks is None:
+        raise RuntimeError("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
+    code, opts = (line, "") if cell is None else (cell, line.strip())
+    timeout = None
+    m = re.fullmatch(r"--timeout[ =](\S+)", opts)
+    if m:
+        timeout, opts = float(m.group(1)), ""
+    if opts:
+        if ranks._ipp_px is None:
+            raise RuntimeError(f"unsupported %%px options {opts!r}")
+        return ranks._ipp_px(line, cell)
+    ranks.execute(code, timeout=timeout)
