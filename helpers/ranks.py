@@ -23,8 +23,9 @@ What this module adds to ipyparallel (engines, the ``%%px`` magic, output labell
 
 - the same input checks, backend rule and threads per rank as :func:`helpers.launch.launch`;
 - a process group on ``127.0.0.1`` through a ``TCPStore`` that rank 0 opens on port 0 (the OS
-  picks a free port: nothing to collide with), initialised with ``timeout=`` so gloo itself
-  raises rather than hang for its default 30 minutes;
+  picks a free port: nothing to collide with), initialised with ``timeout=`` (the ranks'
+  ``timeout`` + 5 s) so gloo itself raises rather than hang for its default 30 minutes; the
+  caller's own limit fires first and names the ranks that had not finished;
 - a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
   cannot restart engines, so this module registers a thin ``%%px`` (and ``%px``) over
   ipyparallel's: it runs the cell with ipyparallel's ``DirectView.execute`` and shows the output
@@ -62,7 +63,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipyparallel as ipp
 import psutil
@@ -77,11 +79,12 @@ from helpers.launch import (
     worker_device,
 )
 
-__all__ = ["start_ranks", "WarmRanks", "RanksTimeout", "current_ranks"]
+__all__ = ["RanksTimeout", "WarmRanks", "current_ranks", "start_ranks"]
 
 _POLL_S = 0.05  # how often a wait checks the ranks (seconds)
 _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
+_GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
                  "(names defined on the ranks are gone: run your set-up cells again).")
@@ -210,11 +213,11 @@ def _kill(procs) -> None:
 # in the kernel
 # ----------------------------------------------------------------------------------------------
 
-_CURRENT: "WarmRanks | None" = None
+_CURRENT: WarmRanks | None = None
 _ATEXIT_REGISTERED = False
 
 
-def current_ranks() -> "WarmRanks | None":
+def current_ranks() -> WarmRanks | None:
     """The running :class:`WarmRanks` started by :func:`start_ranks`, or ``None``."""
     return _CURRENT if _CURRENT is not None and not _CURRENT.stopped else None
 
@@ -231,7 +234,7 @@ def _check_timeout(timeout: Any, name: str = "timeout") -> float:
 
 
 def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
-                env: dict[str, str] | None = None, activate: bool = True) -> "WarmRanks":
+                env: dict[str, str] | None = None, activate: bool = True) -> WarmRanks:
     """Start ``world_size`` warm ranks with a default process group, or return the running ones.
 
     Calling it again with the same arguments (and the same ``os.environ``) returns the running
@@ -243,8 +246,8 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
         backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
             least ``world_size`` GPUs, else gloo): :func:`helpers.launch.resolve_backend`.
         timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
-            ``timeout=`` overrides it); also the process group's collective timeout, so gloo
-            raises in a rank stuck in a collective.
+            ``timeout=`` overrides it). The process group's collective timeout is this plus 5 s,
+            so gloo itself raises in a rank stuck in a collective if a call was given longer.
         env: extra environment variables for the ranks (set before torch is imported there).
         activate: register the ``%%px``/``%px`` magics in the calling IPython session.
 
@@ -307,6 +310,7 @@ class WarmRanks:
         self._watchdog = None
         self._ipp_px = None
         self._restart_pending = False
+        self._started: list = []  # the process trees as they were once started
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
@@ -323,15 +327,19 @@ class WarmRanks:
                 n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
                 controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
                 log_level=logging.WARNING, shutdown_atexit=False, load_profile=False)
-            self.client = self.cluster.start_and_connect_sync(n=self.world_size)
+            self.cluster.start_cluster_sync(n=self.world_size)
+            self.client = self.cluster.connect_client_sync()
+            self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False)  # no progress bar
             ids = sorted(self.client.ids)
             assert ids == list(range(self.world_size)), f"engine ids {ids}"
             self.view = self.client[ids]
             self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
             self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
+            self._started = self._processes()
             self._start_watchdog()
-            port = self.client[0].apply_async(_open_store, self.world_size, self.timeout).get(_START_TIMEOUT_S)
-            joins = [self.client[r].apply_async(_join_group, r, self.world_size, self.backend, port, self.timeout,
+            group_timeout = self.timeout + _GROUP_MARGIN_S
+            port = self.client[0].apply_async(_open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
+            joins = [self.client[r].apply_async(_join_group, r, self.world_size, self.backend, port, group_timeout,
                                                 threads_per_rank(self.world_size), self.env)
                      for r in ids]
             self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
@@ -367,7 +375,8 @@ class WarmRanks:
                 launchers += list(es.launchers.values())
             roots = [el.process for el in launchers if getattr(el, "process", None) is not None]
         roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
-        procs = {}
+        procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
+
         for p in roots:
             with contextlib.suppress(psutil.Error):
                 procs[p.pid] = p
@@ -391,7 +400,7 @@ class WarmRanks:
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
         self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
-        self.pids = []
+        self.pids, self._started = [], []
 
     def stop(self) -> None:
         """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
@@ -441,10 +450,13 @@ class WarmRanks:
         deadline = time.monotonic() + 0.5  # ipyparallel's waiter thread reaps the engine
         while code is None and time.monotonic() < deadline and self.cluster is not None:
             for es in self.cluster.engines.values():
-                for el in es.launchers.values():
-                    if el.pid == pid:
-                        got = getattr(el.process, "_exitcode", None)  # psutil caches what wait() reaped
-                        code = got if isinstance(got, int) else (el.stop_data or {}).get("exit_code")
+                for el in es.launchers.values():  # still listed: psutil caches what wait() reaped
+                    got = getattr(el.process, "_exitcode", None)
+                    if el.pid == pid and isinstance(got, int):
+                        code = got
+                for data in (es.stop_data or {}).get("engines", {}).values():  # already noticed
+                    if data.get("pid") == pid and isinstance(data.get("exit_code"), int):
+                        code = data["exit_code"]
             if code is None:
                 time.sleep(0.05)
         if code is not None and code < 0:

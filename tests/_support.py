@@ -18,3 +18,81 @@ def leftover_processes():
         except psutil.Error:
             pass
     return found
+
+
+# ---- warm ranks (helpers.ranks): kernels and the processes they leave ---------------------------
+
+#: An environment variable a test sets to a fresh value for the processes it starts (a kernel,
+#: papermill), so it can find every process they started, even those re-parented after a kill.
+RANKS_MARK = "DDP_LAB_TEST_MARK"
+
+
+def marked_processes(mark, cmd_contains="ipyparallel"):
+    """Processes (anywhere on the machine) whose environment has ``RANKS_MARK=mark`` and whose
+    command line contains ``cmd_contains`` (engines, nannies, the controller and its schedulers)."""
+    import os
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(RANKS_MARK) == mark \
+                    and cmd_contains in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_until_gone(mark, seconds=20.0, cmd_contains="ipyparallel"):
+    """Poll until no marked process is left; return what is still there after ``seconds``."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        left = marked_processes(mark, cmd_contains)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+class Kernel:
+    """A real IPython kernel (jupyter_client) whose environment carries ``RANKS_MARK=mark`` and
+    imports this worktree's ``helpers``. ``cell(code)`` runs a cell: ``(reply content, output text)``."""
+
+    def __init__(self, mark):
+        import os
+
+        from jupyter_client.manager import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(REPO_ROOT))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    @property
+    def pid(self):
+        return self.km.provisioner.process.pid
+
+    def cell(self, code, timeout=300):
+        import re
+
+        out = []
+
+        def hook(msg):
+            kind, c = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(c["text"])
+            elif kind in ("display_data", "execute_result"):
+                out.append(c["data"].get("text/plain", "") + "\n")
+            elif kind == "error":
+                out.append("\n".join(c["traceback"]) + "\n")
+
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook, allow_stdin=False)
+        return reply["content"], re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", "".join(out))
+
+    def close(self):
+        self.kc.stop_channels()
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=False)  # a clean shutdown: the kernel runs atexit

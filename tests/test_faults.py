@@ -374,3 +374,220 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
                 p.kill()
             except psutil.Error:
                 pass
+
+
+# ---- warm ranks (helpers.ranks): a process group that lives across cells -----------------------
+# Each row starts its own ranks (and, for %%px, its own kernel) and stops them, so the `row`
+# fixture's count of processes left is exact. Engines of a killed kernel are no longer our
+# children: those rows look for every process carrying the row's environment mark.
+
+def _gone(pids):
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+@pytest.fixture
+def warm():
+    from helpers.ranks import start_ranks
+
+    made = []
+
+    def start(**kw):
+        made.append(start_ranks(2, activate=False, **kw))
+        return made[-1]
+
+    yield start
+    for r in made:
+        r.stop()
+
+
+def _mark():
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def test_ranks_run_hangs_in_collective(row, warm):
+    from helpers.ranks import RanksTimeout
+
+    row.update(fault="warm ranks: rank 0 skips an all_reduce in `ranks.run`, rank 1 waits forever",
+               injection="`ranks.run(faults.skip_collective)`, `start_ranks(timeout=5)`")
+    ranks = warm(timeout=5)
+    old = list(ranks.pids)
+    start = time.monotonic()
+    with pytest.raises(RanksTimeout) as info:
+        ranks.run(faults.skip_collective)
+    secs = time.monotonic() - start
+    assert info.value.ranks_not_finished == [1] and "ranks not finished: [1]" in str(info.value)
+    assert _gone(old), "no half-dead group: every old rank must be ended"
+    assert ranks.run(faults.ok) == [0, 1], "fresh ranks must start by themselves on the next run"
+    assert set(ranks.pids).isdisjoint(old) and ranks.restarts == 1
+    row.update(error="`RanksTimeout` naming rank 1; all ranks ended, fresh ones on the next run",
+               seconds=secs, passed=True)
+
+
+def test_ranks_run_rank_sigkilled(row, warm):
+    row.update(fault="warm ranks: rank 1 SIGKILLed while rank 0 waits in all_reduce (`ranks.run`)",
+               injection="`ranks.run(faults.sigkill_during_collective)`")
+    ranks = warm(timeout=120)
+    old = list(ranks.pids)
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        ranks.run(faults.sigkill_during_collective)
+    secs = time.monotonic() - start
+    assert info.value.rank == 1 and "killed by SIGKILL" in str(info.value), str(info.value)
+    assert secs < 60, "the dead rank, not the 120 s timeout, must end the call"
+    assert _gone(old)
+    assert ranks.run(faults.ok) == [0, 1]
+    row.update(error="`WorkerError` naming rank 1 and SIGKILL; next run on fresh ranks", seconds=secs, passed=True)
+
+
+def test_ranks_run_rank_os_exit(row, warm):
+    row.update(fault="warm ranks: rank 1 calls `os._exit(0)` in `ranks.run`",
+               injection="`ranks.run(faults.exit_early, how='os._exit')`")
+    ranks = warm(timeout=120)
+    old = list(ranks.pids)
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        ranks.run(faults.exit_early, how="os._exit")
+    secs = time.monotonic() - start
+    assert info.value.rank == 1 and "exited with code 0" in str(info.value), str(info.value)
+    assert secs < 60
+    assert _gone(old)
+    row.update(error="`WorkerError`: rank 1 exited with code 0; all ranks ended", seconds=secs, passed=True)
+
+
+def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
+    """papermill runs a notebook whose %%px cell hangs (tagged raises-exception): the cell raises
+    RanksTimeout naming rank 1, the next %%px cell runs on fresh ranks, nothing is left."""
+    import nbformat
+    import papermill
+
+    from _support import RANKS_MARK, wait_until_gone
+
+    row.update(fault="warm ranks: a `%%px` cell hangs in a collective, under papermill",
+               injection="`%%px` cell calling `faults.skip_collective`, `start_ranks(timeout=5)`")
+    mark = _mark()
+    monkeypatch.setenv(RANKS_MARK, mark)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    hang = nbformat.v4.new_code_cell("%%px\nfrom helpers import faults\nfaults.skip_collective(rank, world_size)")
+    hang.metadata["tags"] = ["raises-exception"]
+    nb.cells = [
+        nbformat.v4.new_code_cell("from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout=5)"),
+        hang,
+        nbformat.v4.new_code_cell("%%px\nprint('after the hang', rank)"),
+        nbformat.v4.new_code_cell("print('restarts', ranks.restarts)"),
+    ]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    start = time.monotonic()
+    # nbclient runs on past a cell tagged raises-exception; papermill still reports it at the end
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+    secs = time.monotonic() - start
+    assert info.value.ename == "RanksTimeout" and "ranks not finished: [1]" in info.value.evalue, info.value
+    out = {c.source: c for c in nbformat.read(tmp_path / "out.ipynb", as_version=4).cells}
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in out[nb.cells[2].source].outputs)
+    assert "after the hang 0" in text and "after the hang 1" in text, out[nb.cells[2].source].outputs
+    assert "restarts 1" in "".join(o.get("text", "") for o in out[nb.cells[3].source].outputs)
+    left = wait_until_gone(mark)
+    assert not left, f"engines/controller left after papermill: {[p.cmdline() for p in left]}"
+    row.update(error="cell raises `RanksTimeout` naming rank 1; next `%%px` cell on fresh ranks; "
+                     "nothing left after papermill", seconds=secs, passed=True)
+
+
+def _kernel_with_ranks(mark, timeout=60):
+    from _support import Kernel
+
+    k = Kernel(mark)
+    reply, text = k.cell(f"from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout={timeout})\n"
+                         "print('PIDS', *ranks.pids)")
+    assert reply["status"] == "ok", text
+    pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
+    return k, pids
+
+
+def test_ranks_px_after_rank_killed(row):
+    from _support import wait_until_gone
+
+    row.update(fault="warm ranks: rank 1's engine SIGKILLed between two `%%px` cells",
+               injection="`os.kill(engine pid, SIGKILL)` from outside, then a `%%px` cell")
+    mark = _mark()
+    k, pids = _kernel_with_ranks(mark)
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        reply, text = k.cell("%%px\nprint('hello', rank)")
+        secs = time.monotonic() - start
+        assert reply["status"] == "error" and reply["ename"] == "WorkerError", text
+        assert "rank 1 failed with killed by SIGKILL" in reply["evalue"], reply["evalue"]
+        assert _gone(pids)
+    finally:
+        k.close()
+    assert not wait_until_gone(mark)
+    row.update(error="the next `%%px` cell raises `WorkerError` naming rank 1 and SIGKILL", seconds=secs, passed=True)
+
+
+def test_ranks_interrupt_kernel_during_px(row):
+    from _support import wait_until_gone
+
+    row.update(fault="warm ranks: \"interrupt kernel\" during a long `%%px` cell",
+               injection="`KernelManager.interrupt_kernel()` (SIGINT to the kernel) after 5 s")
+    mark = _mark()
+    k, pids = _kernel_with_ranks(mark)
+    try:
+        timer = threading.Timer(5.0, k.km.interrupt_kernel)
+        timer.start()
+        start = time.monotonic()
+        reply, text = k.cell("%%px\nimport time\nfor _ in range(1200):\n    time.sleep(0.1)\nprint('never', 'interrupted')")
+        secs = time.monotonic() - start
+        timer.cancel()
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", text
+        assert "which stopped" in reply["evalue"] and "never interrupted" not in text, text
+        assert secs < 60
+        reply, text = k.cell("%%px\nprint('still warm', rank)")
+        assert reply["status"] == "ok" and "still warm 0" in text and "still warm 1" in text, text
+        assert not _gone(pids), "ranks that stopped on SIGINT stay warm (same processes)"
+    finally:
+        k.close()
+    assert not wait_until_gone(mark)
+    row.update(error="`KeyboardInterrupt`: SIGINT sent to the ranks, their loop stopped, the same ranks run the "
+                     "next cell", seconds=secs, passed=True)
+
+
+def test_ranks_kernel_restart(row):
+    from _support import wait_until_gone
+
+    row.update(fault="warm ranks: the kernel is restarted (\"restart kernel\")",
+               injection="`KernelManager.restart_kernel()` (shutdown request, atexit)")
+    mark = _mark()
+    k, pids = _kernel_with_ranks(mark)
+    try:
+        start = time.monotonic()
+        k.km.restart_kernel(now=False)
+        left = wait_until_gone(mark)
+        secs = time.monotonic() - start
+        assert not left, [p.cmdline() for p in left]
+    finally:
+        k.close()
+    row.update(error="none: engines and controller end with the old kernel", seconds=secs, passed=True)
+
+
+def test_ranks_kernel_killed(row):
+    from _support import wait_until_gone
+
+    row.update(fault="warm ranks: the kernel is SIGKILLed (no atexit)",
+               injection="`os.kill(kernel pid, SIGKILL)`")
+    mark = _mark()
+    k, pids = _kernel_with_ranks(mark)
+    try:
+        start = time.monotonic()
+        os.kill(k.pid, signal.SIGKILL)
+        left = wait_until_gone(mark)
+        secs = time.monotonic() - start
+        assert not left, [p.cmdline() for p in left]
+    finally:
+        k.close()
+    assert not wait_until_gone(mark, cmd_contains="")  # the watchdog too
+    row.update(error="none: the watchdog kills engines and controller", seconds=secs, passed=True)
