@@ -88,6 +88,7 @@ _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout pl
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
                  "(names defined on the ranks are gone: run your set-up cells again).")
+_VOLATILE_ENV = {"PYTEST_CURRENT_TEST"}  # changes by itself between calls: not "another environment"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 #: Errors that leave the process group unusable (a peer gone, a collective timed out).
@@ -265,7 +266,8 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     backend = resolve_backend(backend, world_size)
     timeout = _check_timeout(timeout)
     env = {str(k): str(v) for k, v in (env or {}).items()}
-    key = (world_size, backend, timeout, tuple(sorted(env.items())), tuple(sorted(os.environ.items())))
+    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENV))
+    key = (world_size, backend, timeout, tuple(sorted(env.items())), environ)
     if _CURRENT is not None and not _CURRENT.stopped:
         if _CURRENT._key == key and not _CURRENT.dead_ranks():
             if _CURRENT._restart_pending:

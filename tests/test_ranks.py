@@ -1,0 +1,177 @@
+"""Warm ranks (helpers.ranks): real ipyparallel engines, a real gloo group, a papermill-run notebook.
+
+The faults (hung collective in ``run`` and in a ``%%px`` cell, killed ranks, interrupt, kernel
+restart and kill) are rows of the fault matrix in tests/test_faults.py.
+"""
+
+import os
+import uuid
+
+import psutil
+import pytest
+import torch
+from _support import (
+    RANKS_MARK,
+    REPO_ROOT,
+    leftover_processes,
+    marked_processes,
+    wait_until_gone,
+)
+
+from helpers import faults
+from helpers.launch import LaunchError, WorkerError, launch, threads_per_rank
+from helpers.ranks import current_ranks, start_ranks
+
+pytestmark = pytest.mark.timeout(600)
+
+MARK = uuid.uuid4().hex  # every engine and controller this module starts carries it
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    old = os.environ.get(RANKS_MARK)
+    os.environ[RANKS_MARK] = MARK
+    r = start_ranks(2, timeout=60, activate=False)
+    yield r
+    r.stop()
+    if old is None:
+        os.environ.pop(RANKS_MARK, None)
+    else:
+        os.environ[RANKS_MARK] = old
+
+
+# ---- before the module's warm ranks start (nothing may be running) -------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    {"world_size": 0}, {"world_size": "2"}, {"world_size": True}, {"world_size": 10 ** 6},
+    {"world_size": 2, "backend": "mpi"}, {"world_size": 2, "backend": "nccl"},
+])
+def test_bad_input_same_message_as_launch(kwargs, no_leftover_processes):
+    if kwargs.get("backend") == "nccl" and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs for nccl")
+    with pytest.raises(LaunchError) as from_launch:
+        launch(faults.ok, kwargs["world_size"], backend=kwargs.get("backend"))
+    before = current_ranks()
+    with pytest.raises(LaunchError) as from_ranks:
+        start_ranks(**kwargs)
+    assert str(from_ranks.value) == str(from_launch.value)
+    assert current_ranks() is before, "bad input must not stop or start anything"
+
+
+def test_bad_timeout(no_leftover_processes):
+    with pytest.raises(LaunchError, match="timeout must be a positive number"):
+        start_ranks(2, timeout=0)
+
+
+def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes):
+    """A notebook run by papermill: two %%px cells where a name persists, a cell-defined function
+    through ranks.run; every rank's output labelled; nothing left after the kernel ends."""
+    import nbformat
+    import papermill
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(RANKS_MARK, mark)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    sources = [
+        "from helpers.ranks import start_ranks\nranks = start_ranks(world_size=2)",
+        "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
+        "%%px\ndist.all_reduce(x)\nprint('after', rank, x.item(), device)",
+        "def times(rank, world_size, k):\n    return rank * k\nprint('run', ranks.run(times, k=10))",
+    ]
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                               cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+
+    def text(i):
+        return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in out.cells[i].outputs)
+
+    for r in range(2):
+        assert f"[stdout:{r}]" in text(1) and f"before {r} {float(r + 1)}" in text(1), text(1)
+        # x from the cell before is still there; 1 + 2 = 3 on both ranks
+        assert f"[stdout:{r}]" in text(2) and f"after {r} 3.0 cpu" in text(2), text(2)
+    assert "run [0, 10]" in text(3), text(3)
+    assert not wait_until_gone(mark), "engines/controller left after papermill"
+    assert not wait_until_gone(mark, cmd_contains=""), "the kernel, the watchdog: nothing may be left"
+
+
+# ---- on the module's warm ranks --------------------------------------------------------------------
+
+def test_run_on_every_rank_with_its_group(ranks):
+    def where(rank, world_size, scale=1):  # defined here: sent to the ranks by value
+        import torch.distributed as dist
+
+        return {"rank": rank, "world_size": world_size, "group_rank": dist.get_rank(),
+                "group_size": dist.get_world_size(), "backend": dist.get_backend(),
+                "threads": torch.get_num_threads(), "pid": os.getpid(), "scaled": rank * scale}
+
+    got = ranks.run(where, scale=10)
+    assert [g["rank"] for g in got] == [g["group_rank"] for g in got] == [0, 1]
+    assert {g["group_size"] for g in got} == {2} and {g["world_size"] for g in got} == {2}
+    assert {g["backend"] for g in got} == {"gloo"} and ranks.devices == ["cpu", "cpu"]
+    assert [g["scaled"] for g in got] == [0, 10]
+    assert [g["pid"] for g in got] == ranks.pids and os.getpid() not in ranks.pids
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert {g["threads"] for g in got} == {threads_per_rank(2)}
+
+
+def test_cell_defined_module_and_collective(ranks):
+    class Scale(torch.nn.Module):  # a class defined in the caller, as in a notebook cell
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def forward(self, x):
+            return x * self.k
+
+    def reduce_scaled(rank, world_size, module):
+        import torch.distributed as dist
+
+        t = module(torch.tensor([float(rank + 1)]))
+        dist.all_reduce(t)
+        return t.item()
+
+    # ranks hold 1*3 and 2*3; the sum, computed here without torch.distributed: 9
+    assert ranks.run(reduce_scaled, Scale(3)) == [float(sum(3 * (r + 1) for r in range(2)))] * 2
+
+
+def test_names_persist_and_predefined(ranks):
+    ranks.execute("x = rank + 41\nsame_device = str(device)", stream=False)
+    ranks.execute("x += world_size", stream=False)
+    assert ranks.view.pull("x", block=True) == [43, 44]
+    assert ranks.view.pull("same_device", block=True) == ["cpu", "cpu"]
+    assert ranks.view.apply_sync(lambda: __import__("os").environ["RANK"]) == ["0", "1"]
+
+
+def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
+    pids, restarts = list(ranks.pids), ranks.restarts
+    with pytest.raises(WorkerError) as info:
+        ranks.run(lambda rank, world_size: rank if rank == 0 else 1 / 0)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ZeroDivisionError" and "division by zero" in err.message
+    assert "ZeroDivisionError" in err.traceback and "\x1b[" not in err.traceback
+    assert "rank 1 failed with ZeroDivisionError" in str(err)
+    # the peer finished: the group is intact, the same processes keep running
+    assert ranks.pids == pids and ranks.restarts == restarts
+    assert ranks.run(faults.ok) == [0, 1]
+
+
+def test_same_arguments_return_the_running_ranks(ranks):
+    assert start_ranks(2, timeout=60, activate=False) is ranks and current_ranks() is ranks
+
+
+def test_other_world_size_or_env_replaces_and_stop_is_idempotent(ranks, no_leftover_processes):
+    """Runs last in this module (it replaces the module's ranks)."""
+    old = list(ranks.pids)
+    one = start_ranks(1, timeout=60, env={"DDP_LAB_RANKS_TEST": "yes"}, activate=False)
+    assert ranks.stopped and not any(psutil.pid_exists(p) for p in old), "the old set must be stopped first"
+    assert one.run(lambda rank, world_size: (rank, world_size, os.environ["DDP_LAB_RANKS_TEST"])) == [(0, 1, "yes")]
+    one.stop()
+    one.stop()
+    ranks.stop()
+    assert current_ranks() is None
+    assert not marked_processes(MARK), "no ipcontroller/ipengine process may survive stop()"
+    assert not leftover_processes()
