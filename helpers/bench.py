@@ -913,8 +913,9 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
     """Seconds from the call to the results for :func:`trivial_worker`, per method and world size.
 
     Methods: ``"helpers.launch"`` (:func:`helpers.launch.launch`: torch's elastic agent, output
-    relay, error handling), ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`) and
-    ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1).
+    relay, error handling), ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`),
+    ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1) and, when 2 is in
+    ``world_sizes``, warm ranks (:func:`bench_warm_ranks`: start-up once, then warm calls).
 
     Returns:
         one row per measurement: ``method``, ``world_size``, ``repeat``, ``seconds``.
@@ -936,6 +937,35 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
             rows.append({"method": "torch.multiprocessing.spawn", "world_size": ws, "repeat": rep,
                          "seconds": time.perf_counter() - t0})
             assert got == list(range(ws)), got
+    if 2 in world_sizes:  # side by side with the cold launches of 2 ranks above
+        rows += bench_warm_ranks(2, repeats=max(10, repeats))
+    return rows
+
+
+#: Method names of the warm-rank rows (:func:`bench_warm_ranks`).
+WARM_START, WARM_RUN = "helpers.ranks start_ranks (engines, torch, group)", "helpers.ranks WarmRanks.run (warm)"
+
+
+def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, Any]]:
+    """Seconds to start warm ranks (:func:`helpers.ranks.start_ranks`: ipyparallel engines, each
+    importing torch, and the process group) and for :func:`trivial_worker` through
+    ``WarmRanks.run`` once they are warm (after one untimed call). Same rows as
+    :func:`bench_launch_overhead`."""
+    from helpers.ranks import start_ranks
+
+    t0 = time.perf_counter()
+    ranks = start_ranks(world_size, activate=False)
+    rows = [{"method": WARM_START, "world_size": world_size, "repeat": 0, "seconds": time.perf_counter() - t0}]
+    try:
+        ranks.run(trivial_worker)
+        for rep in range(repeats):
+            t0 = time.perf_counter()
+            got = ranks.run(trivial_worker)
+            rows.append({"method": WARM_RUN, "world_size": world_size, "repeat": rep,
+                         "seconds": time.perf_counter() - t0})
+            assert got == list(range(world_size)), got
+    finally:
+        ranks.stop()
     return rows
 
 
@@ -1390,7 +1420,14 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
                 ("memory copy (this process)", pd.DataFrame(result["memcpy"]))]
     if name == "launch":
         df = pd.DataFrame(result).groupby(["method", "world_size"])["seconds"].agg(["median", "min", "max", "count"])
-        return [("launch overhead: seconds from call to results, trivial worker", df.reset_index())]
+        tables = [("launch overhead: seconds from call to results, trivial worker", df.reset_index())]
+        med = df["median"].to_dict()
+        cold, warm = med.get(("helpers.launch", 2)), med.get((WARM_RUN, 2))
+        if cold and warm:
+            tables.append(("warm ranks against a cold launch, 2 ranks (medians)", pd.DataFrame([{
+                "start_ranks_s": med.get((WARM_START, 2)), "cold_launch_s": cold, "warm_run_s": warm,
+                "warm_speedup_x": cold / warm}])))
+        return tables
     if name == "memory":
         df = pd.DataFrame(result)
         per = df.groupby(["variant", "world_size"]).agg(

@@ -289,3 +289,15 @@ def test_threads_by_launcher(no_leftover_processes, monkeypatch):
     assert by["torch.multiprocessing.spawn"] == by["elastic_launch"] == [(default, None)] * 2
     assert by["helpers.launch"] == [(max(1, out["cpu_count"] // 2), None)] * 2
     assert "OMP_NUM_THREADS" in out["torchrun_stderr"]
+
+
+def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
+    """`python -m helpers.bench launch` rows: warm-rank start-up and warm calls beside cold launches
+    of the same worker, and a table with the ratio (no timing asserted)."""
+    rows = bench.bench_launch_overhead(world_sizes=(2,), repeats=1)
+    methods = {r["method"] for r in rows}
+    assert {"helpers.launch", bench.WARM_START, bench.WARM_RUN} <= methods
+    assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
+    (title, ratio), = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
+    assert list(ratio.columns) == ["start_ranks_s", "cold_launch_s", "warm_run_s", "warm_speedup_x"]
+    assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0])
