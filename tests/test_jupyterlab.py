@@ -6,7 +6,9 @@ matplotlib figure (an ``<img>`` in an output area), the workers' output prefixed
 / ``[rank 1]`` relayed into the cell, and no error output (no output of type ``error`` in the
 notebook model, no rendered stderr holding a traceback). It saves screenshots to
 ``build/jupyterlab_nb01.png`` (the figure) and ``build/jupyterlab_nb01_ranks.png`` (the
-``[rank r]`` output), shuts the server down through its REST API and checks that no process it
+``[rank r]`` output), then runs a scratch notebook that starts warm ranks (``helpers.ranks``)
+and a ``%%px`` cell, and checks both ranks' output is rendered, labelled ``[stdout:0]`` /
+``[stdout:1]`` (``build/jupyterlab_px.png``). It shuts the server down through its REST API and checks that no process it
 started (server, kernel, DDP workers, browser) is left behind.
 
 Parameters: the browser runs the notebook with :data:`BROWSER_PARAMETERS` (``seed`` 1, two
@@ -101,6 +103,24 @@ def _make_probe_notebook(path: Path) -> None:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (
         'print("before the error")', f"raise ValueError({PROBE_MESSAGE!r})", 'print("not reached")')]
+    nbformat.write(nb, str(path))
+
+
+PX_NAME = "zz_warm_ranks.ipynb"  # written into the temporary copy only
+PX_MESSAGE = "hello from warm rank"
+PX_TIMEOUT_S = 300  # two engines importing torch on 2 busy cores
+SCREENSHOT_PX = BUILD_DIR / "jupyterlab_px.png"
+
+
+def _make_px_notebook(path: Path) -> None:
+    """Warm ranks (helpers.ranks) and one ``%%px`` cell, as a learner would write them."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "from helpers.ranks import start_ranks\nranks = start_ranks(world_size=2)",
+        f'%%px\nprint(f"{PX_MESSAGE} {{rank}} of {{world_size}}")')]
     nbformat.write(nb, str(path))
 
 
@@ -427,7 +447,7 @@ def _wait_run_all_done(page, timeout_s: float, server: LabServer | None = None) 
     raise AssertionError(f"Run All Cells did not finish within {timeout_s:.0f} s; last state: {state}")
 
 
-@pytest.mark.timeout(RUN_ALL_TIMEOUT_S + SERVER_START_TIMEOUT_S + 240)
+@pytest.mark.timeout(RUN_ALL_TIMEOUT_S + SERVER_START_TIMEOUT_S + PX_TIMEOUT_S + 240)
 def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     chromium = require_browser()
     from playwright.sync_api import sync_playwright
@@ -435,7 +455,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     source = NOTEBOOKS_DIR / NB_NAME
     digest_before = _sha256(source)
     BUILD_DIR.mkdir(exist_ok=True)
-    for shot in (SCREENSHOT, SCREENSHOT_RANKS):
+    for shot in (SCREENSHOT, SCREENSHOT_RANKS, SCREENSHOT_PX):
         shot.unlink(missing_ok=True)
     baseline = {p.pid for p in leftover_processes()}
     t0 = time.monotonic()
@@ -509,6 +529,24 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                     '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]', has_text="Traceback")
                 assert probe_tb.count() == 1 and PROBE_MESSAGE in probe_tb.first.inner_text(), (
                     "the rendered-traceback detector missed the probe's error")
+
+                # warm ranks: a %%px cell in a scratch notebook shows both ranks' output, labelled
+                _make_px_notebook(server.root / PX_NAME)
+                page = browser.new_page(viewport={"width": 1440, "height": 1000})
+                page.set_default_timeout(120_000)
+                page.goto(f"{server.base}/lab/tree/{PX_NAME}?reset&token={server.token}")
+                _wait_kernel(page, PX_NAME, "idle")
+                t_px = time.monotonic()
+                _run_all_cells_via_menu(page)
+                px = _wait_run_all_done(page, PX_TIMEOUT_S, server)
+                timings["warm ranks + %%px"] = time.monotonic() - t_px
+                server.remember()
+                assert not px["errors"] and px["executed"] == px["code_cells"], px
+                for r in range(2):
+                    out = page.locator(".jp-OutputArea-output", has_text=f"{PX_MESSAGE} {r} of 2")
+                    assert out.count() >= 1, f"rank {r}'s %%px output is not rendered"
+                    assert f"[stdout:{r}]" in out.first.inner_text(), out.first.inner_text()[:1000]
+                page.screenshot(path=str(SCREENSHOT_PX))
             finally:
                 browser.close()
         n_seen = len(server.seen)
