@@ -6,6 +6,7 @@ spawned ranks by value with cloudpickle).
 
 Modules:
     launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)
+    ranks    -- warm ranks: a process group on ipyparallel engines that lives across cells (%%px)
     data     -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
     faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
     sampler      -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
