@@ -128,6 +128,12 @@ class RanksTimeout(LaunchTimeout):
 _STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
 
 
+def _set_env(env: dict) -> int:
+    """Every rank, first (before torch is imported there): the caller's extra variables."""
+    os.environ.update(env)
+    return os.getpid()
+
+
 def _open_store(world_size: int, timeout_s: float) -> int:
     """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
     global _STORE
@@ -138,10 +144,8 @@ def _open_store(world_size: int, timeout_s: float) -> int:
     return _STORE.port
 
 
-def _join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int,
-                env: dict) -> str:
+def _join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int) -> str:
     """Every rank: set the torchrun variables, threads and device, join the default group."""
-    os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
@@ -336,13 +340,13 @@ class WarmRanks:
             assert ids == list(range(self.world_size)), f"engine ids {ids}"
             self.view = self.client[ids]
             self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-            self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
+            self.pids = self.view.apply_async(_set_env, self.env).get(_START_TIMEOUT_S)
             self._started = self._processes()
             self._start_watchdog()
             group_timeout = self.timeout + _GROUP_MARGIN_S
             port = self.client[0].apply_async(_open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
             joins = [self.client[r].apply_async(_join_group, r, self.world_size, self.backend, port, group_timeout,
-                                                threads_per_rank(self.world_size), self.env)
+                                                threads_per_rank(self.world_size))
                      for r in ids]
             self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
             for r in ids:
@@ -478,16 +482,17 @@ class WarmRanks:
             return
         dead = self.dead_ranks()
         if dead:
-            raise self._restart_with(self._dead_error(dead, what))
+            raise self._restart_with(self._dead_error(dead, what, before=True))
 
-    def _dead_error(self, dead: dict[int, str], what: str) -> WorkerError:
+    def _dead_error(self, dead: dict[int, str], what: str, before: bool = False) -> WorkerError:
         rank = min(dead)
         others = {r: "ended" for r in range(self.world_size) if r != rank}
         others.update({r: d for r, d in dead.items() if r != rank})
         return WorkerError(rank, dead[rank],
-                           f"the engine process of rank {rank} (pid {self.pids[rank]}) died before {what} "
-                           "finished (a signal such as SIGKILL, e.g. from the out-of-memory killer, or "
-                           "os._exit()); " + _RESTART_NOTE, "", others)
+                           f"the engine process of rank {rank} (pid {self.pids[rank]}) "
+                           + (f"was found dead when {what} started" if before else f"died before {what} finished")
+                           + " (a signal such as SIGKILL, e.g. from the out-of-memory killer, or os._exit()). "
+                           + _RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:
         """End the ranks now (no half-dead group survives) and start fresh ones on the next call

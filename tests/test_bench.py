@@ -298,6 +298,6 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     methods = {r["method"] for r in rows}
     assert {"helpers.launch", bench.WARM_START, bench.WARM_RUN} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
-    (title, ratio), = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
+    ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
     assert list(ratio.columns) == ["start_ranks_s", "cold_launch_s", "warm_run_s", "warm_speedup_x"]
     assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0])
