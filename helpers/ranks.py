@@ -296,7 +296,9 @@ class WarmRanks:
     (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (engine process
     ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
     all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
-    after a fault), ``startup_seconds`` (the last start: engines, torch import, group).
+    after a fault), ``startup_seconds`` (the last start: engines, torch import, group) and
+    ``startup_phases`` (``{"engines": s, "torch and group": s}``: controller and engines up, then
+    each engine importing torch and joining the group).
     """
 
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
@@ -312,6 +314,7 @@ class WarmRanks:
         self.stopped = False
         self.restarts = 0
         self.startup_seconds = None
+        self.startup_phases: dict[str, float] = {}
         self._profile_dir = None
         self._watchdog = None
         self._ipp_px = None
@@ -341,6 +344,7 @@ class WarmRanks:
             self.view = self.client[ids]
             self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
             self.pids = self.view.apply_async(_set_env, self.env).get(_START_TIMEOUT_S)
+            t_engines = time.perf_counter()
             self._started = self._processes()
             self._start_watchdog()
             group_timeout = self.timeout + _GROUP_MARGIN_S
@@ -360,6 +364,7 @@ class WarmRanks:
             raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {_ANSI.sub('', str(e))}); "
                                "nothing was left running") from e
         self.startup_seconds = time.perf_counter() - t0
+        self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
         if self._activate_magics:
             self._activate()
 
