@@ -291,6 +291,7 @@ def test_threads_by_launcher(no_leftover_processes, monkeypatch):
     assert "OMP_NUM_THREADS" in out["torchrun_stderr"]
 
 
+@pytest.mark.timeout(600)
 def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     """`python -m helpers.bench launch` rows: warm-rank start-up and warm calls beside cold launches
     of the same worker, and a table with the ratio (no timing asserted)."""
