@@ -1,10 +1,9 @@
 """Warm ranks: a process group that lives across notebook cells, on ipyparallel engines.
 
 :func:`launch` starts fresh processes for every call (each imports torch again: seconds).
-Warm ranks start ``world_size`` persistent IPython engines once (``ipyparallel``, the Jupyter
-project's library for parallel engines), initialise the default process group on them, and keep
-them: every later call costs milliseconds, and names defined in one cell are still there in the
-next. Use them to poke at DDP state (weights, gradients, buckets) on every rank, step by step::
+Warm ranks start ``world_size`` persistent IPython engines once (``ipyparallel``), initialise the
+default process group on them and keep them: a call costs milliseconds, and names defined in
+one cell are still there in the next (poke at weights, gradients, buckets step by step)::
 
     from helpers.ranks import start_ranks
     ranks = start_ranks(world_size=2)          # also activates %%px in this notebook
@@ -15,35 +14,29 @@ next. Use them to poke at DDP state (weights, gradients, buckets) on every rank,
     ranks.run(lambda rank, world_size: rank * 10)   # -> [0, 10]
     ranks.stop()
 
-On every rank the names ``rank``, ``world_size``, ``device`` (``cuda:<rank>`` under nccl, else
-``cpu``), ``torch`` and ``dist`` (``torch.distributed``) are predefined. Rank = engine id.
+Predefined on every rank: ``rank`` (= engine id), ``world_size``, ``device`` (``cuda:<rank>``
+under nccl, else ``cpu``), ``torch``, ``dist`` (``torch.distributed``).
 
-What this module adds to ipyparallel (engines, the ``%%px`` magic, output labelled
-``[stdout:<rank>]``, cloudpickle for cell-defined code are ipyparallel's own):
+What this module adds to ipyparallel (engines, ``%%px``, output labelled ``[stdout:<rank>]``
+and cloudpickle for cell-defined code are ipyparallel's own):
 
-- the same input checks, backend rule and threads per rank as :func:`helpers.launch.launch`;
-- a process group on ``127.0.0.1`` through a ``TCPStore`` that rank 0 opens on port 0 (the OS
-  picks a free port: nothing to collide with), initialised with ``timeout=`` (the ranks'
-  ``timeout`` + 5 s) so gloo itself raises rather than hang for its default 30 minutes; the
-  caller's own limit fires first and names the ranks that had not finished;
+- the input checks, backend rule and threads per rank of :func:`helpers.launch.launch`;
+- a process group on ``127.0.0.1`` through a ``TCPStore`` rank 0 opens on port 0 (the OS picks a
+  free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
 - a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
-  cannot restart engines, so this module registers a thin ``%%px`` (and ``%px``) over
-  ipyparallel's: it runs the cell with ipyparallel's ``DirectView.execute`` and shows the output
-  with ipyparallel's own streaming/display, but watches the ranks while it waits. A hung
-  collective (past ``timeout``), a rank that raised while its peers still wait, a rank whose
-  process died (SIGKILL, ``os._exit``) and "interrupt kernel" (SIGINT is sent to the ranks; if
-  they do not stop within seconds, e.g. inside a C++ collective) each end the wait, **end all
-  ranks at once** (never a half-dead group) and raise :class:`~helpers.launch.WorkerError`,
-  :class:`RanksTimeout` or ``KeyboardInterrupt`` naming the ranks; fresh ranks (new engines, new
-  group) start by themselves before the next ``run`` or ``%%px`` cell, so the error comes
-  within seconds instead of after a restart. ``%%px`` with ipyparallel options (``--targets``, ``--noblock`` ...) goes straight
-  to ipyparallel's magic, without these guarantees;
-- no process left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine
-  process trees; it runs at interpreter exit (kernel shutdown/restart) and when
-  :func:`start_ranks` is called with another ``world_size``, backend, timeout or environment.
-  A watchdog process kills them too if the kernel itself dies without running ``atexit``
-  (SIGKILL, the OOM killer): ipyparallel starts engines in their own sessions, so they would
-  otherwise outlive it.
+  cannot restart engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
+  ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display,
+  but watches the ranks while it waits. A hung collective, a rank that raised while its peers
+  wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt kernel" (SIGINT is sent to the
+  ranks; if they do not stop within seconds, e.g. in a C++ collective) end the wait, **end all
+  ranks at once** (never a half-dead group) and raise ``WorkerError``, :class:`RanksTimeout` or
+  ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
+  before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
+  ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
+- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine
+  trees, at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets
+  another ``world_size``, backend, timeout or environment; a watchdog process
+  (:mod:`helpers.ranks_engine`) kills them if the kernel dies without ``atexit`` (SIGKILL).
 
 References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html ,
 ``ipyparallel/client/magics.py`` (``parallel_execute``), ``torch/distributed/distributed_c10d.py``.
@@ -53,7 +46,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
 import logging
 import os
 import re
@@ -69,15 +61,16 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
+from helpers import ranks_engine as eng
 from helpers.launch import (
     LaunchError,
-    LaunchTimeout,
     WorkerError,
     _check_world_size,  # private in launch.py; the same checks and messages as launch()
     resolve_backend,
     threads_per_rank,
-    worker_device,
 )
+
+RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
 
 __all__ = ["RanksTimeout", "WarmRanks", "current_ranks", "start_ranks"]
 
@@ -86,132 +79,9 @@ _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish 
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
-_RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
-                 "(names defined on the ranks are gone: run your set-up cells again).")
 _VOLATILE_ENV = {"PYTEST_CURRENT_TEST"}  # changes by itself between calls: not "another environment"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-#: Errors that leave the process group unusable (a peer gone, a collective timed out).
-_GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
-                 "timed out", "DistBackendError", "DistNetworkError", "NCCL")
 
 
-class RanksTimeout(LaunchTimeout):
-    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
-
-    Attributes:
-        timeout: the limit in seconds.
-        ranks_not_finished: ranks that had not finished when time ran out.
-    """
-
-    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run"):
-        super().__init__(timeout, ranks_not_finished)
-        self.what = what
-        self.args = (
-            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
-            "waiting forever: check that every rank makes the same collective calls in the same "
-            "order, or pass a larger timeout. " + _RESTART_NOTE,
-        )
-
-    def __str__(self):
-        return self.args[0]
-
-    def __reduce__(self):
-        return (type(self), (self.timeout, self.ranks_not_finished, self.what))
-
-
-# ----------------------------------------------------------------------------------------------
-# on the engines (imported there by reference: helpers is importable in every engine)
-# ----------------------------------------------------------------------------------------------
-
-_STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
-
-
-def _set_env(env: dict) -> int:
-    """Every rank, first (before torch is imported there): the caller's extra variables."""
-    os.environ.update(env)
-    return os.getpid()
-
-
-def _open_store(world_size: int, timeout_s: float) -> int:
-    """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
-    global _STORE
-    import torch.distributed as dist
-
-    _STORE = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=timeout_s))
-    return _STORE.port
-
-
-def _join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int) -> str:
-    """Every rank: set the torchrun variables, threads and device, join the default group."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
-    import torch.distributed as dist
-
-    if threads and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    store = _STORE if rank == 0 else dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                                                   timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return str(worker_device())
-
-
-_PRELUDE = (
-    "import torch\n"
-    "import torch.distributed as dist\n"
-    "from helpers.launch import worker_device as _ddp_lab_device\n"
-    "device = _ddp_lab_device()\n"
-    "del _ddp_lab_device\n"
-)
-
-
-def _call(fn, args, kwargs):
-    """Every rank: ``fn(rank, world_size, *args, **kwargs)``."""
-    return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args, **kwargs)
-
-
-# ----------------------------------------------------------------------------------------------
-# the watchdog: kills the engines and controller if the kernel dies without running atexit
-# ----------------------------------------------------------------------------------------------
-
-_WATCHDOG = r"""
-import os, sys, time, psutil
-parent, roots = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
-known = {}
-while True:
-    for pid in roots:
-        try:
-            p = psutil.Process(pid)
-            known.setdefault(p.pid, p)
-            for c in p.children(recursive=True):
-                known.setdefault(c.pid, c)
-        except psutil.Error:
-            pass
-    if os.getppid() != parent:  # the kernel died: we were re-parented
-        for p in known.values():
-            try:
-                p.kill()  # psutil refuses if the pid was reused by another process
-            except psutil.Error:
-                pass
-        sys.exit(0)
-    if not any(p.is_running() for p in known.values()):
-        sys.exit(0)
-    time.sleep(0.5)
-"""
-
-
-def _kill(procs) -> None:
-    """SIGKILL ``procs`` (psutil.Process) and reap them. Engines hold no state worth a grace period."""
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=5.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,25 +213,25 @@ class WarmRanks:
             assert ids == list(range(self.world_size)), f"engine ids {ids}"
             self.view = self.client[ids]
             self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-            self.pids = self.view.apply_async(_set_env, self.env).get(_START_TIMEOUT_S)
+            self.pids = self.view.apply_async(eng.set_env, self.env).get(_START_TIMEOUT_S)
             t_engines = time.perf_counter()
             self._started = self._processes()
             self._start_watchdog()
             group_timeout = self.timeout + _GROUP_MARGIN_S
-            port = self.client[0].apply_async(_open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
-            joins = [self.client[r].apply_async(_join_group, r, self.world_size, self.backend, port, group_timeout,
+            port = self.client[0].apply_async(eng.open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
+            joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
                                                 threads_per_rank(self.world_size))
                      for r in ids]
             self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
             for r in ids:
                 self.client[r].push({"rank": r, "world_size": self.world_size}, block=True)
-            self.view.execute(_PRELUDE, block=False).get(_START_TIMEOUT_S)
+            self.view.execute(eng.PRELUDE, block=False).get(_START_TIMEOUT_S)
         except BaseException as e:
             self._shutdown()
             self.stopped = True
             if isinstance(e, KeyboardInterrupt):
                 raise
-            raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {_ANSI.sub('', str(e))}); "
+            raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {eng.ANSI.sub('', str(e))}); "
                                "nothing was left running") from e
         self.startup_seconds = time.perf_counter() - t0
         self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
@@ -373,7 +243,7 @@ class WarmRanks:
         for launcher in self.cluster.engines.values():
             roots += [el.process.pid for el in launcher.launchers.values() if el.process is not None]
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *map(str, sorted(set(roots)))],
+            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), *map(str, sorted(set(roots)))],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
@@ -400,7 +270,7 @@ class WarmRanks:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
-        _kill(procs)
+        eng.kill(procs)
         if self.cluster is not None:
             self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
             self.cluster.engines = {}
@@ -453,29 +323,8 @@ class WarmRanks:
                     continue
             except psutil.Error:
                 pass
-            dead[rank] = self._exit_description(pid)
+            dead[rank] = eng.exit_description(self.cluster, pid)
         return dead
-
-    def _exit_description(self, pid: int) -> str:
-        code = None
-        deadline = time.monotonic() + 0.5  # ipyparallel's waiter thread reaps the engine
-        while code is None and time.monotonic() < deadline and self.cluster is not None:
-            for es in self.cluster.engines.values():
-                for el in es.launchers.values():  # still listed: psutil caches what wait() reaped
-                    got = getattr(el.process, "_exitcode", None)
-                    if el.pid == pid and isinstance(got, int):
-                        code = got
-                for data in (es.stop_data or {}).get("engines", {}).values():  # already noticed
-                    if data.get("pid") == pid and isinstance(data.get("exit_code"), int):
-                        code = data["exit_code"]
-            if code is None:
-                time.sleep(0.05)
-        if code is not None and code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by {signal.Signals(-code).name}"
-        if code is not None:
-            return f"exited with code {code}"
-        return "exited"
 
     def _check_alive(self, what: str) -> None:
         if self.stopped:
@@ -497,7 +346,7 @@ class WarmRanks:
                            f"the engine process of rank {rank} (pid {self.pids[rank]}) "
                            + (f"was found dead when {what} started" if before else f"died before {what} finished")
                            + " (a signal such as SIGKILL, e.g. from the out-of-memory killer, or os._exit()). "
-                           + _RESTART_NOTE, "", others)
+                           + eng.RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:
         """End the ranks now (no half-dead group survives) and start fresh ones on the next call
@@ -524,20 +373,21 @@ class WarmRanks:
                 ar.wait(_POLL_S)
                 done = [p.ready() for p in parts]
                 errors = [r for r, p in enumerate(parts) if done[r] and not p.successful()]
-                if all(done):
-                    return errors, None
+                if all(done):  # an engine that died mid-task ends as an EngineError: report the death
+                    dead = self.dead_ranks() if errors else {}
+                    return errors, (self._dead_error(dead, what) if dead else None)
                 dead = self.dead_ranks()
                 if dead:
                     return errors, self._dead_error(dead, what)
                 if errors:
                     first_error = first_error or time.monotonic()
                     if time.monotonic() - first_error > _ERROR_GRACE_S:
-                        err = self._worker_error(parts, errors[0])
+                        err = eng.worker_error(parts, errors[0])
                         err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
                                                 for r, d in enumerate(done) if not d})
-                        return errors, _rebuild(err, _RESTART_NOTE)
+                        return errors, eng.rebuild(err, eng.RESTART_NOTE)
                 if time.monotonic() - start > limit:
-                    return errors, RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
+                    return errors, eng.RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
         except KeyboardInterrupt:
             running = [r for r, p in enumerate(parts) if not p.ready()]
             with contextlib.suppress(Exception):
@@ -547,18 +397,7 @@ class WarmRanks:
                 return [], KeyboardInterrupt(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
             still = [r for r, p in enumerate(parts) if not p.ready()]
             return [], KeyboardInterrupt(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
-                                         "in a collective). " + _RESTART_NOTE)
-
-    def _worker_error(self, parts, rank: int) -> WorkerError:
-        try:
-            parts[rank].get(0)
-        except ipp.RemoteError as e:
-            tb = e.traceback
-            tb = "\n".join(tb) if isinstance(tb, list) else (tb or "")
-            return WorkerError(rank, e.ename, _ANSI.sub("", str(e.evalue)), _ANSI.sub("", tb))
-        except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
-            return WorkerError(rank, type(e).__name__, _ANSI.sub("", str(e)), "")
-        return WorkerError(rank, "unknown", "no error recorded", "")
+                                         "in a collective). " + eng.RESTART_NOTE)
 
     def _raise_for(self, ar, errors: list[int], fault: BaseException | None) -> None:
         """After :meth:`_supervise`: on a fault restart and raise it; on rank errors raise WorkerError."""
@@ -568,12 +407,12 @@ class WarmRanks:
             raise self._restart_with(fault)
         if errors:
             parts = ar.split() if self.world_size > 1 else [ar]
-            err = self._worker_error(parts, errors[0])
-            err.other_ranks.update({r: self._worker_error(parts, r).message[:200] for r in errors[1:]})
-            if any(s in f"{err.exc_type} {err.message}" for s in _GROUP_BROKEN):
+            err = eng.worker_error(parts, errors[0])
+            err.other_ranks.update({r: eng.worker_error(parts, r).message[:200] for r in errors[1:]})
+            if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
-                raise self._restart_with(_rebuild(err, "a collective failed: " + _RESTART_NOTE))
-            raise _rebuild(err, None)
+                raise self._restart_with(eng.rebuild(err, "a collective failed: " + eng.RESTART_NOTE))
+            raise eng.rebuild(err, None)
 
     # -- public calls --------------------------------------------------------------------------
 
@@ -599,7 +438,7 @@ class WarmRanks:
         if not callable(fn):
             raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
         self._check_alive("run")
-        ar = self.view.apply_async(_call, fn, args, kwargs)
+        ar = self.view.apply_async(eng.call, fn, args, kwargs)
         self._raise_for(ar, *self._supervise(ar, timeout, "run"))
         return ar.get(0)
 
@@ -621,14 +460,6 @@ class WarmRanks:
         if not stream:
             ar.display_outputs()
         self._raise_for(ar, errors, fault)
-
-
-def _rebuild(err: WorkerError, note: str | None) -> WorkerError:
-    """A fresh WorkerError (its message lists ``other_ranks``) with an optional note appended."""
-    new = WorkerError(err.rank, err.exc_type, err.message, err.traceback, err.other_ranks)
-    if note:
-        new.args = (f"{new.args[0]}\n({note})",)
-    return new
 
 
 def _px_magic(line: str, cell: str | None = None):

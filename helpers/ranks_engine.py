@@ -1,0 +1,189 @@
+"""The process side of warm ranks (:mod:`helpers.ranks`): what runs on each engine, how a
+rank's errors are read, and the watchdog that ends the engines if the kernel dies.
+
+Functions here are sent to the engines by reference (every engine imports ``helpers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+import signal
+import time
+
+import ipyparallel as ipp
+import psutil
+
+from helpers.launch import LaunchTimeout, WorkerError, worker_device
+
+RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
+                 "(names defined on the ranks are gone: run your set-up cells again).")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+#: Errors that leave the process group unusable (a peer gone, a collective timed out).
+GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
+                 "timed out", "DistBackendError", "DistNetworkError", "NCCL")
+
+
+class RanksTimeout(LaunchTimeout):
+    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
+
+    Attributes:
+        timeout: the limit in seconds.
+        ranks_not_finished: ranks that had not finished when time ran out.
+    """
+
+    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run"):
+        super().__init__(timeout, ranks_not_finished)
+        self.what = what
+        self.args = (
+            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
+            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+            "waiting forever: check that every rank makes the same collective calls in the same "
+            "order, or pass a larger timeout. " + RESTART_NOTE,
+        )
+
+    def __str__(self):
+        return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.timeout, self.ranks_not_finished, self.what))
+
+
+# ----------------------------------------------------------------------------------------------
+# on the engines (sent by reference: every engine imports helpers)
+# ----------------------------------------------------------------------------------------------
+
+_STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
+
+
+def set_env(env: dict) -> int:
+    """Every rank, first (before torch is imported there): the caller's extra variables."""
+    os.environ.update(env)
+    return os.getpid()
+
+
+def open_store(world_size: int, timeout_s: float) -> int:
+    """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
+    global _STORE
+    import torch.distributed as dist
+
+    _STORE = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    return _STORE.port
+
+
+def join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int) -> str:
+    """Every rank: set the torchrun variables, threads and device, join the default group."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = _STORE if rank == 0 else dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return str(worker_device())
+
+
+PRELUDE = (
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "from helpers.launch import worker_device as _ddp_lab_device\n"
+    "device = _ddp_lab_device()\n"
+    "del _ddp_lab_device\n"
+)
+
+
+def call(fn, args, kwargs):
+    """Every rank: ``fn(rank, world_size, *args, **kwargs)``."""
+    return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# the watchdog: kills the engines and controller if the kernel dies without running atexit
+# ----------------------------------------------------------------------------------------------
+
+WATCHDOG = r"""
+import os, sys, time, psutil
+parent, roots = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+known = {}
+while True:
+    for pid in roots:
+        try:
+            p = psutil.Process(pid)
+            known.setdefault(p.pid, p)
+            for c in p.children(recursive=True):
+                known.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+    if os.getppid() != parent:  # the kernel died: we were re-parented
+        for p in known.values():
+            try:
+                p.kill()  # psutil refuses if the pid was reused by another process
+            except psutil.Error:
+                pass
+        sys.exit(0)
+    if not any(p.is_running() for p in known.values()):
+        sys.exit(0)
+    time.sleep(0.5)
+"""
+
+
+def kill(procs) -> None:
+    """SIGKILL ``procs`` (psutil.Process) and reap them. Engines hold no state worth a grace period."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=5.0)
+
+
+def rebuild(err: WorkerError, note: str | None) -> WorkerError:
+    """A fresh WorkerError (its message lists ``other_ranks``) with an optional note appended."""
+    new = WorkerError(err.rank, err.exc_type, err.message, err.traceback, err.other_ranks)
+    if note:
+        new.args = (f"{new.args[0]}\n({note})",)
+    return new
+
+
+def worker_error(parts, rank: int) -> WorkerError:
+    """Rank ``rank``'s failure in ``parts`` (one ipyparallel AsyncResult per rank) as a WorkerError."""
+    try:
+        parts[rank].get(0)
+    except ipp.RemoteError as e:
+        tb = e.traceback
+        tb = "\n".join(tb) if isinstance(tb, list) else (tb or "")
+        return WorkerError(rank, e.ename, ANSI.sub("", str(e.evalue)), ANSI.sub("", tb))
+    except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
+        return WorkerError(rank, type(e).__name__, ANSI.sub("", str(e)), "")
+    return WorkerError(rank, "unknown", "no error recorded", "")
+
+
+def exit_description(cluster, pid: int) -> str:
+    """How engine ``pid`` of ``cluster`` (an ``ipp.Cluster``) ended: "killed by SIGKILL", "exited with code 0"."""
+    code = None
+    deadline = time.monotonic() + 3.0  # ipyparallel's waiter thread reaps the engine (slow on busy cores)
+    while code is None and time.monotonic() < deadline and cluster is not None:
+        for es in cluster.engines.values():
+            for el in es.launchers.values():  # still listed: psutil caches what wait() reaped
+                got = getattr(el.process, "_exitcode", None)
+                if el.pid == pid and isinstance(got, int):
+                    code = got
+            for data in (es.stop_data or {}).get("engines", {}).values():  # already noticed
+                if data.get("pid") == pid and isinstance(data.get("exit_code"), int):
+                    code = data["exit_code"]
+        if code is None:
+            time.sleep(0.05)
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    if code is not None:
+        return f"exited with code {code}"
+    return "exited"
