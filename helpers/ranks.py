@@ -69,6 +69,7 @@ from helpers.launch import (
     resolve_backend,
     threads_per_rank,
 )
+from helpers.procs import end_processes
 
 RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
 
@@ -270,7 +271,7 @@ class WarmRanks:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
-        eng.kill(procs)
+        end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
         if self.cluster is not None:
             self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
             self.cluster.engines = {}

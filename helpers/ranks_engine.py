@@ -14,7 +14,6 @@ import signal
 import time
 
 import ipyparallel as ipp
-import psutil
 
 from helpers.launch import LaunchTimeout, WorkerError, worker_device
 
@@ -135,14 +134,6 @@ while True:
         sys.exit(0)
     time.sleep(0.5)
 """
-
-
-def kill(procs) -> None:
-    """SIGKILL ``procs`` (psutil.Process) and reap them. Engines hold no state worth a grace period."""
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=5.0)
 
 
 def rebuild(err: WorkerError, note: str | None) -> WorkerError:
