@@ -209,7 +209,8 @@ class WarmRanks:
                 log_level=logging.WARNING, shutdown_atexit=False, load_profile=False)
             self.cluster.start_cluster_sync(n=self.world_size)
             self.client = self.cluster.connect_client_sync()
-            self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False)  # no progress bar
+            # interactive=False: no progress bar in the cell
+            self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False)
             ids = sorted(self.client.ids)
             assert ids == list(range(self.world_size)), f"engine ids {ids}"
             self.view = self.client[ids]

@@ -10,6 +10,7 @@ and a test run never changes a file in git.
 """
 
 import _thread
+import os
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import psutil
 import pytest
 import torch
 
-from _support import REPO_ROOT, leftover_processes
+from _support import RANKS_MARK, REPO_ROOT, Kernel, leftover_processes, wait_until_gone
 from ci import reliability
 from helpers import faults
 from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
@@ -462,8 +463,6 @@ def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     import nbformat
     import papermill
 
-    from _support import RANKS_MARK, wait_until_gone
-
     row.update(fault="warm ranks: a `%%px` cell hangs in a collective, under papermill",
                injection="`%%px` cell calling `faults.skip_collective`, `start_ranks(timeout=5)`")
     mark = _mark()
@@ -498,8 +497,6 @@ def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
 
 
 def _kernel_with_ranks(mark, timeout=60):
-    from _support import Kernel
-
     k = Kernel(mark)
     reply, text = k.cell(f"from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout={timeout})\n"
                          "print('PIDS', *ranks.pids)")
@@ -509,8 +506,6 @@ def _kernel_with_ranks(mark, timeout=60):
 
 
 def test_ranks_px_after_rank_killed(row):
-    from _support import wait_until_gone
-
     row.update(fault="warm ranks: rank 1's engine SIGKILLed between two `%%px` cells",
                injection="`os.kill(engine pid, SIGKILL)` from outside, then a `%%px` cell")
     mark = _mark()
@@ -530,8 +525,6 @@ def test_ranks_px_after_rank_killed(row):
 
 
 def test_ranks_interrupt_kernel_during_px(row):
-    from _support import wait_until_gone
-
     row.update(fault="warm ranks: \"interrupt kernel\" during a long `%%px` cell",
                injection="`KernelManager.interrupt_kernel()` (SIGINT to the kernel) after 5 s")
     mark = _mark()
@@ -557,8 +550,6 @@ def test_ranks_interrupt_kernel_during_px(row):
 
 
 def test_ranks_kernel_restart(row):
-    from _support import wait_until_gone
-
     row.update(fault="warm ranks: the kernel is restarted (\"restart kernel\")",
                injection="`KernelManager.restart_kernel()` (shutdown request, atexit)")
     mark = _mark()
@@ -568,15 +559,13 @@ def test_ranks_kernel_restart(row):
         k.km.restart_kernel(now=False)
         left = wait_until_gone(mark)
         secs = time.monotonic() - start
-        assert not left, [p.cmdline() for p in left]
+        assert not left and _gone(pids), [p.cmdline() for p in left]
     finally:
         k.close()
     row.update(error="none: engines and controller end with the old kernel", seconds=secs, passed=True)
 
 
 def test_ranks_kernel_killed(row):
-    from _support import wait_until_gone
-
     row.update(fault="warm ranks: the kernel is SIGKILLed (no atexit)",
                injection="`os.kill(kernel pid, SIGKILL)`")
     mark = _mark()
@@ -586,7 +575,7 @@ def test_ranks_kernel_killed(row):
         os.kill(k.pid, signal.SIGKILL)
         left = wait_until_gone(mark)
         secs = time.monotonic() - start
-        assert not left, [p.cmdline() for p in left]
+        assert not left and _gone(pids), [p.cmdline() for p in left]
     finally:
         k.close()
     assert not wait_until_gone(mark, cmd_contains="")  # the watchdog too

@@ -8,8 +8,8 @@ notebook model, no rendered stderr holding a traceback). It saves screenshots to
 ``build/jupyterlab_nb01.png`` (the figure) and ``build/jupyterlab_nb01_ranks.png`` (the
 ``[rank r]`` output), then runs a scratch notebook that starts warm ranks (``helpers.ranks``)
 and a ``%%px`` cell, and checks both ranks' output is rendered, labelled ``[stdout:0]`` /
-``[stdout:1]`` (``build/jupyterlab_px.png``). It shuts the server down through its REST API and checks that no process it
-started (server, kernel, DDP workers, browser) is left behind.
+``[stdout:1]`` (``build/jupyterlab_px.png``). It shuts the server down through its REST API
+and checks that no process it started (server, kernel, DDP workers, browser) is left behind.
 
 Parameters: the browser runs the notebook with :data:`BROWSER_PARAMETERS` (``seed`` 1, two
 ranks), injected into the temporary copy as papermill does (its jupytext twin rewritten to

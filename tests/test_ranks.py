@@ -10,6 +10,7 @@ import uuid
 import psutil
 import pytest
 import torch
+
 from _support import (
     RANKS_MARK,
     REPO_ROOT,
@@ -17,7 +18,6 @@ from _support import (
     marked_processes,
     wait_until_gone,
 )
-
 from helpers import faults
 from helpers.launch import LaunchError, WorkerError, launch, threads_per_rank
 from helpers.ranks import current_ranks, start_ranks
