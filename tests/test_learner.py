@@ -27,6 +27,7 @@ GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
 # The notebooks held to the recipe in helpers/notebook.py: every notebooks/*.ipynb
 # (test_every_notebook_is_a_learner_notebook fails when a new one is missing here).
 LEARNER_NOTEBOOKS = [
+    "00_processes_and_collectives",
     "01_gradients_dp_vs_ddp",
     "02_one_model_many_processes",
     "03_distributed_sampler",
