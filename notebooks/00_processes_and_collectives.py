@@ -733,9 +733,10 @@ assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0]
 def after_restart(rank, world_size):
     import os
 
-    import __main__
     import torch
     import torch.distributed as dist
+
+    import __main__
     t = torch.ones(1)
     dist.all_reduce(t)
     return {"rank": rank, "pid": os.getpid(), "all_reduce": t.item(), "has model": hasattr(__main__, "model")}
