@@ -767,8 +767,9 @@ assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks
 #
 # ## Exercises
 #
-# Write the answer in the cell after each task, run it, then run the check cell below it; the
-# hidden cell after that holds a solution (CI runs it).
+# Write the answer in the cell after each task, run it, then run the check cell below it. In the
+# full notebook a solution follows each check, collapsed; student copies leave the solutions out
+# (CI runs every solution).
 
 # %% [markdown]
 # ### Exercise 1: average a tensor across the ranks

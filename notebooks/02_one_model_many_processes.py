@@ -473,8 +473,8 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 #
 # Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
 # (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
-# hint. The solution is in the collapsed cell after the check (click the "…" or the bar on its
-# left to open it). CI runs every solution, so they are known to be right. Only exercise 4
+# hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
+# left to open it); student copies leave the solutions out. CI runs every solution, so they are known to be right. Only exercise 4
 # starts processes.
 
 # %% [markdown]

@@ -605,8 +605,8 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r
 # ## Exercises
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
-# check cell below it: it prints "correct" or "not yet" with a hint. The solution is in the
-# collapsed cell after the check (click the "…" or the bar on its left to open it). CI runs
+# check cell below it: it prints "correct" or "not yet" with a hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
+# left to open it); student copies leave the solutions out. CI runs
 # every solution, so they are known to be right. Exercises 1–3 start no processes; exercise 4
 # runs your function on 3 real ranks.
 

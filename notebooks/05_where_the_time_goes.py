@@ -891,8 +891,8 @@ pd.DataFrame(summary).set_index("measure")
 #
 # Three short calculations with this notebook's formulas and results, and one worker to write
 # (a communication hook, run on real ranks). Write your answer in the `answer_N = None` cell and
-# run the cell below it: it says whether the answer is right (it never stops the notebook). The
-# solution, collapsed, is the cell after.
+# run the cell below it: it says whether the answer is right (it never stops the notebook). In the
+# full notebook the solution, collapsed, is the cell after; student copies leave the solutions out.
 
 # %% [markdown]
 # ### Exercise 1: busbw on 8 ranks

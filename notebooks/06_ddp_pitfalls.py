@@ -1695,8 +1695,8 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # (replacing `None`) and run the check cell below it, which runs your function on `world_size`
 # real ranks (`check_answer(..., run=...)`). Exercises 3-5
 # ask for a value: predict it by hand first. Each check cell prints "correct" or "not yet" with a
-# hint. The solution is in the collapsed cell after the check (click the "…" or the bar on its
-# left to open it); CI runs every solution, so they are known to be right.
+# hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
+# left to open it); student copies leave the solutions out; CI runs every solution, so they are known to be right.
 
 # %% [markdown]
 # ### Exercise 1: fix the accumulation loop
