@@ -66,6 +66,7 @@ from helpers.launch import (
     LaunchError,
     WorkerError,
     _check_world_size,  # private in launch.py; the same checks and messages as launch()
+    _serialise,  # private in launch.py; refuses what cannot be sent, naming the variable
     resolve_backend,
     threads_per_rank,
 )
@@ -431,6 +432,8 @@ class WarmRanks:
             list: ``results[r]`` is rank ``r``'s return value.
 
         Raises:
+            LaunchError: ``fn``, an argument, a global it uses or a closure variable cannot be sent
+                (an open file, a lock, a socket, a generator, a CUDA tensor), as for ``launch``.
             WorkerError: a rank raised (names the rank, its traceback) or its process died. When a
                 rank died, peers were left waiting or a collective failed, all ranks were ended
                 first; fresh ones start before the next call.
@@ -439,6 +442,7 @@ class WarmRanks:
         """
         if not callable(fn):
             raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
+        _serialise(fn, args, kwargs)  # LaunchError naming the variable, before the ranks are touched
         self._check_alive("run")
         ar = self.view.apply_async(eng.call, fn, args, kwargs)
         self._raise_for(ar, *self._supervise(ar, timeout, "run"))

@@ -159,6 +159,22 @@ def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
     assert ranks.run(faults.ok) == [0, 1]
 
 
+def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
+    """The same refusal as launch, naming the variable, and the ranks are not touched."""
+    import threading
+
+    pids, restarts = list(ranks.pids), ranks.restarts
+    lock = threading.Lock()
+    with pytest.raises(LaunchError, match=r"positional argument 0.*lock") as info:
+        ranks.run(lambda rank, world_size, x: rank, lock)
+    assert "inside the worker" in str(info.value) or "instead" in str(info.value), str(info.value)
+    gen = (i for i in range(3))
+    with pytest.raises(LaunchError, match="generator"):
+        ranks.run(lambda rank, world_size: list(gen))
+    assert ranks.pids == pids and ranks.restarts == restarts
+    assert ranks.run(faults.ok) == [0, 1]
+
+
 def test_same_arguments_return_the_running_ranks(ranks):
     assert start_ranks(2, timeout=60, activate=False) is ranks and current_ranks() is ranks
 
