@@ -58,6 +58,16 @@ def skip_collective(rank, world_size, skip_rank=0):
     return _all_reduce_ones()
 
 
+def barrier_on_one_rank(rank, world_size, lonely_rank=0):
+    """Only rank ``lonely_rank`` calls ``dist.barrier()`` (the classic ``if rank == 0: save();
+    dist.barrier()``); the others return at once. The lonely rank waits forever."""
+    import torch.distributed as dist
+
+    if rank == lonely_rank:
+        dist.barrier()
+    return rank
+
+
 def exit_early(rank, world_size, bad_rank=1, how="os._exit"):
     """Rank ``bad_rank`` leaves without a result: ``how="os._exit"`` (code 0) or ``"sys.exit"`` (code 3)."""
     if rank == bad_rank:

@@ -432,6 +432,20 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None:
+    """Return once every rank has written its ``done`` marker (or any rank its ``error`` marker).
+
+    Uses the run's marker files, not a collective, so it never pairs with a collective a rank's
+    own code left unmatched. A rank that never finishes is ended by the launcher's timeout.
+    """
+    while True:
+        if all(os.path.exists(os.path.join(run_dir, f"done.{r}")) for r in range(world_size)):
+            return
+        if glob.glob(os.path.join(run_dir, "error.*")):
+            return
+        time.sleep(poll_s)
+
+
 def _worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | None,
                   timeout_s: float | None, threads: int, style: str) -> bytes:
     """What each spawned process runs (via the elastic agent): set up, call ``fn``, report.
@@ -477,7 +491,11 @@ def _worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | 
         _write_json(os.path.join(run_dir, f"done.{rank}"), {"time": time.time()})
         if dist.is_initialized():
             if style != "spawn":
-                dist.barrier()  # no rank tears the group down while another is still in a collective
+                # no rank tears the group down while another is still in a collective. Not a
+                # dist.barrier(): that would pair with a collective the user's code left unmatched
+                # on another rank (`if rank == 0: dist.barrier()`) and turn a hang into a
+                # misleading "Connection closed by peer"; the launcher's timeout names the rank.
+                _wait_for_peers(run_dir, world_size)
             dist.destroy_process_group()
     except BaseException as e:
         _write_json(os.path.join(run_dir, f"error.{rank}"), {

@@ -136,6 +136,15 @@ def test_collective_never_completes(row):
     row.update(error="`LaunchTimeout` naming rank 1 as not finished", seconds=secs, passed=True)
 
 
+def test_barrier_on_one_rank(row):
+    row.update(fault="only rank 0 calls `dist.barrier()`: it waits forever (the launcher's own end of "
+                     "run must not pair with it)",
+               injection="`faults.barrier_on_one_rank`, `launch(timeout=5)`")
+    err, secs = timed_failure(LaunchTimeout, faults.barrier_on_one_rank, 2, timeout=5)
+    assert err.ranks_not_finished == [0], err.ranks_not_finished
+    row.update(error="`LaunchTimeout` naming rank 0 as not finished", seconds=secs, passed=True)
+
+
 def test_keyboard_interrupt(row):
     row.update(fault="KeyboardInterrupt in the caller during a hung launch (\"interrupt kernel\")",
                injection="`_thread.interrupt_main()` after 5 s")
