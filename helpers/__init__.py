@@ -11,7 +11,8 @@ Modules:
     faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
     sampler      -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
     mnist_train  -- MNIST training as a module (single, DP, DDP; TrainConfig) for notebook 07, cluster and bench
-    cluster      -- notebook 07: torchrun entry point (python -m helpers.cluster), two-node rehearsal
+    cluster      -- notebook 07 (a package): torchrun entry point (python -m helpers.cluster), torchrun
+                    agents started from Python, two-node rehearsal in network namespaces
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
     notebook     -- the learner recipe every notebook follows: parameter checks, exercises
 """

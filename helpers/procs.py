@@ -6,6 +6,7 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 :mod:`helpers.pitfalls`, :mod:`helpers.bench`, ``ci/run_notebooks.py`` and the tests.
 
 - :func:`free_port`: a TCP port the OS says is free right now.
+- :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone).
 - :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended).
 - :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
   ``gloo``; a requested backend checked against the machine.
@@ -28,6 +29,7 @@ import psutil
 __all__ = [
     "BACKENDS",
     "default_backend",
+    "descendants",
     "end_processes",
     "free_port",
     "init_process_group_from_env",
@@ -50,6 +52,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every descendant of process ``pid`` (children, their children, ...), read now.
+
+    Returns:
+        ``psutil.Process`` objects; ``[]`` if ``pid`` no longer exists or cannot be read.
+    """
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def _is_live(p: psutil.Process) -> bool:

@@ -24,8 +24,8 @@
 #
 # Everything here reuses notebook 04's MNIST recipe (`Linear(784, 10)`, SGD, `lr = 0.01`,
 # global batch 64) and its worker `helpers.mnist_train.ddp_train_worker`. New helper:
-# `helpers/cluster.py` (the torchrun entry point `python -m helpers.cluster`, shown below, and
-# the code that starts torchrun agents from a cell or a test). The communication hooks of part 5
+# the package `helpers/cluster/` (the torchrun entry point `python -m helpers.cluster`, shown
+# below, and the code that starts torchrun agents from a cell or a test). The communication hooks of part 5
 # and the DDP training that measures them are written in this notebook's cells;
 # `helpers/comm_hooks.py` keeps only the byte-count formulas they are checked against.
 #
@@ -342,7 +342,7 @@ plt.show()
 #
 # We inject a failure: rank 1 (on node 1) raises `InjectedFailure` in the forward pass of
 # training step `fail_at_step` (`--fail-rank 1 --fail-at-step N`; a global forward pre-hook,
-# see `helpers/cluster.py`). Rank 0 is then waiting in the gradient all-reduce of that step;
+# see `helpers/cluster/entry.py`). Rank 0 is then waiting in the gradient all-reduce of that step;
 # gloo sees the peer's socket close and raises "Connection closed by peer". Each agent sees
 # its worker exit with code 1, prints a failure report (the root cause with the worker's
 # traceback, which `@record` on the entry point writes to torchrun's error file), and exits
@@ -945,7 +945,7 @@ memory
 # * The same worker function runs from a notebook cell (`launch`) and under `torchrun`
 #   (`python -m helpers.cluster`), and for the same seed and configuration produces the same
 #   loss history and accuracy: only who starts the processes changed. The commands for one
-#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/cluster.py`'s docstring
+#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/cluster`'s docstring
 #   and `docs/CLUSTER.md`.
 # * Two torchrun agents on one host make a real two-node job: `WORLD_SIZE` 2, one rank per
 #   node (`GROUP_RANK` 0 and 1, each `LOCAL_RANK` 0), the same results as one node with two
