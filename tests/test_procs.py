@@ -1,10 +1,11 @@
 """helpers.procs: the one home of process plumbing (free ports, ending process trees, the backend
 rule). Real processes and sockets."""
 
+import os
+import signal
 import socket
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -32,20 +33,42 @@ def _child(ignore_term: bool) -> psutil.Process:
     return psutil.Process(p.pid)
 
 
+def _exit_status(p: psutil.Process) -> int:
+    """How an ended child of this process ended: end_processes reaped it (psutil.wait_procs sets
+    ``returncode``) or it is a zombie, reaped here. A signal ``S`` gives ``-S``."""
+    code = getattr(p, "returncode", None)
+    return int(p.wait(timeout=10)) if code is None else int(code)
+
+
 def test_end_processes_terminates_then_kills():
     polite, stubborn = _child(False), _child(True)
-    start = time.monotonic()
-    left = procs.end_processes([polite, stubborn], grace_s=1.0)
-    assert left == []
-    assert not polite.is_running() and not stubborn.is_running()
-    # the stubborn one ignored SIGTERM, so it needed the SIGKILL after the grace period
-    assert time.monotonic() - start >= 1.0
+    assert procs.end_processes([polite, stubborn], grace_s=1.0) == []
+    # the exit statuses say which signal ended each: the stubborn one ignored SIGTERM and
+    # needed the SIGKILL after the grace period
+    assert (_exit_status(polite), _exit_status(stubborn)) == (-signal.SIGTERM, -signal.SIGKILL)
 
 
 def test_end_processes_kill_at_once_and_already_gone():
-    p = _child(True)
+    p = _child(False)
     assert procs.end_processes([p], terminate=False, timeout=5) == []
+    assert _exit_status(p) == -signal.SIGKILL  # terminate=False: no SIGTERM first
     assert procs.end_processes([p]) == []  # already ended: nothing to do, no error
+
+
+def test_descendants_lists_children_and_grandchildren():
+    code = ("import subprocess, sys\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print(c.pid, flush=True)\nc.wait()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(p.stdout.readline())
+        assert {c.pid for c in procs.descendants(p.pid)} == {grandchild}
+        assert {p.pid, grandchild} <= {c.pid for c in procs.descendants(os.getpid())}  # recursive
+    finally:
+        assert procs.end_processes([psutil.Process(p.pid), *procs.descendants(p.pid)], grace_s=3.0) == []
+        p.stdout.close()
+        p.wait(timeout=10)
+    assert procs.descendants(p.pid) == []  # gone: an empty list, no error
 
 
 def test_backend_rule():
