@@ -206,7 +206,7 @@ def run_agents(commands: Sequence[Sequence[str]], *, timeout: float = 180.0, env
     base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), base_env.get("PYTHONPATH", "")]))
     base_env["PYTHONUNBUFFERED"] = "1"
     base_env.update(env or {})
-    seen: dict[int, Any] = {}
+    seen: dict[int, psutil.Process] = {}
     procs: list[subprocess.Popen] = []
     ended: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="ddp-lab-agents-") as logs:
@@ -303,12 +303,10 @@ def failure_report(run: AgentRun) -> dict[str, Any] | None:
     }
 
 
-def processes_matching(marker: str) -> list:
+def processes_matching(marker: str) -> list[psutil.Process]:
     """Every process on this machine whose command line contains ``marker`` (e.g. a job's
     unique output folder or rendezvous id), except this one: used to prove that nothing of a
     job is left running. Returns psutil.Process objects."""
-    import psutil
-
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
