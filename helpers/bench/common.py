@@ -108,6 +108,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def sync_device(device: torch.device) -> None:
+    """Wait for the GPU's queued work (``torch.cuda.synchronize``) before a clock is read; no-op on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -189,7 +190,9 @@ def train_step(model: nn.Module, opt, x, y, sync: bool = True) -> None:
 
 def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = True,
                  barrier: bool = True) -> list[float]:
-    """Run ``steps`` training steps; return each step's seconds."""
+    """Run ``steps`` training steps on ``batch(first)``, ``batch(first + 1)``, ...; return each
+    step's wall-clock seconds (GPU synced). ``barrier``: a ``dist.barrier()`` first, when a
+    process group exists."""
     if barrier and dist.is_initialized():
         dist.barrier()
     sync_device(device)
@@ -207,6 +210,9 @@ def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = 
 
 def batch_fn(x: torch.Tensor, y: torch.Tensor, perm: torch.Tensor, global_batch: int, rank: int,
               world_size: int):
+    """``batch(step)`` -> this rank's ``(x, y)`` share of global batch number ``step``: the
+    ``global_batch`` samples of ``perm`` from ``step * global_batch`` (wrapping round), every
+    ``world_size``-th from ``rank`` (``global_batch // world_size`` rows)."""
     n = perm.numel()
 
     def batch(step: int):
