@@ -175,9 +175,10 @@ for k, (p, label) in enumerate([("seed", "seed recipe (ToTensor + Normalize per 
            for ws, w in groups]
     vals = np.array([v.median() for v in per])
     spread = [vals - np.array([v.min() for v in per]), np.array([v.max() for v in per]) - vals]
-    bars = ax.bar([i + (k - 0.5) * width for i in range(len(groups))], vals, width, label=label,
-                  yerr=spread, capsize=3, error_kw={"ecolor": "black", "lw": 1})
-    ax.bar_label(bars, fmt="{:,.0f}", fontsize=8)
+    xs = [i + (k - 0.5) * width for i in range(len(groups))]
+    ax.bar(xs, vals, width, label=label, yerr=spread, capsize=3, error_kw={"ecolor": "black", "lw": 1})
+    for xi, v, top in zip(xs, vals, vals + spread[1]):  # the median's label above the error bar
+        ax.annotate(f"{v:,.0f}", (xi, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
 ax.set_xticks(range(len(groups)), [f"{ws} rank{'s' if ws > 1 else ''}, "
                                    f"{'plain module' if w == 'none' else 'DDP'}" for ws, w in groups])
 ax.set_xlabel("world size and model wrapper (threads per rank: %d)" % cfg["pipeline"]["threads"])
@@ -404,8 +405,9 @@ for row, model in enumerate(models):
         ax.set_ylim(bottom=0)  # points from zero: the axis is never truncated
     ax_t.set_ylabel("throughput (samples/s, all ranks)")
     ax_e.set_ylabel("efficiency = speed-up / world size (1 = perfect)")
-    ax_t.set_title(f"{model}: throughput, median and min–max of the steps")
-    ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread (min–max from the step ranges)", fontsize=9)
+    ax_t.set_title(f"{model}: throughput\n(points: median; error bars: min–max of the steps)", fontsize=10)
+    ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread\n(error bars: from the step ranges)",
+                   fontsize=10)
 dp_name = "DP (CPU: no parallelism)" if N_GPUS == 0 else "DP"
 handles = [Line2D([], [], color=c, lw=3, label=f"global batch {gb}") for gb, c in colors.items()]
 handles += [Line2D([], [], color="gray", label=label, **styles[key]) for key, label in [
