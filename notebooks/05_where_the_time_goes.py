@@ -51,7 +51,7 @@
 # in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU cores: the `smoke` profile (CI)
 # about 40 s on a quiet machine, 2 to 4.5 minutes with the load average between 7 and 18
 # (measured; it skips the measured memory comparison and the launcher timings), `full` about
-# 5 minutes on a quiet machine. Each benchmark's worker code (it stays in `helpers/bench.py`,
+# 5 minutes on a quiet machine. Each benchmark's worker code (it stays in the `helpers/bench/` package,
 # the same code as `python -m helpers.bench`) is shown above its run. The notebook ends with four exercises, each checked by a cell; the last one asks for a
 # communication hook, run on real ranks.
 
@@ -125,6 +125,11 @@ print(load_line("start"))
 # `world_size` 1, which still sends every gradient through the backend and back (a cost the
 # fast path feels and the seed recipe hides).
 #
+# Each mode (wrapper and pipeline) is warmed up first with an untimed pass over its first 1,024
+# images; then the timed epochs alternate between the pipelines, repeat after repeat (seed,
+# memory, seed, memory, ...), so a change in the machine's load during the run falls on both.
+# Each mode's samples/s is reported as the median over the repeats with its min–max.
+#
 # **Claim:** the fast path learns the same model: test accuracies agree within 0.5 points
 # (same data, order and initial weights; only float rounding of the normalisation differs).
 # Its speed is measured, not asserted. The next cell takes about 5–8 s on a 2-core laptop with
@@ -144,12 +149,21 @@ pipe[["pipeline", "wrapper", "world_size", "repeat", "threads_per_rank", "sample
 for (ws, wrapper, rep), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
     by = g.set_index("pipeline")
     gap = abs(by.loc["memory", "test_accuracy"] - by.loc["seed", "test_accuracy"]) * 100
-    print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'}: "
-          f"seed {by.loc['seed', 'samples_per_s']:,.0f} samples/s, in-memory "
-          f"{by.loc['memory', 'samples_per_s']:,.0f} samples/s: {by.loc['memory', 'speedup_vs_seed']:.1f}x; "
-          f"test accuracy {by.loc['seed', 'test_accuracy']:.4f} vs {by.loc['memory', 'test_accuracy']:.4f} "
-          f"({gap:.2f} points apart)")
+    print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'}, repeat {rep}: test accuracy "
+          f"{by.loc['seed', 'test_accuracy']:.4f} (seed) vs {by.loc['memory', 'test_accuracy']:.4f} (in-memory), "
+          f"{gap:.2f} points apart")
     assert gap <= 0.5, f"world_size {ws}: accuracies differ by {gap:.2f} points (> 0.5)"
+for (ws, wrapper), g in pipe.groupby(["world_size", "wrapper"], sort=False):
+    order = " ".join(g.sort_values("timed_position")["pipeline"])
+    per_mode = g.groupby("pipeline")["samples_per_s"].agg(["median", "min", "max", "count"])
+    sd, mem = per_mode.loc["seed"], per_mode.loc["memory"]
+    apart = mem["min"] > sd["max"] or sd["min"] > mem["max"]
+    print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'} (timed in the order: {order}): "
+          f"seed median {sd['median']:,.0f} samples/s (min {sd['min']:,.0f}, max {sd['max']:,.0f}), in-memory "
+          f"median {mem['median']:,.0f} (min {mem['min']:,.0f}, max {mem['max']:,.0f}) over {int(sd['count'])} "
+          f"repeat(s): " + ("the ranges do not overlap in this run" if apart and sd["count"] > 1 else
+                            "a single repeat has no spread: this run does not separate them" if sd["count"] < 2
+                            else "the ranges overlap: the difference is within this run's spread"))
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
@@ -157,15 +171,20 @@ groups = list(dict.fromkeys(zip(pipe["world_size"], pipe["wrapper"])))
 width = 0.38
 for k, (p, label) in enumerate([("seed", "seed recipe (ToTensor + Normalize per item)"),
                                  ("memory", "in-memory tensors (load_mnist)")]):
-    vals = [pipe[(pipe.pipeline == p) & (pipe.world_size == ws) & (pipe.wrapper == w)]["samples_per_s"].median()
-            for ws, w in groups]
-    bars = ax.bar([i + (k - 0.5) * width for i in range(len(groups))], vals, width, label=label)
-    ax.bar_label(bars, fmt="{:,.0f}", fontsize=8)
+    per = [pipe[(pipe.pipeline == p) & (pipe.world_size == ws) & (pipe.wrapper == w)]["samples_per_s"]
+           for ws, w in groups]
+    vals = np.array([v.median() for v in per])
+    spread = [vals - np.array([v.min() for v in per]), np.array([v.max() for v in per]) - vals]
+    xs = [i + (k - 0.5) * width for i in range(len(groups))]
+    ax.bar(xs, vals, width, label=label, yerr=spread, capsize=3, error_kw={"ecolor": "black", "lw": 1})
+    for xi, v, top in zip(xs, vals, vals + spread[1]):  # the median's label above the error bar
+        ax.annotate(f"{v:,.0f}", (xi, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
 ax.set_xticks(range(len(groups)), [f"{ws} rank{'s' if ws > 1 else ''}, "
                                    f"{'plain module' if w == 'none' else 'DDP'}" for ws, w in groups])
 ax.set_xlabel("world size and model wrapper (threads per rank: %d)" % cfg["pipeline"]["threads"])
 ax.set_ylabel("training throughput (samples/s)")
-ax.set_title(f"Input pipeline, one epoch of {int(pipe.samples.iloc[0]):,} images, Linear(784, 10)")
+ax.set_title(f"Input pipeline, one epoch of {int(pipe.samples.iloc[0]):,} images, Linear(784, 10)\n"
+             f"bars: median of {pipe['repeat'].nunique()} repeat(s); error bars: min–max")
 ax.margins(y=0.15)  # room for the bar labels
 fig.legend(loc="outside lower center", ncol=2, fontsize=8)
 plt.show()
@@ -226,10 +245,17 @@ print(f"a plain process here runs {default_threads} torch threads on {th['cpu_co
 threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["torch_threads"].transform("sum"))
 
 # %% [markdown]
-# **Measured:** every step is timed; `step_ms` is the slowest rank's **median** step (robust
-# to bursts of other work on the machine), with its spread (`step_ms_min`–`step_ms_max`), and
-# samples/s = global batch / `step_ms`. `bench.scaling_worker` sets `threads_per_rank`
-# explicitly, so every row says what it used.
+# **Measured, side by side.** Every mode runs in **one** launch of as many ranks as the largest
+# configuration: DDP with `n` ranks runs on ranks `0..n-1` (a process subgroup,
+# `dist.new_group`) while the others wait at a barrier; the single process and DP run on rank 0
+# alone. Each mode is warmed up first; then the modes are timed **in alternation**: round 0
+# runs one block of `steps` steps of every mode in turn, round 1 the same, and so on (A B C A B
+# C ..., never all of A then all of B), so a change in the machine's load during the run falls
+# on every mode instead of on whichever ran last. Every step is timed; `step_ms` is the slowest
+# rank's **median** step (robust to bursts of other work on the machine), with its spread
+# (`step_ms_min`–`step_ms_max`, the fastest and slowest step), and samples/s = global batch /
+# `step_ms` (min–max from the step spread). `bench.scaling_worker` sets `threads_per_rank`
+# explicitly for each block, so every row says what it used.
 #
 # **Where the time goes.** Each DDP configuration is timed three ways: normal steps; the same
 # steps inside `ddp.no_sync()` on all ranks at once (forward and backward without the gradient
@@ -243,7 +269,7 @@ threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["t
 # * `comm_exposed_ms = step - nosync`: the all-reduce, and waiting for the slowest rank, that
 #   backward did not hide.
 #
-# Each term is a difference of two medians measured at different moments. The decomposition
+# Each term is a difference of two medians measured in alternating blocks. The decomposition
 # only means something when every term is non-negative: a negative term says the timings moved
 # more between measurements than the effect being measured, so that row's split **failed**. The
 # table, the printout and the figure flag such rows; nothing is clipped to zero.
@@ -251,8 +277,8 @@ threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["t
 # **DP.** `nn.DataParallel` is one process that splits each batch over GPUs. Without GPUs it has
 # no devices (`device_ids == []`) and just calls the module (`torch/nn/parallel/data_parallel.py`,
 # `forward`): on CPU it **cannot run anything in parallel**. Its rows do the same computation as
-# the single process (checked below); their times are separate measurements, taken at other
-# moments on a shared machine, and are not expected to be equal.
+# the single process (checked below); their times are separate measurements (alternating
+# blocks on a shared machine), and are not expected to be equal.
 #
 # The next cell takes about 12–20 s on a 2-core laptop with the smoke profile (the CNN at
 # global batch 256, 1 and 2 ranks), a few minutes with `full`.
@@ -261,8 +287,17 @@ threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["t
 display(Code(inspect.getsource(bench.scaling_worker), language="python"))  # what every rank runs
 c = cfg["scaling"]
 scal = pd.DataFrame(bench.bench_scaling(c["configs"], c["models"], c["global_batch_sizes"], c["steps"],
-                                        c["warmup"], c["local"], seed))
+                                        c["warmup"], c["rounds"], c["local"], seed))
 print(load_line("after the scaling benchmark"))
+order = scal["timed_order"].iloc[0]
+n_modes = len(order) // c["rounds"]
+print(f"{c['rounds']} rounds of {n_modes} timed blocks ({c['steps']} steps each, after {c['warmup']} warm-up steps "
+      f"per mode); round 0 ran: {', '.join(order[:n_modes])}")
+assert order == order[:n_modes] * c["rounds"], "the timed blocks did not alternate between the modes"
+for r in scal.sort_values(["model", "global_batch_size", "mode", "world_size", "threads_per_rank"]).itertuples():
+    print(f"  {r.model}, batch {r.global_batch_size}, {r.label:9s}: median {r.samples_per_s:9,.0f} samples/s "
+          f"(min {r.samples_per_s_min:,.0f}, max {r.samples_per_s_max:,.0f}); step median {r.step_ms:.1f} ms "
+          f"(min {r.step_ms_min:.1f}, max {r.step_ms_max:.1f})")
 parts = scal[["interference_ms", "comm_exposed_ms"]].astype(float)
 scal["decomposition"] = np.where(parts.isna().all(axis=1), "", np.where((parts < 0).any(axis=1), "FAILED (negative term)", "ok"))
 for r in scal[scal["decomposition"] != "ok"].itertuples():
@@ -296,6 +331,12 @@ if N_GPUS == 0:
     for r in scal[scal["mode"].isin(["single", "dp"])].sort_values(["model", "global_batch_size", "threads_per_rank"]).itertuples():
         print(f"  {r.mode:6s} {r.model}, batch {r.global_batch_size}, {r.threads_per_rank} thread(s): median "
               f"{r.step_ms:.1f} ms per step (min {r.step_ms_min:.1f}, max {r.step_ms_max:.1f})")
+    for (model, gb, t), g in scal[scal["mode"].isin(["single", "dp"])].groupby(["model", "global_batch_size", "threads_per_rank"]):
+        one, dp = g.set_index("mode").loc["single"], g.set_index("mode").loc["dp"]
+        overlap = one.step_ms_min <= dp.step_ms_max and dp.step_ms_min <= one.step_ms_max
+        print(f"  {model}, batch {gb}, {t} thread(s): DP median {dp.step_ms / one.step_ms:.2f}x the single process's "
+              "step; " + ("the step ranges overlap: the difference is within this run's spread" if overlap
+                          else "the step ranges do not overlap in this run"))
 else:
     print(f"DP ran for real over GPUs {dp_rows['dp_device_ids'].iloc[0]}: the CPU equivalence check is skipped.")
 
@@ -313,7 +354,7 @@ def speedup_range(model, gb, ws, threads=1):
 
 def verdict(lo, hi):
     return ("faster than 1 rank in every measured step" if lo > 1 else "slower than 1 rank in every measured step"
-            if hi < 1 else "the spreads overlap: this run does not say which is faster")
+            if hi < 1 else "the step ranges overlap: the difference is within this run's spread")
 
 
 for (model, gb), _ in scal[scal["mode"] == "ddp"].groupby(["model", "global_batch_size"]):
@@ -343,9 +384,17 @@ for row, model in enumerate(models):
             if dd.empty:
                 continue
             x = dd["world_size"] + {"ddp": 0.0, "single": -0.07, "dp": 0.07}[mode]
-            ax_t.plot(x, dd["samples_per_s"], color=colors[gb], ms=7, **st)
-            if mode == "ddp":
-                ax_e.plot(dd["world_size"], dd["efficiency"], color=colors[gb], **st)
+            ax_t.errorbar(x, dd["samples_per_s"], yerr=[dd["samples_per_s"] - dd["samples_per_s_min"],
+                                                        dd["samples_per_s_max"] - dd["samples_per_s"]],
+                          color=colors[gb], ms=7, capsize=3, **st)
+            base = d[(d["mode"] == "ddp") & (d["world_size"] == 1) & (d["threads_per_rank"] == 1)
+                     & (d["global_batch_size"] == gb)]
+            if mode == "ddp" and len(base):
+                b = base.iloc[0]  # efficiency range from the step spreads of both rows
+                lo = dd["samples_per_s_min"] / b["samples_per_s_max"] / dd["world_size"]
+                hi = dd["samples_per_s_max"] / b["samples_per_s_min"] / dd["world_size"]
+                ax_e.errorbar(dd["world_size"], dd["efficiency"], yerr=[dd["efficiency"] - lo, hi - dd["efficiency"]],
+                              color=colors[gb], capsize=3, **st)
             over = dd[dd["oversubscribed"]]
             ax_t.scatter(over["world_size"], over["samples_per_s"], s=170, facecolors="none",
                          edgecolors="red", linewidths=1.5, zorder=3)
@@ -353,10 +402,12 @@ for row, model in enumerate(models):
     for ax in (ax_t, ax_e):
         ax.set_xlabel("world size (processes)")
         ax.set_xticks(sorted(scal["world_size"].unique()))
-    ax_t.set_ylabel("samples/s (all ranks)")
-    ax_e.set_ylabel("efficiency = speed-up / world size")
-    ax_t.set_title(f"{model}: throughput")
-    ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread")
+        ax.set_ylim(bottom=0)  # points from zero: the axis is never truncated
+    ax_t.set_ylabel("throughput (samples/s, all ranks)")
+    ax_e.set_ylabel("efficiency = speed-up / world size (1 = perfect)")
+    ax_t.set_title(f"{model}: throughput\n(points: median; error bars: min–max of the steps)", fontsize=10)
+    ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread\n(error bars: from the step ranges)",
+                   fontsize=10)
 dp_name = "DP (CPU: no parallelism)" if N_GPUS == 0 else "DP"
 handles = [Line2D([], [], color=c, lw=3, label=f"global batch {gb}") for gb, c in colors.items()]
 handles += [Line2D([], [], color="gray", label=label, **styles[key]) for key, label in [
@@ -834,8 +885,9 @@ summary = []
 for (ws, w), g in pipe.groupby(["world_size", "wrapper"], sort=False):
     m = g[g.pipeline == "memory"]
     summary.append({"measure": f"input pipeline, {ws} rank(s), {'plain module' if w == 'none' else 'DDP'}: "
-                               "in-memory / seed samples/s",
-                    "value": f"{m['speedup_vs_seed'].median():.1f}x ({g[g.pipeline == 'seed']['samples_per_s'].median():,.0f}"
+                               "in-memory / seed samples/s (median, min–max over repeats)",
+                    "value": f"{m['speedup_vs_seed'].median():.1f}x ({m['speedup_vs_seed'].min():.1f}x to "
+                             f"{m['speedup_vs_seed'].max():.1f}x; {g[g.pipeline == 'seed']['samples_per_s'].median():,.0f}"
                              f" -> {m['samples_per_s'].median():,.0f} samples/s)"})
 key = ddp[(ddp["threads_per_rank"] == 1) & (ddp["world_size"] > 1) & (ddp["global_batch_size"] == 256)]
 for r in key.itertuples():

@@ -7,15 +7,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import bench, costmodel
-from helpers.costmodel import AlphaBetaFit, algbw, busbw, busbw_factor, fit_alpha_beta, predict_data_parallel
-from helpers.costmodel import ring_allreduce_seconds
-
+from helpers import REPO_ROOT, bench, costmodel
+from helpers.costmodel import (
+    AlphaBetaFit,
+    algbw,
+    busbw,
+    busbw_factor,
+    fit_alpha_beta,
+    predict_data_parallel,
+    ring_allreduce_seconds,
+)
+from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
+from helpers.launch import launch
 
 # --------------------------------------------------------------------------------------------
 # formulas
@@ -142,8 +153,6 @@ def test_models():
 
 
 def test_mmap_path_gives_the_same_normalised_images():
-    from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
-
     imgs, labels = bench._mmap_split(False, None)
     assert imgs.dtype == torch.uint8 and imgs.shape == (10000, 28, 28)
     x, y = load_mnist(train=False)
@@ -160,13 +169,38 @@ def test_memcpy_rows():
 
 
 def test_local_throughput_single_and_dp_rows():
-    rows = bench.local_throughput("dp", ["linear"], [32], steps=2, warmup=1, threads=1)
+    rows = bench.local_throughput("dp", ["linear"], [32], steps=2, warmup=1, rounds=1, threads=1)
     (r,) = rows
     assert r["mode"] == "dp" and r["global_batch_size"] == 32 and r["step_s_mean"] > 0
     if not torch.cuda.is_available():
         assert r["dp_device_ids"] == []  # DP on CPU has no devices: it just calls the module
     with pytest.raises(ValueError):
         bench.local_throughput("ddp")
+
+
+def test_local_throughput_alternates_single_and_dp():
+    rows = bench.local_throughput(("single", "dp"), ["linear"], [32], steps=1, warmup=1, rounds=3, threads=1)
+    assert {r["label"] for r in rows} == {"single 1", "dp 1"}
+    assert rows[0]["timed_order"] == ["single 1", "dp 1"] * 3  # A B A B A B, not A A A B B B
+    assert all(r["steps"] * r["rounds"] == 3 for r in rows)
+
+
+def test_run_interleaved_alternates_blocks_after_warming_up_each():
+    calls = []
+
+    def mode(name):
+        def run(n=None):
+            calls.append((name, n))
+            return [float(len(calls))]
+        return run
+
+    times, order = bench.run_interleaved({"A": mode("A"), "B": mode("B"), "C": None}, rounds=3, warmup=2)
+    assert calls[:2] == [("A", 2), ("B", 2)]  # every mode warmed up (2 steps) before any timing
+    assert [c[0] for c in calls[2:]] == ["A", "B"] * 3 and all(n is None for _, n in calls[2:])
+    assert order == ["A", "B", "C"] * 3  # the process that takes no part in C still counts its blocks
+    assert times == {"A": [3.0, 5.0, 7.0], "B": [4.0, 6.0, 8.0]}  # warm-up results are dropped
+    with pytest.raises(ValueError):
+        bench.run_interleaved({"A": mode("A")}, rounds=0)
 
 
 def test_timeline_overlap_on_a_synthetic_timeline():
@@ -186,6 +220,14 @@ def test_timeline_overlap_on_a_synthetic_timeline():
     assert o["launches"] == 2 and o["launched_early"] == 0 and o["backward_ms"] == pytest.approx(4.0)
     tl[2]["start_ms"] = 3.0
     assert bench.timeline_overlap(tl)["launched_early"] == 1
+
+
+def test_cli_help_runs_as_a_module():
+    proc = subprocess.run([sys.executable, "-m", "helpers.bench", "--help"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps lines at the terminal width
+    assert "usage: python -m helpers.bench" in text and "pipeline, scaling, allreduce, launch, memory, buckets" in text
 
 
 def test_cli_rejects_unknown_names():
@@ -217,7 +259,12 @@ def test_tiny_allreduce(no_leftover_processes):
 
 @pytest.mark.timeout(120)
 def test_tiny_pipeline_same_accuracy(no_leftover_processes):
-    rows = bench.bench_pipeline([1], n_train=256, n_test=200)
+    rows = bench.bench_pipeline([1], n_train=256, n_test=200, repeats=2)
+    # the timed epochs alternate between the pipelines, repeat after repeat
+    timed = sorted(rows, key=lambda r: r["timed_position"])
+    assert [(r["repeat"], r["wrapper"], r["pipeline"]) for r in timed] == [
+        (rep, w, p) for rep in (0, 1) for w in ("none", "ddp") for p in ("seed", "memory")]
+    rows = [r for r in rows if r["repeat"] == 0]
     by = {(r["wrapper"], r["pipeline"]): r for r in rows}
     assert set(by) == {(w, p) for w in ("none", "ddp") for p in ("seed", "memory")}
     for r in rows:
@@ -230,14 +277,16 @@ def test_tiny_pipeline_same_accuracy(no_leftover_processes):
         assert abs(seed["test_accuracy"] - memory["test_accuracy"]) <= 0.005
         assert seed["final_loss_rank0"] == pytest.approx(memory["final_loss_rank0"], rel=1e-4)
     # DDP with one rank averages over one rank: the same training as the plain module
-    assert by[("ddp", "memory")]["final_loss_rank0"] == pytest.approx(by[("none", "memory")]["final_loss_rank0"], rel=1e-5)
+    ddp_loss, plain_loss = by[("ddp", "memory")]["final_loss_rank0"], by[("none", "memory")]["final_loss_rank0"]
+    assert ddp_loss == pytest.approx(plain_loss, rel=1e-5)
 
 
 @pytest.mark.timeout(120)
 def test_tiny_scaling(no_leftover_processes):
-    rows = bench.bench_scaling([[2, 1]], ["linear"], [64], steps=2, warmup=1, local=False)
+    rows = bench.bench_scaling([[2, 1]], ["linear"], [64], steps=2, warmup=1, rounds=1, local=False)
     (r,) = rows
     assert r["mode"] == "ddp" and r["world_size"] == 2 and r["threads_per_rank"] == 1
+    assert r["timed_order"] == ["ddp 2x1", "ddp 2x1 no_sync", "ddp 2x1 solo"]
     assert r["samples_per_s"] == pytest.approx(64 / (r["step_ms"] / 1e3))
     assert 0 < r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
     assert r["nosync_step_ms"] > 0 and r["comm_exposed_ms"] == pytest.approx(r["step_ms"] - r["nosync_step_ms"])
@@ -246,6 +295,30 @@ def test_tiny_scaling(no_leftover_processes):
     assert r["speedup"] is None  # no 1-rank, 1-thread baseline in this run
     with pytest.raises(Exception, match="not divisible"):
         bench.bench_scaling([[2, 1]], ["linear"], [63], steps=1, warmup=0, local=False)
+
+
+@pytest.mark.timeout(180)
+def test_scaling_alternates_every_mode_in_one_launch(no_leftover_processes):
+    """Notebook 05's comparison: 1 and 2 ranks, the single process and DP, timed in alternation
+    (round after round of one block per mode), each warmed up first; rows report median and min-max."""
+    rows = bench.bench_scaling([[1, 1], [2, 1]], ["linear"], [64], steps=1, warmup=1, rounds=3, local=True)
+    labels = [r["label"] for r in rows]
+    threads = sorted({1, os.cpu_count() or 1})
+    assert labels == ["ddp 1x1", "ddp 2x1"] + [f"{m} {t}" for m in ("single", "dp") for t in threads]
+    one_round = ["ddp 1x1", "ddp 1x1 no_sync", "ddp 2x1", "ddp 2x1 no_sync", "ddp 2x1 solo",
+                 *[f"{m} {t}" for m in ("single", "dp") for t in threads]]
+    order = rows[0]["timed_order"]
+    assert order == one_round * 3, order  # A B C .. A B C .., never all of A first
+    assert all(r["timed_order"] == order for r in rows)
+    for r in rows:
+        assert r["rounds"] == 3 and r["steps"] == 1
+        assert 0 < r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
+        assert r["samples_per_s_min"] <= r["samples_per_s"] <= r["samples_per_s_max"]
+    by = {r["label"]: r for r in rows}
+    assert by["ddp 1x1"]["speedup"] == pytest.approx(1.0)
+    assert by["ddp 1x1"]["solo_step_ms"] == by["ddp 1x1"]["nosync_step_ms"]  # one rank: alone = no_sync
+    with pytest.raises(Exception, match="needs at least 4 ranks"):
+        launch(bench.scaling_worker, 2, [[4, 1]], ["linear"], [64], 1, 0, 1)
 
 
 @pytest.mark.timeout(120)
@@ -278,8 +351,6 @@ def test_spawn_launch_returns_results_in_rank_order(no_leftover_processes):
 def test_threads_by_launcher(no_leftover_processes, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # removed for the children, restored after
     out = bench.bench_threads_by_launcher(2)
-    import os
-
     assert os.environ["OMP_NUM_THREADS"] == "3"
     by = {}
     for r in out["rows"]:
@@ -300,5 +371,6 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     assert {"helpers.launch", bench.WARM_START, bench.WARM_RUN} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
     ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
+    warm_ratio = ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0]
     assert list(ratio.columns) == ["start_ranks_s", "cold_launch_s", "warm_run_s", "warm_speedup_x"]
-    assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0])
+    assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(warm_ratio)

@@ -1,0 +1,219 @@
+"""DDP gradient buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) against step time, and a
+``torch.profiler`` timeline of all-reduce overlapping backward (notebook 05).
+
+Units: milliseconds (ms), seconds (s), MB (1e6 bytes), MiB (2**20 bytes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from helpers.bench.common import build_bench_model, ddp_wrap, median, sync_device, timed_steps, train_step
+from helpers.launch import launch, worker_device
+
+
+def _counting_hook(state: dict, bucket):
+    """A DDP communication hook (public API) that records each bucket's size, then all-reduces it
+    exactly as DDP's default does (``allreduce_hook``: sum, divide by world size)."""
+    buf = bucket.buffer()
+    state["bytes"].append(buf.numel() * buf.element_size())
+    return allreduce_hook(None, bucket)
+
+
+def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
+    """Bucket sizes (bytes) DDP all-reduces per step with this cap, read with a comm hook on a
+    throw-away DDP model, after DDP rebuilt its buckets in the first step's gradient order.
+    ``cap_mb=None`` leaves ``bucket_cap_mb`` at DDP's default (the argument is not passed)."""
+    state: dict[str, list] = {"bytes": []}
+    kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    ddp = ddp_wrap(build_bench_model(model_name, seed), device, gradient_as_bucket_view=view, **kwargs)
+    ddp.register_comm_hook(state, _counting_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(2):
+        state["bytes"] = []
+        train_step(ddp, opt, x, y)
+    return list(state["bytes"])
+
+
+_COMM_MARKERS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
+
+
+def _timeline_from_profile(prof) -> list[dict[str, Any]]:
+    """Flatten profiler events into lanes: forward, backward ops, optimizer, all-reduce (launch
+    on the main thread; execution on the backend's threads or GPU streams)."""
+    rows = []
+    for e in prof.events():
+        name = e.name
+        kind = None
+        if name == "DistributedDataParallel.forward":
+            kind = "forward"
+        elif name.startswith("autograd::engine::evaluate_function:"):
+            kind = "backward"
+        elif name.startswith("Optimizer.step"):
+            kind = "optimizer"
+        elif name == "c10d::allreduce_":
+            kind = "allreduce launched"
+        elif any(m in name for m in _COMM_MARKERS):
+            kind = "allreduce"
+        elif name.startswith("ProfilerStep") or name.startswith("step "):
+            kind = "step"
+        if kind is None:
+            continue
+        start = e.time_range.start
+        rows.append({"kind": kind, "name": name, "thread": int(e.thread), "start_us": float(start),
+                     "dur_us": float(e.time_range.end - start),
+                     "device": "cuda" if getattr(e, "device_type", None) is not None
+                     and "CUDA" in str(e.device_type) else "cpu"})
+    if rows:
+        t0 = min(r["start_us"] for r in rows)
+        for r in rows:
+            r["start_ms"] = (r.pop("start_us") - t0) / 1e3
+            r["dur_ms"] = r.pop("dur_us") / 1e3
+    rows.sort(key=lambda r: r["start_ms"])
+    return rows
+
+
+def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How much all-reduce time falls inside backward, from :func:`bucket_worker`'s timeline.
+
+    For each profiled step (``kind == "step"`` windows), backward spans from its first to its
+    last backward op; the overlap is the all-reduce time (``kind == "allreduce"``) inside that
+    span.
+
+    Returns:
+        ``allreduce_ms`` (total), ``overlapped_ms``, ``overlap_fraction`` (in [0, 1]; ``None``
+        without all-reduce events), ``launches`` (all-reduce calls DDP made), ``launched_early``
+        (calls launched before the step's last backward op started: buckets whose all-reduce
+        began while gradients of earlier layers were still to be computed; with ``k`` buckets a
+        step has ``k - 1`` of them), ``backward_ms`` (summed backward spans), ``steps``.
+    """
+    steps = [r for r in timeline if r["kind"] == "step"]
+    if not steps:
+        steps = [{"start_ms": min((r["start_ms"] for r in timeline), default=0.0),
+                  "dur_ms": max((r["start_ms"] + r["dur_ms"] for r in timeline), default=0.0)}]
+    total = overlapped = backward = 0.0
+    early = launches = 0
+    for s in steps:
+        lo, hi = s["start_ms"], s["start_ms"] + s["dur_ms"]
+        inside = [r for r in timeline if lo <= r["start_ms"] < hi and r["kind"] != "step"]
+        bw = [r for r in inside if r["kind"] == "backward"]
+        if not bw:
+            continue
+        b0 = min(r["start_ms"] for r in bw)
+        b1 = max(r["start_ms"] + r["dur_ms"] for r in bw)
+        last_start = max(r["start_ms"] for r in bw)
+        backward += b1 - b0
+        for r in inside:
+            if r["kind"] == "allreduce":
+                a0, a1 = r["start_ms"], r["start_ms"] + r["dur_ms"]
+                total += a1 - a0
+                overlapped += max(0.0, min(a1, b1) - max(a0, b0))
+            elif r["kind"] == "allreduce launched":
+                launches += 1
+                early += r["start_ms"] < last_start
+    return {"allreduce_ms": total, "overlapped_ms": overlapped,
+            "overlap_fraction": overlapped / total if total > 0 else None,
+            "launches": launches, "launched_early": early, "backward_ms": backward, "steps": len(steps)}
+
+
+def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
+                  as_view: Sequence[bool] = (False, True), model: str = "mlp", batch_per_rank: int = 64,
+                  steps: int = 10, warmup: int = 3, threads: int | None = 1, seed: int = 0,
+                  profile_cap_mb: float | None = 1.0, profile_steps: int = 2) -> dict[str, Any]:
+    """One rank of the bucket benchmark; run it with ``launch(bucket_worker, ws, ...)``.
+
+    For every ``bucket_cap_mb`` (MiB) and ``gradient_as_bucket_view``: read the bucket layout
+    with a counting communication hook (``register_comm_hook``, public API) on a throw-away DDP
+    model, then time ``steps`` steps of a fresh DDP model (no hook) on a fixed random batch
+    ``(batch_per_rank, 1, 28, 28)`` (the data does not change the step time). Then, if
+    ``profile_cap_mb`` is set, profile ``profile_steps`` steps with ``torch.profiler`` on rank 0
+    (all ranks run them).
+
+    Returns:
+        ``{"rows": [...], "timeline": [...] or None, "profile_bucket_mb": [...] or None,
+        "default_cap_bucket_mb": [...]}`` (``profile_bucket_mb``: bucket sizes, MB, of the
+        profiled model; ``default_cap_bucket_mb``: the layout when ``bucket_cap_mb`` is not
+        passed at all, DDP's default); rows: ``bucket_cap_mb``,
+        ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
+        all-reduce order), ``step_s_median``, ``step_s_mean`` (s), ``rank``, ``world_size``,
+        ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
+        ``backward``, ``optimizer``, ``allreduce launched``, ``allreduce``, ``step``),
+        ``name``, ``thread``, ``start_ms``, ``dur_ms``, ``device``.
+    """
+    if threads:
+        torch.set_num_threads(int(threads))
+    device = worker_device()
+    g = torch.Generator().manual_seed(seed + rank)
+    x = torch.randn(batch_per_rank, 1, 28, 28, generator=g).to(device)
+    y = torch.randint(0, 10, (batch_per_rank,), generator=g).to(device)
+    n_params = sum(p.numel() for p in build_bench_model(model, seed).parameters())
+    rows = []
+    for cap in bucket_caps_mb:
+        for view in as_view:
+            layout = _bucket_layout(model, seed, cap, view, x, y, device)
+            ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=cap, gradient_as_bucket_view=view)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            batch = lambda s: (x, y)  # noqa: E731
+            timed_steps(ddp, opt, batch, 0, warmup, device)
+            times = timed_steps(ddp, opt, batch, 0, steps, device)
+            rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": bool(view), "n_buckets": len(layout),
+                         "bucket_mb": [b / 1e6 for b in layout], "step_s_median": median(times),
+                         "step_s_mean": sum(times) / len(times), "rank": rank, "world_size": world_size,
+                         "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
+    default_layout = _bucket_layout(model, seed, None, False, x, y, device)
+    timeline = profile_layout = None
+    if profile_cap_mb:
+        profile_layout = _bucket_layout(model, seed, profile_cap_mb, False, x, y, device)
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # silence the profiler library's own log lines
+
+        ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=profile_cap_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        for _ in range(warmup):
+            train_step(ddp, opt, x, y)
+        dist.barrier()
+        if rank == 0:
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=acts) as prof:
+                for s in range(profile_steps):
+                    with record_function(f"step {s}"):
+                        train_step(ddp, opt, x, y)
+                    sync_device(device)
+            timeline = _timeline_from_profile(prof)
+        else:
+            for _ in range(profile_steps):
+                train_step(ddp, opt, x, y)
+            sync_device(device)
+    return {"rows": rows, "timeline": timeline,
+            "profile_bucket_mb": [b / 1e6 for b in profile_layout] if profile_layout is not None else None,
+            "default_cap_bucket_mb": [b / 1e6 for b in default_layout]}
+
+
+def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
+                  as_view: Sequence[bool] = (False, True), model: str = "mlp", steps: int = 10,
+                  warmup: int = 3, threads: int | None = 1, profile_cap_mb: float | None = 1.0,
+                  timeout: float = 900.0) -> dict[str, Any]:
+    """The bucket sweep in one launch of ``world_size`` ranks.
+
+    Returns:
+        ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...], "default_cap_bucket_mb":
+        [...]}``: one row per (cap, view) with ``step_ms`` (slowest rank's median step, ms) added
+        to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB) and the
+        bucket sizes (MB) with ``bucket_cap_mb`` left at DDP's default.
+    """
+    got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
+                 threads, 0, profile_cap_mb, timeout=timeout)
+    rows = []
+    for i, r0 in enumerate(got[0]["rows"]):
+        r = dict(r0)
+        r["step_ms"] = max(g["rows"][i]["step_s_median"] for g in got) * 1e3
+        r["rank"] = "all"
+        rows.append(r)
+    return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"],
+            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"]}

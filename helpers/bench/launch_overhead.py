@@ -1,0 +1,122 @@
+"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.launch``
+against ``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
+baseline) and warm ranks (``helpers.ranks``).
+
+Units: seconds (s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers.launch import launch
+from helpers.procs import free_port
+
+
+def trivial_worker(rank: int, world_size: int) -> int:
+    """The cheapest worker: returns its rank (for launch-overhead measurements)."""
+    return rank
+
+
+def _spawn_entry(local_rank: int, fn, world_size: int, port: int, queue, backend: str) -> None:
+    """What each ``torch.multiprocessing.spawn`` process runs: the hand-written setup that
+    ``helpers.launch`` does for you (environment, process group, result back to the caller)."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(local_rank),
+                       "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)})
+    dist.init_process_group(backend)
+    try:
+        queue.put((local_rank, fn(local_rank, world_size)))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_launch(fn, world_size: int, backend: str = "gloo") -> list:
+    """Run ``fn(rank, world_size)`` with ``torch.multiprocessing.spawn`` (the tutorials' way),
+    with a process group, and collect the return values in rank order through a queue.
+
+    For comparison with :func:`helpers.launch.launch` only: no output relay, no timeout, and a
+    port picked by binding port 0 first (another process may take it in between).
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.spawn(_spawn_entry, args=(fn, world_size, free_port(), queue, backend), nprocs=world_size, join=True)
+    results = dict(queue.get() for _ in range(world_size))
+    return [results[r] for r in range(world_size)]
+
+
+def import_torch_seconds() -> float:
+    """Seconds for a fresh Python interpreter to ``import torch`` and exit (a floor for any
+    launcher that starts new processes)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - t0
+
+
+def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3) -> list[dict[str, Any]]:
+    """Seconds from the call to the results for :func:`trivial_worker`, per method and world size.
+
+    Methods: ``"helpers.launch"`` (:func:`helpers.launch.launch`: torch's elastic agent, output
+    relay, error handling), ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`),
+    ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1) and, when 2 is in
+    ``world_sizes``, warm ranks (:func:`bench_warm_ranks`: start-up once, then warm calls).
+
+    Returns:
+        one row per measurement: ``method``, ``world_size``, ``repeat``, ``seconds``.
+    """
+    rows = []
+    for rep in range(repeats):
+        rows.append({"method": "python -c 'import torch'", "world_size": 1, "repeat": rep,
+                     "seconds": import_torch_seconds()})
+        for ws in world_sizes:
+            t0 = time.perf_counter()
+            got = launch(trivial_worker, ws)
+            rows.append({"method": "helpers.launch", "world_size": ws, "repeat": rep,
+                         "seconds": time.perf_counter() - t0})
+            assert got == list(range(ws)), got
+            t0 = time.perf_counter()
+            got = spawn_launch(trivial_worker, ws)
+            rows.append({"method": "torch.multiprocessing.spawn", "world_size": ws, "repeat": rep,
+                         "seconds": time.perf_counter() - t0})
+            assert got == list(range(ws)), got
+    if 2 in world_sizes:  # side by side with the cold launches of 2 ranks above
+        rows += bench_warm_ranks(2, repeats=max(10, repeats))
+    return rows
+
+
+#: Method names of the warm-rank rows (:func:`bench_warm_ranks`).
+WARM_START, WARM_RUN = "helpers.ranks start_ranks (engines, torch, group)", "helpers.ranks WarmRanks.run (warm)"
+
+
+def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, Any]]:
+    """Seconds to start warm ranks (:func:`helpers.ranks.start_ranks`: ipyparallel engines, each
+    importing torch, and the process group) and for :func:`trivial_worker` through
+    ``WarmRanks.run`` once they are warm (after one untimed call). Same rows as
+    :func:`bench_launch_overhead`."""
+    # imported here, not at the top: helpers.ranks imports ipyparallel (about 1 s, measured with
+    # python -X importtime), and every rank of every benchmark imports this package
+    from helpers.ranks import start_ranks
+
+    t0 = time.perf_counter()
+    ranks = start_ranks(world_size, activate=False)
+    rows = [{"method": WARM_START, "world_size": world_size, "repeat": 0, "seconds": time.perf_counter() - t0}]
+    try:
+        ranks.run(trivial_worker)
+        for rep in range(repeats):
+            t0 = time.perf_counter()
+            got = ranks.run(trivial_worker)
+            rows.append({"method": WARM_RUN, "world_size": world_size, "repeat": rep,
+                         "seconds": time.perf_counter() - t0})
+            assert got == list(range(world_size)), got
+    finally:
+        ranks.stop()
+    return rows
+
