@@ -28,7 +28,8 @@ from ci import reliability
 from helpers import faults
 from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
 
-pytestmark = pytest.mark.timeout(300)
+# one xdist worker runs the whole matrix, so the report written after the module is complete
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix")]
 
 ROWS: list[dict] = []
 
