@@ -43,8 +43,8 @@ from helpers.launch import (
     _check_timeout,
     _check_world_size,
     _run,
-    _serialise,
 )
+from helpers.sending import serialise_call
 
 __all__ = ["spawn"]
 
@@ -94,5 +94,5 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     nprocs = _check_world_size(nprocs, "nprocs")
     _check_callable(fn)
     _check_timeout(timeout)
-    payload = _serialise(fn, args, {})
+    payload = serialise_call(fn, args, {})
     return _run(payload, nprocs, None, timeout, style="spawn")

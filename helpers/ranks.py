@@ -66,11 +66,11 @@ from helpers.launch import (
     LaunchError,
     WorkerError,
     _check_world_size,  # private in launch.py; the same checks and messages as launch()
-    _serialise,  # private in launch.py; refuses what cannot be sent, naming the variable
     resolve_backend,
     threads_per_rank,
 )
 from helpers.procs import end_processes
+from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
 
 RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
 
@@ -442,7 +442,7 @@ class WarmRanks:
         """
         if not callable(fn):
             raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
-        _serialise(fn, args, kwargs)  # LaunchError naming the variable, before the ranks are touched
+        serialise_call(fn, args, kwargs)  # LaunchError naming the variable, before the ranks are touched
         self._check_alive("run")
         ar = self.view.apply_async(eng.call, fn, args, kwargs)
         self._raise_for(ar, *self._supervise(ar, timeout, "run"))

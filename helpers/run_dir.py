@@ -1,0 +1,141 @@
+"""The run folder one launch shares with its ranks, and the reaper that removes it.
+
+:func:`helpers.launch.launch` makes a fresh folder ``ddp-lab-launch-*`` in the temp directory
+for each launch. The ranks and the launcher talk through it with small JSON marker files, each
+written atomically (a temp file, then ``os.replace``):
+
+- ``pid.<rank>``: ``{"pid": int}``, written when the rank starts (before ``fn``);
+- ``done.<rank>``: ``{"time": float}`` (seconds since the epoch), when ``fn`` returned;
+- ``error.<rank>``: ``{"rank", "type", "message", "traceback", "time"}``, when ``fn`` raised;
+
+and torch's elastic agent writes each rank's stdout and stderr to
+``logs/<run id>/attempt_0/<rank>/std{out,err}.log``, which :class:`Relay` copies into the
+caller's streams line by line.
+
+:func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
+(``sh`` blocked reading a pipe only the launcher holds open), also when the launcher itself is
+SIGKILLed (the out-of-memory killer): the kernel closes the pipe, the reaper reads end-of-file
+and deletes the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+__all__ = ["Relay", "read_markers", "run_folder", "write_marker"]
+
+#: The reaper: wait for end-of-file on stdin (the launcher ended or died), then remove the folder
+#: ("$1"); a rank still writing a log line as it is SIGKILLed can refill it once, so retry.
+_REAPER_SCRIPT = ('while read -r _; do :; done; '
+                  'for _ in 1 2 3 4 5; do rm -rf -- "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 1; done')
+_REAPER_STOP_S = 5.0  # how long the launcher waits for the reaper to exit after a launch (seconds)
+
+
+@contextlib.contextmanager
+def run_folder() -> Iterator[str]:
+    """A fresh ``ddp-lab-launch-*`` folder in the temp directory, removed afterwards even if the
+    launching process is SIGKILLed (see the module docstring; without a POSIX ``sh``, only
+    after a normal end). Yields its path."""
+    path = tempfile.mkdtemp(prefix="ddp-lab-launch-")
+    reaper = _start_reaper(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        _stop_reaper(reaper)
+
+
+def _start_reaper(path: str) -> subprocess.Popen | None:
+    sh = shutil.which("sh")
+    if sh is None or sys.platform.startswith("win"):
+        return None
+    # its own session: a signal to the launcher's process group (Ctrl-C, a runner ending a kernel's
+    # group) does not stop it before it has cleaned up; it exits by itself once the pipe closes
+    return subprocess.Popen([sh, "-c", _REAPER_SCRIPT, "ddp-lab-run-folder-reaper", path],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            close_fds=True, start_new_session=True)
+
+
+def _stop_reaper(reaper: subprocess.Popen | None) -> None:
+    """Close the reaper's pipe (it removes the folder, already gone, and exits) and reap it. A
+    process forked from the launcher during the launch holds a copy of the pipe: kill it then."""
+    if reaper is None:
+        return
+    reaper.stdin.close()
+    try:
+        reaper.wait(_REAPER_STOP_S)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+        reaper.wait()
+
+
+def write_marker(run_dir: str, kind: str, rank: int, payload: dict) -> None:
+    """Write ``run_dir/<kind>.<rank>`` as JSON, atomically (readers never see half a file)."""
+    path = os.path.join(run_dir, f"{kind}.{rank}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def read_markers(run_dir: str, kind: str) -> dict[int, dict]:
+    """``{rank: payload}`` of the ``<kind>.<rank>`` markers written so far."""
+    found = {}
+    for path in glob.glob(os.path.join(run_dir, f"{kind}.*")):
+        suffix = path.rsplit(".", 1)[-1]
+        if suffix.isdigit():
+            try:
+                with open(path) as f:
+                    found[int(suffix)] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+class Relay:
+    """Copies worker stdout/stderr log files into the caller's streams, prefixed ``[rank r]``."""
+
+    _pattern = re.compile(r"attempt_\d+/(\d+)/(stdout|stderr)\.log$")
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes]
+
+    def poll(self, final: bool = False) -> None:
+        for path in glob.glob(os.path.join(self.log_dir, "*", "attempt_*", "*", "std*.log")):
+            if path not in self.files:
+                m = self._pattern.search(path.replace(os.sep, "/"))
+                if m:
+                    self.files[path] = [int(m.group(1)), m.group(2), 0, b""]
+        for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1])):
+            rank, name, offset, pending = state
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            state[2] = offset + len(data)
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            if final and pending:
+                lines.append(pending)
+                pending = b""
+            state[3] = pending
+            if lines:
+                out = sys.stdout if name == "stdout" else sys.stderr
+                text = "".join(
+                    f"[rank {rank}] {line.decode('utf-8', 'replace').rsplit(chr(13), 1)[-1]}\n"
+                    for line in lines
+                )
+                out.write(text)
+                out.flush()
