@@ -334,7 +334,8 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
     """The process that called launch() is SIGKILLed (as by the OOM killer) while rank 0 waits in a
     collective and rank 1 sleeps and ignores KeyboardInterrupt: the ranks' parent-death signal
     (PR_SET_PDEATHSIG, SIGKILL) ends them within seconds. (torch's own start_processes asks for
-    SIGINT, which neither a rank blocked in C++ nor one that catches KeyboardInterrupt obeys.)"""
+    SIGINT, which neither a rank blocked in C++ nor one that catches KeyboardInterrupt obeys.)
+    The launch's run folder (``ddp-lab-launch-*``, in the launcher's TMPDIR) is removed too."""
     row.update(fault="the launching process SIGKILLed while 2 ranks run",
                injection="`os.kill(launcher, SIGKILL)`; rank 0 in a barrier, rank 1 catching KeyboardInterrupt")
     code = textwrap.dedent(f"""
@@ -356,8 +357,10 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
         if __name__ == "__main__":
             launch(sleeper, 2, timeout=None)
     """)
+    launcher_tmp = tmp_path / "tmp"  # the launcher's temp directory, where its run folder goes
+    launcher_tmp.mkdir()
     launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": str(launcher_tmp)})
     ranks: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
@@ -369,14 +372,17 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
         ranks = [psutil.Process(int(p.read_text())) for p in sorted(tmp_path.glob("rank.*"))]
         tree = psutil.Process(launcher.pid).children(recursive=True)
         assert {r.pid for r in ranks} <= {p.pid for p in tree}, "the ranks must be the launcher's children"
+        assert len(list(launcher_tmp.glob("ddp-lab-launch-*"))) == 1, "the run folder must be in TMPDIR"
         start = time.monotonic()
         launcher.kill()
         launcher.wait(30)
         _, alive = psutil.wait_procs(tree, timeout=15)
         secs = time.monotonic() - start
         assert not alive, f"orphaned after the launcher died: {[(p.pid, p.cmdline()) for p in alive]}"
+        left = list(launcher_tmp.glob("ddp-lab-launch-*"))
+        assert not left, f"run folder left behind after the launcher died: {left}"
         row.update(error=f"none needed: all {len(tree)} processes of the launcher's tree gone "
-                         "(ranks: parent-death signal)", seconds=secs, passed=True)
+                         "(ranks: parent-death signal), its run folder removed (reaper)", seconds=secs, passed=True)
     finally:
         if launcher.poll() is None:
             launcher.kill()
