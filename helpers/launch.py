@@ -59,7 +59,7 @@ from typing import Any, Callable
 import cloudpickle
 import psutil
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
 from helpers import procs
 from helpers.launch_errors import LaunchError, LaunchTimeout, OversubscriptionWarning, WorkerError, worker_error
@@ -220,7 +220,7 @@ def threads_per_rank(world_size: int) -> int:
 
 def _configure(world_size: int, run_dir: str, timeout: float | None):
     """The elastic agent's configuration: one node, a fresh port, no restarts, ``spawn``."""
-    return LaunchConfig(
+    return elastic_api.LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world_size,
@@ -278,7 +278,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
 
     def agent() -> None:
         try:
-            outcome["results"] = elastic_launch(config, worker_entry)(*entry_args)
+            outcome["results"] = elastic_api.elastic_launch(config, worker_entry)(*entry_args)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = e
 
