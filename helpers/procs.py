@@ -1,9 +1,9 @@
 """Process plumbing, in one place: free ports, ending a process tree, the backend rule, and the
 torchrun entry point.
 
-Everything in the project that needs one of these calls this module: :mod:`helpers.launch` (and
-:mod:`helpers.mp` through it), :mod:`helpers.cluster`, :mod:`helpers.mnist_train`,
-:mod:`helpers.pitfalls`, :mod:`helpers.bench`, ``ci/run_notebooks.py`` and the tests.
+Everything in the project that needs one of these calls this module: :mod:`helpers.launch` and
+:mod:`helpers.rank_entry` (and :mod:`helpers.mp` through them), :mod:`helpers.ranks`,
+:mod:`helpers.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
 
 - :func:`free_port`: a TCP port the OS says is free right now.
 - :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone).
