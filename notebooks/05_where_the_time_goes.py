@@ -626,7 +626,7 @@ display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsourc
              language="python"))  # how each rank reads the bucket layout
 c = cfg["buckets"]
 bk_out = bench.bench_buckets(c["world_size"], c["bucket_caps_mb"], c["as_view"], steps=c["steps"],
-                             warmup=c["warmup"], profile_cap_mb=c["profile_cap_mb"])
+                             warmup=c["warmup"], profile_cap_mb=c["profile_cap_mb"], rounds=c["rounds"])
 bk = pd.DataFrame(bk_out["rows"])
 print(load_line("after the bucket benchmark"))
 grad_mb = bench.MLP_PARAMS * 4 / 1e6
@@ -643,6 +643,8 @@ for r in bk.itertuples():
         assert max(r.bucket_mb) * 1e6 > cap, (r.bucket_cap_mb, r.bucket_mb)
 default_mb = bk_out["default_cap_bucket_mb"]
 assert 2**20 <= default_mb[0] * 1e6 < 2**20 + largest and len(default_mb) == 2, default_mb
+labels = [f"{cap:g}/{bool(view)}" for cap in c["bucket_caps_mb"] for view in c["as_view"]]
+assert bk["timed_order"].iloc[0] == labels * c["rounds"], "the caps were not timed in alternation"
 explicit_25 = bk[bk["bucket_cap_mb"] == 25.0]
 assert len(explicit_25) and (explicit_25["n_buckets"] == 1).all(), explicit_25
 print(f"largest gradient tensor: {largest / 1e6:.3f} MB; caps in MiB = {2**20 / 1e6:.6f} MB each")
@@ -654,20 +656,21 @@ bk.assign(bucket_mb=bk["bucket_mb"].map(lambda b: ", ".join(f"{x:.2f}" for x in 
           cap_MB=bk["bucket_cap_mb"] * 2**20 / 1e6,
           largest_bucket_over_cap=bk["bucket_mb"].map(max) / (bk["bucket_cap_mb"] * 2**20 / 1e6))[
     ["bucket_cap_mb", "cap_MB", "gradient_as_bucket_view", "n_buckets", "bucket_mb", "largest_bucket_over_cap",
-     "step_ms"]]
+     "step_ms", "step_ms_min", "step_ms_max"]]
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
 for view, g in bk.groupby("gradient_as_bucket_view"):
     g = g.sort_values("bucket_cap_mb")
-    ax.plot(g["bucket_cap_mb"], g["step_ms"], "-o", label=f"gradient_as_bucket_view={view}")
+    ax.errorbar(g["bucket_cap_mb"], g["step_ms"], yerr=[g["step_ms"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms"]],
+                fmt="-o", capsize=3, label=f"gradient_as_bucket_view={view}")
     if not view:
         for r in g.itertuples():
             ax.annotate(f"{r.n_buckets} bucket{'s' if r.n_buckets > 1 else ''}", (r.bucket_cap_mb, r.step_ms),
                         textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
 ax.set_xscale("log")
 ax.set_xlabel("bucket_cap_mb (MiB)")
-ax.set_ylabel("median step time, slowest rank (ms)")
+ax.set_ylabel("step time (ms): median, slowest rank; bars min–max")
 ax.set_title(f"DDP bucket size, MLP {bench.MLP_PARAMS / 1e6:.1f} M parameters, {c['world_size']} ranks")
 ax.margins(y=0.2)  # room for the annotations
 fig.legend(loc="outside lower center", ncol=2, fontsize=8)

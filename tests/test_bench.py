@@ -323,10 +323,13 @@ def test_scaling_alternates_every_mode_in_one_launch(no_leftover_processes):
 
 @pytest.mark.timeout(120)
 def test_tiny_buckets_and_timeline(no_leftover_processes):
-    out = bench.bench_buckets(2, [1.0, 100.0], [False], steps=2, warmup=1, profile_cap_mb=1.0)
+    out = bench.bench_buckets(2, [1.0, 100.0], [False], steps=2, warmup=1, profile_cap_mb=1.0, rounds=2)
     rows = out["rows"]
     assert [r["bucket_cap_mb"] for r in rows] == [1.0, 100.0]
     small, big = rows
+    # the caps were timed in alternation (one block each per round), not one after the other
+    assert small["timed_order"] == ["1/False", "100/False"] * 2
+    assert small["step_ms_min"] <= small["step_ms"] <= small["step_ms_max"]
     assert small["n_buckets"] > big["n_buckets"] >= 1  # smaller cap, more buckets
     assert sum(small["bucket_mb"]) == pytest.approx(bench.MLP_PARAMS * 4 / 1e6, rel=1e-6)
     largest = max(p.numel() * 4 for p in bench.build_bench_model("mlp").parameters())

@@ -15,7 +15,15 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers.bench.common import build_bench_model, ddp_wrap, median, sync_device, timed_steps, train_step
+from helpers.bench.common import (
+    build_bench_model,
+    ddp_wrap,
+    median,
+    run_interleaved,
+    sync_device,
+    timed_steps,
+    train_step,
+)
 from helpers.launch import launch, worker_device
 
 
@@ -126,13 +134,17 @@ def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
                   as_view: Sequence[bool] = (False, True), model: str = "mlp", batch_per_rank: int = 64,
                   steps: int = 10, warmup: int = 3, threads: int | None = 1, seed: int = 0,
-                  profile_cap_mb: float | None = 1.0, profile_steps: int = 2) -> dict[str, Any]:
+                  profile_cap_mb: float | None = 1.0, profile_steps: int = 2,
+                  rounds: int = 5) -> dict[str, Any]:
     """One rank of the bucket benchmark; run it with ``launch(bucket_worker, ws, ...)``.
 
     For every ``bucket_cap_mb`` (MiB) and ``gradient_as_bucket_view``: read the bucket layout
     with a counting communication hook (``register_comm_hook``, public API) on a throw-away DDP
-    model, then time ``steps`` steps of a fresh DDP model (no hook) on a fixed random batch
-    ``(batch_per_rank, 1, 28, 28)`` (the data does not change the step time). Then, if
+    model, and build a fresh DDP model (no hook). Then time them all in alternation
+    (:func:`~helpers.bench.common.run_interleaved`: ``warmup`` untimed steps of every
+    configuration, then ``rounds`` rounds of one block of ``max(1, steps // rounds)`` steps per
+    configuration), on a fixed random batch ``(batch_per_rank, 1, 28, 28)`` (the data does not
+    change the step time), so a drift of the machine spreads over every cap. Then, if
     ``profile_cap_mb`` is set, profile ``profile_steps`` steps with ``torch.profiler`` on rank 0
     (all ranks run them).
 
@@ -142,7 +154,8 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
         profiled model; ``default_cap_bucket_mb``: the layout when ``bucket_cap_mb`` is not
         passed at all, DDP's default); rows: ``bucket_cap_mb``,
         ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
-        all-reduce order), ``step_s_median``, ``step_s_mean`` (s), ``rank``, ``world_size``,
+        all-reduce order), ``step_s_median``, ``step_s_mean``, ``step_s_min``, ``step_s_max`` (s),
+        ``timed_order`` (the label ``"cap/view"`` of every timed block, in the order run), ``rank``, ``world_size``,
         ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
         ``backward``, ``optimizer``, ``allreduce launched``, ``allreduce``, ``step``),
         ``name``, ``thread``, ``start_ms``, ``dur_ms``, ``device``.
@@ -154,19 +167,30 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     x = torch.randn(batch_per_rank, 1, 28, 28, generator=g).to(device)
     y = torch.randint(0, 10, (batch_per_rank,), generator=g).to(device)
     n_params = sum(p.numel() for p in build_bench_model(model, seed).parameters())
+    configs = [(cap, bool(view)) for cap in bucket_caps_mb for view in as_view]
+    layouts, blocks = {}, {}
+    block_steps = max(1, steps // max(1, rounds))
+
+    def block(ddp, opt):
+        def run(n=None):
+            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device, barrier=False)
+        return run
+
+    for cap, view in configs:
+        label = f"{cap:g}/{view}"
+        layouts[label] = _bucket_layout(model, seed, cap, view, x, y, device)
+        ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=cap, gradient_as_bucket_view=view)
+        blocks[label] = block(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+    times, order = run_interleaved(blocks, rounds, warmup=warmup, barrier=dist.barrier)
     rows = []
-    for cap in bucket_caps_mb:
-        for view in as_view:
-            layout = _bucket_layout(model, seed, cap, view, x, y, device)
-            ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=cap, gradient_as_bucket_view=view)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            batch = lambda s: (x, y)  # noqa: E731
-            timed_steps(ddp, opt, batch, 0, warmup, device)
-            times = timed_steps(ddp, opt, batch, 0, steps, device)
-            rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": bool(view), "n_buckets": len(layout),
-                         "bucket_mb": [b / 1e6 for b in layout], "step_s_median": median(times),
-                         "step_s_mean": sum(times) / len(times), "rank": rank, "world_size": world_size,
-                         "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
+    for cap, view in configs:
+        label, t = f"{cap:g}/{view}", times[f"{cap:g}/{view}"]
+        rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "n_buckets": len(layouts[label]),
+                     "bucket_mb": [b / 1e6 for b in layouts[label]], "step_s_median": median(t),
+                     "step_s_mean": sum(t) / len(t), "step_s_min": min(t), "step_s_max": max(t),
+                     "timed_order": order, "rank": rank, "world_size": world_size,
+                     "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
+    blocks.clear()  # free the timed models before the profiled one
     default_layout = _bucket_layout(model, seed, None, False, x, y, device)
     timeline = profile_layout = None
     if profile_cap_mb:
@@ -198,21 +222,25 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
                   as_view: Sequence[bool] = (False, True), model: str = "mlp", steps: int = 10,
                   warmup: int = 3, threads: int | None = 1, profile_cap_mb: float | None = 1.0,
-                  timeout: float = 900.0) -> dict[str, Any]:
-    """The bucket sweep in one launch of ``world_size`` ranks.
+                  timeout: float = 900.0, rounds: int = 5) -> dict[str, Any]:
+    """The bucket sweep in one launch of ``world_size`` ranks, configurations timed in
+    alternation (``rounds`` blocks each; see :func:`bucket_worker`).
 
     Returns:
         ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...], "default_cap_bucket_mb":
-        [...]}``: one row per (cap, view) with ``step_ms`` (slowest rank's median step, ms) added
-        to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB) and the
-        bucket sizes (MB) with ``bucket_cap_mb`` left at DDP's default.
+        [...]}``: one row per (cap, view) with ``step_ms`` (slowest rank's median step, ms),
+        ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed step on any rank, ms)
+        added to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB)
+        and the bucket sizes (MB) with ``bucket_cap_mb`` left at DDP's default.
     """
     got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
-                 threads, 0, profile_cap_mb, timeout=timeout)
+                 threads, 0, profile_cap_mb, 2, rounds, timeout=timeout)
     rows = []
     for i, r0 in enumerate(got[0]["rows"]):
         r = dict(r0)
         r["step_ms"] = max(g["rows"][i]["step_s_median"] for g in got) * 1e3
+        r["step_ms_min"] = min(g["rows"][i]["step_s_min"] for g in got) * 1e3
+        r["step_ms_max"] = max(g["rows"][i]["step_s_max"] for g in got) * 1e3
         r["rank"] = "all"
         rows.append(r)
     return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"],

@@ -45,7 +45,7 @@ def _run_one(name: str, cfg: dict[str, Any]) -> Any:
         return bench_memory(cfg["world_sizes"], cfg["variants"], cfg["steps"])
     if name == "buckets":
         return bench_buckets(cfg["world_size"], cfg["bucket_caps_mb"], cfg["as_view"], steps=cfg["steps"],
-                             warmup=cfg["warmup"], profile_cap_mb=cfg["profile_cap_mb"])
+                             warmup=cfg["warmup"], profile_cap_mb=cfg["profile_cap_mb"], rounds=cfg["rounds"])
     raise ValueError(f"unknown benchmark {name!r}; choose from {BENCHMARKS}")
 
 
@@ -89,7 +89,7 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
                                              "uss_mib", "pss_mib", "dataset_mib"]]),
                 ("memory summed over ranks (MiB)", per)]
     if name == "buckets":
-        cols = ["bucket_cap_mb", "gradient_as_bucket_view", "n_buckets", "step_ms"]
+        cols = ["bucket_cap_mb", "gradient_as_bucket_view", "n_buckets", "step_ms", "step_ms_min", "step_ms_max"]
         tl = timeline_overlap(result["timeline"]) if result["timeline"] else {}
         return [(f"DDP buckets (mlp, {MLP_PARAMS / 1e6:.1f} M parameters)", pd.DataFrame(result["rows"])[cols]),
                 ("all-reduce overlapping backward (profiler, rank 0)", pd.DataFrame([tl]))]

@@ -49,7 +49,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "launch": {"world_sizes": [], "repeats": 1},  # only `import torch` in smoke; launches: full
         "memory": {"world_sizes": [], "variants": ["private", "mmap"], "steps": 20},  # two launches: full only
         "buckets": {"world_size": 2, "bucket_caps_mb": [1.0, 25.0], "as_view": [False, True],
-                    "steps": 5, "warmup": 2, "profile_cap_mb": 4.0},
+                    "steps": 4, "warmup": 2, "rounds": 2, "profile_cap_mb": 4.0},
     },
     "full": {
         "pipeline": {"world_sizes": [1, 2], "n_train": 0, "n_test": 0, "threads": 1, "repeats": 3},
@@ -60,7 +60,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "launch": {"world_sizes": [2, 4], "repeats": 3},
         "memory": {"world_sizes": [1, 2, 4], "variants": ["private", "mmap"], "steps": 100},
         "buckets": {"world_size": 2, "bucket_caps_mb": [0.5, 1.0, 2.0, 4.0, 8.0, 25.0, 100.0],
-                    "as_view": [False, True], "steps": 15, "warmup": 3, "profile_cap_mb": 4.0},
+                    "as_view": [False, True], "steps": 15, "warmup": 3, "rounds": 5, "profile_cap_mb": 4.0},
     },
 }
 
