@@ -385,7 +385,8 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
     check = dedent(check).strip("\n")
     solution = dedent(solution).strip("\n")
     if f'check_answer("{key}", {answer}, {expected}' not in check:
-        raise ValueError(f"exercise {number}: the check cell must call check_answer(\"{key}\", {answer}, {expected}, ...)")
+        raise ValueError(f"exercise {number}: the check cell must call "
+                         f"check_answer(\"{key}\", {answer}, {expected}, ...)")
     if f"{expected} =" not in check:
         raise ValueError(f"exercise {number}: the check cell must compute {expected}")
     if not re.search(rf'check_answer\("{key}", solution_{number}, {expected},[^\n]*strict=True', solution):

@@ -319,7 +319,8 @@ def test_cell_defined_worker_cannot_be_sent(row, tmp_path, case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to make a CUDA tensor")
 def test_cuda_tensor_refused(row):
-    row.update(fault="a CUDA tensor as a global of a cell-defined worker", injection="`x = torch.ones(2, device='cuda')`")
+    row.update(fault="a CUDA tensor as a global of a cell-defined worker",
+               injection="`x = torch.ones(2, device='cuda')`")
     ns = _cell("def work(rank, world_size):\n    return x.sum().item()\n", x=torch.ones(2, device="cuda"))
     start = time.monotonic()
     with pytest.raises(LaunchError, match=r"global `x`.*CUDA tensor.*\.cpu\(\)"):
@@ -543,7 +544,8 @@ def test_ranks_interrupt_kernel_during_px(row):
         timer = threading.Timer(5.0, k.km.interrupt_kernel)
         timer.start()
         start = time.monotonic()
-        reply, text = k.cell("%%px\nimport time\nfor _ in range(1200):\n    time.sleep(0.1)\nprint('never', 'interrupted')")
+        reply, text = k.cell("%%px\nimport time\nfor _ in range(1200):\n    time.sleep(0.1)\n"
+                             "print('never', 'interrupted')")
         secs = time.monotonic() - start
         timer.cancel()
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", text
