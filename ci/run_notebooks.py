@@ -27,9 +27,11 @@ Parameters, lowest priority first:
 Everything is checked before the first notebook starts: the notebook names, the profile, the
 shape of the profiles file, and every parameter against the notebook's ``parameters`` cell
 (``papermill.inspect_notebook``): an unknown name, or a value whose type differs from the
-default's (an int is accepted for a float; a bool is not an int; a default of ``None`` or an
-expression that is not a literal accepts anything), is an error naming notebook, parameter,
-expected and given type. A notebook without a cell tagged ``parameters`` is an error too.
+default's, is an error naming notebook, parameter, expected and given type, where the value came
+from and what to pass. The rule and the message are the notebook's own ``check_parameters``'s
+(``helpers.notebook.accepts``: an int is accepted for a float, a bool is not an int, a list for a
+tuple; a default of ``None`` or an expression that is not a literal accepts anything). A notebook
+without a cell tagged ``parameters`` is an error too.
 
 Failures name the notebook, the cell (its 0-based position among all cells of the source
 notebook, markdown included, and its first line) and the error; the executed notebook in the
@@ -86,7 +88,6 @@ try:
         PROFILES,
         CliValue,
         ConfigError,
-        check_parameters,
         discover_notebooks,
         expected_type,
         load_profiles,
@@ -94,6 +95,7 @@ try:
         plan_run,
         require_device,
         resolve_notebooks,
+        type_check_parameters,
     )
 except ModuleNotFoundError as e:  # run as a file without the repository installed
     if e.name != "ci":
@@ -104,7 +106,7 @@ except ModuleNotFoundError as e:  # run as a file without the repository install
 
 __all__ = [
     "main", "build_parser", "run_notebooks", "plan_run", "execute_plan", "format_table", "ConfigError",
-    "CliValue", "check_parameters", "discover_notebooks", "expected_type", "load_profiles",
+    "CliValue", "type_check_parameters", "discover_notebooks", "expected_type", "load_profiles",
     "notebook_parameters", "require_device", "resolve_notebooks", "PROFILES", "PROFILE_CELL_TIMEOUTS",
     "STATUS_OK", "STATUS_FAILED", "STATUS_TIMEOUT", "STATUS_SKIPPED", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
 ]
