@@ -6,7 +6,8 @@ Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``)
 ``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
 starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
 notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule
-(:func:`helpers.notebook.accepts`); :class:`ConfigError` carries every problem found. Used by :mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
+(:func:`helpers.notebook.accepts`); :class:`ConfigError` carries every problem found. Used by
+:mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
 """
 
 from __future__ import annotations
