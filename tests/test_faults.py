@@ -269,17 +269,19 @@ def _wait_for_files(paths, what, proc=None, seconds=180.0):
 
 
 def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
-    """papermill runs a notebook whose cell calls launch() with two ranks that run long; the
-    kernel is SIGKILLed (as by the OOM killer) while they run: papermill fails with nbclient's
-    DeadKernelError, and the ranks die with the kernel (their parent-death signal, set in
-    helpers/launch.py), found by the environment mark even after they are re-parented."""
+    """papermill runs a notebook whose cell calls launch() with two ranks that run long (rank 0
+    blocked in a barrier, inside C++; rank 1 ignoring KeyboardInterrupt: neither obeys the SIGINT
+    torch's own start_processes asks for as parent-death signal); the kernel is SIGKILLed (as by
+    the OOM killer) while they run: papermill fails with nbclient's DeadKernelError, and the
+    ranks die with the kernel (the SIGKILL parent-death signal of helpers/launch.py), found by
+    the environment mark even after they are re-parented."""
     import nbformat
     import papermill
     from nbclient.exceptions import DeadKernelError
 
     row.update(fault="the papermill kernel SIGKILLed while its cell's `launch` runs 2 ranks",
-               injection="papermill runs a cell `launch(sleeper, 2, timeout=None)` (cell-defined ranks that "
-                         "sleep); `os.kill(kernel pid, SIGKILL)` once both ranks run")
+               injection="papermill runs a cell `launch(sleeper, 2, timeout=None)` (rank 0 in a barrier, rank 1 "
+                         "catching KeyboardInterrupt); `os.kill(kernel pid, SIGKILL)` once both run")
     mark = _mark()
     monkeypatch.setenv(RANKS_MARK, mark)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
@@ -289,7 +291,7 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_code_cell(
-            "import os, time\nfrom helpers.launch import launch\n"
+            "import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n"
             f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid()))\n"
             f"os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r})"),
         nbformat.v4.new_code_cell(textwrap.dedent(f"""\
@@ -297,8 +299,13 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
                 path = os.path.join({str(tmp_path)!r}, f"rank.{{rank}}")
                 open(path + ".tmp", "w").write(str(os.getpid()))
                 os.replace(path + ".tmp", path)
-                while True:  # ranks that run long
-                    time.sleep(1)
+                if rank == 0:
+                    dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
+                while True:  # a rank that survives SIGINT (torch's own parent-death signal)
+                    try:
+                        time.sleep(600)
+                    except KeyboardInterrupt:
+                        pass
 
             launch(sleeper, 2, timeout=None)""")),
         nbformat.v4.new_code_cell("print('never reached')"),
@@ -329,7 +336,11 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     deadline = time.monotonic() + 10.0  # a process SIGKILLed just now can be mid-exit
     while not _gone(killed["ranks"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left and _gone(killed["ranks"]), ([p.cmdline() for p in left], killed["ranks"])
+    ranks_gone = _gone(killed["ranks"])
+    described = [(p.pid, p.cmdline()) for p in left]
+    for p in left:  # never leave them on the machine, even when this row fails
+        p.kill()
+    assert not described and ranks_gone, (described, killed["ranks"])
     row.update(error="papermill raises nbclient's `DeadKernelError: Kernel died`; both ranks die with the kernel "
                      "(parent-death signal), nothing marked is left", seconds=secs, passed=True)
 
