@@ -29,7 +29,7 @@ from typing import Iterator
 from ci.planning import ConfigError
 
 LOCK_NAME = ".run_notebooks.lock"
-PARTIAL_SUFFIX = ".partial"
+PARTIAL_SUFFIX = ".partial.ipynb"  # papermill warns about any other ending
 
 
 class OutputDirBusy(ConfigError):
@@ -79,7 +79,7 @@ def output_lock(output_dir: str | os.PathLike) -> Iterator[Path]:
 
 def partial_path(output: Path) -> Path:
     """Where papermill writes ``output`` while the notebook runs (hidden, same folder)."""
-    return output.with_name(f".{output.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+    return output.with_name(f".{output.stem}.{os.getpid()}{PARTIAL_SUFFIX}")
 
 
 def publish(partial: Path, output: Path) -> None:

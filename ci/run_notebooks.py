@@ -51,7 +51,7 @@ seconds to exit, then killed, and the notebook is reported as failed with
 One runner per output folder: a runner holds ``<output-dir>/.run_notebooks.lock`` (``flock``)
 for its whole run; a second runner on the same folder stops at once, before any kernel starts,
 naming the folder and the pid holding it (wait, or pass another ``--output-dir``). Executed
-notebooks are written to a hidden ``.<stem>.ipynb.<pid>.partial`` file and moved into place when
+notebooks are written to a hidden ``.<stem>.<pid>.partial.ipynb`` file and moved into place when
 the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``).
 
 Gallery (``--gallery``, on by default for the ``full`` profile; ``--no-gallery``): after the

@@ -381,7 +381,7 @@ def test_second_runner_on_the_same_output_folder(row, tmp_path):
     try:
         _wait_for_files([started], "runner 1's cell", proc=first)
         folder = out / "smoke"
-        assert not (folder / "99_lock.ipynb").exists() and list(folder.glob(".99_lock.ipynb.*.partial")), \
+        assert not (folder / "99_lock.ipynb").exists() and list(folder.glob(".99_lock.*.partial.ipynb")), \
             "while it runs, papermill writes a hidden partial file, never the final name"
         start = time.monotonic()
         second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -403,7 +403,7 @@ def test_second_runner_on_the_same_output_folder(row, tmp_path):
     nbformat.validate(executed)
     printed = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "released 1" in printed, printed
-    assert not list(folder.glob(".*.partial")), "the partial file must have been moved into place"
+    assert not list(folder.glob(".*.partial.ipynb")), "the partial file must have been moved into place"
     row.update(error="runner 2: exit code 2 before any kernel, naming the folder, runner 1's pid, 'wait, or pass "
                      "--output-dir'; runner 1 ok, its notebook whole and valid", seconds=secs, passed=True)
 
