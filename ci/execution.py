@@ -18,6 +18,7 @@ import papermill
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from ci.cleanup import Watch, child_subreaper, describe, kernel_manager_class, kill_all
+from ci.outputs import output_lock, partial_path, publish
 from ci.planning import Job, Plan, plan_run, require_device
 
 KERNEL_NAME = "python3"
@@ -88,13 +89,14 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
         "processes_left": 0,
     }
     output.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(output)  # papermill rewrites it as cells run; `output` is only ever whole
     injected = bool(job.params)
     watch = Watch.start()
     t0 = time.monotonic()
     try:
         papermill.execute_notebook(
             str(job.path),
-            str(output),
+            str(partial),
             parameters=job.params or None,
             kernel_name=KERNEL_NAME,
             execution_timeout=cell_timeout,
@@ -114,7 +116,7 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
     except CellTimeoutError as e:
         exec_idx = watch.last_cell_started
         if exec_idx is None:
-            exec_idx = _running_cell_from_output(output)
+            exec_idx = _running_cell_from_output(partial)
         idx, where = _describe_cell(job.path, exec_idx, injected)
         if "IOPub" in str(e):
             what = "timed out waiting for the cell's output (IOPub)"
@@ -133,6 +135,7 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
         prefix = f"{job.name}: {where}: " if where else f"{job.name}: "
         row["error"] = f"{prefix}{type(e).__name__}: {e}"
     finally:
+        publish(partial, output)
         row["seconds"] = round(time.monotonic() - t0, 1)
         if watch.t_first_cell is not None:
             row["startup_seconds"] = round(watch.t_first_cell - t0, 2)
@@ -166,6 +169,11 @@ def execute_plan(
     fail_fast: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
+    """Execute ``plan``'s notebooks in order; one row per notebook (see :func:`run_notebooks`).
+
+    The caller holds the output folder (:func:`ci.outputs.output_lock`), as :func:`run_notebooks`
+    and the command line do.
+    """
     rows: list[dict] = []
     with child_subreaper():
         for i, job in enumerate(plan.jobs):
@@ -213,14 +221,17 @@ def run_notebooks(
 
     ``extra_params`` are typed values checked like profile values (a :class:`CliValue` is typed
     against the default first, as ``-p`` does). Raises :class:`ConfigError` before running
-    anything when a name, the profile, the profiles file or a parameter is wrong.
+    anything when a name, the profile, the profiles file or a parameter is wrong, and
+    :class:`ci.outputs.OutputDirBusy` (a ``ConfigError``) when another runner holds
+    ``output_dir``.
     """
     plan = plan_run(
         names, profile, output_dir, cell_timeout, extra_params,
         notebooks_dir=notebooks_dir, profiles_file=profiles_file,
     )
     require_device(plan.profile)
-    return execute_plan(plan, fail_fast=fail_fast, progress=progress)
+    with output_lock(plan.output_dir):
+        return execute_plan(plan, fail_fast=fail_fast, progress=progress)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
-    notebooks = sorted(folder.glob("*.ipynb"))
+    notebooks = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))  # not partial files
     if not notebooks:
         print(f"error: no executed notebooks (*.ipynb) in {folder}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the 
 3. real ``nn.DataParallel`` over every visible GPU: gradients equal one device's;
 4. ``nn.SyncBatchNorm`` on GPU under nccl in a launch (one rank per GPU; with one GPU torch runs it
    as plain batch norm, which the summary says), checked against ``nn.BatchNorm1d`` on the CPU;
-5. warm ranks with ``nccl`` (``helpers.ranks``), only if that module exists.
+5. warm ranks with ``nccl`` (``helpers.ranks``).
 
 Writes ``OUT_DIR/summary.json``, ``OUT_DIR/summary.md`` (GPU name, torch and CUDA versions, each
 check with its seconds and error) and ``OUT_DIR/runner_table.txt``. Exit code 0 when every check
@@ -33,6 +33,24 @@ import time
 import traceback
 from pathlib import Path
 
+# All at module level: every run but `--help` needs torch (the CUDA test comes first), and the
+# functions below that launch sends to the ranks by value find these as globals there.
+import psutil
+import torch
+import torch.distributed as dist
+from torch import nn
+
+try:
+    from helpers.launch import launch, worker_device
+    from helpers.procs import end_processes
+    from helpers.ranks import start_ranks
+except ModuleNotFoundError as e:  # run as a file without the repository installed
+    if e.name != "helpers":
+        raise
+    sys.exit("error: the package `helpers` is not importable: install the repository first "
+             "(`python3 -m pip install -r requirements.txt`, which runs `pip install -e .`), "
+             "or run `python3 -m ci.gpu_check ...` from the repository root")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GPU_NOTEBOOKS = ["01", "04", "05", "06", "07"]
 EXIT_OK, EXIT_FAILED, EXIT_NO_CUDA = 0, 1, 2
@@ -40,10 +58,6 @@ EXIT_OK, EXIT_FAILED, EXIT_NO_CUDA = 0, 1, 2
 
 def no_cuda_message() -> str | None:
     """None when CUDA is usable here, else why the check cannot run."""
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - torch is a dependency
-        return f"torch cannot be imported ({e})"
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return (f"this machine has no usable CUDA GPU (torch {torch.__version__}, "
                 f"torch.version.cuda={torch.version.cuda}, torch.cuda.is_available()="
@@ -55,11 +69,6 @@ def no_cuda_message() -> str | None:
 # ---- the checks (functions defined here are sent to the ranks by value by launch) -------------
 
 def nccl_allreduce(rank, world_size):
-    import torch
-    import torch.distributed as dist
-
-    from helpers.launch import worker_device
-
     device = worker_device()
     t = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(t)
@@ -67,8 +76,6 @@ def nccl_allreduce(rank, world_size):
 
 
 def check_launch_nccl() -> str:
-    from helpers.launch import launch
-
     (r,) = launch(nccl_allreduce, 1, backend="nccl", timeout=120)
     assert r["backend"] == "nccl" and r["device"] == "cuda:0", r
     assert r["sum"] == [1.0] * 4, r
@@ -76,9 +83,6 @@ def check_launch_nccl() -> str:
 
 
 def check_data_parallel() -> str:
-    import torch
-    from torch import nn
-
     n = torch.cuda.device_count()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
@@ -95,10 +99,6 @@ def check_data_parallel() -> str:
 
 
 def syncbn_rank(rank, world_size, x_all):
-    from torch import nn
-
-    from helpers.launch import worker_device
-
     device = worker_device()
     shard = x_all.chunk(world_size)[rank].to(device)
     sync = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(x_all.shape[1]))).to(device)
@@ -108,11 +108,6 @@ def syncbn_rank(rank, world_size, x_all):
 
 
 def check_syncbn() -> str:
-    import torch
-    from torch import nn
-
-    from helpers.launch import launch
-
     n = torch.cuda.device_count()
     x = torch.randn(8 * n, 3, generator=torch.Generator().manual_seed(1))
     results = launch(syncbn_rank, n, x, backend="nccl", timeout=180)
@@ -128,13 +123,7 @@ def check_syncbn() -> str:
 
 
 def check_warm_ranks() -> str:
-    import importlib
-
-    ranks = importlib.import_module("helpers.ranks")
-    start = getattr(ranks, "start_ranks", None)
-    if start is None:
-        raise RuntimeError("helpers.ranks has no start_ranks(): update ci/gpu_check.py to its API")
-    warm = start(1, backend="nccl", timeout=120)
+    warm = start_ranks(1, backend="nccl", timeout=120)
     try:
         (r,) = warm.run(nccl_allreduce)
         assert r["backend"] == "nccl" and r["sum"] == [1.0] * 4, r
@@ -144,10 +133,6 @@ def check_warm_ranks() -> str:
 
 
 def check_notebooks(out_dir: Path, budget_s: float) -> str:
-    import psutil
-
-    from helpers.procs import end_processes
-
     cmd = [sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "--profile", "gpu",
            "--output-dir", str(out_dir / "notebooks"), "--no-gallery", *GPU_NOTEBOOKS]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -186,21 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {reason}", file=sys.stderr)
         return EXIT_NO_CUDA
 
-    import psutil
-    import torch
-
-    from helpers.procs import end_processes
-
     out = Path(a.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     checks = [("launch nccl world_size 1", check_launch_nccl),
               ("real nn.DataParallel", check_data_parallel),
-              ("SyncBatchNorm on GPU", check_syncbn)]
-    if (REPO_ROOT / "helpers" / "ranks.py").exists():
-        checks.append(("warm ranks nccl", check_warm_ranks))
-    checks.append(("notebooks, runner profile gpu", lambda: check_notebooks(out, a.notebook_budget)))
+              ("SyncBatchNorm on GPU", check_syncbn),
+              ("warm ranks nccl", check_warm_ranks),
+              ("notebooks, runner profile gpu", lambda: check_notebooks(out, a.notebook_budget))]
     rows = []
     for name, fn in checks:
         start = time.monotonic()

@@ -5,8 +5,9 @@ Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``)
 ``.ipynb`` file. Parameters, lowest priority first: the notebook's cell tagged ``parameters``;
 ``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
 starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
-notebook's ``parameters`` cell (``papermill.inspect_notebook``); :class:`ConfigError` carries
-every problem found. Used by :mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
+notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule
+(:func:`helpers.notebook.accepts`); :class:`ConfigError` carries every problem found. Used by
+:mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import nbformat
 import papermill
+
+from helpers.notebook import PARAMETER_TYPES, type_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -240,18 +243,6 @@ def expected_type(param: dict) -> tuple[str | None, bool]:
     return type(default).__name__, False
 
 
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "list": lambda v: isinstance(v, (list, tuple)),
-    "tuple": lambda v: isinstance(v, (list, tuple)),
-    "set": lambda v: isinstance(v, (list, tuple, set)),
-    "dict": lambda v: isinstance(v, dict),
-}
-
-
 def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
     text = str(value)
     if expected == "str":
@@ -266,12 +257,25 @@ def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
         return text
 
 
-def check_parameters(
+#: Where to pass a right value, for :func:`helpers.notebook.type_problem`: on the command line or
+#: in the profiles file, whichever the wrong value came from.
+_CLI_FIX = "`-p {name}={cli}`"
+_PROFILE_FIX = "`\"{name}\": {json}` in that profile"
+_CLI_TEXT_NOTE = "the value arrived as text: write it without quotes."
+
+
+def type_check_parameters(
     stem: str, declared: dict[str, dict], values: dict[str, tuple[Any, str]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Type ``values`` (``{name: (value, where it came from)}``) against ``declared``.
+    """Type ``values`` (``{name: (value, where it came from)}``) against the notebook's
+    ``declared`` parameters (:func:`notebook_parameters`), before any process starts.
 
-    Returns the final parameters and a list of error messages.
+    A :class:`CliValue` is first read as a Python literal (as-is text for a ``str`` parameter).
+    The rule and the message are the notebook's own (:func:`helpers.notebook.accepts`,
+    :func:`helpers.notebook.type_problem`), for the type :func:`expected_type` reads from the
+    parameters cell; an unknown name, or an unknown type (no check), is handled here.
+
+    Returns the final parameters and a list of error messages, each starting with ``stem``.
     """
     final: dict[str, Any] = {}
     errors: list[str] = []
@@ -286,23 +290,20 @@ def check_parameters(
         expected, nullable = expected_type(declared[name])
         if isinstance(value, CliValue):
             value = _coerce_cli_value(value, expected)
-        if value is None:
-            if expected is not None and not nullable:
-                errors.append(
-                    f"{stem}: parameter {name!r} expects {expected}, got NoneType (None) "
-                    f"(from {source})"
-                )
-                continue
-        elif expected in _TYPE_CHECKS and not _TYPE_CHECKS[expected](value):
-            errors.append(
-                f"{stem}: parameter {name!r} expects {expected} (default "
-                f"{declared[name].get('default')}), got {type(value).__name__} ({value!r}) "
-                f"(from {source})"
+        if expected in PARAMETER_TYPES:
+            types = (PARAMETER_TYPES[expected], None) if nullable else PARAMETER_TYPES[expected]
+            from_cli = source.startswith("-p ")
+            problem = type_problem(
+                name, value, types,
+                fix=_CLI_FIX if from_cli else _PROFILE_FIX,
+                source=f"{source}; the notebook's default is {declared[name].get('default')}",
+                text_note=_CLI_TEXT_NOTE,
             )
-            continue
+            if problem:
+                errors.append(f"{stem}: {problem}")
+                continue
         final[name] = value
     return final, errors
-
 
 
 @dataclass
@@ -373,7 +374,7 @@ def plan_run(
             values[k] = (v, f"profile {profile!r} in {Path(profiles_file or DEFAULT_PROFILES_FILE).name}")
         for k, v in (extra_params or {}).items():
             values[k] = (v, f"-p {k}=" + (str(v) if isinstance(v, CliValue) else repr(v)))
-        params, errs = check_parameters(path.stem, declared, values)
+        params, errs = type_check_parameters(path.stem, declared, values)
         errors.extend(errs)
         jobs.append(Job(path, params))
     if errors:

@@ -27,9 +27,11 @@ Parameters, lowest priority first:
 Everything is checked before the first notebook starts: the notebook names, the profile, the
 shape of the profiles file, and every parameter against the notebook's ``parameters`` cell
 (``papermill.inspect_notebook``): an unknown name, or a value whose type differs from the
-default's (an int is accepted for a float; a bool is not an int; a default of ``None`` or an
-expression that is not a literal accepts anything), is an error naming notebook, parameter,
-expected and given type. A notebook without a cell tagged ``parameters`` is an error too.
+default's, is an error naming notebook, parameter, expected and given type, where the value came
+from and what to pass. The rule and the message are the notebook's own ``check_parameters``'s
+(``helpers.notebook.accepts``: an int is accepted for a float, a bool is not an int, a list for a
+tuple; a default of ``None`` or an expression that is not a literal accepts anything). A notebook
+without a cell tagged ``parameters`` is an error too.
 
 Failures name the notebook, the cell (its 0-based position among all cells of the source
 notebook, markdown included, and its first line) and the error; the executed notebook in the
@@ -46,6 +48,12 @@ the kernel's tree, or that is still a descendant of the runner (on Linux the run
 seconds to exit, then killed, and the notebook is reported as failed with
 "N process(es) left behind".
 
+One runner per output folder: a runner holds ``<output-dir>/.run_notebooks.lock`` (``flock``)
+for its whole run; a second runner on the same folder stops at once, before any kernel starts,
+naming the folder and the pid holding it (wait, or pass another ``--output-dir``). Executed
+notebooks are written to a hidden ``.<stem>.<pid>.partial.ipynb`` file and moved into place when
+the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``).
+
 Gallery (``--gallery``, on by default for the ``full`` profile; ``--no-gallery``): after the
 run, every executed notebook (failed ones too) is rendered to ``<stem>.html`` next to it and
 ``<output-dir>/<profile>/index.html`` lists them with status and seconds (``ci/gallery.py``).
@@ -54,11 +62,13 @@ Exit codes:
     0  every notebook ran without error;
     1  at least one notebook FAILED, hit a TIMEOUT or left processes behind;
     2  bad invocation or configuration (unknown notebook or profile, bad parameter, no
-       ``parameters`` cell, unreadable profiles file); nothing was run.
+       ``parameters`` cell, unreadable profiles file), or the output folder is in use by another
+       runner; nothing was run.
 
 Importable API: :func:`run_notebooks` (returns one dict per notebook) and :func:`main`. The
 code lives in ``ci/planning.py`` (names, profiles, parameter checks), ``ci/execution.py``
-(papermill, one row per notebook), ``ci/cleanup.py`` (ending the processes a notebook left) and
+(papermill, one row per notebook), ``ci/cleanup.py`` (ending the processes a notebook left),
+``ci/outputs.py`` (one runner per output folder, whole files only) and
 this file (the command line); run it as ``python3 ci/run_notebooks.py`` or
 ``python3 -m ci.run_notebooks``.
 """
@@ -79,6 +89,7 @@ try:
         run_notebooks,
     )
     from ci.gallery import write_gallery
+    from ci.outputs import OutputDirBusy, output_lock
     from ci.planning import (
         DEFAULT_NOTEBOOKS_DIR,
         DEFAULT_PROFILES_FILE,
@@ -86,7 +97,6 @@ try:
         PROFILES,
         CliValue,
         ConfigError,
-        check_parameters,
         discover_notebooks,
         expected_type,
         load_profiles,
@@ -94,6 +104,7 @@ try:
         plan_run,
         require_device,
         resolve_notebooks,
+        type_check_parameters,
     )
 except ModuleNotFoundError as e:  # run as a file without the repository installed
     if e.name != "ci":
@@ -104,9 +115,10 @@ except ModuleNotFoundError as e:  # run as a file without the repository install
 
 __all__ = [
     "main", "build_parser", "run_notebooks", "plan_run", "execute_plan", "format_table", "ConfigError",
-    "CliValue", "check_parameters", "discover_notebooks", "expected_type", "load_profiles",
+    "CliValue", "type_check_parameters", "discover_notebooks", "expected_type", "load_profiles",
     "notebook_parameters", "require_device", "resolve_notebooks", "PROFILES", "PROFILE_CELL_TIMEOUTS",
-    "STATUS_OK", "STATUS_FAILED", "STATUS_TIMEOUT", "STATUS_SKIPPED", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
+    "STATUS_OK", "STATUS_FAILED", "STATUS_TIMEOUT", "STATUS_SKIPPED", "OutputDirBusy", "EXIT_OK", "EXIT_FAILED",
+    "EXIT_USAGE",
 ]
 
 EXIT_OK = 0
@@ -180,17 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(msg, flush=True)
 
-    rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
-    print()
-    print(format_table(rows))
-    gallery_failed = False
-    if args.gallery if args.gallery is not None else plan.profile in ("full", "gpu"):
-        try:
-            index = write_gallery(rows, plan.output_dir / plan.profile, profile=plan.profile)
-            print(f"\ngallery: {index}")
-        except Exception as e:  # noqa: BLE001 - report, then fail the run
-            gallery_failed = True
-            print(f"\nerror: the gallery could not be written: {type(e).__name__}: {e}", file=sys.stderr)
+    try:
+        with output_lock(plan.output_dir):  # one runner per folder, notebooks and gallery alike
+            rows, gallery_failed = _execute_and_render(plan, args, progress)
+    except OutputDirBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     bad = [r for r in rows if r["status"] not in (STATUS_OK, STATUS_SKIPPED)]
     if bad:
         print()
@@ -201,6 +208,21 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return EXIT_FAILED
     return EXIT_FAILED if gallery_failed else EXIT_OK
+
+
+def _execute_and_render(plan, args, progress) -> tuple[list[dict], bool]:
+    """Run the plan, print the table, render the gallery if asked: ``(rows, gallery failed)``."""
+    rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
+    print()
+    print(format_table(rows))
+    if args.gallery if args.gallery is not None else plan.profile in ("full", "gpu"):
+        try:
+            index = write_gallery(rows, plan.output_dir / plan.profile, profile=plan.profile)
+            print(f"\ngallery: {index}")
+        except Exception as e:  # noqa: BLE001 - report, then fail the run
+            print(f"\nerror: the gallery could not be written: {type(e).__name__}: {e}", file=sys.stderr)
+            return rows, True
+    return rows, False
 
 
 if __name__ == "__main__":

@@ -257,6 +257,157 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path):
                seconds=secs, passed=True)
 
 
+# ---- the papermill kernel killed while its cell launches ranks --------------------------------
+
+def _wait_for_files(paths, what, proc=None, seconds=180.0):
+    """Poll until every path exists (a guard against a hang, not a timing assertion)."""
+    deadline = time.monotonic() + seconds
+    while not all(p.exists() for p in paths):
+        assert proc is None or proc.poll() is None, f"{what}: the process ended first: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{what}: not there after {seconds:.0f} s: {paths}"
+        time.sleep(0.1)
+
+
+def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
+    """papermill runs a notebook whose cell calls launch() with two ranks that run long (rank 0
+    blocked in a barrier, inside C++; rank 1 ignoring KeyboardInterrupt: neither obeys the SIGINT
+    torch's own start_processes asks for as parent-death signal); the kernel is SIGKILLed (as by
+    the OOM killer) while they run: papermill fails with nbclient's DeadKernelError, and the
+    ranks die with the kernel (the SIGKILL parent-death signal of helpers/launch.py), found by
+    the environment mark even after they are re-parented."""
+    import nbformat
+    import papermill
+    from nbclient.exceptions import DeadKernelError
+
+    row.update(fault="the papermill kernel SIGKILLed while its cell's `launch` runs 2 ranks",
+               injection="papermill runs a cell `launch(sleeper, 2, timeout=None)` (rank 0 in a barrier, rank 1 "
+                         "catching KeyboardInterrupt); `os.kill(kernel pid, SIGKILL)` once both run")
+    mark = _mark()
+    monkeypatch.setenv(RANKS_MARK, mark)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    pid_file = tmp_path / "kernel.pid"
+    rank_files = [tmp_path / f"rank.{r}" for r in range(2)]
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n"
+            f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid()))\n"
+            f"os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r})"),
+        nbformat.v4.new_code_cell(textwrap.dedent(f"""\
+            def sleeper(rank, world_size):
+                path = os.path.join({str(tmp_path)!r}, f"rank.{{rank}}")
+                open(path + ".tmp", "w").write(str(os.getpid()))
+                os.replace(path + ".tmp", path)
+                if rank == 0:
+                    dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
+                while True:  # a rank that survives SIGINT (torch's own parent-death signal)
+                    try:
+                        time.sleep(600)
+                    except KeyboardInterrupt:
+                        pass
+
+            launch(sleeper, 2, timeout=None)""")),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    killed: dict = {}
+
+    def kill_the_kernel():
+        try:
+            _wait_for_files([pid_file, *rank_files], "the kernel's and the ranks' pid files")
+            killed["ranks"] = [int(p.read_text()) for p in rank_files]
+            killed["at"] = time.monotonic()
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            killed["error"] = e
+
+    killer = threading.Thread(target=kill_the_kernel, daemon=True)
+    killer.start()
+    with pytest.raises(DeadKernelError) as info:
+        papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+    killer.join(5)
+    assert "error" not in killed, killed.get("error")
+    secs = time.monotonic() - killed["at"]
+    assert "Kernel died" in str(info.value), str(info.value)
+    # the ranks (and anything else the kernel started) end by themselves, wherever they were re-parented
+    left = wait_until_gone(mark, cmd_contains="")
+    deadline = time.monotonic() + 10.0  # a process SIGKILLed just now can be mid-exit
+    while not _gone(killed["ranks"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks_gone = _gone(killed["ranks"])
+    described = []
+    for p in left:  # never leave them on the machine, even when this row fails
+        try:
+            described.append((p.pid, p.cmdline()))
+            p.kill()
+        except psutil.Error:  # gone meanwhile: not left
+            pass
+    assert not described and ranks_gone, (described, killed["ranks"])
+    row.update(error="papermill raises nbclient's `DeadKernelError: Kernel died`; both ranks die with the kernel "
+                     "(parent-death signal), nothing marked is left", seconds=secs, passed=True)
+
+
+# ---- a second runner on the same output folder -------------------------------------------------
+
+def test_second_runner_on_the_same_output_folder(row, tmp_path):
+    """Runner 1 executes a notebook whose cell waits for a file; runner 2, started on the same
+    --output-dir meanwhile, stops before starting a kernel with a message naming the folder, the
+    pid holding it and what to do; runner 1 then finishes with a whole, valid notebook."""
+    import nbformat
+
+    row.update(fault="a second `ci/run_notebooks.py` started on the same output folder while one runs",
+               injection="runner 1 blocked in a cell (waits for a file); runner 2 with the same `--output-dir`")
+    started, release = tmp_path / "started", tmp_path / "release"
+    nbs, out = tmp_path / "nbs", tmp_path / "out"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("steps = 1")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        params,
+        nbformat.v4.new_code_cell(
+            f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\n"
+            f"while not pathlib.Path({str(release)!r}).exists():\n    time.sleep(0.1)\nprint('released', steps)"),
+    ]
+    nbs.mkdir()
+    nbformat.write(nb, nbs / "99_lock.ipynb")
+    (tmp_path / "none.json").write_text("{}")
+    cmd = [sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "99_lock", "--notebooks-dir", str(nbs),
+           "--profiles", str(tmp_path / "none.json"), "--output-dir", str(out), "--cell-timeout", "300"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_files([started], "runner 1's cell", proc=first)
+        folder = out / "smoke"
+        assert not (folder / "99_lock.ipynb").exists() and list(folder.glob(".99_lock.*.partial.ipynb")), \
+            "while it runs, papermill writes a hidden partial file, never the final name"
+        start = time.monotonic()
+        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        secs = time.monotonic() - start
+        assert first.poll() is None, "runner 2 must stop while runner 1 still runs, not wait for it"
+        assert second.returncode == 2, second.stdout + second.stderr
+        for words in (str(out.resolve()), f"pid {first.pid}", "nothing was run", "--output-dir", "Wait"):
+            assert words in second.stderr, (words, second.stderr)
+        assert "[1/1]" not in second.stdout, "runner 2 must not start a notebook: " + second.stdout
+        release.touch()
+        stdout, stderr = first.communicate(timeout=240)
+    finally:
+        release.touch()
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert first.returncode == 0, stdout + stderr
+    executed = nbformat.read(folder / "99_lock.ipynb", as_version=4)
+    nbformat.validate(executed)
+    printed = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "released 1" in printed, printed
+    assert not list(folder.glob(".*.partial.ipynb")), "the partial file must have been moved into place"
+    row.update(error="runner 2: exit code 2 before any kernel, naming the folder, runner 1's pid, 'wait, or pass "
+                     "--output-dir'; runner 1 ok, its notebook whole and valid", seconds=secs, passed=True)
+
+
 # ---- cell-defined code that cannot be sent to the ranks ----------------------------------------
 
 def _cell(code: str, **names) -> dict:
@@ -319,7 +470,8 @@ def test_cell_defined_worker_cannot_be_sent(row, tmp_path, case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to make a CUDA tensor")
 def test_cuda_tensor_refused(row):
-    row.update(fault="a CUDA tensor as a global of a cell-defined worker", injection="`x = torch.ones(2, device='cuda')`")
+    row.update(fault="a CUDA tensor as a global of a cell-defined worker",
+               injection="`x = torch.ones(2, device='cuda')`")
     ns = _cell("def work(rank, world_size):\n    return x.sum().item()\n", x=torch.ones(2, device="cuda"))
     start = time.monotonic()
     with pytest.raises(LaunchError, match=r"global `x`.*CUDA tensor.*\.cpu\(\)"):
@@ -549,7 +701,8 @@ def test_ranks_interrupt_kernel_during_px(row):
         timer = threading.Timer(5.0, k.km.interrupt_kernel)
         timer.start()
         start = time.monotonic()
-        reply, text = k.cell("%%px\nimport time\nfor _ in range(1200):\n    time.sleep(0.1)\nprint('never', 'interrupted')")
+        reply, text = k.cell("%%px\nimport time\nfor _ in range(1200):\n    time.sleep(0.1)\n"
+                             "print('never', 'interrupted')")
         secs = time.monotonic() - start
         timer.cancel()
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", text

@@ -256,7 +256,8 @@ def test_check_parameters_accepts_right_types():
 
     hn.check_parameters(world_size=(2, int), lr=(0.01, float), lr_int=(1, float), model=("cnn", str),
                         flag=(False, bool), maybe=(None, (int, None)), ranks=([1, 4], list),
-                        np_int=(np.int64(3), int), np_float=(np.float32(0.5), float))
+                        np_int=(np.int64(3), int), np_float=(np.float32(0.5), float),
+                        pair=([1, 2], tuple))  # JSON, papermill and -p carry a tuple as a list
 
 
 def test_check_parameters_float_for_int():

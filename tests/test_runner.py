@@ -257,8 +257,9 @@ def test_wrong_type_in_profile(nbdir, tmp_path, capsys, value, given):
     rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(prof),
                              "--output-dir", str(tmp_path / "build")], capsys)
     assert rc == 2
-    assert "01_ok: parameter 'n' expects int" in err
-    assert f"got {given}" in err
+    assert "01_ok: parameter 'n' must be an int, but it is " in err
+    assert f"({given}) (from profile 'smoke' in bad.json; the notebook's default is 2)" in err
+    assert '`"n": 2` in that profile' in err
     assert not (tmp_path / "build").exists()
 
 
@@ -278,7 +279,7 @@ def test_cli_values_are_typed_against_defaults(nbdir, profiles, tmp_path, capsys
     assert "01_ok: {'n': 5, 'x': 3, 'name': '42', 'flag': True, 'maybe': [1, 2]}" in out
     rc, out, err = run_main(["01", "--list", "-p", "n=abc", *common_args(nbdir, profiles, tmp_path)], capsys)
     assert rc == 2
-    assert "parameter 'n' expects int" in err and "got str ('abc')" in err
+    assert "parameter 'n' must be an int, but it is 'abc' (str) (from -p n=abc" in err and "`-p n=2`" in err
     rc, out, err = run_main(["01", "--list", "-p", "oops", *common_args(nbdir, profiles, tmp_path)], capsys)
     assert rc == 2 and "NAME=VALUE" in err
 
@@ -353,7 +354,7 @@ def test_parameter_papermill_cannot_parse_is_still_checked(tmp_path, profiles, c
     rc, out, err = run_main([*args, "-p", "steps=5"], capsys)
     assert rc == 0 and "01_eq: {'steps': 5}" in out, err
     rc, out, err = run_main([*args, "-p", "steps=0.5"], capsys)
-    assert rc == 2 and "parameter 'steps' expects int" in err
+    assert rc == 2 and "parameter 'steps' must be an int" in err
 
 
 def test_gpu_profile_refused_without_cuda(capsys):
@@ -364,3 +365,34 @@ def test_gpu_profile_refused_without_cuda(capsys):
         pytest.skip("this machine has CUDA: the gpu profile would run")
     assert rn.main(["--profile", "gpu", "01"]) == rn.EXIT_USAGE
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, default", [
+    (2, "1"), (2.5, "1"), (True, "1"), (3, "0.5"), (True, "0.5"), ("2", "1"), ([1, 2], "(1, 2)"),
+    ((1, 2), "[0]"), ([1], "{1}"), (None, "1"), ({"a": 1}, "{}"), (False, "True"), (1, "True"),
+])
+def test_runner_and_notebook_agree_on_every_value(value, default):
+    """One rule: the runner's pre-flight check accepts a value exactly when the notebook's own
+    check_parameters does (for the type the parameters cell's default has), with one message."""
+    import ast
+
+    from helpers import notebook as hn
+
+    declared = {"p": {"name": "p", "inferred_type_name": "None", "default": default, "help": ""}}
+    final, errors = rn.type_check_parameters("01_x", declared, {"p": (value, "profile 'smoke' in t.json")})
+    try:
+        hn.check_parameters(p=(value, type(ast.literal_eval(default))))
+        notebook_error = None
+    except TypeError as e:
+        notebook_error = str(e)
+    assert (errors == []) == (notebook_error is None), (errors, notebook_error)
+    if errors:
+        (runner_error,) = errors
+        notebook_line = notebook_error.splitlines()[1].strip()
+        assert f"but it is {value!r} ({type(value).__name__})" in notebook_line, notebook_line
+        # the same sentence; the runner adds the notebook's name before it, where the value came from after it
+        assert runner_error.split(" (from ", 1)[0] == f"01_x: {notebook_line.split('. Pass ', 1)[0]}", (
+            runner_error, notebook_line)
+        assert f"({type(value).__name__}) (from profile 'smoke' in t.json" in runner_error, runner_error
+    else:
+        assert final == {"p": value}
