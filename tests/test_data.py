@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO_ROOT
-from helpers import data
+from helpers import REPO_ROOT, data
 from helpers.data import (
     MNIST_FILES,
     MNIST_MEAN,

@@ -116,7 +116,8 @@ def test_parameters_checked_in_next_cell(stem):
     cell = nb.cells[i + 1]
     assert cell.cell_type == "code", f"{stem}: the cell after the parameters cell must be code"
     calls = [node for node in ast.walk(ast.parse(cell.source))
-             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_parameters"]
+             if isinstance(node, ast.Call)
+             and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_parameters"]
     assert len(calls) == 1, f"{stem}: the cell after the parameters cell must call check_parameters(...) once"
     checked = {kw.arg for kw in calls[0].keywords}
     declared = set(rn.notebook_parameters(path_of(stem)))
@@ -145,13 +146,15 @@ def test_exercises_with_hidden_checked_solutions(stem):
         assert re.search(r"check_answer\(\"ex\d+\", solution_\d+, expected_\d+,[^\n]*strict=True", c.source), (
             f"{stem}: solution cell {i} must assert with check_answer(\"exN\", solution_N, expected_N, strict=True)")
 
-    answers = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and re.fullmatch(r"answer_(\d+) = None\s*(#.*)?", c.source.strip())]
+    answers = [i for i, c in enumerate(nb.cells)
+               if c.cell_type == "code" and re.fullmatch(r"answer_(\d+) = None\s*(#.*)?", c.source.strip())]
     assert len(answers) == len(solutions), f"{stem}: {len(answers)} answer_N cells for {len(solutions)} solutions"
     for k, i in enumerate(answers, start=1):
         n = re.match(r"answer_(\d+)", nb.cells[i].source).group(1)
         assert n == str(k), f"{stem}: exercises must be numbered 1, 2, ... in order; found answer_{n} as number {k}"
-        task, check, solution = nb.cells[i - 1], nb.cells[i + 1], nb.cells[i + 2]
-        assert task.cell_type == "markdown" and f"### Exercise {n}" in task.source, f"{stem}: exercise {n} needs its task above"
+        task, check = nb.cells[i - 1], nb.cells[i + 1]
+        assert task.cell_type == "markdown" and f"### Exercise {n}" in task.source, (
+            f"{stem}: exercise {n} needs its task above")
         assert f'check_answer("ex{n}", answer_{n}, expected_{n}' in check.source, (
             f"{stem}: the cell after answer_{n} must check it: check_answer(\"ex{n}\", answer_{n}, expected_{n}, ...)")
         assert "strict=True" not in check.source, f"{stem}: the learner's check for ex{n} must not be strict"
@@ -212,20 +215,23 @@ def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
 @pytest.mark.timeout(120)
 def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
     import papermill
-    from papermill.exceptions import PapermillExecutionError
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    from papermill.exceptions import PapermillExecutionError
 
     cells = [
         new_markdown_cell("# tiny"),
         new_code_cell("x = 3", metadata={"tags": ["parameters"]}),
         new_code_cell("from helpers.notebook import check_answer, check_parameters\ncheck_parameters(x=(x, int))"),
-        *hn.exercise_cells(1, "right solution", "3 squared?", "expected_1 = x * x\ncheck_answer(\"ex1\", answer_1, expected_1)",
+        *hn.exercise_cells(1, "right solution", "3 squared?",
+                           "expected_1 = x * x\ncheck_answer(\"ex1\", answer_1, expected_1)",
                            "solution_1 = 9\ncheck_answer(\"ex1\", solution_1, expected_1, strict=True)"),
-        *hn.exercise_cells(2, "wrong solution", "3 cubed?", "expected_2 = x ** 3\ncheck_answer(\"ex2\", answer_2, expected_2)",
+        *hn.exercise_cells(2, "wrong solution", "3 cubed?",
+                           "expected_2 = x ** 3\ncheck_answer(\"ex2\", answer_2, expected_2)",
                            "solution_2 = 9\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)"),
     ]
     cells[4].source = "answer_1 = 10  # a learner's wrong answer"
-    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb = new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
     src, out = tmp_path / "tiny.ipynb", tmp_path / "out.ipynb"
     nbformat.write(nb, str(src))
     with pytest.raises(PapermillExecutionError) as info:
@@ -372,7 +378,8 @@ def test_check_answer_runs_code_answers(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ex4: not answered yet") and lines[1] == "ex4: correct", lines
     assert lines[2].startswith("ex4: not yet:"), lines
-    assert lines[3].startswith("ex4: not yet: your code raised ZeroDivisionError") and lines[3].endswith("Hint: multiply")
+    assert lines[3].startswith("ex4: not yet: your code raised ZeroDivisionError"), lines
+    assert lines[3].endswith("Hint: multiply"), lines
     hn.check_answer("ex4", lambda x: x ** 2, [1, 4, 9], run=square, strict=True)
     with pytest.raises(AssertionError, match="ex4"):
         hn.check_answer("ex4", lambda x: x, [1, 4, 9], run=square, strict=True)
@@ -389,7 +396,8 @@ def test_exercise_cells():
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
     with pytest.raises(ValueError, match="check cell must call"):
-        hn.exercise_cells(1, "t", "task", "expected_1 = 1", "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
+        hn.exercise_cells(1, "t", "task", "expected_1 = 1",
+                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
     with pytest.raises(ValueError, match="must compute expected_1"):
         hn.exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
                           "check_answer(\"ex1\", solution_1, expected_1, strict=True)")

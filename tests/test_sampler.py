@@ -7,7 +7,6 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from launch_workers import eval_counts_odd
 
 from helpers.launch import launch
 from helpers.sampler import (
@@ -22,6 +21,7 @@ from helpers.sampler import (
     times_seen,
     unpadded_shard_indices,
 )
+from launch_workers import eval_counts_odd
 
 RIGHT_0_TO_4 = [i < 5 for i in range(10)]
 
