@@ -376,7 +376,7 @@ pd.DataFrame(buffer_runs).T.rename(columns=lambda r: f"rank {r}")
 def predicted_broadcasts(situations):
     """The rule, written out: which forwards start with a broadcast of rank 0's buffers."""
     out, require_sync = [], True  # require_forward_param_sync starts true in a new wrapper
-    for k, (name, forward_sync, grad_on, _train, in_no_sync) in enumerate(situations):
+    for k, (_name, forward_sync, grad_on, _train, in_no_sync) in enumerate(situations):
         if k > 0 and forward_sync != situations[k - 1][1]:
             require_sync = True  # a new DDP wrapper
         out.append(forward_sync and require_sync)

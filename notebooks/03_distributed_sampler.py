@@ -125,7 +125,7 @@ assert lists_b == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]], f"10 items, 3 rank
 seen_b = times_seen(case_b, 10)
 assert seen_b[seen_b > 1].index.tolist() == [0, 1] and (seen_b[[0, 1]] == 2).all(), (
     f"items 0 and 1 (and only they) should be seen twice: {seen_b.to_dict()}")
-assert {len(l) for l in lists_b} == {4}, f"every rank should get 4 batches: {[len(l) for l in lists_b]}"
+assert {len(idx) for idx in lists_b} == {4}, f"every rank should get 4 batches: {[len(idx) for idx in lists_b]}"
 print("10 items, 3 ranks, padded:", lists_b)
 case_b.pivot(index="rank", columns="position", values="index")
 

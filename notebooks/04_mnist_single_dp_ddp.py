@@ -398,7 +398,7 @@ assert_close(ddp_losses[:n], single_losses[:n], rtol=1e-4, atol=1e-5,
              msg=lambda m: f"DDP loss curve left the single-process curve in the first {n} steps:\n{m}")
 for name, w in single_snap.items():
     assert_close(ddp_ranks[0]["snapshot"][name], w, rtol=1e-4, atol=1e-5,
-                 msg=lambda m: f"{name} after {n} steps differs between DDP and single process:\n{m}")
+                 msg=lambda m, name=name: f"{name} after {n} steps differs between DDP and single process:\n{m}")
 gap = (ddp_losses - single_losses).abs()
 w_gap = max((ddp_ranks[0]["snapshot"][k] - w).abs().max().item() for k, w in single_snap.items())
 print(f"first {n} steps: max |DDP loss - single loss| = {gap[:n].max():.2e} nats; "
@@ -430,7 +430,7 @@ axs["gap"].set_yscale("symlog", linthresh=1e-8)
 axs["gap"].axhline(1e-5, color="k", ls="--", lw=0.8, label="atol of the check (1e-5)")
 axs["gap"].set(xlabel="optimizer step", ylabel="|loss difference| (nats, symlog)", title="Distance from the single-process loss")
 axs["gap"].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-for k, (label, (_, acc)) in enumerate(modes.items()):
+for k, (_label, (_, acc)) in enumerate(modes.items()):
     axs["acc"].plot([acc], [k], "o", ms=9, color=f"C{k}")
     axs["acc"].annotate(f"{acc:.4f}", (acc, k), xytext=(8, 0), textcoords="offset points", va="center")
 axs["acc"].axvline(min_accuracy, color="k", ls="--", lw=0.8, label=f"min_accuracy = {min_accuracy}")
@@ -475,7 +475,7 @@ order = epoch_order(len(train_labels), seed, 0)[: timed_steps * global_batch_siz
 batches = [(train_images[i].to(device), train_labels[i].to(device)) for i in order]
 nets = {"single process": build_model(model, seed).to(device), dp_label: nn.DataParallel(build_model(model, seed).to(device))}
 samples_per_s = {name: [] for name in nets}
-for name, net in nets.items():
+for net in nets.values():
     time_repeat(net, timed_steps, batches)  # warm-up, not counted
 for k in range(repeats):
     for name in (list(nets) if k % 2 == 0 else list(nets)[::-1]):  # alternate which mode goes first
@@ -491,7 +491,7 @@ def ddp_throughput(rank, world_size, cfg):
     idx = torch.tensor(list(sampler)).split(cfg["global_batch_size"] // world_size)[: cfg["timed_steps"]]
     batches = [(xtr[i].to(dev), ytr[i].to(dev)) for i in idx]
     seconds = []
-    for k in range(cfg["repeats"] + 1):  # k == 0: warm-up, not counted
+    for _ in range(cfg["repeats"] + 1):  # the first: warm-up, not counted
         dist.barrier()  # all ranks start together
         t0 = time.perf_counter()
         for x, y in batches:
@@ -520,7 +520,7 @@ tp
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
-for k, (name, v) in enumerate(samples_per_s.items()):
+for k, v in enumerate(samples_per_s.values()):
     ax.plot([k] * len(v), v, "o", alpha=0.5, color=f"C{k}", label="one repeat" if k == 0 else None)
     ax.vlines(k + 0.12, min(v), max(v), color=f"C{k}", lw=2, label="min–max" if k == 0 else None)
     ax.plot([k + 0.12], [statistics.median(v)], "D", ms=8, color="k", label="median" if k == 0 else None)

@@ -146,7 +146,7 @@ pipe[["pipeline", "wrapper", "world_size", "repeat", "threads_per_rank", "sample
       "speedup_vs_seed", "test_accuracy", "launch_seconds"]]
 
 # %%
-for (ws, wrapper, rep), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
+for (ws, wrapper, _repeat), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
     by = g.set_index("pipeline")
     gap = abs(by.loc["memory", "test_accuracy"] - by.loc["seed", "test_accuracy"]) * 100
     print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'}, repeat {rep}: test accuracy "
@@ -446,10 +446,10 @@ for ax, model in zip(axes[0], models):
     interference = d["nosync_step_ms"].to_numpy(dtype=float) - solo
     comm = step - solo - interference
     x = np.arange(len(d))
-    for k, (bottom, height, color, label) in enumerate([
+    for bottom, height, color, label in [
             (np.zeros_like(solo), solo, "C0", "one rank's share, alone"),
             (solo, interference, "C1", "interference: all ranks at once"),
-            (solo + interference, comm, "C2", "all-reduce + waiting for the slowest rank")]):
+            (solo + interference, comm, "C2", "all-reduce + waiting for the slowest rank")]:
         neg = height < 0
         ax.bar(x[~neg], height[~neg], bottom=bottom[~neg], color=color, label=label if ax is axes[0][0] else None)
         ax.bar(x[neg], height[neg], bottom=bottom[neg], color="white", edgecolor=color, hatch="//",
@@ -632,7 +632,7 @@ print(load_line("after the bucket benchmark"))
 grad_mb = bench.MLP_PARAMS * 4 / 1e6
 tensor_bytes = [p.numel() * 4 for p in bench.build_bench_model("mlp").parameters()]  # from the model itself
 largest = max(tensor_bytes)
-for view, g in bk.groupby("gradient_as_bucket_view"):
+for _view, g in bk.groupby("gradient_as_bucket_view"):
     g = g.sort_values("bucket_cap_mb")
     assert list(g["n_buckets"]) == sorted(g["n_buckets"], reverse=True), g[["bucket_cap_mb", "n_buckets"]]
 for r in bk.itertuples():
@@ -706,7 +706,7 @@ lanes = [("forward", "forward (main thread)", "C0"), ("backward", "backward ops 
 comm_threads = sorted(tl[tl["kind"] == "allreduce"]["thread"].unique())
 lanes += [(("allreduce", t), f"all-reduce running (thread {t})", "C4") for t in comm_threads]
 fig, ax = plt.subplots(figsize=(11, 0.55 * len(lanes) + 1.6), layout="constrained")
-for y, (key, label, color) in enumerate(lanes):
+for y, (key, _lane_label, color) in enumerate(lanes):
     if isinstance(key, tuple):
         ev = tl[(tl["kind"] == key[0]) & (tl["thread"] == key[1])]
     else:
@@ -721,9 +721,10 @@ for y, (key, label, color) in enumerate(lanes):
                        label=key if isinstance(key, str) else "all-reduce running" if first_comm else None)
 for s in tl[tl["kind"] == "step"].itertuples():
     ax.axvline(s.start_ms, color="gray", ls=":", lw=0.8)
-ax.set_yticks(range(len(lanes)), [l for _, l, _ in lanes], fontsize=8)
+ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label, _ in lanes], fontsize=8)
 ax.invert_yaxis()
 ax.set_xlabel("time since the first recorded event (ms); dotted lines: step starts")
+ax.set_ylabel("activity on rank 0 (thread)")
 fig.legend(loc="outside lower center", fontsize=7, ncol=5)
 ax.set_title(f"Rank 0, two DDP steps, {n_prof} buckets (cap {c['profile_cap_mb']} MiB): "
              f"{ov['overlap_fraction'] or 0:.0%} of all-reduce time inside backward")

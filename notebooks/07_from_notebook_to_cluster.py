@@ -325,13 +325,12 @@ for (label, curve), style in zip(runs.items(), [dict(lw=3, alpha=0.4), dict(ls="
 ax.set_xlabel("optimizer step")
 ax.set_ylabel("training loss (mean cross-entropy, nats)")
 ax.set_title(f"Same worker, four ways to start it ({steps} steps)")
-ax.legend()
 ax_gap.set_yscale("symlog", linthresh=1e-8)
 ax_gap.set_ylim(0, 1e-4)
 ax_gap.set_xlabel("optimizer step")
 ax_gap.set_ylabel("|loss - launch() loss| (nats, symlog)")
 ax_gap.set_title("Distance from the launch() run")
-ax_gap.legend(loc="upper right")
+fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(runs), fontsize=8)  # off the data
 if max(float((c - launch_curve).abs().max()) for c in runs.values()) == 0.0:
     ax_gap.text(0.5, 0.5, "every difference is exactly 0:\nthe curves are bit-identical", transform=ax_gap.transAxes,
                 ha="center", va="center")
@@ -440,6 +439,7 @@ for name, job in jobs.items():
         ax.barh(y, a.seconds, color="C2" if a.returncode == 0 else "C3")
         ax.text(a.seconds, y, f" exit {a.returncode}", va="center")
 ax.set_yticks(range(len(labels)), labels)
+ax.set_ylabel("job and node (one torchrun agent each)")
 ax.invert_yaxis()
 ax.set_xlabel("seconds from the job's start until the agent exited (this machine)")
 ax.set_title("torchrun agents: lifetime and exit code (green: 0, red: non-zero)")
@@ -608,8 +608,8 @@ hook_table
 # on this machine.
 
 # %%
-import threading
 import statistics
+import threading
 
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
@@ -788,7 +788,7 @@ ax_t.bar_label(bars, fmt="%.1f")
 ax_t.set_ylabel("median time per training step (ms)")
 ax_t.set_title(f"Step time on this machine ({per_rank[0][0]['backend']}; not a law)")
 for ax in (ax_b, ax_acc, ax_t):
-    ax.set_xticks(range(len(labels)), [l.replace(" (no compression)", "").replace(" compression", "") for l in labels],
+    ax.set_xticks(range(len(labels)), [hook.replace(" (no compression)", "").replace(" compression", "") for hook in labels],
                   rotation=20)
     ax.set_xlabel("communication hook")
 plt.show()
@@ -803,12 +803,12 @@ for (label, res), c in zip(results.items(), colors):
 for a in (ax, ax_gap):
     a.axvline(powersgd_start_iter + 0.5, color="k", ls=":", lw=0.8, label="PowerSGD starts compressing")
     a.set_xlabel("optimizer step")
-    a.legend(fontsize=8)
 ax.set_ylabel("training loss (mean cross-entropy, nats)")
 ax.set_title("Loss per step with each communication hook")
 ax_gap.set_yscale("log")
 ax_gap.set_ylabel("|loss - fp32 loss| (nats, log scale)")
 ax_gap.set_title("Distance from the uncompressed run")
+fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(results) + 1, fontsize=8)  # off the data
 plt.show()
 
 # %% [markdown]
