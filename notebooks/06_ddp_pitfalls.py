@@ -341,18 +341,19 @@ table1
 fig, (ax_b, ax_d) = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
 names = list(table1.index)
 bars = ax_b.barh(names, table1["bytes all-reduced (per rank)"], color="tab:blue")
-ax_b.bar_label(bars, fmt="%d B", fontsize=8)
+ax_b.bar_label(bars, fmt="%d B", fontsize=8, padding=3)
 ax_b.set_xlim(0, table1["bytes all-reduced (per rank)"].max() * 1.2)
 ax_b.set_xlabel("bytes all-reduced per optimizer step, per rank (bytes)")
 ax_b.set_title(f"Communication per optimizer step (k = {k})")
-ax_b.set_ylabel("accumulation variant (k micro-batches per step)")
+ax_b.set_ylabel("accumulation variant")
 ax_b.invert_yaxis()
 bars = ax_d.barh(names, table1["max |Δ weight| across ranks after the step"], color="tab:red")
-ax_d.bar_label(bars, fmt="%.3g", fontsize=8)
+ax_d.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)  # off the tick marks: "0", not "-0"
 ax_d.set_xlim(0, table1["max |Δ weight| across ranks after the step"].max() * 1.3)
 ax_d.set_xlabel("max |weight(rank r) - weight(rank 0)| after one SGD step (weight units)")
 ax_d.set_title("Do the replicas stay identical?")
 ax_d.set_yticks(range(len(names)), [""] * len(names))
+ax_d.tick_params(axis="y", length=0)
 ax_d.invert_yaxis()
 plt.show()
 
@@ -1482,7 +1483,7 @@ ax.set_xlabel("SGD step")
 ax.set_ylabel("MSE on the clean global batch\n(squared target units, log scale)")
 ax.set_title("Same seeds, different world sizes: equal up to rounding without augmentation,\n"
              "only statistically equivalent with per-rank augmentation", fontsize=10)
-ax.legend(fontsize=8, loc="upper right")
+fig.legend(loc="outside lower center", ncol=2, fontsize=8)  # below the axes: the curves fill the upper right
 plt.show()
 
 # %% [markdown]
