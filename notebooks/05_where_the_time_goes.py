@@ -432,6 +432,8 @@ plt.show()
 
 # %%
 ddp = scal[scal["mode"] == "ddp"].copy()
+terms = {"C0": "one rank's share, alone", "C1": "interference: all ranks at once",
+         "C2": "all-reduce + waiting for the slowest rank"}
 fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False, layout="constrained")
 for ax, model in zip(axes[0], models):
     d = ddp[ddp["model"] == model]
@@ -446,12 +448,10 @@ for ax, model in zip(axes[0], models):
     interference = d["nosync_step_ms"].to_numpy(dtype=float) - solo
     comm = step - solo - interference
     x = np.arange(len(d))
-    for bottom, height, color, label in [
-            (np.zeros_like(solo), solo, "C0", "one rank's share, alone"),
-            (solo, interference, "C1", "interference: all ranks at once"),
-            (solo + interference, comm, "C2", "all-reduce + waiting for the slowest rank")]:
+    for bottom, height, color in [(np.zeros_like(solo), solo, "C0"), (solo, interference, "C1"),
+                                  (solo + interference, comm, "C2")]:
         neg = height < 0
-        ax.bar(x[~neg], height[~neg], bottom=bottom[~neg], color=color, label=label if ax is axes[0][0] else None)
+        ax.bar(x[~neg], height[~neg], bottom=bottom[~neg], color=color)
         ax.bar(x[neg], height[neg], bottom=bottom[neg], color="white", edgecolor=color, hatch="//",
                label=None)
     ax.errorbar(x, step, yerr=[step - d["step_ms_min"].to_numpy(dtype=float), d["step_ms_max"].to_numpy(dtype=float) - step],
@@ -470,10 +470,12 @@ for ax, model in zip(axes[0], models):
     ax.set_xlabel("ranks x threads per rank")
     ax.set_ylabel("time per step (ms)")
     ax.set_title(f"{model}, global batch {gb}")
+# legend patches drawn from the colours, not taken from the bars: a term negative in every column
+# leaves an empty bar container, whose legend patch comes out in the wrong colour
 fig.legend(loc="outside lower center", ncol=4, fontsize=7,
-           handles=axes[0][0].get_legend_handles_labels()[0]
+           handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in terms] + axes[0][0].get_legend_handles_labels()[0]
            + [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray", hatch="//")],
-           labels=axes[0][0].get_legend_handles_labels()[1] + ["negative term: the split failed"])
+           labels=list(terms.values()) + axes[0][0].get_legend_handles_labels()[1] + ["negative term: the split failed"])
 plt.show()
 
 # %% [markdown]
