@@ -146,7 +146,7 @@ pipe[["pipeline", "wrapper", "world_size", "repeat", "threads_per_rank", "sample
       "speedup_vs_seed", "test_accuracy", "launch_seconds"]]
 
 # %%
-for (ws, wrapper, _repeat), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
+for (ws, wrapper, rep), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
     by = g.set_index("pipeline")
     gap = abs(by.loc["memory", "test_accuracy"] - by.loc["seed", "test_accuracy"]) * 100
     print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'}, repeat {rep}: test accuracy "
