@@ -2,6 +2,8 @@
 such as ``launch_workers``, which spawned workers import by name) are on ``sys.path`` through
 ``pythonpath`` in pyproject.toml's ``[tool.pytest.ini_options]``."""
 
+import signal
+
 import pytest
 
 from _support import leftover_processes
@@ -20,3 +22,14 @@ def no_leftover_processes():
     yield
     left = leftover_processes()
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_left_alone():
+    """No test, and nothing it calls, may leave this process's SIGINT handler changed: a notebook
+    kernel whose handler is replaced can no longer be interrupted (and a later test that sends
+    SIGINT would see something else happen)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    assert after is before, f"the SIGINT handler was changed from {before!r} to {after!r}"
