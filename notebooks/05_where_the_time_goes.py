@@ -403,8 +403,8 @@ for row, model in enumerate(models):
         ax.set_xlabel("world size (processes)")
         ax.set_xticks(sorted(scal["world_size"].unique()))
         ax.set_ylim(bottom=0)  # points from zero: the axis is never truncated
-    ax_t.set_ylabel("throughput (samples/s, all ranks)")
-    ax_e.set_ylabel("efficiency = speed-up / world size (1 = perfect)")
+    ax_t.set_ylabel("throughput\n(samples/s, all ranks)")
+    ax_e.set_ylabel("efficiency (1 = perfect)\nspeed-up / world size")
     ax_t.set_title(f"{model}: throughput\n(points: median; error bars: min–max of the steps)", fontsize=10)
     ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread\n(error bars: from the step ranges)",
                    fontsize=10)
