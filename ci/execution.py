@@ -93,6 +93,7 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
     injected = bool(job.params)
     watch = Watch.start()
     t0 = time.monotonic()
+    stopped = False  # Ctrl-C / SystemExit: the run was stopped, the notebook is not complete
     try:
         papermill.execute_notebook(
             str(job.path),
@@ -134,8 +135,12 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
         row.update(status=STATUS_FAILED, cell_index=idx)
         prefix = f"{job.name}: {where}: " if where else f"{job.name}: "
         row["error"] = f"{prefix}{type(e).__name__}: {e}"
+    except BaseException:
+        stopped = True  # leave the hidden partial file (the next runner on this folder removes it)
+        raise
     finally:
-        publish(partial, output)
+        if not stopped:  # done, or failed in a cell: a complete record of the run
+            publish(partial, output)
         row["seconds"] = round(time.monotonic() - t0, 1)
         if watch.t_first_cell is not None:
             row["startup_seconds"] = round(watch.t_first_cell - t0, 2)
