@@ -51,9 +51,10 @@ world_size = 2  # number of DDP ranks (processes); 1, 2 or 4 (section 4 splits 4
 seed = 0  # seeds the Linear toy's weights and its inputs
 
 # %%
-from helpers.notebook import check_answer, check_parameters
+from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), seed=(seed, int))
+check_value("world_size", world_size, world_size in (1, 2, 4), "1, 2 or 4 (section 4 splits 4 samples evenly)")
 
 # %%
 import time
