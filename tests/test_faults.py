@@ -412,57 +412,6 @@ def test_second_runner_on_the_same_output_folder(row, tmp_path):
                      "--output-dir'; runner 1 ok, its notebook whole and valid", seconds=secs, passed=True)
 
 
-def test_runner_interrupted_publishes_nothing(row, tmp_path):
-    """Ctrl-C in the terminal (SIGINT to the runner's process group) while a cell runs: the
-    runner stops with a non-zero exit, no notebook appears under its final name (only the hidden
-    partial file stays), and the next runner on the folder removes that partial file."""
-    import nbformat
-
-    row.update(fault="Ctrl-C on `ci/run_notebooks.py` while a cell runs",
-               injection="SIGINT to the runner's process group, the cell blocked (waits for a file)")
-    started = tmp_path / "started"
-    nbs, out = tmp_path / "nbs", tmp_path / "out"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("steps = 1")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(
-        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(600)")]
-    nbs.mkdir()
-    nbformat.write(nb, nbs / "98_stop.ipynb")
-    (tmp_path / "none.json").write_text("{}")
-    cmd = [sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "98_stop", "--notebooks-dir", str(nbs),
-           "--profiles", str(tmp_path / "none.json"), "--output-dir", str(out), "--cell-timeout", "300"]
-    mark = f"runner-interrupted-{os.getpid()}-{time.monotonic_ns()}"  # finds the kernel even if orphaned
-    env = {**os.environ, RANKS_MARK: mark,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    runner = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
-    folder = out / "smoke"
-    try:
-        _wait_for_files([started], "the runner's cell", proc=runner)
-        start = time.monotonic()
-        os.killpg(runner.pid, signal.SIGINT)
-        stdout, stderr = runner.communicate(timeout=120)
-        secs = time.monotonic() - start
-    finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-            runner.communicate()
-    assert runner.returncode != 0, stdout + stderr
-    left = wait_until_gone(mark, cmd_contains="")
-    assert not left, f"the kernel (or anything it started) outlived the runner: {[p.cmdline() for p in left]}"
-    assert not (folder / "98_stop.ipynb").exists(), "an interrupted run must not look like a complete notebook"
-    assert list(folder.glob(".98_stop.*.partial.ipynb")), "the partial file stays until the next runner"
-    nb.cells[1].source = "print('ok')"  # now a notebook that ends: the next run on the same folder
-    nbformat.write(nb, nbs / "98_stop.ipynb")
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert (folder / "98_stop.ipynb").exists() and not list(folder.glob(".*.partial.ipynb"))
-    row.update(error=f"runner exit code {runner.returncode}; no notebook under its final name; the next runner "
-                     "removed the partial file", seconds=secs, passed=True)
-
-
 # ---- cell-defined code that cannot be sent to the ranks ----------------------------------------
 
 def _cell(code: str, **names) -> dict:
