@@ -272,6 +272,26 @@ def _wait_for_files(paths, what, proc=None, seconds=180.0):
         time.sleep(0.1)
 
 
+def _sleeper_source(folder) -> str:
+    """Source of ``sleeper(rank, world_size)``: it writes its pid to ``folder/rank.<rank>``
+    (atomically), then rank 0 waits in a barrier inside gloo (C++) for rank 1, which never comes,
+    and rank 1 sleeps and catches KeyboardInterrupt: neither obeys the SIGINT that torch's own
+    start_processes asks for as parent-death signal. Needs ``os``, ``time`` and ``dist``."""
+    return textwrap.dedent(f"""\
+        def sleeper(rank, world_size):
+            path = os.path.join({str(folder)!r}, f"rank.{{rank}}")
+            open(path + ".tmp", "w").write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
+            if rank == 0:
+                dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
+            while True:  # a rank that survives SIGINT (torch's own parent-death signal)
+                try:
+                    time.sleep(600)
+                except KeyboardInterrupt:
+                    pass
+        """)
+
+
 def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     """papermill runs a notebook whose cell calls launch() with two ranks that run long (rank 0
     blocked in a barrier, inside C++; rank 1 ignoring KeyboardInterrupt: neither obeys the SIGINT
@@ -298,20 +318,7 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
             "import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n"
             f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid()))\n"
             f"os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r})"),
-        nbformat.v4.new_code_cell(textwrap.dedent(f"""\
-            def sleeper(rank, world_size):
-                path = os.path.join({str(tmp_path)!r}, f"rank.{{rank}}")
-                open(path + ".tmp", "w").write(str(os.getpid()))
-                os.replace(path + ".tmp", path)
-                if rank == 0:
-                    dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
-                while True:  # a rank that survives SIGINT (torch's own parent-death signal)
-                    try:
-                        time.sleep(600)
-                    except KeyboardInterrupt:
-                        pass
-
-            launch(sleeper, 2, timeout=None)""")),
+        nbformat.v4.new_code_cell(_sleeper_source(tmp_path) + "\nlaunch(sleeper, 2, timeout=None)"),
         nbformat.v4.new_code_cell("print('never reached')"),
     ]
     nbformat.write(nb, tmp_path / "in.ipynb")
@@ -494,25 +501,9 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
     The launch's run folder (``ddp-lab-launch-*``, in the launcher's TMPDIR) is removed too."""
     row.update(fault="the launching process SIGKILLed while 2 ranks run",
                injection="`os.kill(launcher, SIGKILL)`; rank 0 in a barrier, rank 1 catching KeyboardInterrupt")
-    code = textwrap.dedent(f"""
-        import os, time
-        from helpers.launch import launch
-
-        import torch.distributed as dist
-
-        def sleeper(rank, world_size):
-            open(os.path.join({str(tmp_path)!r}, f"rank.{{rank}}"), "w").write(str(os.getpid()))
-            if rank == 0:
-                dist.barrier()  # waits inside gloo (C++) for rank 1, which never comes
-            while True:  # a rank that survives SIGINT (torch's own parent-death signal)
-                try:
-                    time.sleep(600)
-                except KeyboardInterrupt:
-                    pass
-
-        if __name__ == "__main__":
-            launch(sleeper, 2, timeout=None)
-    """)
+    code = ("import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n\n"
+            + _sleeper_source(tmp_path)
+            + '\nif __name__ == "__main__":\n    launch(sleeper, 2, timeout=None)\n')
     launcher_tmp = tmp_path / "tmp"  # the launcher's temp directory, where its run folder goes
     launcher_tmp.mkdir()
     launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE,
@@ -520,12 +511,12 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
     ranks: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("rank.*"))) < 2:
+        while len(list(tmp_path.glob("rank.[0-9]"))) < 2:
             assert launcher.poll() is None, launcher.communicate()[0]
             assert time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.1)
         time.sleep(0.2)  # both pid files complete
-        ranks = [psutil.Process(int(p.read_text())) for p in sorted(tmp_path.glob("rank.*"))]
+        ranks = [psutil.Process(int(p.read_text())) for p in sorted(tmp_path.glob("rank.[0-9]"))]
         tree = psutil.Process(launcher.pid).children(recursive=True)
         assert {r.pid for r in ranks} <= {p.pid for p in tree}, "the ranks must be the launcher's children"
         assert len(list(launcher_tmp.glob("ddp-lab-launch-*"))) == 1, "the run folder must be in TMPDIR"
