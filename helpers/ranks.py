@@ -81,6 +81,7 @@ _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish 
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
+_OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
 _VOLATILE_ENV = {"PYTEST_CURRENT_TEST"}  # changes by itself between calls: not "another environment"
 
 
@@ -459,10 +460,15 @@ class WarmRanks:
         ar = self.view.execute(code, silent=False, block=False)
         ar._fname = "%px"
         with ar.stream_output() if stream else contextlib.nullcontext():
+            finished = False
             try:
                 errors, fault = self._supervise(ar, timeout, "%%px cell")
+                finished = fault is None
             finally:
-                ar.wait_for_output(1)
+                # every rank's output of a finished cell follows its result on ipyparallel's iopub
+                # channel, seconds later on a loaded machine (rank 1's line was lost at 1 s); a rank
+                # that faulted never sends it, so then wait only briefly
+                ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
         if not stream:
             ar.display_outputs()
         self._raise_for(ar, errors, fault)
