@@ -42,7 +42,7 @@ from torch import nn
 
 try:
     from helpers.launch import launch, worker_device
-    from helpers.procs import end_processes
+    from helpers.procs import end_processes, leftover_children
     from helpers.ranks import start_ranks
 except ModuleNotFoundError as e:  # run as a file without the repository installed
     if e.name != "helpers":
@@ -153,13 +153,6 @@ def check_notebooks(out_dir: Path, budget_s: float) -> str:
 
 # ---- driver ------------------------------------------------------------------------------------
 
-def _cmdline(p) -> list[str]:
-    try:
-        return p.cmdline()
-    except Exception:  # noqa: BLE001 - gone meanwhile
-        return []
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python ci/gpu_check.py", description=__doc__.splitlines()[0])
     p.add_argument("out_dir", help="folder for the executed notebooks, the runner table and the summary")
@@ -192,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"check": name, "status": status, "seconds": round(time.monotonic() - start, 1),
                      "detail": detail})
         print(f"{status:6s} {name} ({rows[-1]['seconds']} s): {detail.splitlines()[0]}", flush=True)
-    left = [c for c in psutil.Process().children(recursive=True)
-            if c.pid not in before and "resource_tracker" not in " ".join(_cmdline(c))]
+    left = [c for c in leftover_children() if c.pid not in before]
     survivors = end_processes(left, 3.0)
     summary = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),

@@ -62,6 +62,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
 from helpers import procs
+from helpers.fork_server import fork_server
 from helpers.launch_errors import LaunchError, LaunchTimeout, OversubscriptionWarning, WorkerError, worker_error
 from helpers.procs import main_from_env
 from helpers.rank_entry import worker_device, worker_entry
@@ -143,10 +144,13 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``)."""
     threads = threads_per_rank(world_size)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with run_folder() as run_dir, _QuietElastic():
-        config = _configure(world_size, run_dir, timeout)
-        entry_args = (payload, run_dir, os.getpid(), backend, timeout, threads, style)
+    with fork_server() as server_pid, run_folder() as run_dir, _QuietElastic():
+        # what runs below this process already (the fork server, the resource tracker) stays
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")
+        # the ranks' parent: the fork server, or this process under spawn
+        parent_pid = os.getpid() if server_pid is None else server_pid
+        entry_args = (payload, run_dir, parent_pid, backend, timeout, threads, style)
         outcome, reason = _supervise(config, entry_args, run_dir, timeout, before)
         _raise_failure(outcome, reason, run_dir, world_size, timeout)
         results = outcome["results"]
@@ -218,8 +222,9 @@ def threads_per_rank(world_size: int) -> int:
 
 # ---- configure: the elastic agent -----------------------------------------
 
-def _configure(world_size: int, run_dir: str, timeout: float | None):
-    """The elastic agent's configuration: one node, a fresh port, no restarts, ``spawn``."""
+def _configure(world_size: int, run_dir: str, timeout: float | None, start_method: str):
+    """The elastic agent's configuration: one node, a fresh port, no restarts, ranks started
+    with ``start_method`` (``"forkserver"``, see :mod:`helpers.fork_server`, or ``"spawn"``)."""
     return elastic_api.LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -231,7 +236,7 @@ def _configure(world_size: int, run_dir: str, timeout: float | None):
         local_addr="127.0.0.1",
         max_restarts=0,
         monitor_interval=_POLL_S,
-        start_method="spawn",  # never fork: see the module docstring
+        start_method=start_method,  # never fork: see the module docstring
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
         shutdown_timeout=int(_KILL_GRACE_S),
     )

@@ -14,8 +14,9 @@ fails in a notebook with ``torch.multiprocessing``: a function defined in a cell
 imported by a spawned process ("Can't get attribute 'demo_basic' on <module '__main__'>").
 With ``import helpers.mp as mp`` instead of ``import torch.multiprocessing as mp`` it runs
 unchanged: ``fn`` and what it uses are sent by value with cloudpickle, and the ranks are
-started, supervised and ended by :mod:`helpers.launch`'s machinery (torch's elastic agent,
-``spawn`` start method), so worker output appears in the cell prefixed ``[rank r]``, a failing
+started, supervised and ended by :mod:`helpers.launch`'s machinery (torch's elastic agent; ranks
+forked from :mod:`helpers.fork_server`'s server, never from the kernel, which is what ``spawn``
+guarantees, without every rank importing torch), so worker output appears in the cell prefixed ``[rank r]``, a failing
 rank raises :class:`~helpers.launch.WorkerError` naming it, ``timeout`` raises
 :class:`~helpers.launch.LaunchTimeout`, and no process is left behind.
 
@@ -61,7 +62,8 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
         nprocs: number of processes, a positive int.
         join: must be ``True`` (the call returns when every process has finished).
         daemon: accepted for compatibility; the processes are always ended with the call.
-        start_method: must be ``"spawn"``.
+        start_method: ``"spawn"`` or ``"forkserver"``; either way the ranks are forked from
+            :mod:`helpers.fork_server`'s server (never from the kernel).
         timeout: seconds for the whole run (not in ``torch.multiprocessing.spawn``, which waits
             forever); ``None``: no limit.
 
@@ -71,7 +73,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
 
     Raises:
         LaunchError: bad input, before any process starts: ``join=False``, a ``start_method``
-            other than ``"spawn"``, a bad ``nprocs`` or ``timeout``, ``args`` not a tuple, or
+            other than ``"spawn"`` or ``"forkserver"``, a bad ``nprocs`` or ``timeout``, ``args`` not a tuple, or
             something in ``fn``/``args`` that cannot be sent to another process.
         WorkerError: a process raised, exited or was killed; the others are ended.
         LaunchTimeout: the run took longer than ``timeout``.
@@ -82,11 +84,12 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
             "(output relayed, errors raised, nothing left behind), so spawn() returns only when every "
             "process has finished. Use join=True; for ranks that live across cells see the warm ranks."
         )
-    if start_method != "spawn":
+    if start_method not in ("spawn", "forkserver"):
         raise LaunchError(
-            f"start_method={start_method!r} is not supported, only 'spawn': a process forked from a "
-            "kernel that has touched CUDA fails with 'Cannot re-initialize CUDA in forked subprocess', "
-            "and forking a multi-threaded kernel can deadlock. Use start_method='spawn' (the default)."
+            f"start_method={start_method!r} is not supported, only 'spawn' or 'forkserver': a process "
+            "forked from a kernel that has touched CUDA fails with 'Cannot re-initialize CUDA in forked "
+            "subprocess', and forking a multi-threaded kernel can deadlock. Use start_method='spawn' "
+            "(the default; the ranks come from helpers.fork_server either way)."
         )
     if not isinstance(args, tuple):
         raise LaunchError(f"args must be a tuple (as for torch.multiprocessing.spawn), got {type(args).__name__}; "

@@ -6,7 +6,8 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 :mod:`helpers.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
 
 - :func:`free_port`: a TCP port the OS says is free right now.
-- :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone).
+- :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
+  :func:`leftover_children`: this process's, less the resource tracker and the fork server.
 - :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended).
 - :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
   ``gloo``; a requested backend checked against the machine.
@@ -26,12 +27,15 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from helpers.fork_server import fork_server_pid
+
 __all__ = [
     "BACKENDS",
     "default_backend",
     "descendants",
     "end_processes",
     "free_port",
+    "leftover_children",
     "init_process_group_from_env",
     "main_from_env",
     "resolve_backend",
@@ -64,6 +68,24 @@ def descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def leftover_children() -> list[psutil.Process]:
+    """This process's descendants, except the two that live exactly as long as it does by
+    design: ``multiprocessing``'s resource tracker and the fork server :func:`helpers.launch.launch`
+    forks its ranks from (:mod:`helpers.fork_server`; the ranks forked from it do count). What a
+    check for "no process left behind" after a launch looks at.
+
+    Returns:
+        ``psutil.Process`` objects, read now.
+    """
+    server = fork_server_pid()
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.pid != server and "resource_tracker" not in " ".join(p.cmdline()):
+                found.append(p)
+    return found
 
 
 def _is_live(p: psutil.Process) -> bool:

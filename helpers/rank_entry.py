@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import procs
+from helpers.fork_server import close_inherited_pipe
 from helpers.run_dir import write_marker
 
 __all__ = ["worker_device", "worker_entry"]
@@ -99,6 +100,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     cloudpickled result, so a cell-defined class can come back too.
     """
     _die_with_parent(parent_pid)
+    close_inherited_pipe()
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     for stream in (sys.stdout, sys.stderr):

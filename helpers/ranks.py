@@ -62,6 +62,7 @@ import ipyparallel as ipp
 import psutil
 
 from helpers import ranks_engine as eng
+from helpers.fork_server import VOLATILE_ENV
 from helpers.launch import (
     LaunchError,
     WorkerError,
@@ -82,7 +83,6 @@ _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (second
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
-_VOLATILE_ENV = {"PYTEST_CURRENT_TEST"}  # changes by itself between calls: not "another environment"
 
 
 
@@ -143,7 +143,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     backend = resolve_backend(backend, world_size)
     timeout = _check_timeout(timeout)
     env = {str(k): str(v) for k, v in (env or {}).items()}
-    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENV))
+    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV))
     key = (world_size, backend, timeout, tuple(sorted(env.items())), environ)
     if _CURRENT is not None and not _CURRENT.stopped:
         if _CURRENT._key == key and not _CURRENT.dead_ranks():

@@ -70,9 +70,11 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 
 import cloudpickle
 import pandas as pd
+import psutil
 import torch
 import torch.distributed as dist
 from IPython.display import display
@@ -130,14 +132,15 @@ if not torch.cuda.is_available():
     assert set(who["backend"]) == {"gloo"}, who["backend"]
 
 # %% [markdown]
-# ## 2. Why spawn, never fork
+# ## 2. Why spawn (or a fork server), never fork
 #
-# A process can start another in two ways. **fork** copies the running process, memory and
+# A process can start another in three ways. **fork** copies the running process, memory and
 # all, so the child has everything the parent had, including the notebook's functions. **spawn**
-# starts a fresh Python interpreter that *imports* what it needs. `helpers.launch.launch` starts
-# its workers with spawn (`start_method="spawn"` in `helpers/launch.py`), and the warm ranks are
-# fresh interpreters too (ipyparallel starts each engine as a new `python -m ipyparallel.engine`
-# process, not as a copy of this kernel).
+# starts a fresh Python interpreter that *imports* what it needs. **forkserver** starts one fresh
+# interpreter (a *server*) the first time, and then forks each new process from that server, not
+# from the notebook. The warm ranks are fresh interpreters (ipyparallel starts each engine as a
+# new `python -m ipyparallel.engine` process, not as a copy of this kernel); `launch` uses the
+# fork server, as section 2b shows.
 #
 # **Claim:** the ranks are fresh interpreters: a name defined in this kernel does not exist in
 # a rank's `__main__`, and each engine was started by the ipyparallel engine command.
@@ -188,7 +191,7 @@ assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'sq
 assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7))
 
 # %% [markdown]
-# So why not fork, which would simply copy `square`? Because of what else it copies.
+# So why not fork this kernel, which would simply copy `square`? Because of what else it copies.
 #
 # **On a GPU** (stated, not run: CI has no GPU, and showing it would mean forking this kernel,
 # the very thing to avoid). Once a process has touched CUDA (one
@@ -196,7 +199,8 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 # it fails with `RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with
 # multiprocessing, you must use the 'spawn' start method`. Source: the PyTorch docs,
 # "Multiprocessing best practices", section "CUDA in multiprocessing"
-# (https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing), and the
+# (https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing: "either
+# spawn or forkserver start method are required to use CUDA in subprocesses"), and the
 # message itself in `torch/cuda/__init__.py` (`_lazy_init`). This is the error behind
 # fork-based notebook launchers failing after a GPU cell ran.
 #
@@ -209,14 +213,11 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 #
 # **Claim:** this kernel runs more than one thread, so a fork would copy a multi-threaded
 # process; and on Linux with Python < 3.14 the default start method is `fork`, so never forking
-# has to be a choice (`launch` passes `start_method="spawn"` to torch's elastic agent).
+# this kernel has to be a choice.
 
 # %%
-import inspect
 import multiprocessing
 import threading
-
-import helpers.launch
 
 print(f"threads in this kernel: {threading.active_count()} ({', '.join(t.name for t in threading.enumerate())})")
 print(f"multiprocessing's default start method here: {multiprocessing.get_start_method()} "
@@ -224,18 +225,35 @@ print(f"multiprocessing's default start method here: {multiprocessing.get_start_
 assert threading.active_count() > 1
 if sys.platform == "linux" and sys.version_info < (3, 14):
     assert multiprocessing.get_start_method() == "fork"
-assert 'start_method="spawn"' in inspect.getsource(helpers.launch)
 
 # %% [markdown]
-# `launch` runs a cell-defined function the same way (fresh processes, started with spawn,
-# the function sent by value); the processes end when the call returns. That is how notebooks
-# 01 to 07 run their experiments. The next cell takes about 5–20 s on a 2-core laptop (two
-# fresh processes import torch).
+# ### 2b. `launch`: a fork server, so torch is imported once
+#
+# spawn is safe but slow to start: every new interpreter pays `import torch` (seconds, printed
+# below). `launch` therefore starts its ranks with Python's **forkserver** method
+# (`helpers/fork_server.py`). The first `launch` in a kernel starts the server: a fresh
+# interpreter, started like spawn, which imports torch once and waits. Every rank of every
+# later `launch` is a fork *of that server*: torch is already imported, yet the rank has none
+# of this kernel's variables, threads or CUDA state, because the server never had them. Python's
+# docs ("Contexts and start methods", https://docs.python.org/3/library/multiprocessing.html):
+# the fork server "is single threaded unless system libraries or preloaded imports spawn
+# threads as a side-effect so it is generally safe for it to use os.fork(). No unnecessary
+# resources are inherited." A cell's functions still travel by value (cloudpickle).
+# If this kernel's environment changes (a cell sets `os.environ[...]`), the next `launch`
+# restarts the server, so its ranks see the environment of now, as spawned ranks would.
+#
+# The next cell takes about 5–15 s on a 2-core laptop: it is this kernel's first `launch`, so
+# it starts the server, which imports torch.
 #
 # **Claim:** a function defined in this cell runs on every rank through `launch`, and the
-# results come back in rank order.
+# results come back in rank order; the ranks are new processes (not the warm ranks), forked
+# from one server process (the same parent for every rank) that is a child of this kernel,
+# runs Python's fork server, has torch loaded, and did not run this notebook.
 
 # %%
+from helpers.fork_server import fork_server_pid
+
+
 def rank_report(rank, world_size):
     import os
     import sys
@@ -244,7 +262,7 @@ def rank_report(rank, world_size):
     import torch.distributed as dist
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    return {"rank": rank, "pid": os.getpid(), "all_reduce": t.item(),
+    return {"rank": rank, "pid": os.getpid(), "parent pid": os.getppid(), "all_reduce": t.item(),
             "has kernel_only": "kernel_only" in vars(sys.modules["__main__"])}
 
 
@@ -253,6 +271,32 @@ display(pd.DataFrame(launched).set_index("rank"))
 assert [r["rank"] for r in launched] == list(range(world_size))
 assert all(r["all_reduce"] == sum(range(1, world_size + 1)) and not r["has kernel_only"] for r in launched)
 assert not set(r["pid"] for r in launched) & set(pids), "launch starts new processes, not the warm ranks"
+parents = {r["parent pid"] for r in launched}
+if sys.platform == "linux":
+    server = psutil.Process(fork_server_pid())
+    with open(f"/proc/{server.pid}/maps") as maps:
+        torch_loaded = "libtorch" in maps.read()
+    print(f"every rank's parent: pid {server.pid}, a child of this kernel (pid {os.getpid()}): "
+          f"{' '.join(server.cmdline())[:90]}...; torch loaded there: {torch_loaded}")
+    assert parents == {server.pid} and server.ppid() == os.getpid(), (parents, server.pid, server.ppid())
+    assert "multiprocessing.forkserver" in " ".join(server.cmdline()) and torch_loaded
+    assert "kernel_only" not in " ".join(server.cmdline())
+
+# %% [markdown]
+# What that buys, measured here side by side and printed (the figures depend on the machine
+# and its load): one fresh `python -c "import torch"`, which each spawned rank pays before it
+# can do anything, and a whole second `launch` from the running server (fork, rendezvous,
+# process group, result back). The cell takes about 3–6 s on a 2-core laptop.
+
+# %%
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=120)
+import_s = time.perf_counter() - t0
+t0 = time.perf_counter()
+launch(rank_report, world_size, timeout=timeout)
+launch_s = time.perf_counter() - t0
+print(f"fresh interpreter, import torch: {import_s:.2f} s; a whole launch of {world_size} ranks "
+      f"from the fork server: {launch_s:.2f} s")
 
 # %% [markdown]
 # ## 3. The collectives by hand
@@ -752,9 +796,10 @@ assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks
 #
 # - A DDP job is `world_size` separate processes; each knows its `rank` and the group's size,
 #   and they talk only through collectives on the process group.
-# - Notebooks start them fresh (spawn, or ipyparallel's engines), never by fork: a fresh process
-#   cannot import a cell's function by name, so cell code is sent by value (`cloudpickle`);
-#   fork would copy it, and with it a CUDA context that the child cannot use.
+# - Notebooks never fork the kernel: ranks are fresh interpreters (ipyparallel's engines) or forks
+#   of a fork server that imported torch once and never ran notebook code (`launch`). Neither
+#   can import a cell's function by name, so cell code is sent by value (`cloudpickle`); a fork
+#   of the kernel would copy it, and with it a CUDA context that the child cannot use.
 # - The five collectives write their results in place: `all_reduce` (SUM, AVG), `broadcast`,
 #   `reduce` (the sum only on the destination), `all_gather`, `reduce_scatter`.
 # - DDP's construction broadcasts rank 0's weights; its backward averages the gradients, which

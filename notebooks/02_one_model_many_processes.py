@@ -158,8 +158,8 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 # sends them the worker and the class and functions it uses from this notebook, and returns
 # each rank's result in rank order. When there are more ranks than CPU cores the launcher warns
 # `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
-# measured. The cell takes about 5–20 s on a 2-core laptop, mostly starting the
-# processes.
+# measured. The cell takes about 5–20 s on a 2-core laptop (the first `launch` in a kernel
+# also starts the fork server, which imports torch once: notebook 00, section 2b).
 
 # %%
 t0 = time.perf_counter()

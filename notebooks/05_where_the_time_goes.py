@@ -866,13 +866,16 @@ plt.show()
 # %% [markdown]
 # ## 7. Launch overhead
 #
-# Every launch starts fresh Python processes that import torch and meet at a rendezvous before
-# `fn` runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
+# Every launch needs processes that have imported torch and met at a rendezvous before `fn`
+# runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
 # call to the results: through `helpers.launch.launch` (torch's elastic agent, output relay,
-# error handling) and through `torch.multiprocessing.spawn` with the hand-written setup the
-# tutorials use; and, as the floor, one fresh `python -c "import torch"`. The next cell takes
-# about 2–3 s on a 2-core laptop with the smoke profile (only the `import torch` floor); with
-# `full` it makes 12 launches, 3 to 6 s each.
+# error handling; ranks forked from its fork server, notebook 00 section 2b), once with the
+# server already running and once after stopping it (what the first launch in a kernel pays:
+# the server imports torch); through `torch.multiprocessing.spawn` with the hand-written setup
+# the tutorials use (every rank a fresh interpreter that imports torch); and, as the floor of
+# any launcher that starts fresh interpreters, one `python -c "import torch"`. With 2 ranks it
+# also times warm ranks (`helpers.ranks`). The next cell takes about 2–3 s on a 2-core laptop
+# with the smoke profile (only the `import torch` floor); the full profile makes 18 launches.
 
 # %%
 c = cfg["launch"]

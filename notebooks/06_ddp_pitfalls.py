@@ -49,9 +49,9 @@
 # checkpointing under DDP, distributed evaluation, `TORCH_DISTRIBUTED_DEBUG`. Every claim was
 # checked against torch 2.14.1; where it differs from folklore, the notebook says what really
 # happens. The whole notebook prints its run time and the seconds of each launch at the end of
-# section 9; most of it is worker start-up (every launch starts fresh processes, and the times
-# below were measured on a 2-core machine shared with other work: they grow with the load) and
-# the deliberate timeouts.
+# section 9; most of it is the deliberate timeouts and worker start-up (each launch forks
+# fresh processes from the fork server and builds a process group; the times below were
+# measured on a 2-core machine shared with other work: they grow with the load).
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -87,7 +87,6 @@ from unittest import mock
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import psutil
 import torch
 import torch.distributed as dist
 from IPython.display import Markdown, display
@@ -99,7 +98,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.launch import LaunchTimeout, WorkerError, launch, worker_device
-from helpers.procs import free_port
+from helpers.procs import free_port, leftover_children
 
 t_notebook = time.perf_counter()
 T = collective_timeout_s
@@ -112,7 +111,7 @@ print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {wo
 # ## 0. Tools every section uses
 #
 # Every experiment below is a function `fn(rank, world_size, ...)` defined in a cell and run
-# with `launch(fn, world_size, ..., backend="gloo")`, which starts `world_size` fresh processes,
+# with `launch(fn, world_size, ..., backend="gloo")`, which starts `world_size` new processes,
 # initialises the default process group in each, and returns `[result of rank 0, result of
 # rank 1, ...]` to the cell. Worker prints appear under the cell prefixed `[rank r]`.
 #
@@ -537,16 +536,9 @@ assert set(range(1, world_size)) <= set(hang.ranks_not_finished), (
     f"ranks 1..{world_size - 1} (one batch more than rank 0) should be listed: {hang.ranks_not_finished}")
 
 
-def leftover_processes():  # children of this kernel, except multiprocessing's resource tracker
-    left = []
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                left.append(p)
-    return left
-
-
-assert not leftover_processes(), f"processes left behind: {leftover_processes()}"
+# children of this kernel, less the two that live as long as it does: multiprocessing's resource
+# tracker and launch's fork server (the ranks forked from it do count)
+assert not leftover_children(), f"processes left behind: {leftover_children()}"
 print("no worker process left behind")
 
 # %% [markdown]

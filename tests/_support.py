@@ -4,20 +4,14 @@ from pathlib import Path
 
 import psutil
 
+from helpers.procs import leftover_children
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-def leftover_processes():
-    """Child processes of this test process, except multiprocessing's shared resource tracker."""
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
+#: Child processes of this test process, less the resource tracker and the fork server.
+leftover_processes = leftover_children
 
 
 # ---- warm ranks (helpers.ranks): kernels and the processes they leave ---------------------------

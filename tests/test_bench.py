@@ -371,7 +371,7 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     of the same worker, and a table with the ratio (no timing asserted)."""
     rows = bench.bench_launch_overhead(world_sizes=(2,), repeats=1)
     methods = {r["method"] for r in rows}
-    assert {"helpers.launch", bench.WARM_START, bench.WARM_RUN} <= methods
+    assert {"helpers.launch", bench.LAUNCH_FIRST, bench.WARM_START, bench.WARM_RUN} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
     ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
     warm_ratio = ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0]

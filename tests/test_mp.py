@@ -129,8 +129,7 @@ def test_error_names_the_rank():
 
 @pytest.mark.parametrize("kwargs,words", [
     ({"join": False}, ["join=False", "join=True"]),
-    ({"start_method": "fork"}, ["'fork'", "Cannot re-initialize CUDA in forked subprocess", "'spawn'"]),
-    ({"start_method": "forkserver"}, ["'forkserver'", "only 'spawn'"]),
+    ({"start_method": "fork"}, ["'fork'", "Cannot re-initialize CUDA in forked subprocess", "'spawn' or 'forkserver'"]),
     ({"args": [2]}, ["args must be a tuple"]),
     ({"nprocs": 0}, ["nprocs must be >= 1"]),
 ])

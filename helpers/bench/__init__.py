@@ -82,6 +82,7 @@ from helpers.bench.common import (
     run_interleaved,
 )
 from helpers.bench.launch_overhead import (
+    LAUNCH_FIRST,
     WARM_RUN,
     WARM_START,
     bench_launch_overhead,
@@ -128,6 +129,7 @@ __all__ = [
     "MLP_WIDTH",
     "PROFILES",
     "THREADS_REPORT_CODE",
+    "LAUNCH_FIRST",
     "WARM_RUN",
     "WARM_START",
     "WRAPPERS",

@@ -1,5 +1,6 @@
-"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.launch``
-against ``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
+"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.launch`` (with
+its fork server running, and the first launch that starts it) against
+``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
 baseline) and warm ranks (``helpers.ranks``).
 
 Units: seconds (s).
@@ -17,6 +18,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.fork_server import stop_fork_server
 from helpers.launch import launch
 from helpers.procs import free_port
 
@@ -61,13 +63,22 @@ def import_torch_seconds() -> float:
     return time.perf_counter() - t0
 
 
+#: Method name of the launches that start the fork server first (:func:`bench_launch_overhead`).
+LAUNCH_FIRST = "helpers.launch, first in a kernel (starts the fork server)"
+
+
 def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3) -> list[dict[str, Any]]:
     """Seconds from the call to the results for :func:`trivial_worker`, per method and world size.
 
-    Methods: ``"helpers.launch"`` (:func:`helpers.launch.launch`: torch's elastic agent, output
-    relay, error handling), ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`),
+    Methods: ``"helpers.launch"`` (:func:`helpers.launch.launch` with its fork server running:
+    torch's elastic agent, ranks forked from a server that imported torch, output relay, error
+    handling), :data:`LAUNCH_FIRST` (the same after :func:`helpers.fork_server.stop_fork_server`:
+    what the first launch in a kernel pays, the server's ``import torch`` included),
+    ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`: every rank a fresh interpreter),
     ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1) and, when 2 is in
     ``world_sizes``, warm ranks (:func:`bench_warm_ranks`: start-up once, then warm calls).
+    Where :func:`helpers.fork_server.start_method` is ``"spawn"`` the two launch rows measure the
+    same thing.
 
     Returns:
         one row per measurement: ``method``, ``world_size``, ``repeat``, ``seconds``.
@@ -77,11 +88,14 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
         rows.append({"method": "python -c 'import torch'", "world_size": 1, "repeat": rep,
                      "seconds": import_torch_seconds()})
         for ws in world_sizes:
-            t0 = time.perf_counter()
-            got = launch(trivial_worker, ws)
-            rows.append({"method": "helpers.launch", "world_size": ws, "repeat": rep,
-                         "seconds": time.perf_counter() - t0})
-            assert got == list(range(ws)), got
+            for method in (LAUNCH_FIRST, "helpers.launch"):
+                if method == LAUNCH_FIRST:
+                    stop_fork_server()
+                t0 = time.perf_counter()
+                got = launch(trivial_worker, ws)
+                rows.append({"method": method, "world_size": ws, "repeat": rep,
+                             "seconds": time.perf_counter() - t0})
+                assert got == list(range(ws)), got
             t0 = time.perf_counter()
             got = spawn_launch(trivial_worker, ws)
             rows.append({"method": "torch.multiprocessing.spawn", "world_size": ws, "repeat": rep,

@@ -1,0 +1,179 @@
+"""The fork server :func:`helpers.launch.launch` starts its ranks from: ``import torch`` once per
+kernel, not once per rank per launch.
+
+``import torch`` takes seconds, and a ``spawn``-ed rank pays it every time. Python's third start
+method, **forkserver**, pays it once: the first launch starts a *server* process, a fresh
+interpreter started like ``spawn`` (``python -c 'from multiprocessing.forkserver import main;
+...'``), which imports the modules in :data:`PRELOAD` (torch, and what DDP imports on first use)
+and waits. Each rank is then a
+``fork`` of that server, not of the kernel: it has torch already imported, but none of the
+kernel's state (no notebook variables, no CUDA context, none of the kernel's threads), so what
+``spawn`` protects against still cannot happen, and a cell's functions still travel by value
+with cloudpickle. Python's docs (https://docs.python.org/3/library/multiprocessing.html,
+"Contexts and start methods"): "The fork server process is single threaded unless system
+libraries or preloaded imports spawn threads as a side-effect so it is generally safe for it to
+use os.fork(). No unnecessary resources are inherited." (numpy, which torch imports, starts
+its OpenBLAS thread pool; OpenBLAS shuts it down around a fork with ``pthread_atfork``, as it
+does for every ``fork``-based DataLoader worker.) PyTorch's docs name ``spawn`` or
+``forkserver`` as the start methods that can use CUDA in subprocesses
+(https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing).
+
+What this module adds to Python's fork server (``multiprocessing.forkserver``):
+
+- **the caller's environment, now**: a forked rank inherits the server's environment, i.e. the
+  caller's at the moment the server started. If ``os.environ`` has changed since (a cell set
+  ``TORCH_DISTRIBUTED_DEBUG`` or ``OMP_NUM_THREADS``), :func:`fork_server` stops the server and
+  starts a new one with the environment of now (a fresh ``import torch`` for that launch), so a
+  rank always sees what a ``spawn``-ed rank would see. Variables in :data:`VOLATILE_ENV` do
+  not count as a change.
+- **its lifetime**: the server is a child of the caller and lives as long as the caller does
+  (a kernel, a script): it exits when the caller exits, also when the caller is SIGKILLed
+  (Python's server watches a pipe from its parent), and the ranks forked from it then die by
+  their parent-death signal. It is the one long-lived process a launch leaves, like
+  ``multiprocessing``'s resource tracker; :func:`stop_fork_server` ends it now.
+
+Where ``forkserver`` is not available (Windows) or this Python's ``ForkServer`` cannot be
+stopped (a private method, ``ForkServer._stop``, present since Python 3.8), :func:`start_method`
+is ``"spawn"`` and every rank imports torch itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+from multiprocessing import forkserver
+
+__all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "fork_server", "fork_server_pid", "start_method",
+           "stop_fork_server"]
+
+#: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
+#: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
+#: sympy), 2.4-2.7 s per rank on a 2-core machine (measured: ``DDP(nn.Linear(2, 2))`` in a fresh
+#: process with a gloo group, 2.67 s; 0.003 s with it preloaded). ``torchvision`` (the MNIST
+#: data): 0.15 s once ``torch._dynamo`` is loaded. Only third-party libraries: this project's own
+#: modules are imported by each rank, so an edit to ``helpers`` is seen by the next launch.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchvision", "cloudpickle", "psutil")
+
+#: Environment variables that change by themselves between calls (pytest sets the current test
+#: name): a change in these is not "another environment" (also used by :mod:`helpers.ranks`).
+VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+
+_lock = threading.Lock()
+_server_env: tuple | None = None  # the environment the running server was started with
+_active = 0  # launches using the server right now (it is not restarted under them)
+
+
+def start_method() -> str:
+    """``"forkserver"`` where Python offers it and it can be restarted, else ``"spawn"``."""
+    if "forkserver" in multiprocessing.get_all_start_methods() and hasattr(forkserver.ForkServer, "_stop"):
+        return "forkserver"
+    return "spawn"
+
+
+def _environment() -> tuple:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV))
+
+
+def _running_pid() -> int | None:
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return None
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: Python's own ensure_running would fail on it
+        done = pid
+    if not done:
+        return pid
+    # gone (killed by someone): forget it, as ForkServer.ensure_running does for a dead server
+    with contextlib.suppress(OSError, TypeError):
+        os.close(server._forkserver_alive_fd)
+    server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+    return None
+
+
+def fork_server_pid() -> int | None:
+    """The pid of the running fork server, or ``None`` if none runs."""
+    with _lock:
+        return _running_pid()
+
+
+class fork_server:
+    """Context manager for one launch: ``with fork_server() as pid:`` starts (or restarts, after
+    an environment change) the server and gives its pid, the parent of the ranks forked while
+    the block runs; the server is not restarted by another launch during the block. ``pid`` is
+    ``None`` when the launch must use ``spawn``: :func:`start_method` says so, or another launch
+    is using a server started with another environment.
+
+    Raises:
+        OSError: the server could not be started.
+    """
+
+    def __enter__(self) -> int | None:
+        global _server_env, _active
+        if start_method() != "forkserver":
+            self.used = False
+            return None
+        with _lock:
+            env = _environment()
+            pid = _running_pid()
+            if pid is not None and _server_env != env:
+                if _active:
+                    self.used = False
+                    return None
+                _stop_unlocked()
+                pid = None
+            if pid is None:
+                forkserver.set_forkserver_preload(list(PRELOAD))
+                forkserver.ensure_running()
+                _server_env = env
+                pid = _running_pid()
+            _active += 1
+            self.used = True
+            return pid
+
+    def __exit__(self, *exc) -> bool:
+        global _active
+        if self.used:
+            with _lock:
+                _active -= 1
+        return False
+
+
+def _stop_unlocked() -> None:
+    global _server_env
+    if _running_pid() is not None:
+        forkserver._forkserver._stop()  # closes its "alive" pipe; the server exits; waits for it
+    _server_env = None
+
+
+def close_inherited_pipe() -> None:
+    """In a rank forked from the server: close the rank's copy of the pipe the server watches
+    (every process forked from it gets one). Otherwise the server would not notice its parent's
+    death while a rank lives, and the rank, whose parent-death signal watches the server, would
+    not die either. A no-op in a ``spawn``-ed rank."""
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def stop_fork_server() -> bool:
+    """End the fork server now (it also ends by itself when this process exits).
+
+    Returns:
+        bool: whether a server was running.
+
+    Raises:
+        RuntimeError: a launch is using it right now.
+    """
+    with _lock:
+        if _active:
+            raise RuntimeError("a launch is using the fork server: stop it after the launch returns")
+        running = _running_pid() is not None
+        _stop_unlocked()
+        return running

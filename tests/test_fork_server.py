@@ -1,0 +1,97 @@
+"""The fork server launch() forks its ranks from (helpers.fork_server): who the ranks' parent is,
+that they see the caller's environment of now, that the server lives and dies with its caller,
+and that the spawn fallback still runs. Real processes, real gloo groups."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from _support import REPO_ROOT
+from helpers import fork_server as fs
+from helpers.launch import launch
+
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
+
+PROBE = "DDP_LAB_FORK_SERVER_PROBE"
+
+
+def _parent_and_probe(rank, world_size):
+    import os
+
+    import torch
+    return {"ppid": os.getppid(), "probe": os.environ.get(PROBE), "threads": torch.get_num_threads(),
+            "omp": os.environ.get("OMP_NUM_THREADS")}
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_ranks_are_forked_from_one_server_that_is_our_child():
+    got = launch(_parent_and_probe, 2)
+    server = fs.fork_server_pid()
+    assert server is not None and {g["ppid"] for g in got} == {server}
+    proc = psutil.Process(server)
+    assert proc.ppid() == os.getpid()
+    assert "multiprocessing.forkserver" in " ".join(proc.cmdline())
+    with open(f"/proc/{server}/maps") as maps:
+        assert "libtorch" in maps.read(), "the server must have imported torch"
+    assert launch(_parent_and_probe, 2)[0]["ppid"] == server, "an unchanged environment reuses the server"
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_ranks_see_the_environment_of_now(monkeypatch):
+    monkeypatch.delenv(PROBE, raising=False)
+    first = launch(_parent_and_probe, 2)
+    assert {g["probe"] for g in first} == {None}
+    monkeypatch.setenv(PROBE, "set after the server started")
+    second = launch(_parent_and_probe, 2)
+    assert {g["probe"] for g in second} == {"set after the server started"}
+    assert second[0]["ppid"] != first[0]["ppid"], "a changed environment must restart the server"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by OpenMP when torch loads: in the new server
+    third = launch(_parent_and_probe, 2)
+    assert {(g["omp"], g["threads"]) for g in third} == {("1", 1)}, third
+    monkeypatch.delenv(PROBE)
+    assert {g["probe"] for g in launch(_parent_and_probe, 2)} == {None}
+
+
+def test_spawn_fallback_runs(monkeypatch):
+    """Where forkserver is unavailable, every rank is spawned by the launching process itself."""
+    monkeypatch.setattr(fs, "start_method", lambda: "spawn")
+    got = launch(_parent_and_probe, 2)
+    assert {g["ppid"] for g in got} == {os.getpid()}
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_stop_and_a_server_killed_by_someone_else():
+    launch(_parent_and_probe, 1)
+    server = fs.fork_server_pid()
+    assert fs.stop_fork_server() is True and not psutil.pid_exists(server)
+    assert fs.stop_fork_server() is False
+    launch(_parent_and_probe, 1)
+    server = psutil.Process(fs.fork_server_pid())
+    server.send_signal(signal.SIGKILL)  # e.g. a clean-up script that ends every python process
+    server.wait(10)  # reaped here, as psutil.wait_procs would: Python's own ensure_running then fails
+    assert launch(_parent_and_probe, 2)[0]["ppid"] not in (None, server.pid)
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_server_ends_when_its_process_exits():
+    code = textwrap.dedent("""
+        from helpers.fork_server import fork_server_pid
+        from helpers.launch import launch
+        if __name__ == "__main__":
+            launch(lambda rank, world_size: rank, 2)
+            print("SERVER", fork_server_pid(), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    pid = int(out.stdout.split("SERVER")[1].split()[0])
+    try:
+        psutil.Process(pid).wait(15)
+    except psutil.NoSuchProcess:
+        pass
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
