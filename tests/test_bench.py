@@ -350,19 +350,25 @@ def test_spawn_launch_returns_results_in_rank_order(no_leftover_processes):
     assert bench.spawn_launch(bench.trivial_worker, 2) == [0, 1]
 
 
-@pytest.mark.timeout(300)
-def test_threads_by_launcher(no_leftover_processes, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # removed for the children, restored after
-    out = bench.bench_threads_by_launcher(2)
+def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
+    """The children of ``bench_threads_by_launcher`` see no OMP_NUM_THREADS (each launcher's own
+    default is what is measured) and the caller's value is back afterwards, even when a child
+    fails. Every row of the real run (five launchers, real processes) is asserted by notebook 05,
+    section 2, which the suite runs in the smoke profile (tests/test_notebooks.py)."""
+    from helpers.bench import threads
+
+    seen = []
+
+    def first_child_fails(cmd, env=None, **kwargs):
+        seen.append(env)
+        raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(threads.subprocess, "run", first_child_fails)
+    with pytest.raises(subprocess.CalledProcessError):
+        bench.bench_threads_by_launcher(2)
+    assert seen and "OMP_NUM_THREADS" not in seen[0]
     assert os.environ["OMP_NUM_THREADS"] == "3"
-    by = {}
-    for r in out["rows"]:
-        by.setdefault(r["launcher"], []).append((r["torch_threads"], r["OMP_NUM_THREADS"]))
-    default = by["plain python"][0][0]
-    assert by["torchrun"] == [(1, "1")] * 2
-    assert by["torch.multiprocessing.spawn"] == by["elastic_launch"] == [(default, None)] * 2
-    assert by["helpers.launch"] == [(max(1, out["cpu_count"] // 2), None)] * 2
-    assert "OMP_NUM_THREADS" in out["torchrun_stderr"]
 
 
 @pytest.mark.timeout(600)
