@@ -1,9 +1,9 @@
 """Warm ranks: a process group that lives across notebook cells, on ipyparallel engines.
 
-:func:`launch` starts fresh processes for every call (each imports torch again: seconds).
-Warm ranks start ``world_size`` persistent IPython engines once (``ipyparallel``), initialise the
-default process group on them and keep them: a call costs milliseconds, and names defined in
-one cell are still there in the next (poke at weights, gradients, buckets step by step)::
+:func:`launch` starts new processes for every call, and nothing of them survives it. Warm ranks
+start ``world_size`` persistent IPython engines once (``ipyparallel``) with a process group, and
+keep them: names defined in one cell are still there in the next (poke at weights, gradients,
+buckets step by step), and a call costs milliseconds::
 
     from helpers.ranks import start_ranks
     ranks = start_ranks(world_size=2)          # also activates %%px in this notebook
@@ -33,13 +33,13 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
   before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
   ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
-- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine
-  trees, at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets
-  another ``world_size``, backend, timeout or environment; a watchdog process
-  (:mod:`helpers.ranks_engine`) kills them if the kernel dies without ``atexit`` (SIGKILL).
+- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
+  at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
+  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.ranks_engine`)
+  kills them if the kernel dies without ``atexit`` (SIGKILL).
 
-References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html ,
-``ipyparallel/client/magics.py`` (``parallel_execute``), ``torch/distributed/distributed_c10d.py``.
+References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , ipyparallel's
+``client/magics.py`` (``parallel_execute``) and torch's ``distributed/distributed_c10d.py``.
 """
 
 from __future__ import annotations
@@ -63,13 +63,7 @@ import psutil
 
 from helpers import ranks_engine as eng
 from helpers.fork_server import VOLATILE_ENV
-from helpers.launch import (
-    LaunchError,
-    WorkerError,
-    _check_world_size,  # private in launch.py; the same checks and messages as launch()
-    resolve_backend,
-    threads_per_rank,
-)
+from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend, threads_per_rank
 from helpers.procs import end_processes
 from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
 
@@ -139,7 +133,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
             left running.
     """
     global _CURRENT, _ATEXIT_REGISTERED
-    world_size = _check_world_size(world_size)
+    world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
     backend = resolve_backend(backend, world_size)
     timeout = _check_timeout(timeout)
     env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -162,12 +156,8 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-#: The controller's options. ``--usethreads``: its schedulers run as threads, not as extra
-#: processes that each import ipyparallel. ``HeartMonitor.period``: the hub finishes an engine's
-#: registration at its next heartbeat round, every 3000 ms by default; every 250 ms (misses
-#: allowed raised to keep ipyparallel's 30 s before an engine counts as dead) brings 2 engines'
-#: registration from about 6 s to under 3 s after they are launched (measured on 2 cores).
-#: Source: ipyparallel's ``ipyparallel/controller/{app,heartmonitor,hub}.py``.
+#: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
+#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before.
 _CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120"]
 
 

@@ -233,7 +233,8 @@ nodes_df = pd.DataFrame(two_node.node_table()).set_index("RANK")
 assert list(nodes_df.index) == [0, 1] and set(nodes_df["WORLD_SIZE"]) == {2}
 assert list(nodes_df["GROUP_RANK (node)"]) == [0, 1], "rank r should run on node r"
 assert set(nodes_df["LOCAL_RANK"]) == {0} and set(nodes_df["LOCAL_WORLD_SIZE"]) == {1}
-assert set(nodes_df["MASTER_ADDR"]) == {"127.0.0.1"}
+assert set(nodes_df["MASTER_ADDR"]) == {"127.0.0.1"} and set(nodes_df["GLOO_SOCKET_IFNAME"]) == {"lo"}
+assert all("--rdzv-endpoint=127.0.0.1:" in c for c in two_node.commands), two_node.commands
 
 # identical to the single-node run when that run also had 2 gloo ranks; else within float32 rounding
 same_shape = world_size == 2 and single.ranks[0]["backend"] == "gloo"
