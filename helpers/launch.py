@@ -5,9 +5,10 @@ process group in each, calls ``fn(rank, world_size, *args, **kwargs)`` and retur
 return values in rank order. It is built on torch's elastic agent (the engine behind
 ``torchrun``, ``torch.distributed.launcher.api.elastic_launch``), which picks a free port through
 a c10d rendezvous, sets the same environment variables torchrun sets (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts workers with ``spawn`` (never
-``fork``: a forked child of a process that has touched CUDA fails with "Cannot re-initialize
-CUDA in forked subprocess"). On top of it this module adds what a notebook needs:
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts the workers, here forked from
+:mod:`helpers.fork_server`'s server (``spawn`` where that is unavailable), never from the caller
+(a forked child of a process that has touched CUDA fails with "Cannot re-initialize CUDA in
+forked subprocess"). On top of it this module adds what a notebook needs:
 
 - code written in a notebook cell runs: ``fn``, its arguments, and the functions, lambdas,
   closures and classes (an ``nn.Module`` subclass, a ``Dataset``) it uses that are defined in
@@ -135,16 +136,24 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         KeyboardInterrupt: the caller was interrupted; every worker was ended first.
 
     Worker stdout and stderr appear in the caller's streams line by line, prefixed ``[rank r]``.
+    Calls from several threads of one process run one after another.
     """
     world_size, backend, payload = _validate(fn, world_size, args, kwargs, backend, timeout)
     return _run(payload, world_size, backend, timeout, style="launch")
+
+
+#: One launch at a time per process: a launch ends whatever ``multiprocessing`` processes below
+#: the caller appeared during it (a rank that died before writing its pid file included), so a
+#: second launch from another thread would lose its ranks. Launches from several threads of one
+#: process therefore run one after another (each one's ``timeout`` counts from its own start).
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str) -> list:
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``)."""
     threads = threads_per_rank(world_size)
-    with fork_server() as server_pid, run_folder() as run_dir, _QuietElastic():
+    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, _QuietElastic():
         # what runs below this process already (the fork server, the resource tracker) stays
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")
@@ -269,10 +278,11 @@ class _QuietElastic:
 def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, before: set[int]):
     """Run the elastic agent in a helper thread, relay output, watch the clock and the ranks.
 
-    The agent thread is the one that starts the workers, so it is also the parent thread their
-    ``PR_SET_PDEATHSIG`` watches: it must outlive them. It does: after the agent returns every
-    worker has exited, and on a timeout, a vanished rank or an interrupt the workers are ended
-    before the thread is joined.
+    Under ``spawn`` the agent thread is the one that starts the workers, so it is also the parent
+    thread their ``PR_SET_PDEATHSIG`` watches: it must outlive them. It does: after the agent
+    returns every worker has exited, and on a timeout, a vanished rank or an interrupt the
+    workers are ended before the thread is joined. (Under the fork server their parent is the
+    server.)
 
     Returns:
         ``(outcome, reason)``: outcome holds ``"results"`` or ``"error"`` from the agent; reason is

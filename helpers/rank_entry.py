@@ -1,11 +1,13 @@
 """What runs inside each rank that :func:`helpers.launch.launch` starts.
 
-The elastic agent starts ``world_size`` processes with ``spawn``; each imports this module and
-runs :func:`worker_entry`, which
+The elastic agent starts ``world_size`` processes (forked from :mod:`helpers.fork_server`'s
+server, or with ``spawn``); each imports this module and runs :func:`worker_entry`, which
 
-1. asks Linux to SIGKILL the rank when the launching process dies (``PR_SET_PDEATHSIG``), so
-   no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder is
-   then removed by :func:`helpers.run_dir.run_folder`'s reaper);
+1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
+   fork server, which exits with the launching process, or the launcher itself under ``spawn``),
+   so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
+   is then removed by :func:`helpers.run_dir.run_folder`'s reaper); closes its copy of the fork
+   server's pipe (:func:`helpers.fork_server.close_inherited_pipe`);
 2. writes its ``pid`` marker, sets its thread count, unpickles ``fn, args, kwargs``;
 3. initialises the default process group (:func:`helpers.procs.init_process_group_from_env`),
    calls ``fn(rank, world_size, *args, **kwargs)``;
@@ -58,12 +60,14 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, then close the race.
+    """Ask Linux to SIGKILL this process when its parent (``parent_pid``) dies, then close the race.
 
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that created this process exits: the launcher's
-    agent thread (which starts the workers through torch's ``start_processes``) lives until every
-    worker has ended, so only the death of the launching process itself triggers it. If the
-    parent already died before this call, ``getppid()`` no longer names it: exit at once.
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that created this process exits. Under the fork
+    server that is the server's only thread, which lives until the launching process exits; under
+    ``spawn`` it is the launcher's agent thread (which starts the workers through torch's
+    ``start_processes``), which lives until every worker has ended. So only the death of the
+    launching process itself triggers it. If the parent already died before this call,
+    ``getppid()`` no longer names it: exit at once.
     Elsewhere than Linux this is a no-op (the launcher's own clean-up still applies).
     """
     if sys.platform.startswith("linux"):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -297,3 +298,32 @@ def test_ranks_started_by_agent_thread_that_outlives_them(monkeypatch, how):
     assert [name for name, _ in started] == ["ddp-lab-elastic-agent"] * 2, started
     assert at_agent_return == [False, False], \
         f"a rank was still running when the thread that started it ended: running {at_agent_return}"
+
+
+def _nap(rank, world_size, seconds):
+    import time
+
+    time.sleep(seconds)
+    return (rank, seconds)
+
+
+def test_launches_from_two_threads_both_return():
+    """A launch ends what multiprocessing started below the caller during it; a second launch from
+    another thread, started while the first runs, must not lose its ranks to that clean-up."""
+    launch(_nap, 1, 0)  # the fork server up first: both launches below fork from it
+    got = {}
+
+    def run(name, seconds):
+        try:
+            got[name] = launch(_nap, 2, seconds, timeout=120)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            got[name] = e
+
+    first = threading.Thread(target=run, args=("first", 2.0))
+    second = threading.Thread(target=run, args=("second", 0.5))
+    first.start()
+    time.sleep(1.0)
+    second.start()
+    first.join(150)
+    second.join(150)
+    assert got == {"first": [(0, 2.0), (1, 2.0)], "second": [(0, 0.5), (1, 0.5)]}, got
