@@ -290,12 +290,19 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
         ``("vanished", rank)``.
     """
     outcome: dict[str, Any] = {}
+    # The agent thread sets `finished` when it ends; the caller waits on it, never on
+    # Thread.join: in Python 3.11 a KeyboardInterrupt that lands in join() marks the thread as
+    # stopped while it still runs (threading._wait_for_tstate_lock releases the thread's own
+    # lock), so a later join() returned at once and torchelastic logged into the next cell.
+    finished = threading.Event()
 
     def agent() -> None:
         try:
             outcome["results"] = elastic_api.elastic_launch(config, worker_entry)(*entry_args)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = e
+        finally:
+            finished.set()
 
     start = time.monotonic()
     thread = threading.Thread(target=agent, name="ddp-lab-elastic-agent", daemon=True)
@@ -304,8 +311,8 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     vanished: dict[int, float] = {}  # rank -> when it was first seen gone without a result
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(_POLL_S)
+        while not finished.is_set():
+            finished.wait(_POLL_S)
             relay.poll()
             if timeout is not None and time.monotonic() - start > timeout:
                 reason = ("timeout",)
@@ -322,9 +329,9 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     except KeyboardInterrupt:
         reason = ("interrupt",)
     finally:
-        if reason is not None or thread.is_alive():
+        if reason is not None or not finished.is_set():
             _end(_worker_processes(run_dir))
-        thread.join(30.0)
+        finished.wait(30.0)
         # anything still there, whatever happened (also workers that died before writing a pid file)
         _end(_worker_processes(run_dir) + _spawned_since(before))
         relay.poll(final=True)

@@ -162,8 +162,12 @@ def test_keyboard_interrupt(row):
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
     assert not leftover_processes(), "workers must be ended before KeyboardInterrupt reaches the caller"
+    # and the elastic agent's thread has ended too (Python 3.11's Thread.join, interrupted, would
+    # have reported it dead while it still ran and later logged into the next cell)
+    agents = [t for t in threading.enumerate() if t.name == "ddp-lab-elastic-agent"]
+    assert not agents, f"the agent thread outlived the launch: {agents}"
     assert launch(faults.ok, 2) == [0, 1], "the next launch must succeed (port free, nothing stale)"
-    row.update(error="`KeyboardInterrupt`; next launch succeeds", seconds=secs, passed=True)
+    row.update(error="`KeyboardInterrupt`; agent thread ended; next launch succeeds", seconds=secs, passed=True)
 
 
 # ---- pickling ----------------------------------------------------------------------------------
