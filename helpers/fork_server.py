@@ -45,8 +45,8 @@ import os
 import threading
 from multiprocessing import forkserver
 
-__all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "fork_server", "fork_server_pid", "start_method",
-           "stop_fork_server"]
+__all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server", "fork_server_pid",
+           "start_method", "stop_fork_server"]
 
 #: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
 #: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
@@ -57,12 +57,12 @@ __all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "fork_server", "fo
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchvision", "cloudpickle", "psutil")
 
 #: Environment variables that change by themselves between calls (pytest sets the current test
-#: name): a change in these is not "another environment" (also used by :mod:`helpers.ranks`).
+#: name): a change in these is not "another environment" (see :func:`environment`).
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
 _lock = threading.Lock()
 _server_env: tuple | None = None  # the environment the running server was started with
-_active = 0  # launches using the server right now (it is not restarted under them)
+_active = 0  # launches using the server right now (stop_fork_server refuses meanwhile)
 
 
 def start_method() -> str:
@@ -72,7 +72,9 @@ def start_method() -> str:
     return "spawn"
 
 
-def _environment() -> tuple:
+def environment() -> tuple:
+    """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV`: what
+    "the same environment" means here and for :func:`helpers.ranks.start_ranks`."""
     return tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV))
 
 
@@ -103,9 +105,9 @@ def fork_server_pid() -> int | None:
 class fork_server:
     """Context manager for one launch: ``with fork_server() as pid:`` starts (or restarts, after
     an environment change) the server and gives its pid, the parent of the ranks forked while
-    the block runs; the server is not restarted by another launch during the block. ``pid`` is
-    ``None`` when the launch must use ``spawn``: :func:`start_method` says so, or another launch
-    is using a server started with another environment.
+    the block runs; :func:`stop_fork_server` refuses during the block. ``pid`` is ``None`` when
+    the launch must use ``spawn`` (:func:`start_method` says so). Used by
+    :func:`helpers.launch.launch`, which runs one launch at a time per process.
 
     Raises:
         OSError: the server could not be started.
@@ -117,12 +119,9 @@ class fork_server:
             self.used = False
             return None
         with _lock:
-            env = _environment()
+            env = environment()
             pid = _running_pid()
-            if pid is not None and _server_env != env:
-                if _active:
-                    self.used = False
-                    return None
+            if pid is not None and _server_env != env:  # no launch uses it: launches are serialised
                 _stop_unlocked()
                 pid = None
             if pid is None:

@@ -35,8 +35,8 @@ __all__ = [
     "descendants",
     "end_processes",
     "free_port",
-    "leftover_children",
     "init_process_group_from_env",
+    "leftover_children",
     "main_from_env",
     "resolve_backend",
 ]

@@ -62,7 +62,7 @@ import ipyparallel as ipp
 import psutil
 
 from helpers import ranks_engine as eng
-from helpers.fork_server import VOLATILE_ENV
+from helpers.fork_server import environment
 from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend, threads_per_rank
 from helpers.procs import end_processes
 from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
@@ -137,8 +137,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     backend = resolve_backend(backend, world_size)
     timeout = _check_timeout(timeout)
     env = {str(k): str(v) for k, v in (env or {}).items()}
-    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV))
-    key = (world_size, backend, timeout, tuple(sorted(env.items())), environ)
+    key = (world_size, backend, timeout, tuple(sorted(env.items())), environment())
     if _CURRENT is not None and not _CURRENT.stopped:
         if _CURRENT._key == key and not _CURRENT.dead_ranks():
             if _CURRENT._restart_pending:
