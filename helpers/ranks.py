@@ -60,6 +60,7 @@ from typing import Any
 
 import ipyparallel as ipp
 import psutil
+from traitlets.config import Config
 
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
@@ -156,8 +157,13 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
 
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
-#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before.
-_CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120"]
+#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
+#: warnings and errors only in its log (traitlets spells the level WARN: WARNING is refused and it exits 1).
+_CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
+                    "--log-level=WARN"]
+#: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
+#: its log of every request.
+_ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN"]}})
 
 
 class WarmRanks:
@@ -191,6 +197,10 @@ class WarmRanks:
         self._ipp_px = None
         self._restart_pending = False
         self._started: list = []  # the process trees as they were once started
+        # ipyparallel's messages (a process that died, with its output) go to stderr through a
+        # logger of these ranks alone, so that ending them on purpose can silence it
+        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
+        self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
@@ -201,13 +211,14 @@ class WarmRanks:
 
     def _start(self) -> None:
         t0 = time.perf_counter()
+        self._ipp_log.disabled = False  # _shutdown silenced it
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         try:
             self.cluster = ipp.Cluster(
                 controller_args=_CONTROLLER_ARGS,
                 n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
                 controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-                log_level=logging.WARNING, shutdown_atexit=False, load_profile=False)
+                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=_ENGINE_CONFIG)
             self.cluster.start_cluster_sync(n=self.world_size)
             self.client = self.cluster.connect_client_sync()
             # interactive=False: no progress bar in the cell
@@ -242,22 +253,24 @@ class WarmRanks:
             self._activate()
 
     def _start_watchdog(self) -> None:
-        roots = [self.cluster.controller.process.pid, *self.pids]
-        for launcher in self.cluster.engines.values():
-            roots += [el.process.pid for el in launcher.launchers.values() if el.process is not None]
+        roots = [*self.pids, *(el.process.pid for el in self._launchers() if el.process is not None)]
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), *map(str, sorted(set(roots)))],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
+    def _launchers(self) -> list:
+        """ipyparallel's launchers of the controller and of every engine (none once stopped)."""
+        if self.cluster is None:
+            return []
+        launchers = [self.cluster.controller] if self.cluster.controller is not None else []
+        for es in self.cluster.engines.values():
+            launchers += list(es.launchers.values())
+        return launchers
+
     def _processes(self) -> list:
         """The controller and engine process trees (psutil.Process), found from the launchers."""
-        roots = []
-        if self.cluster is not None:
-            launchers = [self.cluster.controller] if self.cluster.controller is not None else []
-            for es in self.cluster.engines.values():
-                launchers += list(es.launchers.values())
-            roots = [el.process for el in launchers if getattr(el, "process", None) is not None]
+        roots = [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
         roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
         procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
 
@@ -270,6 +283,9 @@ class WarmRanks:
 
     def _shutdown(self) -> None:
         procs = self._processes()
+        # these processes are ended on purpose: ipyparallel would log each one's exit code, and the
+        # controller's whole log (about 100 lines), as warnings into the cell that stopped them
+        self._ipp_log.disabled = True
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
