@@ -371,6 +371,7 @@ def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
     assert os.environ["OMP_NUM_THREADS"] == "3"
 
 
+@pytest.mark.slow(30)
 @pytest.mark.timeout(600)
 def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     """`python -m helpers.bench launch` rows: warm-rank start-up and warm calls beside cold launches

@@ -447,6 +447,7 @@ def _wait_run_all_done(page, timeout_s: float, server: LabServer | None = None) 
     raise AssertionError(f"Run All Cells did not finish within {timeout_s:.0f} s; last state: {state}")
 
 
+@pytest.mark.slow(90)
 @pytest.mark.timeout(RUN_ALL_TIMEOUT_S + SERVER_START_TIMEOUT_S + PX_TIMEOUT_S + 240)
 def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     chromium = require_browser()

@@ -19,6 +19,9 @@ from ci.run_notebooks import run_notebooks
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+# rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
+# order of the tests is all they are used for)
+SMOKE_SECONDS = {"00": 45, "05": 85, "06": 70, "07": 110}
 
 
 def test_there_are_notebooks():
@@ -38,7 +41,8 @@ def test_effective_parameters_sees_profile_overrides():
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.stem, marks=pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))) for p in NOTEBOOKS])
 def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
     if request.config.getoption("full_profile_follows") and (
             effective_parameters(path, "smoke") == effective_parameters(path, "full")):
