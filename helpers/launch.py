@@ -63,7 +63,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
 from helpers import procs
-from helpers.fork_server import fork_server
+from helpers.fork_server import fork_server, fork_server_pid
 from helpers.launch_errors import LaunchError, LaunchTimeout, OversubscriptionWarning, WorkerError, worker_error
 from helpers.procs import main_from_env
 from helpers.rank_entry import worker_device, worker_entry
@@ -161,7 +161,14 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
         parent_pid = os.getpid() if server_pid is None else server_pid
         entry_args = (payload, run_dir, parent_pid, backend, timeout, threads, style)
         outcome, reason = _supervise(config, entry_args, run_dir, timeout, before)
-        _raise_failure(outcome, reason, run_dir, world_size, timeout)
+        try:
+            _raise_failure(outcome, reason, run_dir, world_size, timeout)
+        except WorkerError as e:
+            if server_pid is None or fork_server_pid() == server_pid:
+                raise
+            # its ranks die with it, with an exit code that says nothing about why
+            raise e.with_note(f"the fork server (pid {server_pid}) that forked the ranks died during the launch; "
+                              "the next launch starts a new one") from None
         results = outcome["results"]
         return [cloudpickle.loads(results[r]) for r in range(world_size)]
 

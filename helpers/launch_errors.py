@@ -51,6 +51,13 @@ class WorkerError(RuntimeError):
     def __reduce__(self):
         return (type(self), (self.rank, self.exc_type, self.message, self.traceback, self.other_ranks))
 
+    def with_note(self, note: str | None) -> "WorkerError":
+        """A fresh WorkerError with the same fields and ``note`` appended to its message."""
+        new = WorkerError(self.rank, self.exc_type, self.message, self.traceback, self.other_ranks)
+        if note:
+            new.args = (f"{new.args[0]}\n({note})",)
+        return new
+
 
 class LaunchTimeout(TimeoutError):
     """The launch ran past its ``timeout``; every worker was ended.

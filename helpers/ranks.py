@@ -60,7 +60,6 @@ from typing import Any
 
 import ipyparallel as ipp
 import psutil
-from traitlets.config import Config
 
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
@@ -156,14 +155,6 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-#: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
-#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
-#: warnings and errors only in its log (traitlets spells the level WARN: WARNING is refused and it exits 1).
-_CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
-                    "--log-level=WARN"]
-#: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
-#: its log of every request.
-_ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN"]}})
 
 
 class WarmRanks:
@@ -197,8 +188,7 @@ class WarmRanks:
         self._ipp_px = None
         self._restart_pending = False
         self._started: list = []  # the process trees as they were once started
-        # ipyparallel's messages (a process that died, with its output) go to stderr through a
-        # logger of these ranks alone, so that ending them on purpose can silence it
+        # ipyparallel's messages (a process died, its output) to stderr; _shutdown silences them
         self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
         self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
 
@@ -211,14 +201,14 @@ class WarmRanks:
 
     def _start(self) -> None:
         t0 = time.perf_counter()
-        self._ipp_log.disabled = False  # _shutdown silenced it
+        self._ipp_log.disabled = False
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         try:
             self.cluster = ipp.Cluster(
-                controller_args=_CONTROLLER_ARGS,
+                controller_args=eng.CONTROLLER_ARGS,
                 n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
                 controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=_ENGINE_CONFIG)
+                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.ENGINE_CONFIG)
             self.cluster.start_cluster_sync(n=self.world_size)
             self.client = self.cluster.connect_client_sync()
             # interactive=False: no progress bar in the cell
@@ -283,8 +273,7 @@ class WarmRanks:
 
     def _shutdown(self) -> None:
         procs = self._processes()
-        # these processes are ended on purpose: ipyparallel would log each one's exit code, and the
-        # controller's whole log (about 100 lines), as warnings into the cell that stopped them
+        # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
         self._ipp_log.disabled = True
         if self.client is not None:
             with contextlib.suppress(Exception):
@@ -404,7 +393,7 @@ class WarmRanks:
                         err = eng.worker_error(parts, errors[0])
                         err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
                                                 for r, d in enumerate(done) if not d})
-                        return errors, eng.rebuild(err, eng.RESTART_NOTE)
+                        return errors, err.with_note(eng.RESTART_NOTE)
                 if time.monotonic() - start > limit:
                     return errors, eng.RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
         except KeyboardInterrupt:
@@ -430,8 +419,8 @@ class WarmRanks:
             err.other_ranks.update({r: eng.worker_error(parts, r).message[:200] for r in errors[1:]})
             if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
-                raise self._restart_with(eng.rebuild(err, "a collective failed: " + eng.RESTART_NOTE))
-            raise eng.rebuild(err, None)
+                raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))
+            raise err.with_note(None)
 
     # -- public calls --------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The process side of warm ranks (:mod:`helpers.ranks`): what runs on each engine, how a
-rank's errors are read, and the watchdog that ends the engines if the kernel dies.
+"""The process side of warm ranks (:mod:`helpers.ranks`): the options the controller and engines
+start with, what runs on each engine, how a rank's errors are read, and the watchdog that ends
+the engines if the kernel dies.
 
 Functions here are sent to the engines by reference (every engine imports ``helpers``).
 """
@@ -14,8 +15,18 @@ import signal
 import time
 
 import ipyparallel as ipp
+from traitlets.config import Config
 
 from helpers.launch import LaunchTimeout, WorkerError, worker_device
+
+#: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
+#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
+#: warnings and errors only in its log (traitlets spells the level WARN: WARNING is refused and it exits 1).
+CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
+                    "--log-level=WARN"]
+#: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
+#: its log of every request.
+ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN"]}})
 
 RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
                  "(names defined on the ranks are gone: run your set-up cells again).")
@@ -134,14 +145,6 @@ while True:
         sys.exit(0)
     time.sleep(0.5)
 """
-
-
-def rebuild(err: WorkerError, note: str | None) -> WorkerError:
-    """A fresh WorkerError (its message lists ``other_ranks``) with an optional note appended."""
-    new = WorkerError(err.rank, err.exc_type, err.message, err.traceback, err.other_ranks)
-    if note:
-        new.args = (f"{new.args[0]}\n({note})",)
-    return new
 
 
 def worker_error(parts, rank: int) -> WorkerError:

@@ -10,6 +10,7 @@ and a test run never changes a file in git.
 """
 
 import _thread
+import contextlib
 import os
 import signal
 import socket
@@ -25,7 +26,7 @@ import torch
 
 from _support import RANKS_MARK, REPO_ROOT, Kernel, leftover_processes, wait_until_gone
 from ci import reliability
-from helpers import faults
+from helpers import faults, fork_server
 from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
 
 # one xdist worker runs the whole matrix, so the report written after the module is complete
@@ -124,6 +125,33 @@ def test_os_exit_0_without_result(row):
     assert err.rank == 1 and "without returning" in str(err), str(err)
     assert secs < 60
     row.update(error="`WorkerError`: rank 1 exited without returning a result", seconds=secs, passed=True)
+
+
+@pytest.mark.skipif(fork_server.start_method() != "forkserver", reason="no forkserver start method here")
+def test_fork_server_sigkilled_while_its_ranks_run(row):
+    row.update(fault="the fork server SIGKILLed while its ranks run (e.g. by a clean-up script)",
+               injection="SIGKILL to `fork_server_pid()` once it has forked 2 ranks; `faults.skip_collective`")
+    assert launch(faults.ok, 2) == [0, 1]  # the server runs
+    server = psutil.Process(fork_server.fork_server_pid())
+
+    def kill_once_forked():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            deadline = time.monotonic() + 60
+            while len(server.children()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.kill()
+
+    killer = threading.Thread(target=kill_once_forked)
+    killer.start()
+    try:
+        err, secs = timed_failure(WorkerError, faults.skip_collective, 2, timeout=60)
+    finally:
+        killer.join()
+    assert f"the fork server (pid {server.pid}) that forked the ranks died" in str(err), str(err)
+    assert secs < 30
+    assert launch(faults.ok, 2) == [0, 1] and fork_server.fork_server_pid() not in (None, server.pid)
+    row.update(error="`WorkerError` saying the fork server died; the next launch starts a new server",
+               seconds=secs, passed=True)
 
 
 # ---- hangs and interrupts ----------------------------------------------------------------------
