@@ -245,7 +245,7 @@ class WarmRanks:
     def _start_watchdog(self) -> None:
         roots = [*self.pids, *(el.process.pid for el in self._launchers() if el.process is not None)]
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), *map(str, sorted(set(roots)))],
+            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 

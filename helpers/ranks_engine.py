@@ -118,12 +118,12 @@ def call(fn, args, kwargs):
 
 
 # ----------------------------------------------------------------------------------------------
-# the watchdog: kills the engines and controller if the kernel dies without running atexit
+# the watchdog: kills the engines and controller, and removes their folder, if the kernel dies without atexit
 # ----------------------------------------------------------------------------------------------
 
 WATCHDOG = r"""
-import os, sys, time, psutil
-parent, roots = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+import os, shutil, sys, time, psutil
+parent, profile_dir, roots = int(sys.argv[1]), sys.argv[2], [int(a) for a in sys.argv[3:]]
 known = {}
 while True:
     for pid in roots:
@@ -140,6 +140,7 @@ while True:
                 p.kill()  # psutil refuses if the pid was reused by another process
             except psutil.Error:
                 pass
+        shutil.rmtree(profile_dir, ignore_errors=True)  # ipyparallel's files (connection info, logs)
         sys.exit(0)
     if not any(p.is_running() for p in known.values()):
         sys.exit(0)

@@ -767,6 +767,9 @@ def test_ranks_kernel_killed(row):
     mark = _mark()
     k, pids = _kernel_with_ranks(mark)
     try:
+        reply, text = k.cell("print('DIR', ranks._profile_dir)")
+        profile_dir = text.split("DIR", 1)[1].strip()
+        assert os.path.isdir(profile_dir), text
         start = time.monotonic()
         os.kill(k.pid, signal.SIGKILL)
         left = wait_until_gone(mark)
@@ -780,4 +783,6 @@ def test_ranks_kernel_killed(row):
     finally:
         k.close()
     assert not wait_until_gone(mark, cmd_contains="")  # the watchdog too
-    row.update(error="none: the watchdog kills engines and controller", seconds=secs, passed=True)
+    assert not os.path.exists(profile_dir), f"ipyparallel's folder {profile_dir} left behind"
+    row.update(error="none: the watchdog kills engines and controller and removes their folder", seconds=secs,
+               passed=True)
