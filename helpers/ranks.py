@@ -188,9 +188,7 @@ class WarmRanks:
         self._ipp_px = None
         self._restart_pending = False
         self._started: list = []  # the process trees as they were once started
-        # ipyparallel's messages (a process died, its output) to stderr; _shutdown silences them
-        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
-        self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
+        self._ipp_log: logging.Logger | None = None
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
@@ -201,7 +199,9 @@ class WarmRanks:
 
     def _start(self) -> None:
         t0 = time.perf_counter()
-        self._ipp_log.disabled = False
+        # ipyparallel's reports to stderr, by a logger of this start alone that _shutdown silences
+        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
+        self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         try:
             self.cluster = ipp.Cluster(
@@ -274,7 +274,8 @@ class WarmRanks:
     def _shutdown(self) -> None:
         procs = self._processes()
         # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
-        self._ipp_log.disabled = True
+        if self._ipp_log is not None:
+            self._ipp_log.disabled = True
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)

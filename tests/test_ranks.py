@@ -65,8 +65,8 @@ def test_bad_timeout(no_leftover_processes):
 
 def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes):
     """A notebook run by papermill: two %%px cells where a name persists, a cell-defined function
-    through ranks.run; every rank's output labelled; stopping the ranks prints nothing into the
-    cell; nothing left after the kernel ends."""
+    through ranks.run; every rank's output labelled; restarting and stopping the ranks print
+    nothing into the cell; nothing left after the kernel ends."""
     import nbformat
     import papermill
 
@@ -80,7 +80,8 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
         "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
         "%%px\ndist.all_reduce(x)\nprint('after', rank, x.item(), device)",
         "def times(rank, world_size, k):\n    return rank * k\nprint('run', ranks.run(times, k=10))",
-        "import time\nranks.stop()\ntime.sleep(1.5)",  # ipyparallel notices a process exit within 1 s
+        "import time\nranks.restart()\ntime.sleep(1.5)",  # ipyparallel notices a process exit within 1 s
+        "ranks.stop()\ntime.sleep(1.5)",
     ]
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
     nbformat.write(nb, tmp_path / "in.ipynb")
@@ -98,7 +99,7 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
     assert "run [0, 10]" in text(3), text(3)
     # ipyparallel logs the exit of a killed process, with its whole output file, as a warning: about
     # 100 lines of the controller's log arrived in this cell until the ranks silenced it
-    assert out.cells[4].outputs == [], text(4)
+    assert out.cells[4].outputs == [] and out.cells[5].outputs == [], (text(4), text(5))
     assert not wait_until_gone(mark), "engines/controller left after papermill"
     assert not wait_until_gone(mark, cmd_contains=""), "the kernel, the watchdog: nothing may be left"
 
