@@ -155,8 +155,6 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-
-
 class WarmRanks:
     """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
 
@@ -243,24 +241,25 @@ class WarmRanks:
             self._activate()
 
     def _start_watchdog(self) -> None:
-        roots = [*self.pids, *(el.process.pid for el in self._launchers() if el.process is not None)]
+        roots = [*self.pids, *(p.pid for p in self._launched())]
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
-    def _launchers(self) -> list:
-        """ipyparallel's launchers of the controller and of every engine (none once stopped)."""
+    def _launched(self) -> list:
+        """The controller's and every engine's process as ipyparallel's launchers started them
+        (psutil.Process; none once stopped)."""
         if self.cluster is None:
             return []
         launchers = [self.cluster.controller] if self.cluster.controller is not None else []
         for es in self.cluster.engines.values():
             launchers += list(es.launchers.values())
-        return launchers
+        return [el.process for el in launchers if getattr(el, "process", None) is not None]
 
     def _processes(self) -> list:
         """The controller and engine process trees (psutil.Process), found from the launchers."""
-        roots = [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
+        roots = self._launched()
         roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
         procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
 
