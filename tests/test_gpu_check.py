@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from _support import REPO_ROOT
+from ci import gpu_check
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -22,7 +23,9 @@ def test_refuses_without_cuda(tmp_path):
     assert not out.exists(), "nothing may be written when the check is refused"
 
 
-def test_usage_needs_an_output_folder():
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "gpu_check.py")],
-                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-    assert proc.returncode == 2 and "out_dir" in proc.stderr, proc.stderr
+def test_usage_needs_an_output_folder(capsys):
+    # in this process: the script itself starts in the test above (a new process imports torch
+    # again, about 4 CPU-seconds)
+    with pytest.raises(SystemExit) as exited:
+        gpu_check.main([])
+    assert exited.value.code == 2 and "out_dir" in capsys.readouterr().err
