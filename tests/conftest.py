@@ -9,16 +9,6 @@ import pytest
 
 from _support import leftover_processes
 
-# OpenMP threads that finish a parallel region spin-wait before they sleep (libgomp: 300,000
-# spins when OMP_WAIT_POLICY is unset), and torch runs every operator of a notebook kernel or a
-# test on 2 threads here. The suite keeps more processes busy than there are cores (one xdist
-# worker per core plus one, each with its kernels and ranks), so that spinning takes CPU time
-# from the others. PASSIVE makes a waiting thread sleep at once. Set here, before any test
-# module imports torch, so every worker, kernel, fork server and rank inherits it; a value the
-# caller set is kept. It changes only how idle threads wait, not how many there are, so no
-# notebook's thread counts (notebook 05) change. Measured in README.md ("Tests").
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -41,8 +31,9 @@ def pytest_collection_modifyitems(items):
 
     ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a
     notebook's smoke run, the browser test); unmarked tests keep their collection order after
-    them. pytest-xdist hands work out in this order (``--dist loadgroup``; a group, such as the
-    fault matrix, goes first as it holds the most tests)."""
+    them. pytest-xdist hands work out in this order (``--dist loadgroup``; the groups, such as the
+    fault matrix or the tests on ``tests/test_ranks.py``'s warm ranks, go first, the largest
+    first, as xdist orders work units by their number of tests)."""
     def seconds(item):
         mark = item.get_closest_marker("slow")
         return mark.args[0] if mark and mark.args else 0
