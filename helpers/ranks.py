@@ -463,6 +463,7 @@ class WarmRanks:
             stream = not ipp._NONINTERACTIVE
         ar = self.view.execute(code, silent=False, block=False)
         ar._fname = "%px"
+        eng.stream_per_rank(ar)
         with ar.stream_output() if stream else contextlib.nullcontext():
             finished = False
             try:

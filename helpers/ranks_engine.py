@@ -182,3 +182,24 @@ def exit_description(cluster, pid: int) -> str:
     if code is not None:
         return f"exited with code {code}"
     return "exited"
+
+
+def stream_per_rank(ar) -> None:
+    """Make ``ar.stream_output()`` (``ar``: the ipyparallel AsyncResult of a ``%%px`` cell) keep
+    one display per rank when the ranks' output arrived before streaming began.
+
+    In a kernel, ipyparallel 9 shows each rank's stream as a display whose id is made of the
+    request's ``msg_id``, read from the iopub message's ``parent_header``. The output it had
+    already received when ``stream_output()`` starts, it replays as messages without a
+    ``parent_header``, so every rank's replay gets the same id and the last rank's display
+    *replaces* the others: on a loaded machine a ``%%px`` cell showed ``[stdout:1]`` and lost
+    ``[stdout:0]``. Here each replay gets its own rank's ``msg_id``, the id its later messages carry.
+    """
+    callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
+
+    def with_parent(eid, msg_future, msg):
+        if not msg.get("parent_header"):
+            msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
+        return callback(eid, msg_future, msg)
+
+    ar._iopub_streaming_output_callback = with_parent

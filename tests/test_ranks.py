@@ -69,8 +69,9 @@ def test_bad_timeout(no_leftover_processes):
 
 def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes):
     """A notebook run by papermill: two %%px cells where a name persists, a cell-defined function
-    through ranks.run; every rank's output labelled; restarting and stopping the ranks print
-    nothing into the cell; nothing left after the kernel ends."""
+    through ranks.run; every rank's output labelled, also when it all arrived before streaming
+    began; restarting and stopping the ranks print nothing into the cell; nothing left after the
+    kernel ends."""
     import nbformat
     import papermill
 
@@ -84,6 +85,12 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
         "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
         "%%px\ndist.all_reduce(x)\nprint('after', rank, x.item(), device)",
         "def times(rank, world_size, k):\n    return rank * k\nprint('run', ranks.run(times, k=10))",
+        # what a loaded machine does: every rank's output is in before streaming starts (the
+        # rank 0 line was lost then, replaced by rank 1's: ranks_engine.stream_per_rank)
+        "from ipyparallel.client.asyncresult import AsyncResult\n"
+        "stream = AsyncResult.stream_output\n"
+        "AsyncResult.stream_output = lambda ar: (ar.wait_for_output(30), stream(ar))[1]",
+        "%%px\nprint('late', rank)",
         "import time\nranks.restart()\ntime.sleep(1.5)",  # ipyparallel notices a process exit within 1 s
         "ranks.stop()\ntime.sleep(1.5)",
     ]
@@ -101,9 +108,10 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
         # x from the cell before is still there; 1 + 2 = 3 on both ranks
         assert f"[stdout:{r}]" in text(2) and f"after {r} 3.0 cpu" in text(2), text(2)
     assert "run [0, 10]" in text(3), text(3)
+    assert all(f"[stdout:{r}] late {r}" in text(5) for r in range(2)), text(5)
     # ipyparallel logs the exit of a killed process, with its whole output file, as a warning: about
     # 100 lines of the controller's log arrived in this cell until the ranks silenced it
-    assert out.cells[4].outputs == [] and out.cells[5].outputs == [], (text(4), text(5))
+    assert out.cells[6].outputs == [] and out.cells[7].outputs == [], (text(6), text(7))
     assert not wait_until_gone(mark), "engines/controller left after papermill"
     assert not wait_until_gone(mark, cmd_contains=""), "the kernel, the watchdog: nothing may be left"
 
