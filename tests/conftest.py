@@ -26,18 +26,30 @@ def pytest_xdist_auto_num_workers(config):
     return (os.cpu_count() or 1) + 1
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items):
-    """Longest tests first, so that no worker is left running a long one alone at the end.
+    """Longest tests first, so that no worker is left running a long one alone at the end, and
+    the tests that share a module-scoped fixture in one worker, so that it is built once.
 
     ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a
     notebook's smoke run, the browser test); unmarked tests keep their collection order after
-    them. pytest-xdist hands work out in this order (``--dist loadgroup``; the groups, such as the
-    fault matrix or the tests on ``tests/test_ranks.py``'s warm ranks, go first, the largest
-    first, as xdist orders work units by their number of tests)."""
+    them. A test using a module-scoped fixture (``tests/test_ranks.py``'s warm ranks, about 11
+    CPU-seconds to start; ``tests/test_mnist_train.py``'s 40-step run) joins the ``xdist_group``
+    of its module and those fixtures, unless it names a group itself (the fault matrix); xdist
+    spread such tests over every worker, which then each built the fixture. pytest-xdist hands
+    work out in this order (``--dist loadgroup``; the groups go first, the largest first, as
+    xdist orders work units by their number of tests)."""
     def seconds(item):
         mark = item.get_closest_marker("slow")
         return mark.args[0] if mark and mark.args else 0
     items.sort(key=lambda item: -seconds(item))  # stable: equal ones keep their order
+    for item in items:
+        if item.get_closest_marker("xdist_group") or not hasattr(item, "_fixtureinfo"):
+            continue
+        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                        if defs and defs[-1].scope == "module")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{'+'.join(shared)}"))
 
 
 @pytest.fixture

@@ -120,16 +120,11 @@ def test_peak_rss_is_positive_mib():
 # ------------------------------------------------------------------------------ real runs
 
 
-#: The tests that share the module's 40-step run go to one xdist worker, so it trains once per run.
-ON_SINGLE_SHORT = pytest.mark.xdist_group("test_mnist_train-single_short")
-
-
 @pytest.fixture(scope="module")
 def single_short():
     return train_single(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
 
 
-@ON_SINGLE_SHORT
 def test_single_process_short_run_learns(single_short):
     h = single_short
     assert h["mode"] == "single" and h["steps"] == 40 and len(h["losses"]) == 40
@@ -146,7 +141,6 @@ def test_snapshot_beyond_the_run_is_an_error():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU pass-through is what is checked here")
-@ON_SINGLE_SHORT
 def test_dp_on_cpu_is_the_single_process_run(single_short):
     dp = train_dp(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
     assert dp["dp_device_ids"] == []
@@ -155,7 +149,6 @@ def test_dp_on_cpu_is_the_single_process_run(single_short):
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
-@ON_SINGLE_SHORT
 def test_ddp_two_ranks_follows_single_process(single_short):
     histories = launch(ddp_train_worker, 2, TrainConfig(max_steps=40, progress=False, snapshot_step=8), timeout=240)
     assert [h["rank"] for h in histories] == [0, 1]

@@ -25,10 +25,6 @@ from helpers.ranks import current_ranks, start_ranks
 pytestmark = pytest.mark.timeout(600)
 
 MARK = uuid.uuid4().hex  # every engine and controller this module starts carries it
-#: The tests on the module's warm ranks run in one xdist worker, so the ranks start once per run
-#: (a start is about 11 CPU-seconds on 2 cores: two engines that import torch, their nannies, the
-#: controller), not once in every worker that happens to get one of them.
-ON_MODULE_RANKS = pytest.mark.xdist_group("test_ranks-module-ranks")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +114,6 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
 
 # ---- on the module's warm ranks --------------------------------------------------------------------
 
-@ON_MODULE_RANKS
 def test_run_on_every_rank_with_its_group(ranks):
     def where(rank, world_size, scale=1):  # defined here: sent to the ranks by value
         import torch.distributed as dist
@@ -137,7 +132,6 @@ def test_run_on_every_rank_with_its_group(ranks):
         assert {g["threads"] for g in got} == {threads_per_rank(2)}
 
 
-@ON_MODULE_RANKS
 def test_cell_defined_module_and_collective(ranks):
     class Scale(torch.nn.Module):  # a class defined in the caller, as in a notebook cell
         def __init__(self, k):
@@ -158,7 +152,6 @@ def test_cell_defined_module_and_collective(ranks):
     assert ranks.run(reduce_scaled, Scale(3)) == [float(sum(3 * (r + 1) for r in range(2)))] * 2
 
 
-@ON_MODULE_RANKS
 def test_names_persist_and_predefined(ranks):
     ranks.execute("x = rank + 41\nsame_device = str(device)", stream=False)
     ranks.execute("x += world_size", stream=False)
@@ -167,7 +160,6 @@ def test_names_persist_and_predefined(ranks):
     assert ranks.view.apply_sync(lambda: __import__("os").environ["RANK"]) == ["0", "1"]
 
 
-@ON_MODULE_RANKS
 def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
     pids, restarts = list(ranks.pids), ranks.restarts
     with pytest.raises(WorkerError) as info:
@@ -181,7 +173,6 @@ def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
     assert ranks.run(faults.ok) == [0, 1]
 
 
-@ON_MODULE_RANKS
 def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
     """The same refusal as launch, naming the variable, and the ranks are not touched."""
     import threading
@@ -198,12 +189,10 @@ def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
     assert ranks.run(faults.ok) == [0, 1]
 
 
-@ON_MODULE_RANKS
 def test_same_arguments_return_the_running_ranks(ranks):
     assert start_ranks(2, timeout=60, activate=False) is ranks and current_ranks() is ranks
 
 
-@ON_MODULE_RANKS
 def test_other_world_size_or_env_replaces_and_stop_is_idempotent(ranks, no_leftover_processes):
     """Runs last in this module (it replaces the module's ranks)."""
     old = list(ranks.pids)

@@ -16,10 +16,6 @@ def tagged(nb, tag: str) -> list[str]:
     return [c.source for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]
 
 
-#: The tests that read the module's copies go to one xdist worker, so the copies are made once per run.
-ON_COPIES = pytest.mark.xdist_group("test_student_copies-copies")
-
-
 @pytest.fixture(scope="module")
 def copies(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("student")
@@ -27,7 +23,6 @@ def copies(tmp_path_factory) -> dict[str, Path]:
     return {p.stem: p for p in out.glob("*.ipynb")}
 
 
-@ON_COPIES
 def test_one_copy_per_notebook(copies):
     assert sorted(copies) == [p.stem for p in NOTEBOOKS]
 
@@ -38,7 +33,6 @@ def test_there_are_solutions_to_remove():
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-@ON_COPIES
 def test_copy_without_solutions_keeps_exercises_and_checks(copies, source):
     original = nbformat.read(str(source), as_version=4)
     copy = nbformat.read(str(copies[source.stem]), as_version=4)
