@@ -50,7 +50,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -398,8 +397,7 @@ class WarmRanks:
                     return errors, eng.RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
         except KeyboardInterrupt:
             running = [r for r, p in enumerate(parts) if not p.ready()]
-            with contextlib.suppress(Exception):
-                self.client.send_signal(signal.SIGINT, targets=running, block=True)
+            eng.interrupt([self.pids[r] for r in running])
             stopped = ar.wait(_INTERRUPT_GRACE_S)
             if stopped:
                 return [], KeyboardInterrupt(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")

@@ -25,8 +25,12 @@ from helpers.launch import LaunchTimeout, WorkerError, worker_device
 CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
                     "--log-level=WARN"]
 #: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
-#: its log of every request.
-ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN"]}})
+#: its log of every request. No KernelNanny (``IPEngine.enable_nanny``, ipyparallel/engine/app.py): it is one more
+#: process per rank (about 1 CPU-s to start, measured) that relays signals and reports an engine's exit to the hub;
+#: the engines are children of this kernel, so :meth:`WarmRanks._supervise` signals their pids itself and finds a
+#: dead rank by its pid.
+ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN",
+                                                                   "--IPEngine.enable_nanny=False"]}})
 
 RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
                  "(names defined on the ranks are gone: run your set-up cells again).")
@@ -159,6 +163,14 @@ def worker_error(parts, rank: int) -> WorkerError:
     except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
         return WorkerError(rank, type(e).__name__, ANSI.sub("", str(e)), "")
     return WorkerError(rank, "unknown", "no error recorded", "")
+
+
+def interrupt(pids: list[int]) -> None:
+    """Send SIGINT to each engine in ``pids``, what "interrupt kernel" does to a kernel (an engine without a
+    KernelNanny, see :data:`ENGINE_CONFIG`, is signalled directly); a pid already gone is skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
 
 
 def exit_description(cluster, pid: int) -> str:
