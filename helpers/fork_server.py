@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sys
 import threading
 from multiprocessing import forkserver
 
@@ -74,8 +75,19 @@ def start_method() -> str:
 
 def environment() -> tuple:
     """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV`: what
-    "the same environment" means here and for :func:`helpers.ranks.start_ranks`."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV))
+    "the same environment" means here and for :func:`helpers.ranks.start_ranks`.
+
+    Also without ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's own default: ``import
+    torch._dynamo`` (which ``DistributedDataParallel(...)`` triggers) writes that into
+    ``os.environ`` (``torch/_inductor/runtime/cache_dir_utils.py``, ``cache_dir()``), and a fresh
+    process computes the same value itself, so it is no change (seen in notebooks 01, 02, 05 and
+    06: one more server, a fresh ``import torch``, per kernel).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV}
+    cache = sys.modules.get("torch._inductor.runtime.cache_dir_utils")  # loaded by whoever set the variable
+    if cache is not None and env.get("TORCHINDUCTOR_CACHE_DIR") == os.path.abspath(cache.default_cache_dir()):
+        del env["TORCHINDUCTOR_CACHE_DIR"]
+    return tuple(sorted(env.items()))
 
 
 def _running_pid() -> int | None:

@@ -153,7 +153,7 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``)."""
     threads = threads_per_rank(world_size)
-    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, _QuietElastic():
+    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic():
         # what runs below this process already (the fork server, the resource tracker) stays
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")
@@ -258,9 +258,11 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
     )
 
 
-class _QuietElastic:
+class QuietElastic:
     """Silence torchelastic's and torch.multiprocessing's own logging during a launch (we raise
-    our own, clearer errors)."""
+    our own, clearer errors), and put back the ``TORCHELASTIC_SIGNALS_TO_HANDLE`` that
+    ``elastic_launch`` writes into the caller's ``os.environ`` (a changed environment would make the
+    next launch start a fresh fork server, see :func:`helpers.fork_server.environment`)."""
 
     def __enter__(self):
         self.loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]

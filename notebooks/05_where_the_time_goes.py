@@ -85,6 +85,7 @@ import torch
 from IPython.display import Code, Markdown, display
 
 from helpers import bench, costmodel
+from helpers.fork_server import environment  # os.environ as the next launch compares it
 
 T_START = time.perf_counter()
 cfg = bench.profile_config(profile)  # a copy: edit cfg["scaling"]["configs"] etc. to explore
@@ -227,7 +228,10 @@ plt.show()
 
 # %%
 display(Code(inspect.getsource(bench.bench_threads_by_launcher), language="python"))
+env_before = environment()
 th = bench.bench_threads_by_launcher(2)
+# elastic_launch writes TORCHELASTIC_SIGNALS_TO_HANDLE into the caller's os.environ; the benchmark puts it back
+assert environment() == env_before, "bench_threads_by_launcher changed this kernel's environment"
 threads_df = pd.DataFrame(th["rows"])
 default_threads = threads_df.loc[threads_df["launcher"] == "plain python", "torch_threads"].iloc[0]
 by = {name: g for name, g in threads_df.groupby("launcher")}

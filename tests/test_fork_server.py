@@ -76,17 +76,30 @@ def test_a_server_killed_by_someone_else_is_replaced_and_stop_ends_it():
 
 @pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
 def test_server_ends_when_its_process_exits():
+    """... and, in the same fresh process, the variable torch writes into os.environ by itself
+    (``import torch._dynamo``, which DDP's constructor does, sets TORCHINDUCTOR_CACHE_DIR to its
+    default) does not count as a changed environment: the next launch reuses the server."""
     code = textwrap.dedent("""
+        import os
         from helpers.fork_server import fork_server_pid
         from helpers.launch import launch
         if __name__ == "__main__":
             launch(lambda rank, world_size: rank, 2)
-            print("SERVER", fork_server_pid(), flush=True)
+            first = fork_server_pid()
+            before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            import torch._dynamo
+            after = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            launch(lambda rank, world_size: rank, 2)
+            print("SERVER", fork_server_pid(), first, before, after, flush=True)
     """)
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                         timeout=120, env={**env, "PYTHONPATH": str(REPO_ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
-    pid = int(out.stdout.split("SERVER")[1].split()[0])
+    pid, first, before, after = out.stdout.split("SERVER")[1].split()
+    assert before == "None" and after != "None", "import torch._dynamo should have set TORCHINDUCTOR_CACHE_DIR"
+    assert pid == first, "torch's own TORCHINDUCTOR_CACHE_DIR default must not restart the server"
+    pid = int(pid)
     try:
         psutil.Process(pid).wait(15)
     except psutil.NoSuchProcess:

@@ -18,7 +18,7 @@ import torch
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from helpers.bench.launch_overhead import spawn_launch
-from helpers.launch import launch
+from helpers.launch import QuietElastic, launch
 
 #: What :func:`bench_threads_by_launcher` runs in each rank (and in the plain process): prints
 #: one JSON line with the rank, ``torch.get_num_threads()`` and ``OMP_NUM_THREADS`` as it found it.
@@ -97,7 +97,8 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
         in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
         handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
         try:
-            got = elastic_launch(config, threads_worker)()
+            with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
+                got = elastic_launch(config, threads_worker)()
         finally:
             for sig, h in handlers.items():
                 signal.signal(sig, h)
