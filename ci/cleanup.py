@@ -20,8 +20,26 @@ from typing import Any, Iterator
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
+from traitlets import CaselessStrEnum
 
 from helpers.procs import end_processes
+
+#: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
+#: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
+#: close), writes them into the connection file and starts the kernel, which binds them seconds
+#: later; a port taken meanwhile by another process kills the kernel at start ("Kernel died before
+#: replying to kernel_info", ``ZMQError: Address already in use``). That is "the classic timing
+#: issue inherent in Jupyter kernel startup" (https://github.com/jupyter/jupyter_client/issues/154),
+#: and the test suite hit it once (2026-12-01), with dozens of processes opening connections at
+#: once. An ``ipc`` kernel's sockets are files next to its connection file: nothing to race for.
+KERNEL_TRANSPORT = "tcp" if sys.platform == "win32" else "ipc"
+
+
+class IPCKernelManager(AsyncKernelManager):
+    """jupyter_client's ``AsyncKernelManager`` with ``transport`` :data:`KERNEL_TRANSPORT`; pass it
+    to ``papermill.execute_notebook(..., kernel_manager_class=IPCKernelManager)``."""
+
+    transport = CaselessStrEnum(["tcp", "ipc"], default_value=KERNEL_TRANSPORT, config=True)
 
 
 def _proc_key(p) -> tuple[int, float]:
@@ -179,10 +197,10 @@ class Watch:
 
 
 def kernel_manager_class(watch: Watch):
-    """An AsyncKernelManager that records the kernel pid and, when a cell was cut short, kills
+    """An :class:`IPCKernelManager` that records the kernel pid and, when a cell was cut short, kills
     the kernel's process tree (DDP workers included) before shutting the kernel down."""
 
-    class TreeKillingKernelManager(AsyncKernelManager):
+    class TreeKillingKernelManager(IPCKernelManager):
         async def start_kernel(self, **kw: Any) -> None:
             await super().start_kernel(**kw)
             prov = self.provisioner

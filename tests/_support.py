@@ -58,7 +58,9 @@ class Kernel:
 
         from jupyter_client.manager import KernelManager
 
-        self.km = KernelManager(kernel_name="python3")
+        from ci.cleanup import KERNEL_TRANSPORT
+
+        self.km = KernelManager(kernel_name="python3", transport=KERNEL_TRANSPORT)  # no TCP port race
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(REPO_ROOT))
         self.kc = self.km.client()

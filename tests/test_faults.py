@@ -26,6 +26,7 @@ import torch
 
 from _support import RANKS_MARK, REPO_ROOT, Kernel, leftover_processes, wait_until_gone
 from ci import reliability
+from ci.cleanup import IPCKernelManager
 from helpers import faults, fork_server
 from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
 
@@ -369,7 +370,8 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     killer.start()
     with pytest.raises(DeadKernelError) as info:
         papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300,
+                                   kernel_manager_class=IPCKernelManager)
     killer.join(5)
     assert "error" not in killed, killed.get("error")
     secs = time.monotonic() - killed["at"]
@@ -678,7 +680,8 @@ def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     # nbclient runs on past a cell tagged raises-exception; papermill still reports it at the end
     with pytest.raises(papermill.PapermillExecutionError) as info:
         papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+                                   cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300,
+                                   kernel_manager_class=IPCKernelManager)
     secs = time.monotonic() - start
     assert info.value.ename == "RanksTimeout" and "ranks not finished: [1]" in info.value.evalue, info.value
     out = {c.source: c for c in nbformat.read(tmp_path / "out.ipynb", as_version=4).cells}

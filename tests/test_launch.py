@@ -13,6 +13,7 @@ import torch
 
 import launch_workers as w
 from _support import REPO_ROOT, TESTS_DIR
+from ci.cleanup import IPCKernelManager
 from helpers.launch import LaunchError, OversubscriptionWarning, launch, resolve_backend
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
@@ -152,7 +153,8 @@ def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypa
     nb.cells = [params, *(nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS)]
     nbformat.write(nb, tmp_path / "cell_defined.ipynb")
     pm.execute_notebook(str(tmp_path / "cell_defined.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                        cwd=str(tmp_path), progress_bar=False, execution_timeout=150)
+                        cwd=str(tmp_path), progress_bar=False, execution_timeout=150,
+                        kernel_manager_class=IPCKernelManager)
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in out.cells if c.cell_type == "code" for o in c.outputs)
     assert "[rank 1] rank 1 of 2: TinyNet backward done" in text, text

@@ -18,6 +18,7 @@ import pytest
 
 from ci import params_table
 from ci import run_notebooks as rn
+from ci.cleanup import IPCKernelManager
 from helpers import notebook as hn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +195,8 @@ def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
     out = tmp_path / f"{stem}.ipynb"
     with pytest.raises(PapermillExecutionError) as info:
         papermill.execute_notebook(str(path_of(stem)), str(out), parameters={name: bad}, kernel_name="python3",
-                                   cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=120)
+                                   cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=120,
+                                   kernel_manager_class=IPCKernelManager)
     err = info.value
     assert err.ename == "TypeError", f"{stem}: {err.ename}: {err.evalue}"
     assert repr(name) in err.evalue and repr(bad) in err.evalue, err.evalue
@@ -235,7 +237,8 @@ def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
     src, out = tmp_path / "tiny.ipynb", tmp_path / "out.ipynb"
     nbformat.write(nb, str(src))
     with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False, cwd=str(tmp_path))
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False, cwd=str(tmp_path),
+                                   kernel_manager_class=IPCKernelManager)
     assert info.value.ename == "AssertionError" and "ex2" in info.value.evalue, info.value.evalue
     executed = nbformat.read(str(out), as_version=4)
     text = {i: "".join(o.get("text", "") for o in c.get("outputs", [])) for i, c in enumerate(executed.cells)

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from _support import REPO_ROOT
+from ci.cleanup import IPCKernelManager
 from helpers import mp
 from helpers.launch import LaunchError, WorkerError
 
@@ -93,7 +94,8 @@ def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, mon
                 nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)  # again: MASTER_PORT 12355 is free again")]
     nbformat.write(nb, tmp_path / "tutorial.ipynb")
     pm.execute_notebook(str(tmp_path / "tutorial.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                        cwd=str(tmp_path), progress_bar=False, execution_timeout=300)
+                        cwd=str(tmp_path), progress_bar=False, execution_timeout=300,
+                        kernel_manager_class=IPCKernelManager)
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     for cell in out.cells[2:4]:
         text = "".join(o.get("text", "") for o in cell.outputs)

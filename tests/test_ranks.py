@@ -18,6 +18,7 @@ from _support import (
     marked_processes,
     wait_until_gone,
 )
+from ci.cleanup import IPCKernelManager
 from helpers import faults
 from helpers.launch import LaunchError, WorkerError, launch, threads_per_rank
 from helpers.ranks import current_ranks, start_ranks
@@ -93,7 +94,8 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
     nbformat.write(nb, tmp_path / "in.ipynb")
     papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300)
+                               cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300,
+                               kernel_manager_class=IPCKernelManager)
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
 
     def text(i):

@@ -27,8 +27,9 @@ maybe = None
 """
 
 OK_CELLS = [
-    "import json",
-    'json.dump({"n": n, "x": x, "name": name, "flag": flag}, open("ok_result.json", "w"))',
+    "import json\nfrom ipykernel.connect import get_connection_info",
+    'json.dump({"n": n, "x": x, "name": name, "flag": flag,\n'
+    '           "transport": get_connection_info(unpack=True)["transport"]}, open("ok_result.json", "w"))',
 ]
 FAIL_CELLS = [
     "y = 1",
@@ -152,8 +153,9 @@ def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path)
     assert (tmp_path / "build" / "smoke" / "02_fail.ipynb").is_file()
     assert (tmp_path / "build" / "smoke" / "01_ok.ipynb").is_file()
     # profile value (n) and -p value (name) reached the notebook; x kept its default
+    # and the kernel talked to the runner over Unix sockets: no TCP ports to race for (ci/cleanup.py)
     assert json.loads((nbdir / "ok_result.json").read_text()) == {
-        "n": 5, "x": 0.5, "name": "hello", "flag": False}
+        "n": 5, "x": 0.5, "name": "hello", "flag": False, "transport": "tcp" if sys.platform == "win32" else "ipc"}
 
 
 @pytest.mark.timeout(120)
