@@ -13,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import CaselessStrEnum
+from traitlets import CaselessStrEnum, default
 
 from helpers.procs import end_processes
 
@@ -31,15 +33,39 @@ from helpers.procs import end_processes
 #: replying to kernel_info", ``ZMQError: Address already in use``). That is "the classic timing
 #: issue inherent in Jupyter kernel startup" (https://github.com/jupyter/jupyter_client/issues/154),
 #: and the test suite hit it once (2026-12-01), with dozens of processes opening connections at
-#: once. An ``ipc`` kernel's sockets are files next to its connection file: nothing to race for.
+#: once. An ``ipc`` kernel's sockets are files named after its own connection file: nothing to
+#: race for.
 KERNEL_TRANSPORT = "tcp" if sys.platform == "win32" else "ipc"
 
 
-class IPCKernelManager(AsyncKernelManager):
-    """jupyter_client's ``AsyncKernelManager`` with ``transport`` :data:`KERNEL_TRANSPORT`; pass it
-    to ``papermill.execute_notebook(..., kernel_manager_class=IPCKernelManager)``."""
+def ipc_kernel_manager(base: type) -> type:
+    """``base`` (jupyter_client's ``KernelManager`` or ``AsyncKernelManager``) with ``transport``
+    :data:`KERNEL_TRANSPORT` and, for ``ipc``, socket files of its own.
 
-    transport = CaselessStrEnum(["tcp", "ipc"], default_value=KERNEL_TRANSPORT, config=True)
+    jupyter_client names ``ipc`` sockets after the connection file, but it reads ``ip`` before it
+    creates that file (``ConnectionFileMixin.write_connection_file``), so without one given the
+    sockets are ``kernel-ipc-1`` ... ``-5`` in the kernel's working directory: shared by every
+    kernel started there (seen: two papermill kernels in ``notebooks/`` read each other's
+    messages, "Invalid Signature"), and left in the folder. Here they are
+    ``<tempdir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel; jupyter_client
+    removes them when the kernel is cleaned up (``cleanup_ipc_files``).
+    """
+
+    class Manager(base):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value=KERNEL_TRANSPORT, config=True)
+
+        @default("ip")
+        def _ip_of_this_kernel(self) -> str:
+            if self.transport != "ipc":
+                return super()._ip_default()
+            return os.path.join(tempfile.gettempdir(), f"kernel-{secrets.token_hex(6)}-ipc")
+
+    Manager.__name__ = Manager.__qualname__ = f"IPC{base.__name__}"
+    return Manager
+
+
+#: Pass to ``papermill.execute_notebook(..., kernel_manager_class=IPCKernelManager)``.
+IPCKernelManager = ipc_kernel_manager(AsyncKernelManager)
 
 
 def _proc_key(p) -> tuple[int, float]:

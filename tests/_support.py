@@ -58,9 +58,9 @@ class Kernel:
 
         from jupyter_client.manager import KernelManager
 
-        from ci.cleanup import KERNEL_TRANSPORT
+        from ci.cleanup import ipc_kernel_manager
 
-        self.km = KernelManager(kernel_name="python3", transport=KERNEL_TRANSPORT)  # no TCP port race
+        self.km = ipc_kernel_manager(KernelManager)(kernel_name="python3")  # no TCP port race
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(REPO_ROOT))
         self.kc = self.km.client()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +29,9 @@ maybe = None
 
 OK_CELLS = [
     "import json\nfrom ipykernel.connect import get_connection_info",
-    'json.dump({"n": n, "x": x, "name": name, "flag": flag,\n'
-    '           "transport": get_connection_info(unpack=True)["transport"]}, open("ok_result.json", "w"))',
+    'info = get_connection_info(unpack=True)\n'
+    'json.dump({"n": n, "x": x, "name": name, "flag": flag, "transport": info["transport"], "ip": info["ip"]},\n'
+    '          open("ok_result.json", "w"))',
 ]
 FAIL_CELLS = [
     "y = 1",
@@ -153,9 +155,15 @@ def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path)
     assert (tmp_path / "build" / "smoke" / "02_fail.ipynb").is_file()
     assert (tmp_path / "build" / "smoke" / "01_ok.ipynb").is_file()
     # profile value (n) and -p value (name) reached the notebook; x kept its default
-    # and the kernel talked to the runner over Unix sockets: no TCP ports to race for (ci/cleanup.py)
-    assert json.loads((nbdir / "ok_result.json").read_text()) == {
-        "n": 5, "x": 0.5, "name": "hello", "flag": False, "transport": "tcp" if sys.platform == "win32" else "ipc"}
+    got = json.loads((nbdir / "ok_result.json").read_text())
+    assert {k: got[k] for k in ("n", "x", "name", "flag")} == {"n": 5, "x": 0.5, "name": "hello", "flag": False}
+    # the kernels talked to the runner over Unix sockets of their own (no TCP ports to race for;
+    # not jupyter_client's fallback `kernel-ipc-<n>` in the working directory, which kernels started
+    # there share), and none is left (ci/cleanup.py)
+    if sys.platform != "win32":
+        assert got["transport"] == "ipc" and Path(got["ip"]).parent == Path(tempfile.gettempdir()), got
+        assert not list(Path(tempfile.gettempdir()).glob(Path(got["ip"]).name + "*")), "socket files left"
+    assert not [p.name for p in nbdir.iterdir() if p.name.startswith("kernel-")], "socket files in notebooks/"
 
 
 @pytest.mark.timeout(120)
