@@ -33,8 +33,8 @@ from helpers.procs import end_processes
 #: replying to kernel_info", ``ZMQError: Address already in use``). That is "the classic timing
 #: issue inherent in Jupyter kernel startup" (https://github.com/jupyter/jupyter_client/issues/154),
 #: and the test suite hit it once (2026-12-01), with dozens of processes opening connections at
-#: once. An ``ipc`` kernel's sockets are files named after its own connection file: nothing to
-#: race for.
+#: once. An ``ipc`` kernel's sockets are files with a name of its own (:func:`ipc_kernel_manager`):
+#: nothing to race for.
 KERNEL_TRANSPORT = "tcp" if sys.platform == "win32" else "ipc"
 
 
