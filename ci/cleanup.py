@@ -15,7 +15,6 @@ import ctypes
 import os
 import secrets
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -25,6 +24,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import CaselessStrEnum, default
 
 from helpers.procs import end_processes
+from helpers.run_dir import socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
 #: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
@@ -48,7 +48,9 @@ def ipc_kernel_manager(base: type) -> type:
     kernel started there (seen: two papermill kernels in ``notebooks/`` read each other's
     messages, "Invalid Signature"), and left in the folder. Here they are
     ``<tempdir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel; jupyter_client
-    removes them when the kernel is cleaned up (``cleanup_ipc_files``).
+    removes them when the kernel is cleaned up (``cleanup_ipc_files``). ``<tempdir>`` is
+    :func:`helpers.run_dir.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
+    long for a socket path.
     """
 
     class Manager(base):
@@ -58,7 +60,8 @@ def ipc_kernel_manager(base: type) -> type:
         def _ip_of_this_kernel(self) -> str:
             if self.transport != "ipc":
                 return super()._ip_default()
-            return os.path.join(tempfile.gettempdir(), f"kernel-{secrets.token_hex(6)}-ipc")
+            name = f"kernel-{secrets.token_hex(6)}-ipc"
+            return os.path.join(socket_dir(len(name) + len("-5")), name)  # channels: <ip>-1 ... <ip>-5
 
     Manager.__name__ = Manager.__qualname__ = f"IPC{base.__name__}"
     return Manager

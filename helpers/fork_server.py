@@ -26,6 +26,10 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   starts a new one with the environment of now (a fresh ``import torch`` for that launch), so a
   rank always sees what a ``spawn``-ed rank would see. Variables in :data:`VOLATILE_ENV` do
   not count as a change.
+- **a socket path that fits**: Python binds the server's Unix socket at
+  ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
+  (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
+  in a folder that fits (:func:`helpers.run_dir.socket_dir`), as CPython 3.14 does itself.
 - **its lifetime**: the server is a child of the caller and lives as long as the caller does
   (a kernel, a script): it exits when the caller exits, also when the caller is SIGKILLed
   (Python's server watches a pipe from its parent), and the ranks forked from it then die by
@@ -42,9 +46,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import threading
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
+
+from helpers.run_dir import SUN_PATH_MAX, socket_dir
 
 __all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server", "fork_server_pid",
            "start_method", "stop_fork_server"]
@@ -88,6 +96,34 @@ def environment() -> tuple:
     if cache is not None and env.get("TORCHINDUCTOR_CACHE_DIR") == os.path.abspath(cache.default_cache_dir()):
         del env["TORCHINDUCTOR_CACHE_DIR"]
     return tuple(sorted(env.items()))
+
+
+#: ``multiprocessing``'s socket names (``connection.arbitrary_address``): ``listener-`` and 8
+#: characters, in a per-process folder ``pymp-`` and 8 characters (``util.get_temp_dir``).
+_LISTENER_NAME = len("listener-") + 8
+_PYMP_NAME = len("pymp-") + 8
+
+
+def _socket_folder_that_fits() -> None:
+    """Before Python binds the server's socket in its per-process temp folder (``pymp-*``, made on
+    first use in ``TMPDIR`` and kept in ``current_process()._config["tempdir"]``): if that path
+    would be too long, make the folder in :func:`helpers.run_dir.socket_dir` instead, removed when
+    this process exits, as Python removes its own. CPython 3.14's ``util.get_temp_dir`` does this
+    itself (https://github.com/python/cpython/issues/132124).
+
+    Raises:
+        OSError: no temp folder short enough (:func:`helpers.run_dir.socket_dir`).
+    """
+    config = multiprocessing.current_process()._config
+    folder = config.get("tempdir")
+    if folder is not None:
+        if len(os.fsencode(folder)) + 1 + _LISTENER_NAME < SUN_PATH_MAX:
+            return
+    elif len(os.fsencode(tempfile.gettempdir())) + 2 + _PYMP_NAME + _LISTENER_NAME < SUN_PATH_MAX:
+        return  # Python makes its folder in TMPDIR, and the socket fits there
+    folder = tempfile.mkdtemp(prefix="pymp-", dir=socket_dir(_PYMP_NAME + 1 + _LISTENER_NAME))
+    util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+    config["tempdir"] = folder
 
 
 def _running_pid() -> int | None:
@@ -137,6 +173,7 @@ class fork_server:
                 _stop_unlocked()
                 pid = None
             if pid is None:
+                _socket_folder_that_fits()
                 forkserver.set_forkserver_preload(list(PRELOAD))
                 forkserver.ensure_running()
                 _server_env = env

@@ -105,3 +105,49 @@ def test_server_ends_when_its_process_exits():
     except psutil.NoSuchProcess:
         pass
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
+    """A temp directory that leaves room for the socket's name is used as it is; one that does not
+    is replaced by a system temp folder, which does."""
+    from helpers.run_dir import SUN_PATH_MAX, socket_dir
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert socket_dir(10) == str(tmp_path)
+    long_dir = tmp_path / ("t" * (SUN_PATH_MAX - len(str(tmp_path))))
+    long_dir.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long_dir))
+    got = socket_dir(10)
+    assert got != str(long_dir) and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path):
+    """Python 3.10-3.12 bind the server's socket at <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX and
+    fail with "AF_UNIX path too long" when TMPDIR is long (a cluster job's scratch folder): the
+    server starts, its socket folder is a short one, and it is removed when the process exits. A
+    fresh process (its multiprocessing temp folder is chosen once per process); no preloaded
+    modules, so the check costs no ``import torch``."""
+    from helpers.run_dir import SUN_PATH_MAX
+
+    long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
+    long_tmp.mkdir()
+    code = textwrap.dedent("""
+        import multiprocessing, os
+        from helpers import fork_server as fs
+        fs.PRELOAD = ()
+        with fs.fork_server():
+            rank = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+            rank.start()
+            rank.join(60)
+        print("RESULT", rank.exitcode, multiprocessing.util.get_temp_dir(), flush=True)
+        fs.stop_fork_server()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(long_tmp), "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    exitcode, folder = out.stdout.split("RESULT")[1].split()
+    assert exitcode == "0", "the process forked from the server should have run"
+    assert not folder.startswith(str(long_tmp)) and len(folder) + len("/listener-12345678") < SUN_PATH_MAX
+    assert not os.path.exists(folder), "the socket folder should be removed when its process exits"
+    assert not list(long_tmp.iterdir())

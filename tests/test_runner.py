@@ -166,6 +166,36 @@ def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path)
     assert not [p.name for p in nbdir.iterdir() if p.name.startswith("kernel-")], "socket files in notebooks/"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="kernels talk over TCP on Windows")
+@pytest.mark.timeout(120)
+def test_kernel_starts_where_the_temp_directory_is_too_long_for_its_sockets(tmp_path, monkeypatch):
+    """An ``ipc`` kernel's sockets are ``<tempdir>/kernel-<12 hex>-ipc-<n>``; with a temp directory
+    too long for a socket path (``TMPDIR`` a cluster job's scratch folder) ZeroMQ could not bind
+    them and the kernel would die at start. They go to a short system temp folder instead
+    (``helpers.run_dir.socket_dir``), and none is left after the kernel."""
+    from jupyter_client.manager import KernelManager
+
+    from ci.cleanup import ipc_kernel_manager
+    from helpers.run_dir import SUN_PATH_MAX
+
+    long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
+    long_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
+    km = ipc_kernel_manager(KernelManager)(kernel_name="python3")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        reply = kc.execute_interactive("6 * 7", timeout=60)
+        kc.stop_channels()
+        assert reply["content"]["status"] == "ok"
+        assert not km.ip.startswith(str(long_tmp)) and len(km.ip) + len("-5") < SUN_PATH_MAX, km.ip
+    finally:
+        km.shutdown_kernel(now=True)
+    assert not list(Path(km.ip).parent.glob(Path(km.ip).name + "*")), "socket files left"
+
+
 @pytest.mark.timeout(120)
 def test_fail_fast_skips_the_rest(nbdir, profiles, tmp_path, capsys):
     rc = rn.main(["--fail-fast", "02_fail", "01", *common_args(nbdir, profiles, tmp_path)])
