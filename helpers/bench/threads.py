@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from helpers.bench.launch_overhead import spawn_launch
@@ -85,23 +86,27 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
                 with open(path) as f:
                     rows += [{"launcher": "torchrun", **r} for r in _threads_lines(f.read())]
         rows += [{"launcher": "torch.multiprocessing.spawn", **r} for r in spawn_launch(threads_worker, world_size)]
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
-                              run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
-                              rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
-                              monitor_interval=0.1, start_method="spawn")
+        # without a log_dir the agent makes a torchelastic_* folder in the temp directory and
+        # leaves it there: this one is removed with the TemporaryDirectory
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-threads-") as elastic_logs:
+            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
+                                  run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
+                                  rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
+                                  monitor_interval=0.1, start_method="spawn",
+                                  logs_specs=DefaultLogsSpecs(log_dir=elastic_logs))
 
-        # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
-        # process (a notebook kernel here); put the caller's back afterwards
-        sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
+            # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
+            # process (a notebook kernel here); put the caller's back afterwards
+            sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
 
-        in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
-        handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
-        try:
-            with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
-                got = elastic_launch(config, threads_worker)()
-        finally:
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
+            in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
+            handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
+            try:
+                with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
+                    got = elastic_launch(config, threads_worker)()
+            finally:
+                for sig, h in handlers.items():
+                    signal.signal(sig, h)
         rows += [{"launcher": "elastic_launch", **got[r]} for r in sorted(got)]
         rows += [{"launcher": "helpers.launch", **r} for r in launch(threads_worker, world_size, timeout=timeout)]
     finally:
