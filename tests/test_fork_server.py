@@ -151,3 +151,48 @@ def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path
     assert not folder.startswith(str(long_tmp)) and len(folder) + len("/listener-12345678") < SUN_PATH_MAX
     assert not os.path.exists(folder), "the socket folder should be removed when its process exits"
     assert not list(long_tmp.iterdir())
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver" or sys.version_info < (3, 11),
+                    reason="no forkserver here, or a Python without subprocess's process_group")
+def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeypatch):
+    """ipykernel answers a shutdown request by signalling every child in its own Unix process group
+    until none is left, zombies included; a fork server it SIGTERMed stayed a zombie and the
+    resource tracker ignores SIGTERM, so jupyter_client SIGTERMed the kernel before its atexit
+    hooks ran, and its ``pymp-*`` folder stayed in the temp directory. Now the server and the
+    tracker are in a Unix process group of their own: ipykernel finds nothing to signal, and the
+    kernel, given the time jupyter_client gives it (here 10 s before SIGTERM, its default 2.5 s
+    being short for a busy machine), exits by itself and removes its folder. No preloaded modules:
+    no ``import torch``."""
+    import uuid
+
+    from _support import Kernel
+
+    kernel_tmp = tmp_path / "tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
+    k = Kernel(uuid.uuid4().hex)
+    k.km.shutdown_wait_time = 20.0
+    try:
+        reply, out = k.cell(textwrap.dedent("""
+            import multiprocessing.resource_tracker as rt
+            import os, psutil
+            from helpers import fork_server as fs
+            fs.PRELOAD = ()
+            with fs.fork_server():
+                pass
+            # what ipykernel would signal at shutdown: children in the kernel's Unix process group
+            mine = [c.pid for c in psutil.Process().children(recursive=True) if os.getpgid(c.pid) == os.getpgrp()]
+            print("SIGNALLED", mine, "TRACKER", os.getpgid(rt._resource_tracker._pid) != os.getpgrp())
+        """))
+        assert reply["status"] == "ok", out
+        assert "SIGNALLED [] TRACKER True" in out, out
+        made = sorted(p.name for p in kernel_tmp.iterdir())
+        assert made and all(name.startswith("pymp-") for name in made), made
+        pid = k.pid
+        k.close()  # jupyter_client's graceful shutdown: request, wait, then SIGTERM
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert not list(kernel_tmp.iterdir()), "the kernel's atexit hooks should have removed its pymp-* folder"
+    finally:
+        if k.km.has_kernel:
+            k.km.shutdown_kernel(now=True)
