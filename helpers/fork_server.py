@@ -116,12 +116,12 @@ def _socket_folder_that_fits() -> None:
     """
     config = multiprocessing.current_process()._config
     folder = config.get("tempdir")
-    if folder is not None:
-        if len(os.fsencode(folder)) + 1 + _LISTENER_NAME < SUN_PATH_MAX:
-            return
-    elif len(os.fsencode(tempfile.gettempdir())) + 2 + _PYMP_NAME + _LISTENER_NAME < SUN_PATH_MAX:
+    if folder is not None and len(os.fsencode(folder)) + 1 + _LISTENER_NAME < SUN_PATH_MAX:
+        return
+    base = socket_dir(_PYMP_NAME + 1 + _LISTENER_NAME)
+    if folder is None and base == tempfile.gettempdir():
         return  # Python makes its folder in TMPDIR, and the socket fits there
-    folder = tempfile.mkdtemp(prefix="pymp-", dir=socket_dir(_PYMP_NAME + 1 + _LISTENER_NAME))
+    folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
     util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
     config["tempdir"] = folder
 
