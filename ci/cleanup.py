@@ -24,7 +24,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import CaselessStrEnum, default
 
 from helpers.procs import end_processes
-from helpers.run_dir import socket_dir
+from helpers.run_dir import is_reaper, socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
 #: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
@@ -190,7 +190,11 @@ class Watch:
         return tree
 
     def kill_kernel_tree(self) -> None:
-        tree = [p for p in self.snapshot_kernel_tree() if _is_live(p)]
+        """SIGKILL the kernel's descendants (not the kernel). A launch's run-folder reaper is spared:
+        it removes the folder once the kernel is gone (:func:`helpers.run_dir.run_folder`), which a
+        kernel killed mid-launch never does itself; it counts as left behind if it is still there
+        after the leftover grace."""
+        tree = [p for p in self.snapshot_kernel_tree() if _is_live(p) and not is_reaper(p)]
         if tree:
             self.killed_on_abort.extend(describe(p) for p in tree)
             kill_all(tree)

@@ -16,7 +16,9 @@ caller's streams line by line.
 :func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
 (``sh`` blocked reading a pipe only the launcher holds open), also when the launcher itself is
 SIGKILLed (the out-of-memory killer): the kernel closes the pipe, the reaper reads end-of-file
-and deletes the folder.
+and deletes the folder. Whoever ends a launcher's process tree from outside (the notebook runner
+after a cell timeout) must leave the reaper alone (:func:`is_reaper`): it exits by itself once
+the launcher is gone, and killing it first leaves the folder behind.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["SUN_PATH_MAX", "Relay", "read_markers", "run_folder", "socket_dir", "write_marker"]
+__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "is_reaper", "read_markers", "run_folder", "socket_dir",
+           "write_marker"]
 
 #: Bytes in a Unix socket's path, its final NUL included (``sun_path`` in ``<sys/un.h>``): 108 on
 #: Linux, 104 on macOS and the BSDs (man 7 unix). ZeroMQ's ``ipc://`` endpoints are such sockets.
@@ -44,6 +47,8 @@ SYSTEM_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
 #: ("$1"); a rank still writing a log line as it is SIGKILLed can refill it once, so retry.
 _REAPER_SCRIPT = ('while read -r _; do :; done; '
                   'for _ in 1 2 3 4 5; do rm -rf -- "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 1; done')
+#: The reaper's ``$0`` (its command line: ``sh -c <script> ddp-lab-run-folder-reaper <folder>``).
+REAPER_NAME = "ddp-lab-run-folder-reaper"
 _REAPER_STOP_S = 5.0  # how long the launcher waits for the reaper to exit after a launch (seconds)
 
 
@@ -67,9 +72,19 @@ def _start_reaper(path: str) -> subprocess.Popen | None:
         return None
     # its own session: a signal to the launcher's process group (Ctrl-C, a runner ending a kernel's
     # group) does not stop it before it has cleaned up; it exits by itself once the pipe closes
-    return subprocess.Popen([sh, "-c", _REAPER_SCRIPT, "ddp-lab-run-folder-reaper", path],
+    return subprocess.Popen([sh, "-c", _REAPER_SCRIPT, REAPER_NAME, path],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             close_fds=True, start_new_session=True)
+
+
+def is_reaper(proc) -> bool:
+    """Whether ``proc`` (a :class:`psutil.Process`) is the reaper of a run folder (see
+    :func:`run_folder`). False for a process that is gone or cannot be inspected."""
+    try:
+        cmd = proc.cmdline()
+    except Exception:  # psutil.Error (gone, zombie, access denied): not one to spare
+        return False
+    return len(cmd) >= 4 and cmd[1:2] == ["-c"] and cmd[2] == _REAPER_SCRIPT and cmd[3] == REAPER_NAME
 
 
 def _stop_reaper(reaper: subprocess.Popen | None) -> None:

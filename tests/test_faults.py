@@ -259,9 +259,11 @@ def test_two_launches_at_once_from_two_processes(row):
 
 # ---- a notebook cell that hangs under papermill ------------------------------------------------
 
-def test_notebook_cell_hangs_under_papermill(row, tmp_path):
+def test_notebook_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     """A cell whose DDP workers hang (launch without a timeout): the runner's cell timeout ends
-    the kernel and its workers, and the error names the notebook and the cell."""
+    the kernel and its workers, and the error names the notebook and the cell. The launch's run
+    folder (in the kernel's TMPDIR) is removed too, also where the kernel is killed before its
+    launch() can remove it (its reaper does then)."""
     import nbformat
 
     from ci import run_notebooks as rn
@@ -282,6 +284,9 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path):
     (tmp_path / "nbs").mkdir()
     (tmp_path / "none.json").write_text("{}")
     nbformat.write(nb, tmp_path / "nbs" / "99_hang.ipynb")
+    kernel_tmp = tmp_path / "tmp"  # the kernel's temp directory, where the launch's run folder goes
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     start = time.monotonic()
     rows = rn.run_notebooks(["99_hang"], cell_timeout=30, output_dir=tmp_path / "out",
                             notebooks_dir=tmp_path / "nbs", profiles_file=tmp_path / "none.json")
@@ -290,7 +295,10 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path):
     assert result["status"] == "TIMEOUT", result
     assert "99_hang" in result["error"] and "cell 3" in result["error"], result["error"]
     assert not leftover_processes()
-    row.update(error="runner: TIMEOUT naming the notebook and `cell 3`; kernel and workers killed",
+    left = [p.name for p in kernel_tmp.iterdir() if p.name.startswith("ddp-lab-launch-")]
+    assert not left, f"the launch's run folder was left in the kernel's TMPDIR: {left}"
+    row.update(error="runner: TIMEOUT naming the notebook and `cell 3`; kernel and workers killed, the "
+                     "launch's run folder removed",
                seconds=secs, passed=True)
 
 

@@ -44,7 +44,15 @@ SLEEP_CELLS = [
     "SLEEPER = [sys.executable, '-c', 'import time; time.sleep(120)']\n"
     "a = subprocess.Popen(SLEEPER)\n"
     "b = subprocess.Popen(SLEEPER, start_new_session=True)\n"
-    "open('sleep_pids.txt', 'w').write(f'{a.pid} {b.pid}')",
+    "open('sleep_pids.txt', 'w').write(f'{a.pid} {b.pid}')\n"
+    # and a launch's run folder held open (as by a launch() cut short): only its reaper can remove
+    # it, since the kernel is SIGKILLed after the tree
+    "import os, tempfile\n"
+    "from helpers.run_dir import run_folder\n"
+    "os.makedirs('tmp', exist_ok=True)\n"
+    "tempfile.tempdir = os.path.abspath('tmp')\n"
+    "held = run_folder()\n"
+    "open('run_folder.txt', 'w').write(held.__enter__())",
     "time.sleep(60)",
     'print("never reached")',
 ]
@@ -220,6 +228,10 @@ def test_cli_timeout_names_cell_and_kills_kernel_tree(nbdir, profiles, tmp_path)
     assert len(pids) == 2
     assert_gone(pids)
     assert (tmp_path / "build" / "smoke" / "03_sleep.ipynb").is_file()
+    # the run folder the cell held: removed by its reaper, which the tree kill must spare
+    folder = Path((nbdir / "run_folder.txt").read_text())
+    assert folder.parent == nbdir / "tmp" and folder.name.startswith("ddp-lab-launch-"), folder
+    assert not folder.exists(), f"{folder} was left behind: the run-folder reaper was killed with the kernel's tree"
 
 
 @pytest.mark.timeout(120)
