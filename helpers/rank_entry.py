@@ -152,6 +152,12 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
         })
         sys.stdout.flush()
         sys.stderr.flush()
+        if isinstance(e, Exception):
+            # reported above (the launcher reads the marker): exit 1 instead of raising on, since
+            # torch.multiprocessing's wrapper would pickle the traceback into a
+            # pytorch-errorfile-*.pickle in the launcher's temp directory that nobody removes
+            # (torch/multiprocessing/spawn.py, _wrap; ProcessContext.join reads it, keeps it)
+            raise SystemExit(1) from None
         raise
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -87,17 +88,26 @@ def timed_failure(expected, fn, *args, **kwargs):
     *[(2, r, m) for r in range(2) for m in faults.MOMENTS],
     *[(3, r, "during") for r in range(3)],
 ])
-def test_worker_raises(row, world_size, bad_rank, moment):
+def test_worker_raises(row, world_size, bad_rank, moment, tmp_path, monkeypatch):
     row.update(fault=f"rank {bad_rank} of {world_size} raises {moment} the collective",
                injection=f"`faults.fail_at(bad_rank={bad_rank}, moment={moment!r})`")
+    # the launcher's temp directory (where torch's spawn names a pytorch-errorfile-* per rank, and
+    # launch() its run folder): nothing may be left in it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     err, secs = timed_failure(WorkerError, faults.fail_at, world_size, bad_rank=bad_rank, moment=moment,
                               timeout=120)
+    monkeypatch.undo()
+    # pymp-*: where the first launch of this process started the fork server, its socket's folder,
+    # which lives as long as the server (it serves the next launch)
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("pymp-"))
+    assert not left, f"left in the launcher's temp directory: {left}"
     assert err.rank == bad_rank, f"root cause should be rank {bad_rank}, got {err.rank}: {err}"
     assert err.exc_type == "ValueError" and "injected failure" in err.message
     assert "fail_at" in err.traceback and "faults.py" in err.traceback, "the worker's traceback must be carried"
     assert f"rank {bad_rank} failed with ValueError" in str(err)
     assert secs < 60, "the error, not the 120 s timeout, must end the launch"
-    row.update(error="`WorkerError` with rank, type, message, traceback", seconds=secs, passed=True)
+    row.update(error="`WorkerError` with rank, type, message, traceback; nothing left in the temp directory",
+               seconds=secs, passed=True)
 
 
 # ---- processes that die or leave -------------------------------------------------------------
