@@ -30,11 +30,24 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
   (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
   in a folder that fits (:func:`helpers.run_dir.socket_dir`), as CPython 3.14 does itself.
+- **a Unix process group of its own** (Python 3.11+; not torch's process group): ipykernel
+  answers a shutdown request by signalling every child in its Unix process group until none is
+  left, zombies included (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py,
+  about 29 s of back-offs); a server it SIGTERMed stayed a zombie and multiprocessing's resource
+  tracker ignores SIGTERM, so a kernel that had launched did not exit by itself, jupyter_client
+  SIGTERMed it after 2.5 s, and its atexit hooks never ran (its ``pymp-*`` folder stayed in the
+  temp directory). :func:`fork_server` starts the server, and the resource tracker if none runs
+  yet, in a new Unix process group; they still end when the caller does (below). The ranks
+  forked from the server are in its group too: "interrupt kernel" reaches them through
+  :func:`helpers.launch.launch`, which ends them when the caller gets ``KeyboardInterrupt``.
 - **its lifetime**: the server is a child of the caller and lives as long as the caller does
-  (a kernel, a script): it exits when the caller exits, also when the caller is SIGKILLed
-  (Python's server watches a pipe from its parent), and the ranks forked from it then die by
-  their parent-death signal. It is the one long-lived process a launch leaves, like
-  ``multiprocessing``'s resource tracker; :func:`stop_fork_server` ends it now.
+  (a kernel, a script): when the caller exits normally, an ``atexit`` hook SIGKILLs and reaps it
+  (on its own the server exits on end-of-file from its parent's pipe, but only after tearing
+  torch down: seconds after the caller, on a busy machine, and a notebook runner counts it as
+  left behind); when the caller is SIGKILLed the server exits by itself (Python's server watches
+  a pipe from its parent), and the ranks forked from it then die by their parent-death signal.
+  It is the one long-lived process a launch leaves, like ``multiprocessing``'s resource
+  tracker; :func:`stop_fork_server` ends it now.
 
 Where ``forkserver`` is not available (Windows) or this Python's ``ForkServer`` cannot be
 stopped (a private method, ``ForkServer._stop``, present since Python 3.8), :func:`start_method`
@@ -43,10 +56,13 @@ is ``"spawn"`` and every rank imports torch itself.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -126,6 +142,33 @@ def _socket_folder_that_fits() -> None:
     config["tempdir"] = folder
 
 
+_STARTED: list[subprocess.Popen] = []  # kept: subprocess must never reap them (multiprocessing waits for them)
+
+
+@contextlib.contextmanager
+def _in_a_process_group_of_their_own():
+    """While the block runs, the processes ``multiprocessing`` starts with ``util.spawnv_passfds``
+    (the fork server, the resource tracker) start in a new Unix process group: ``subprocess.Popen``
+    with the same executable, arguments and passed descriptors, and ``process_group=0`` (Python
+    3.11+; before, nothing changes). Used around ``forkserver.ensure_running``, under ``_lock``."""
+    if sys.version_info < (3, 11) or os.name != "posix":
+        yield
+        return
+    original = util.spawnv_passfds
+
+    def spawnv_passfds(path, args, passfds):
+        proc = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
+                                close_fds=True, process_group=0)
+        _STARTED.append(proc)
+        return proc.pid
+
+    util.spawnv_passfds = spawnv_passfds
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
+
+
 def _running_pid() -> int | None:
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
@@ -175,7 +218,8 @@ class fork_server:
             if pid is None:
                 _socket_folder_that_fits()
                 forkserver.set_forkserver_preload(list(PRELOAD))
-                forkserver.ensure_running()
+                with _in_a_process_group_of_their_own():
+                    forkserver.ensure_running()
                 _server_env = env
                 pid = _running_pid()
             _active += 1
@@ -188,6 +232,25 @@ class fork_server:
             with _lock:
                 _active -= 1
         return False
+
+
+_OWNER_PID = os.getpid()  # the process whose server _end_at_exit ends (not a plain os.fork child of it)
+
+
+def _end_at_exit() -> None:
+    """At this process's normal exit: SIGKILL the fork server this process started and reap it,
+    before multiprocessing's own exit hook removes the server's socket folder (``atexit`` runs
+    hooks last-registered first; ``multiprocessing.util`` registered its hook on import, before
+    this module's). A no-op in a process that started no server, e.g. a rank."""
+    if os.getpid() != _OWNER_PID or _running_pid() is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(_running_pid(), signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        _stop_unlocked()
+
+
+atexit.register(_end_at_exit)
 
 
 def _stop_unlocked() -> None:

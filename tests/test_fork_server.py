@@ -151,3 +151,64 @@ def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path
     assert not folder.startswith(str(long_tmp)) and len(folder) + len("/listener-12345678") < SUN_PATH_MAX
     assert not os.path.exists(folder), "the socket folder should be removed when its process exits"
     assert not list(long_tmp.iterdir())
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver" or sys.version_info < (3, 11),
+                    reason="no forkserver here, or a Python without subprocess's process_group")
+def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeypatch):
+    """ipykernel answers a shutdown request by signalling every child in its own Unix process group
+    until none is left, zombies included; a fork server it SIGTERMed stayed a zombie and the
+    resource tracker ignores SIGTERM, so jupyter_client SIGTERMed the kernel before its atexit
+    hooks ran, and its ``pymp-*`` folder stayed in the temp directory. Now the server and the
+    tracker are in a Unix process group of their own: ipykernel finds nothing to signal, and the
+    kernel, given the time jupyter_client gives it (here 20 s before SIGTERM, its default 2.5 s
+    being short for a busy machine), exits by itself, having SIGKILLed and reaped the server
+    (which would otherwise outlive it by the seconds torch takes to tear down) and removed the
+    server's socket folder. The server preloads only a module whose exit takes 60 s (an atexit
+    sleep, standing in for torch's teardown on a busy machine): no ``import torch``."""
+    import uuid
+
+    from _support import Kernel
+
+    kernel_tmp = tmp_path / "tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "ddp_lab_slow_exit.py").write_text("import atexit, time\natexit.register(time.sleep, 60)\n")
+    k = Kernel(uuid.uuid4().hex)
+    k.km.shutdown_wait_time = 20.0
+    server = None
+    try:
+        reply, out = k.cell(textwrap.dedent("""
+            import multiprocessing.resource_tracker as rt
+            import os, psutil
+            from multiprocessing import forkserver
+            import sys
+            from helpers import fork_server as fs
+            sys.path.insert(0, MODULES)
+            fs.PRELOAD = ("ddp_lab_slow_exit",)
+            with fs.fork_server() as server:
+                pass
+            # what ipykernel would signal at shutdown: children in the kernel's Unix process group
+            mine = [c.pid for c in psutil.Process().children(recursive=True) if os.getpgid(c.pid) == os.getpgrp()]
+            print("SIGNALLED", mine, "TRACKER", os.getpgid(rt._resource_tracker._pid) != os.getpgrp())
+            print("SERVER", server, "FOLDER", os.path.dirname(forkserver._forkserver._forkserver_address))
+        """).replace("MODULES", repr(str(modules))))
+        assert reply["status"] == "ok", out
+        assert "SIGNALLED [] TRACKER True" in out, out
+        words = out.split()
+        server, folder = int(words[words.index("SERVER") + 1]), words[words.index("FOLDER") + 1]
+        assert os.path.isdir(folder) and os.path.basename(folder).startswith("pymp-"), folder
+        pid, process = k.pid, k.km.provisioner.process
+        k.close()  # jupyter_client's graceful shutdown: request, wait 20 s, then SIGTERM
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert process.wait(5) == 0, f"the kernel did not exit by itself (exit code {process.returncode})"
+        assert not psutil.pid_exists(server), "the fork server outlived its kernel"
+        assert not os.path.exists(folder), "the kernel's atexit hooks should have removed the server's socket folder"
+        assert not [p.name for p in kernel_tmp.iterdir() if p.name.startswith("pymp-")]
+    finally:
+        if k.km.has_kernel:
+            k.km.shutdown_kernel(now=True)
+        if server is not None and psutil.pid_exists(server):  # this test failed: leave nothing
+            psutil.Process(server).kill()
