@@ -205,7 +205,7 @@ class WarmRanks:
                 controller_args=eng.CONTROLLER_ARGS,
                 n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
                 controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.ENGINE_CONFIG)
+                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
             self.cluster.start_cluster_sync(n=self.world_size)
             self.client = self.cluster.connect_client_sync()
             # interactive=False: no progress bar in the cell
@@ -214,7 +214,7 @@ class WarmRanks:
             assert ids == list(range(self.world_size)), f"engine ids {ids}"
             self.view = self.client[ids]
             self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-            self.pids = self.view.apply_async(eng.set_env, self.env).get(_START_TIMEOUT_S)
+            self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
             t_engines = time.perf_counter()
             self._started = self._processes()
             self._start_watchdog()

@@ -29,8 +29,14 @@ CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.
 #: process per rank (about 1 CPU-s to start, measured) that relays signals and reports an engine's exit to the hub;
 #: the engines are children of this kernel, so :meth:`WarmRanks._supervise` signals their pids itself and finds a
 #: dead rank by its pid.
-ENGINE_CONFIG = Config({"LocalEngineSetLauncher": {"engine_args": ["--log-level=WARN",
-                                                                   "--IPEngine.enable_nanny=False"]}})
+ENGINE_ARGS = ["--log-level=WARN", "--IPEngine.enable_nanny=False"]
+
+
+def engine_config(env: dict[str, str]) -> Config:
+    """The engines' launcher options: :data:`ENGINE_ARGS`, and ``env`` (the caller's extra variables)
+    in the environment each engine process starts with (``BaseLauncher.environment``,
+    ipyparallel/cluster/launcher.py), so that they are set before anything is imported there."""
+    return Config({"LocalEngineSetLauncher": {"engine_args": list(ENGINE_ARGS), "environment": dict(env)}})
 
 RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
                  "(names defined on the ranks are gone: run your set-up cells again).")
@@ -71,12 +77,6 @@ class RanksTimeout(LaunchTimeout):
 # ----------------------------------------------------------------------------------------------
 
 _STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
-
-
-def set_env(env: dict) -> int:
-    """Every rank, first (before torch is imported there): the caller's extra variables."""
-    os.environ.update(env)
-    return os.getpid()
 
 
 def open_store(world_size: int, timeout_s: float) -> int:
@@ -167,7 +167,7 @@ def worker_error(parts, rank: int) -> WorkerError:
 
 def interrupt(pids: list[int]) -> None:
     """Send SIGINT to each engine in ``pids``, what "interrupt kernel" does to a kernel (an engine without a
-    KernelNanny, see :data:`ENGINE_CONFIG`, is signalled directly); a pid already gone is skipped."""
+    KernelNanny, see :data:`ENGINE_ARGS`, is signalled directly); a pid already gone is skipped."""
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT)

@@ -201,6 +201,8 @@ def test_other_world_size_or_env_replaces_and_stop_is_idempotent(ranks, no_lefto
     one = start_ranks(1, timeout=60, env={"DDP_LAB_RANKS_TEST": "yes"}, activate=False)
     assert ranks.stopped and not any(psutil.pid_exists(p) for p in old), "the old set must be stopped first"
     assert one.run(lambda rank, world_size: (rank, world_size, os.environ["DDP_LAB_RANKS_TEST"])) == [(0, 1, "yes")]
+    # in the environment the engine process started with (/proc/<pid>/environ), i.e. set before torch was imported
+    assert [psutil.Process(p).environ().get("DDP_LAB_RANKS_TEST") for p in one.pids] == ["yes"]
     one.stop()
     one.stop()
     ranks.stop()
