@@ -30,22 +30,24 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
   (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
   in a folder that fits (:func:`helpers.run_dir.socket_dir`), as CPython 3.14 does itself.
-- **a Unix process group of its own** (Python 3.11+; not torch's process group): ipykernel
-  answers a shutdown request by signalling every child in its Unix process group until none is
-  left, zombies included (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py,
-  about 29 s of back-offs); a server it SIGTERMed stayed a zombie and multiprocessing's resource
-  tracker ignores SIGTERM, so a kernel that had launched did not exit by itself, jupyter_client
-  SIGTERMed it after 2.5 s, and its atexit hooks never ran (its ``pymp-*`` folder stayed in the
-  temp directory). :func:`fork_server` starts the server, and the resource tracker if none runs
-  yet, in a new Unix process group; they still end when the caller does (below). The ranks
-  forked from the server are in its group too: "interrupt kernel" reaches them through
-  :func:`helpers.launch.launch`, which ends them when the caller gets ``KeyboardInterrupt``.
+- **a session (so a Unix process group) of its own**: ipykernel answers a shutdown request by
+  signalling every child in its Unix process group until none is left, zombies included
+  (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py, about 29 s of
+  back-offs); a server it SIGTERMed stayed a zombie and multiprocessing's resource tracker
+  ignores SIGTERM, so a kernel that had launched did not exit by itself, jupyter_client SIGTERMed
+  it after 2.5 s, and its atexit hooks never ran (its ``pymp-*`` folder stayed in the temp
+  directory). :func:`fork_server` starts the server, and the resource tracker if none runs yet,
+  in a new session. The ranks forked from the server are in its group too: "interrupt kernel"
+  reaches them through :func:`helpers.launch.launch`, which ends them when the caller gets
+  ``KeyboardInterrupt``; a signal to the caller's process group (a terminal's Ctrl-C, a
+  ``killpg``) no longer reaches the server itself.
 - **its lifetime**: the server is a child of the caller and lives as long as the caller does
   (a kernel, a script): when the caller exits normally, an ``atexit`` hook SIGKILLs and reaps it
   (on its own the server exits on end-of-file from its parent's pipe, but only after tearing
   torch down: seconds after the caller, on a busy machine, and a notebook runner counts it as
-  left behind); when the caller is SIGKILLed the server exits by itself (Python's server watches
-  a pipe from its parent), and the ranks forked from it then die by their parent-death signal.
+  left behind); when the caller is killed (SIGKILL, also to its whole process group) the server
+  exits by itself, those seconds later (Python's server watches a pipe from its parent), and the
+  ranks forked from it then die by their parent-death signal.
   It is the one long-lived process a launch leaves, like ``multiprocessing``'s resource
   tracker; :func:`stop_fork_server` ends it now.
 
@@ -142,24 +144,27 @@ def _socket_folder_that_fits() -> None:
     config["tempdir"] = folder
 
 
-_STARTED: list[subprocess.Popen] = []  # kept: subprocess must never reap them (multiprocessing waits for them)
+#: pid -> the Popen of each process started by :func:`_in_a_session_of_their_own`, kept so that
+#: subprocess never reaps them (multiprocessing waits for them) until :func:`_reaped` says so.
+_STARTED: dict[int, subprocess.Popen] = {}
 
 
 @contextlib.contextmanager
-def _in_a_process_group_of_their_own():
+def _in_a_session_of_their_own():
     """While the block runs, the processes ``multiprocessing`` starts with ``util.spawnv_passfds``
-    (the fork server, the resource tracker) start in a new Unix process group: ``subprocess.Popen``
-    with the same executable, arguments and passed descriptors, and ``process_group=0`` (Python
-    3.11+; before, nothing changes). Used around ``forkserver.ensure_running``, under ``_lock``."""
-    if sys.version_info < (3, 11) or os.name != "posix":
+    (the fork server, the resource tracker) start in a new session, hence a new Unix process group:
+    ``subprocess.Popen`` with the same executable, arguments and passed descriptors, and
+    ``start_new_session=True``. Used around ``forkserver.ensure_running``, under ``_lock`` (a
+    process another thread starts with ``util.spawnv_passfds`` meanwhile gets the same)."""
+    if os.name != "posix":
         yield
         return
     original = util.spawnv_passfds
 
     def spawnv_passfds(path, args, passfds):
         proc = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
-                                close_fds=True, process_group=0)
-        _STARTED.append(proc)
+                                close_fds=True, start_new_session=True)
+        _STARTED[proc.pid] = proc
         return proc.pid
 
     util.spawnv_passfds = spawnv_passfds
@@ -169,17 +174,27 @@ def _in_a_process_group_of_their_own():
         util.spawnv_passfds = original
 
 
+def _reaped(pid: int, exit_code: int) -> None:
+    """``pid`` was reaped by ``os.waitpid`` (ours or multiprocessing's): give its Popen, if any,
+    the exit code, so that it neither warns at exit that it is still running nor waits for a pid
+    the system may have given to another process."""
+    proc = _STARTED.pop(pid, None)
+    if proc is not None and proc.returncode is None:
+        proc.returncode = exit_code
+
+
 def _running_pid() -> int | None:
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
         return None
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
+        done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:  # reaped elsewhere: Python's own ensure_running would fail on it
-        done = pid
+        done, status = pid, 0
     if not done:
         return pid
+    _reaped(pid, os.waitstatus_to_exitcode(status))
     # gone (killed by someone): forget it, as ForkServer.ensure_running does for a dead server
     with contextlib.suppress(OSError, TypeError):
         os.close(server._forkserver_alive_fd)
@@ -205,7 +220,7 @@ class fork_server:
     """
 
     def __enter__(self) -> int | None:
-        global _server_env, _active
+        global _server_env, _active, _owner
         if start_method() != "forkserver":
             self.used = False
             return None
@@ -218,10 +233,11 @@ class fork_server:
             if pid is None:
                 _socket_folder_that_fits()
                 forkserver.set_forkserver_preload(list(PRELOAD))
-                with _in_a_process_group_of_their_own():
+                with _in_a_session_of_their_own():
                     forkserver.ensure_running()
                 _server_env = env
                 pid = _running_pid()
+                _owner = (os.getpid(), pid)
             _active += 1
             self.used = True
             return pid
@@ -234,29 +250,35 @@ class fork_server:
         return False
 
 
-_OWNER_PID = os.getpid()  # the process whose server _end_at_exit ends (not a plain os.fork child of it)
+_owner: tuple[int, int] | None = None  # (this process's pid, the pid of the server it started last)
 
 
 def _end_at_exit() -> None:
     """At this process's normal exit: SIGKILL the fork server this process started and reap it,
     before multiprocessing's own exit hook removes the server's socket folder (``atexit`` runs
     hooks last-registered first; ``multiprocessing.util`` registered its hook on import, before
-    this module's). A no-op in a process that started no server, e.g. a rank."""
-    if os.getpid() != _OWNER_PID or _running_pid() is None:
+    this module's). A no-op in a process that did not start the running server (a rank, a plain
+    ``os.fork`` child) and while a ``multiprocessing`` child of this process still runs (its exit
+    hook joins it, and the server then exits by itself on end-of-file, as without this hook)."""
+    if _owner is None or _owner[0] != os.getpid() or _running_pid() != _owner[1]:
+        return
+    if multiprocessing.active_children():
         return
     with contextlib.suppress(OSError):
-        os.kill(_running_pid(), signal.SIGKILL)
+        os.kill(_owner[1], signal.SIGKILL)
     with contextlib.suppress(OSError):
-        _stop_unlocked()
+        _stop_unlocked(exit_code=-signal.SIGKILL)
 
 
 atexit.register(_end_at_exit)
 
 
-def _stop_unlocked() -> None:
+def _stop_unlocked(exit_code: int = 0) -> None:
     global _server_env
-    if _running_pid() is not None:
+    pid = _running_pid()
+    if pid is not None:
         forkserver._forkserver._stop()  # closes its "alive" pipe; the server exits; waits for it
+        _reaped(pid, exit_code)
     _server_env = None
 
 

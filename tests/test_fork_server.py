@@ -153,14 +153,13 @@ def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path
     assert not list(long_tmp.iterdir())
 
 
-@pytest.mark.skipif(fs.start_method() != "forkserver" or sys.version_info < (3, 11),
-                    reason="no forkserver here, or a Python without subprocess's process_group")
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
 def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeypatch):
     """ipykernel answers a shutdown request by signalling every child in its own Unix process group
     until none is left, zombies included; a fork server it SIGTERMed stayed a zombie and the
     resource tracker ignores SIGTERM, so jupyter_client SIGTERMed the kernel before its atexit
     hooks ran, and its ``pymp-*`` folder stayed in the temp directory. Now the server and the
-    tracker are in a Unix process group of their own: ipykernel finds nothing to signal, and the
+    tracker are in a session (so a Unix process group) of their own: ipykernel finds nothing to signal, and the
     kernel, given the time jupyter_client gives it (here 20 s before SIGTERM, its default 2.5 s
     being short for a busy machine), exits by itself, having SIGKILLed and reaped the server
     (which would otherwise outlive it by the seconds torch takes to tear down) and removed the
