@@ -23,7 +23,7 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import CaselessStrEnum, default
 
-from helpers.procs import end_processes
+from helpers.procs import descendants, end_processes, is_live
 from helpers.run_dir import is_reaper, socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
@@ -89,24 +89,10 @@ def describe(p) -> str:
     return f"pid {p.pid} ({cmd})"
 
 
-def _is_live(p) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _descendants(p) -> list:
-    try:
-        return p.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
 def _reap_zombie_children() -> None:
     """Reap re-parented orphans that died (they are our children while we are a subreaper)."""
     me = psutil.Process()
-    for child in _descendants(me):
+    for child in descendants(me):
         try:
             if child.ppid() == me.pid and child.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(child.pid, os.WNOHANG)
@@ -117,11 +103,11 @@ def _reap_zombie_children() -> None:
 def _wait_gone(procs: list, timeout: float) -> list:
     """Wait until none of ``procs`` is running (a zombie counts as gone); returns the rest."""
     deadline = time.monotonic() + timeout
-    alive = [p for p in procs if _is_live(p)]
+    alive = [p for p in procs if is_live(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         _reap_zombie_children()
-        alive = [p for p in alive if _is_live(p)]
+        alive = [p for p in alive if is_live(p)]
     _reap_zombie_children()
     return alive
 
@@ -174,7 +160,7 @@ class Watch:
     @classmethod
     def start(cls) -> "Watch":
         me = psutil.Process()
-        return cls(baseline={_proc_key(p) for p in _descendants(me)}, t_start=time.monotonic())
+        return cls(baseline={_proc_key(p) for p in descendants(me)}, t_start=time.monotonic())
 
     def set_kernel(self, pid: int | None) -> None:
         if pid:
@@ -184,7 +170,7 @@ class Watch:
     def snapshot_kernel_tree(self) -> list:
         if self.kernel is None:
             return []
-        tree = _descendants(self.kernel)
+        tree = descendants(self.kernel)
         for p in tree:
             self.seen.setdefault(_proc_key(p), p)
         return tree
@@ -194,7 +180,7 @@ class Watch:
         it removes the folder once the kernel is gone (:func:`helpers.run_dir.run_folder`), which a
         kernel killed mid-launch never does itself; it counts as left behind if it is still there
         after the leftover grace."""
-        tree = [p for p in self.snapshot_kernel_tree() if _is_live(p) and not is_reaper(p)]
+        tree = [p for p in self.snapshot_kernel_tree() if is_live(p) and not is_reaper(p)]
         if tree:
             self.killed_on_abort.extend(describe(p) for p in tree)
             kill_all(tree)
@@ -218,7 +204,7 @@ class Watch:
         _reap_zombie_children()
         me = psutil.Process()
         candidates: dict = {}
-        for p in _descendants(me):
+        for p in descendants(me):
             key = _proc_key(p)
             if key not in self.baseline:
                 candidates[key] = p

@@ -8,7 +8,8 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 - :func:`free_port`: a TCP port the OS says is free right now.
 - :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
   :func:`leftover_children`: this process's, less the resource tracker and the fork server.
-- :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended).
+- :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
+  :func:`is_live`: the "still running" test it uses.
 - :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
   ``gloo``; a requested backend checked against the machine.
 - :func:`init_process_group_from_env` / :func:`main_from_env`: the default process group from the
@@ -36,6 +37,7 @@ __all__ = [
     "end_processes",
     "free_port",
     "init_process_group_from_env",
+    "is_live",
     "leftover_children",
     "main_from_env",
     "resolve_backend",
@@ -58,14 +60,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[psutil.Process]:
-    """Every descendant of process ``pid`` (children, their children, ...), read now.
+def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
+    """Every descendant of ``proc`` (children, their children, ...), read now.
+
+    Args:
+        proc: a pid, or a ``psutil.Process`` (then a pid reused by another process since that
+            object was made counts as gone: psutil compares start times).
 
     Returns:
-        ``psutil.Process`` objects; ``[]`` if ``pid`` no longer exists or cannot be read.
+        ``psutil.Process`` objects; ``[]`` if the process no longer exists or cannot be read.
     """
     try:
-        return psutil.Process(pid).children(recursive=True)
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return p.children(recursive=True)
     except psutil.Error:
         return []
 
@@ -88,7 +95,8 @@ def leftover_children() -> list[psutil.Process]:
     return found
 
 
-def _is_live(p: psutil.Process) -> bool:
+def is_live(p: psutil.Process) -> bool:
+    """``True`` while ``p`` runs: not ended, not a zombie, its pid not reused (psutil's check)."""
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -99,10 +107,10 @@ def _wait(procs: list, timeout: float) -> list:
     """Wait up to ``timeout`` seconds until none of ``procs`` runs (our own children are reaped;
     a zombie whose parent is another process counts as ended). Returns the ones still running."""
     deadline = time.monotonic() + timeout
-    alive = [p for p in procs if _is_live(p)]
+    alive = [p for p in procs if is_live(p)]
     while alive:
         _, alive = psutil.wait_procs(alive, timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-        alive = [p for p in alive if _is_live(p)]
+        alive = [p for p in alive if is_live(p)]
         if time.monotonic() >= deadline:
             break
     return alive
@@ -124,7 +132,7 @@ def end_processes(procs: Iterable[psutil.Process], grace_s: float = 3.0, *, term
     Returns:
         the processes still running after all that (normally none).
     """
-    alive = [p for p in procs if _is_live(p)]
+    alive = [p for p in procs if is_live(p)]
     if terminate:
         for p in alive:
             with contextlib.suppress(psutil.Error):

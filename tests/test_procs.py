@@ -60,15 +60,18 @@ def test_descendants_lists_children_and_grandchildren():
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
             "print(c.pid, flush=True)\nc.wait()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    handle = psutil.Process(p.pid)
     try:
         grandchild = int(p.stdout.readline())
         assert {c.pid for c in procs.descendants(p.pid)} == {grandchild}
+        assert {c.pid for c in procs.descendants(handle)} == {grandchild}  # a psutil.Process too
         assert {p.pid, grandchild} <= {c.pid for c in procs.descendants(os.getpid())}  # recursive
     finally:
         assert procs.end_processes([psutil.Process(p.pid), *procs.descendants(p.pid)], grace_s=3.0) == []
         p.stdout.close()
         p.wait(timeout=10)
     assert procs.descendants(p.pid) == []  # gone: an empty list, no error
+    assert procs.descendants(handle) == []
 
 
 def test_backend_rule():
