@@ -95,9 +95,12 @@ def leftover_children() -> list[psutil.Process]:
     return found
 
 
-def is_live(p: psutil.Process) -> bool:
-    """``True`` while ``p`` runs: not ended, not a zombie, its pid not reused (psutil's check)."""
+def is_live(proc: int | psutil.Process) -> bool:
+    """``True`` while ``proc`` (a pid or a ``psutil.Process``) runs: it exists and is not a zombie
+    (a zombie has ended; only its exit status waits to be read). For a ``psutil.Process``, a pid
+    reused by another process since that object was made counts as ended (psutil's start-time check)."""
     try:
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

@@ -883,17 +883,12 @@ gpu_notebooks = sorted(stem for stem, prof in runner_profiles.items() if isinsta
 assert {"01_gradients_dp_vs_ddp", "04_mnist_single_dp_ddp"} <= set(gpu_notebooks), gpu_notebooks
 assert all(runner_profiles[stem]["gpu"].get("world_size") == 1 for stem in gpu_notebooks)
 if n_gpus == 0:  # the runner must refuse the gpu profile here, before running anything
-    import importlib.util
-    import sys
+    from ci.planning import ConfigError, require_device  # the check `ci/run_notebooks.py` makes
 
-    spec_ = importlib.util.spec_from_file_location("run_notebooks", REPO_ROOT / "ci" / "run_notebooks.py")
-    runner = importlib.util.module_from_spec(spec_)
-    sys.modules["run_notebooks"] = runner  # its dataclasses look their module up there
-    spec_.loader.exec_module(runner)
     try:
-        runner.require_device("gpu")
+        require_device("gpu")
         refused = None
-    except runner.ConfigError as e:
+    except ConfigError as e:
         refused = str(e)
     assert refused and "torch.cuda.is_available() is False" in refused, refused
     print("the runner refuses --profile gpu here:", refused[:120], "...")

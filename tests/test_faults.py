@@ -30,6 +30,7 @@ from ci import reliability
 from ci.cleanup import IPCKernelManager
 from helpers import faults, fork_server
 from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
+from helpers.procs import is_live
 
 # one xdist worker runs the whole matrix, so the report written after the module is complete
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix")]
@@ -598,7 +599,7 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
 # children: those rows look for every process carrying the row's environment mark.
 
 def _gone(pids):
-    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+    return not any(is_live(p) for p in pids)
 
 
 @pytest.fixture

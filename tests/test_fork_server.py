@@ -14,6 +14,7 @@ import pytest
 from _support import REPO_ROOT
 from helpers import fork_server as fs
 from helpers.launch import launch
+from helpers.procs import is_live
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
@@ -104,7 +105,7 @@ def test_server_ends_when_its_process_exits():
         psutil.Process(pid).wait(15)
     except psutil.NoSuchProcess:
         pass
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not is_live(pid)
 
 
 def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
@@ -201,7 +202,7 @@ def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeyp
         assert os.path.isdir(folder) and os.path.basename(folder).startswith("pymp-"), folder
         pid, process = k.pid, k.km.provisioner.process
         k.close()  # jupyter_client's graceful shutdown: request, wait 20 s, then SIGTERM
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert not is_live(pid)
         assert process.wait(5) == 0, f"the kernel did not exit by itself (exit code {process.returncode})"
         assert not psutil.pid_exists(server), "the fork server outlived its kernel"
         assert not os.path.exists(folder), "the kernel's atexit hooks should have removed the server's socket folder"

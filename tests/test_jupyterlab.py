@@ -51,6 +51,7 @@ import psutil
 import pytest
 
 from _support import leftover_processes
+from helpers.procs import is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -343,7 +344,7 @@ class LabServer:
         found = []
         for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                if p.environ().get(MARKER_ENV) == self.marker and _alive(p):
+                if p.environ().get(MARKER_ENV) == self.marker and is_live(p):
                     found.append(p)
         return found
 
@@ -367,7 +368,7 @@ class LabServer:
                 self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 problems.append(f"jupyter lab still running {SHUTDOWN_TIMEOUT_S} s after /api/shutdown")
-        alive = {(p.pid, p.create_time()): p for p in self.seen.values() if _alive(p)}
+        alive = {(p.pid, p.create_time()): p for p in self.seen.values() if is_live(p)}
         for p in self.marked():
             with contextlib.suppress(psutil.Error):
                 alive.setdefault((p.pid, p.create_time()), p)
@@ -393,13 +394,6 @@ class LabServer:
             self._log.close()
 
 
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _cmd(p: psutil.Process) -> str:
     try:
         return " ".join(p.cmdline())[:160]
@@ -416,6 +410,14 @@ def _wait_kernel(page, name: str, status: str, timeout_s: float = 180) -> None:
     """Wait until ``name`` is the current notebook and its kernel's status is ``status``."""
     page.wait_for_function(f"(name) => ({JS_KERNEL_STATUS})(name) === {status!r}", arg=name,
                            timeout=timeout_s * 1000)
+
+
+def _open_in_this_page(page, name: str) -> None:
+    """Open notebook ``name`` in the JupyterLab already loaded in ``page`` (a new tab there, as
+    opening it from the file browser does), instead of loading the whole application again in
+    a second page: each JupyterLab page costs Chromium several CPU-seconds to start and keeps
+    polling the server while it stays open."""
+    page.evaluate("async (path) => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", name)
 
 
 def _run_all_cells_via_menu(page) -> None:
@@ -517,9 +519,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
 
                 # self-check: the same detectors do catch an error (a throwaway notebook that raises)
                 _make_probe_notebook(server.root / PROBE_NAME)
-                page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.set_default_timeout(120_000)
-                page.goto(f"{server.base}/lab/tree/{PROBE_NAME}?reset&token={server.token}")
+                _open_in_this_page(page, PROBE_NAME)
                 _wait_kernel(page, PROBE_NAME, "idle")
                 _run_all_cells_via_menu(page)
                 probe = _wait_run_all_done(page, 120)
@@ -533,9 +533,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
 
                 # warm ranks: a %%px cell in a scratch notebook shows both ranks' output, labelled
                 _make_px_notebook(server.root / PX_NAME)
-                page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.set_default_timeout(120_000)
-                page.goto(f"{server.base}/lab/tree/{PX_NAME}?reset&token={server.token}")
+                _open_in_this_page(page, PX_NAME)
                 _wait_kernel(page, PX_NAME, "idle")
                 t_px = time.monotonic()
                 _run_all_cells_via_menu(page)
@@ -566,5 +564,5 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     left = [p for p in leftover_processes() if p.pid not in baseline]
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [p for p in leftover_processes() if p.pid not in baseline and _alive(p)]
+        left = [p for p in leftover_processes() if p.pid not in baseline and is_live(p)]
     assert not left, f"processes left behind: {[(p.pid, _cmd(p)) for p in left]}"

@@ -15,6 +15,7 @@ import launch_workers as w
 from _support import REPO_ROOT, TESTS_DIR
 from ci.cleanup import IPCKernelManager
 from helpers.launch import LaunchError, OversubscriptionWarning, launch, resolve_backend
+from helpers.procs import is_live
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
@@ -248,16 +249,6 @@ def pdeathsig(rank, world_size):
     return sig.value
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended; psutil, since the launcher may have reaped it)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 @pytest.mark.parametrize("how", ["returns", "times out"])
 def test_ranks_started_by_agent_thread_that_outlives_them(monkeypatch, how):
@@ -282,7 +273,7 @@ def test_ranks_started_by_agent_thread_that_outlives_them(monkeypatch, how):
             try:
                 return run(*a)
             finally:
-                at_agent_return.extend(_running(p.pid) for _, p in started)
+                at_agent_return.extend(is_live(p.pid) for _, p in started)
         return wrapped
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)

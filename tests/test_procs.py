@@ -65,6 +65,7 @@ def test_descendants_lists_children_and_grandchildren():
         grandchild = int(p.stdout.readline())
         assert {c.pid for c in procs.descendants(p.pid)} == {grandchild}
         assert {c.pid for c in procs.descendants(handle)} == {grandchild}  # a psutil.Process too
+        assert procs.is_live(p.pid) and procs.is_live(handle)
         assert {p.pid, grandchild} <= {c.pid for c in procs.descendants(os.getpid())}  # recursive
     finally:
         assert procs.end_processes([psutil.Process(p.pid), *procs.descendants(p.pid)], grace_s=3.0) == []
@@ -72,6 +73,7 @@ def test_descendants_lists_children_and_grandchildren():
         p.wait(timeout=10)
     assert procs.descendants(p.pid) == []  # gone: an empty list, no error
     assert procs.descendants(handle) == []
+    assert not procs.is_live(p.pid) and not procs.is_live(handle) and not procs.is_live(grandchild)
 
 
 def test_backend_rule():

@@ -15,6 +15,7 @@ import pytest
 
 from ci import execution
 from ci import run_notebooks as rn
+from helpers.procs import is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "ci" / "run_notebooks.py"
@@ -131,18 +132,11 @@ def table_rows(stdout: str) -> dict[str, tuple[str, float]]:
     return rows
 
 
-def live(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def assert_gone(pids: list[int], within: float = 3.0) -> None:
     deadline = time.monotonic() + within
-    while any(live(p) for p in pids) and time.monotonic() < deadline:
+    while any(is_live(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in pids if live(p)], f"processes still running: {pids}"
+    assert not [p for p in pids if is_live(p)], f"processes still running: {pids}"
 
 
 # ------------------------------------------------------------------------------------------
