@@ -346,10 +346,6 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
 
 
 @pytest.mark.timeout(120)
-def test_spawn_launch_returns_results_in_rank_order(no_leftover_processes):
-    assert bench.spawn_launch(bench.trivial_worker, 2) == [0, 1]
-
-
 def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
     """The children of ``bench_threads_by_launcher`` see no OMP_NUM_THREADS (each launcher's own
     default is what is measured) and the caller's value is back afterwards, even when a child
@@ -375,10 +371,13 @@ def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
 @pytest.mark.timeout(600)
 def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     """`python -m helpers.bench launch` rows: warm-rank start-up and warm calls beside cold launches
-    of the same worker, and a table with the ratio (no timing asserted)."""
+    of the same worker, and a table with the ratio (no timing asserted). Each launch in it checks
+    its results are in rank order (``bench.spawn_launch``'s too: it has no test of its own, which
+    would start two more fresh interpreters)."""
     rows = bench.bench_launch_overhead(world_sizes=(2,), repeats=1)
     methods = {r["method"] for r in rows}
-    assert {"helpers.launch", bench.LAUNCH_FIRST, bench.WARM_START, bench.WARM_RUN} <= methods
+    assert {"helpers.launch", bench.LAUNCH_FIRST, "torch.multiprocessing.spawn", bench.WARM_START,
+            bench.WARM_RUN} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
     ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
     warm_ratio = ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0]
