@@ -51,7 +51,7 @@ import psutil
 import pytest
 
 from _support import leftover_processes
-from helpers.procs import is_live
+from helpers.procs import free_port, is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -258,12 +258,6 @@ def test_missing_browser_skips_outside_ci_and_fails_in_ci(monkeypatch, tmp_path)
 # --------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    from helpers.procs import free_port
-
-    return free_port()
-
-
 def _http(url: str, method: str = "GET", timeout: float = 5.0) -> int:
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -278,7 +272,7 @@ class LabServer:
     def __init__(self, tmp: Path):
         self.root = tmp / "notebooks"
         shutil.copytree(NOTEBOOKS_DIR, self.root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(16)
         self.log_path = tmp / "jupyterlab.log"
         settings = tmp / "lab-settings"
