@@ -345,7 +345,6 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
     assert o["launched_early"] == 2 * (small["n_buckets"] - 1)
 
 
-@pytest.mark.timeout(120)
 def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
     """The children of ``bench_threads_by_launcher`` see no OMP_NUM_THREADS (each launcher's own
     default is what is measured) and the caller's value is back afterwards, even when a child

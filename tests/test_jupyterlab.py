@@ -6,9 +6,11 @@ matplotlib figure (an ``<img>`` in an output area), the workers' output prefixed
 / ``[rank 1]`` relayed into the cell, and no error output (no output of type ``error`` in the
 notebook model, no rendered stderr holding a traceback). It saves screenshots to
 ``build/jupyterlab_nb01.png`` (the figure) and ``build/jupyterlab_nb01_ranks.png`` (the
-``[rank r]`` output), then runs a scratch notebook that starts warm ranks (``helpers.ranks``)
-and a ``%%px`` cell, and checks both ranks' output is rendered, labelled ``[stdout:0]`` /
-``[stdout:1]`` (``build/jupyterlab_px.png``). It shuts the server down through its REST API
+``[rank r]`` output). In the same page (a new tab, as the file browser opens one) it then runs
+a scratch notebook that raises (the detectors above must catch it) and one that starts warm
+ranks (``helpers.ranks``) and a ``%%px`` cell, and checks both ranks' output is rendered,
+labelled ``[stdout:0]`` / ``[stdout:1]`` (``build/jupyterlab_px.png``); each notebook's checks
+look only inside its own panel. It shuts the server down through its REST API
 and checks that no process it started (server, kernel, DDP workers, browser) is left behind.
 
 Parameters: the browser runs the notebook with :data:`BROWSER_PARAMETERS` (``seed`` 1, two
@@ -154,7 +156,7 @@ JS_NOTEBOOK_STATE = """() => {
       }
     }
   }
-  for (const p of document.querySelectorAll('.jp-NotebookPanel .jp-InputPrompt')) {
+  for (const p of w.node.querySelectorAll('.jp-InputPrompt')) {  // this notebook's prompts only
     if (p.textContent.includes('*')) out.running += 1;
   }
   return out;
@@ -414,6 +416,14 @@ def _open_in_this_page(page, name: str) -> None:
     page.evaluate("async (path) => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", name)
 
 
+def _current_panel(page):
+    """A locator for the notebook panel shown now (JupyterLab's current widget). The checks of a
+    notebook look only inside it: the notebooks opened earlier stay open in hidden tabs of the
+    same page, their outputs included."""
+    widget_id = page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+    return page.locator(f'[id="{widget_id}"]')
+
+
 def _run_all_cells_via_menu(page) -> None:
     """Menu bar Run > Run All Cells, clicked as a learner would."""
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^\s*Run\s*$")).click()
@@ -485,7 +495,8 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
 
                 # no error output: in the model (output_type "error") and as rendered tracebacks
                 assert not state["errors"], f"cells raised in JupyterLab: {state['errors']}"
-                tracebacks = page.locator(
+                panel = _current_panel(page)
+                tracebacks = panel.locator(
                     '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]',
                     has_text="Traceback")
                 assert tracebacks.count() == 0, (
@@ -493,13 +504,13 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 assert state["executed"] == state["code_cells"] > 0, f"not every code cell ran: {state}"
 
                 # the figure: an <img> in an output area that actually loaded
-                figure = page.locator(".jp-OutputArea-output img")
+                figure = panel.locator(".jp-OutputArea-output img")
                 assert figure.count() >= 1, "no figure (<img>) rendered in any output area"
                 natural = figure.last.evaluate("img => [img.naturalWidth, img.naturalHeight]")
                 assert natural[0] > 100 and natural[1] > 100, f"the figure did not load: {natural}"
 
                 # the workers' output, relayed into the cell with the rank prefix
-                ranks = page.locator(".jp-OutputArea-output", has_text="[rank 0]")
+                ranks = panel.locator(".jp-OutputArea-output", has_text="[rank 0]")
                 assert ranks.count() >= 1, "no `[rank 0]` worker output rendered"
                 rank_text = ranks.first.inner_text()
                 assert "[rank 1]" in rank_text, f"rank 1's output missing:\n{rank_text[:2000]}"
@@ -520,7 +531,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 server.remember()
                 assert [(e["cell"], e["ename"]) for e in probe["errors"]] == [(1, "ValueError")], probe
                 assert probe["executed"] < probe["code_cells"], f"cells after the error ran: {probe}"
-                probe_tb = page.locator(
+                probe_tb = _current_panel(page).locator(
                     '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]', has_text="Traceback")
                 assert probe_tb.count() == 1 and PROBE_MESSAGE in probe_tb.first.inner_text(), (
                     "the rendered-traceback detector missed the probe's error")
@@ -535,11 +546,13 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 timings["warm ranks + %%px"] = time.monotonic() - t_px
                 server.remember()
                 assert not px["errors"] and px["executed"] == px["code_cells"], px
+                panel = _current_panel(page)
                 for r in range(2):
-                    out = page.locator(".jp-OutputArea-output", has_text=f"{PX_MESSAGE} {r} of 2")
+                    out = panel.locator(".jp-OutputArea-output", has_text=f"{PX_MESSAGE} {r} of 2")
                     assert out.count() >= 1, f"rank {r}'s %%px output is not rendered"
                     assert f"[stdout:{r}]" in out.first.inner_text(), out.first.inner_text()[:1000]
                 page.screenshot(path=str(SCREENSHOT_PX))
+                assert not console_errors, f"uncaught errors in the page: {console_errors}"
             finally:
                 browser.close()
         n_seen = len(server.seen)
