@@ -60,6 +60,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _process(proc: int | psutil.Process) -> psutil.Process:
+    """``proc`` as a ``psutil.Process`` (a pid is looked up now; raises ``psutil.NoSuchProcess``)."""
+    return proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+
+
 def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
     """Every descendant of ``proc`` (children, their children, ...), read now.
 
@@ -71,8 +76,7 @@ def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
         ``psutil.Process`` objects; ``[]`` if the process no longer exists or cannot be read.
     """
     try:
-        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
-        return p.children(recursive=True)
+        return _process(proc).children(recursive=True)
     except psutil.Error:
         return []
 
@@ -100,7 +104,7 @@ def is_live(proc: int | psutil.Process) -> bool:
     (a zombie has ended; only its exit status waits to be read). For a ``psutil.Process``, a pid
     reused by another process since that object was made counts as ended (psutil's start-time check)."""
     try:
-        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        p = _process(proc)
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

@@ -2,8 +2,10 @@
 such as ``launch_workers``, which spawned workers import by name) are on ``sys.path`` through
 ``pythonpath`` in pyproject.toml's ``[tool.pytest.ini_options]``."""
 
+import multiprocessing.util
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -50,6 +52,23 @@ def pytest_collection_modifyitems(items):
                         if defs and defs[-1].scope == "module")
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{'+'.join(shared)}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_state_outside_tmp_paths():
+    """This test process's own temp state stays in the usual temp directory for the whole session.
+
+    Python caches its temp directory at the first ``tempfile.gettempdir()``, and multiprocessing
+    makes its per-process folder (``pymp-*``, where the fork server's socket goes too) once, at
+    first use. Both outlive any one test, so neither may land in a test's ``tmp_path``, which
+    pytest removes when the test passes (``tmp_path_retention_policy``): a test that points
+    ``TMPDIR`` or ``tempfile.tempdir`` at its ``tmp_path`` (for a kernel, or to check what a
+    launch leaves) would otherwise leave every later launch in this process failing with
+    ``FileNotFoundError``. Fixed here, before any test, for every test.
+    """
+    tempfile.gettempdir()
+    multiprocessing.util.get_temp_dir()
+    yield
 
 
 @pytest.fixture

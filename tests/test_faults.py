@@ -92,11 +92,6 @@ def timed_failure(expected, fn, *args, **kwargs):
 def test_worker_raises(row, world_size, bad_rank, moment, tmp_path, monkeypatch):
     row.update(fault=f"rank {bad_rank} of {world_size} raises {moment} the collective",
                injection=f"`faults.fail_at(bad_rank={bad_rank}, moment={moment!r})`")
-    # The fork server outlives this row (it serves the next launch), and so do its socket and
-    # multiprocessing's temp folder of this process (pymp-*, made once per process): both go to
-    # the usual temp directory, not into tmp_path, which pytest removes when the row passes.
-    with fork_server.fork_server():
-        pass
     # the launcher's temp directory (where torch's spawn names a pytorch-errorfile-* per rank, and
     # launch() its run folder): nothing may be left in it
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -300,8 +295,6 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     nbformat.write(nb, tmp_path / "nbs" / "99_hang.ipynb")
     kernel_tmp = tmp_path / "tmp"  # the kernel's temp directory, where the launch's run folder goes
     kernel_tmp.mkdir()
-    tempfile.gettempdir()  # this process's own temp directory stays the usual one (Python caches
-    # it at the first call): pytest removes tmp_path when the test passes
     monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     start = time.monotonic()
     rows = rn.run_notebooks(["99_hang"], cell_timeout=30, output_dir=tmp_path / "out",

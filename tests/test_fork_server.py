@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import psutil
@@ -173,8 +172,6 @@ def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeyp
 
     kernel_tmp = tmp_path / "tmp"
     kernel_tmp.mkdir()
-    tempfile.gettempdir()  # this process's own temp directory stays the usual one (Python caches
-    # it at the first call): pytest removes tmp_path when the test passes
     monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     modules = tmp_path / "modules"
     modules.mkdir()
