@@ -74,6 +74,9 @@ def resolve_notebooks(
     a number prefix matches several.
     """
     folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
+    if not folder.is_dir():
+        raise ConfigError(f"the notebooks folder {folder} does not exist or is not a folder: pass "
+                          "--notebooks-dir with the folder that holds the .ipynb files")
     available = discover_notebooks(folder)
     listing = "\n".join(f"  {p.stem}" for p in available) or "  (none)"
     names = list(names or [])
@@ -85,6 +88,10 @@ def resolve_notebooks(
     chosen: list[Path] = []
     errors: list[str] = []
     for name in names:
+        if name.endswith(".py"):  # a notebook's jupytext twin: the .ipynb is what runs
+            errors.append(f"{name!r} is a Python file, not a notebook: pass the notebook itself "
+                          f"({Path(name).with_suffix('.ipynb').name!r}), its stem or its number")
+            continue
         looks_like_path = name.endswith(".ipynb") or "/" in name or os.sep in name
         if looks_like_path:
             p = Path(name)
@@ -339,12 +346,13 @@ def plan_run(
     notebooks_dir: str | os.PathLike | None = None,
     profiles_file: str | os.PathLike | None = None,
 ) -> Plan:
-    """Check everything (names, profile, profiles file, parameters) without running anything.
+    """Check everything (names, profile, output folder, profiles file, parameters) without running anything.
 
     Raises :class:`ConfigError` with every problem found.
     """
     check_profile(profile)
     paths = resolve_notebooks(names, notebooks_dir)
+    check_output_dir(Path(output_dir) / profile)
     profiles = load_profiles(profiles_file)
     known_stems = {p.stem for p in discover_notebooks(notebooks_dir)} | {p.stem for p in paths}
     for stem in profiles:
@@ -380,6 +388,23 @@ def plan_run(
     if errors:
         raise ConfigError("\n".join(errors))
     return Plan(jobs, profile, Path(output_dir).resolve(), timeout)
+
+
+def check_output_dir(output_dir: str | os.PathLike) -> Path:
+    """``output_dir`` as an absolute path, checked before anything runs: it, or the nearest of its
+    parents that exists, must be a folder this process can write in (missing folders are created
+    later). Raises :class:`ConfigError` saying which path is in the way."""
+    target = Path(output_dir).resolve()
+    for p in (target, *target.parents):
+        if not p.exists():
+            continue
+        if not p.is_dir():
+            raise ConfigError(f"output folder {output_dir}: {p} exists and is not a folder; pass a "
+                              "folder path with --output-dir (missing folders are created)")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"output folder {output_dir}: {p} is not writable; pass another --output-dir")
+        break
+    return target
 
 
 def require_device(profile: str) -> None:

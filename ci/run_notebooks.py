@@ -76,7 +76,10 @@ this file (the command line); run it as ``python3 ci/run_notebooks.py`` or
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 
 try:
     from ci.execution import (
@@ -193,11 +196,16 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     try:
-        with output_lock(plan.output_dir):  # one runner per folder, notebooks and gallery alike
+        with output_lock(plan.output_dir), _sigterm_as_interrupt():  # one runner per folder
             rows, gallery_failed = _execute_and_render(plan, args, progress)
     except OutputDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted (Ctrl-C)"
+        print(f"\n{how}: the running notebook was stopped and its kernel ended; notebooks that "
+              f"finished before it are in {plan.output_dir / plan.profile}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
     bad = [r for r in rows if r["status"] not in (STATUS_OK, STATUS_SKIPPED)]
     if bad:
         print()
@@ -208,6 +216,29 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return EXIT_FAILED
     return EXIT_FAILED if gallery_failed else EXIT_OK
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so the same clean-up runs."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the notebooks run, SIGTERM (``kill``, a CI job cancelled) ends the run the way Ctrl-C
+    does: the kernel is shut down and its connection files removed, instead of Python exiting at
+    once and leaving them. Only in the main thread (signal handlers can be set nowhere else)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _execute_and_render(plan, args, progress) -> tuple[list[dict], bool]:

@@ -29,7 +29,7 @@ from nbconvert.exporters import NotebookExporter
 from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 from traitlets.config import Config
 
-from ci.planning import REPO_ROOT, ConfigError, resolve_notebooks
+from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
 
 SOLUTION_TAG = "solution"
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "build" / "student"
@@ -49,9 +49,10 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
                          *, notebooks_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write one student copy per notebook into ``output_dir``; returns the paths written.
 
-    Raises :class:`ci.planning.ConfigError` for an unknown notebook name (before writing)."""
+    Raises :class:`ci.planning.ConfigError` for an unknown notebook name or an output folder that
+    cannot be one (before writing)."""
     paths = resolve_notebooks(names, notebooks_dir)
-    out = Path(output_dir)
+    out = check_output_dir(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     exporter = student_exporter()
     written = []

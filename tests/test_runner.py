@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -367,6 +368,54 @@ def test_name_resolution(nbdir, tmp_path):
         resolve(["06"], nbdir)
     with pytest.raises(rn.ConfigError, match="no such notebook file"):
         resolve([str(tmp_path / "missing.ipynb")], nbdir)
+
+
+def test_paths_that_cannot_work_are_refused_before_anything_runs(nbdir, profiles, tmp_path, capsys):
+    """An output folder that is a file (or lies under one), a notebook's .py twin given as the
+    notebook, a notebooks folder that does not exist: exit 2, a message naming the path, nothing
+    written (the runner's CLI and the student copies alike)."""
+    from ci import student_copies
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in (afile, afile / "sub"):
+        rc, _, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(profiles),
+                               "--output-dir", str(out)], capsys)
+        assert rc == 2 and f"{afile} exists and is not a folder" in err, err
+    assert student_copies.main(["01", "--output-dir", str(afile)]) == 2
+    assert f"{afile} exists and is not a folder" in capsys.readouterr().err
+    twin = nbdir / "01_ok.py"
+    twin.write_text("# %%\n")
+    rc, _, err = run_main([str(twin), *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2 and "is a Python file, not a notebook" in err and "'01_ok.ipynb'" in err, err
+    rc, _, err = run_main(["01", "--notebooks-dir", str(tmp_path / "nowhere"), "--profiles", str(profiles),
+                           "--output-dir", str(tmp_path / "build")], capsys)
+    assert rc == 2 and "does not exist or is not a folder" in err and "nowhere" in err, err
+    assert afile.read_text() == "" and not (tmp_path / "build").exists()
+
+
+@pytest.mark.timeout(120)
+def test_cli_sigterm_ends_the_run_like_ctrl_c(nbdir, profiles, tmp_path):
+    """SIGTERM (``kill``, a cancelled CI job) while a cell runs: exit 143 with a message, the
+    kernel and the processes its cell started are ended, and no kernel connection file is left
+    in the runner's temp directory."""
+    tmp = tmp_path / "runner_tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, str(RUNNER), "03", *common_args(nbdir, profiles, tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    pids_file = nbdir / "sleep_pids.txt"
+    deadline = time.monotonic() + 60
+    while not pids_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the cell moves on to its time.sleep(60)
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out + err
+    assert "terminated (SIGTERM): the running notebook was stopped and its kernel ended" in err, err
+    assert_gone([int(p) for p in pids_file.read_text().split()], within=10)
+    left = sorted(p.name for p in tmp.iterdir() if p.name.startswith(("kernel-", "tmp")))
+    assert not left, f"kernel files left in the runner's temp directory: {left}"
 
 
 def test_bad_profiles_file(nbdir, tmp_path, capsys):
