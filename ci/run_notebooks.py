@@ -202,10 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted (Ctrl-C)"
+        sig, how = ((signal.SIGTERM, "terminated (SIGTERM)") if isinstance(e, _Terminated)
+                    else (signal.SIGINT, "interrupted (Ctrl-C)"))
         print(f"\n{how}: the running notebook was stopped and its kernel ended; notebooks that "
               f"finished before it are in {plan.output_dir / plan.profile}", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
+        return 128 + sig
     bad = [r for r in rows if r["status"] not in (STATUS_OK, STATUS_SKIPPED)]
     if bad:
         print()

@@ -14,7 +14,7 @@ import nbformat
 import psutil
 import pytest
 
-from ci import execution
+from ci import execution, student_copies
 from ci import run_notebooks as rn
 from helpers.procs import is_live
 
@@ -374,8 +374,6 @@ def test_paths_that_cannot_work_are_refused_before_anything_runs(nbdir, profiles
     """An output folder that is a file (or lies under one), a notebook's .py twin given as the
     notebook, a notebooks folder that does not exist: exit 2, a message naming the path, nothing
     written (the runner's CLI and the student copies alike)."""
-    from ci import student_copies
-
     afile = tmp_path / "afile"
     afile.write_text("")
     for out in (afile, afile / "sub"):
