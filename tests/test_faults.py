@@ -144,10 +144,17 @@ def test_fork_server_sigkilled_while_its_ranks_run(row):
     assert launch(faults.ok, 2) == [0, 1]  # the server runs
     server = psutil.Process(fork_server.fork_server_pid())
 
+    def running_ranks():
+        # a child counts once it runs rank code (it has connected to the group's store): a child
+        # merely forked may not have had its pid sent back yet, and a kill in between is a
+        # different fault (the launch then fails with multiprocessing's EOFError while starting them)
+        ranks = server.children()
+        return len(ranks) >= 2 and all(r.net_connections(kind="inet") for r in ranks)
+
     def kill_once_forked():
         with contextlib.suppress(psutil.NoSuchProcess):
             deadline = time.monotonic() + 60
-            while len(server.children()) < 2 and time.monotonic() < deadline:
+            while not running_ranks() and time.monotonic() < deadline:
                 time.sleep(0.05)
             server.kill()
 
