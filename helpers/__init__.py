@@ -14,6 +14,7 @@ Modules:
     cluster      -- notebook 07 (a package): torchrun entry point (python -m helpers.cluster), torchrun
                     agents started from Python, two-node rehearsal in network namespaces
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
+    dataparallel -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
     notebook     -- the learner recipe every notebook follows: parameter checks, exercises
 """
 

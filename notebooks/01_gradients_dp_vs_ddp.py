@@ -69,6 +69,7 @@ from torch.func import functional_call
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
+from helpers.dataparallel import scatter_chunk_sizes  # items per replica call of nn.DataParallel
 from helpers.launch import launch, worker_device
 
 n_gpus = torch.cuda.device_count()
@@ -303,8 +304,10 @@ else:
 #
 # **Claim:** real DP's gradient equals the single-device gradient of the whole batch. With one
 # GPU, DP calls the module directly on the whole batch; with several, the forward hook below
-# fires once per replica with one chunk each. On a CPU-only machine this cell prints that it
-# skipped, and why.
+# fires once per chunk of `x.chunk(n_gpus)`, each on its own GPU: DP's scatter splits a batch
+# that way (`torch/csrc/cuda/comm.cpp`), so a batch smaller than the GPU count, or one that
+# does not divide, runs on fewer replicas than GPUs. On a CPU-only machine this cell prints
+# that it skipped, and why.
 
 # %%
 dp_real = None  # filled only when real DP runs
@@ -317,6 +320,9 @@ if n_gpus >= 1:
     hook.remove()
     dp_real = {"weight": gpu_model.weight.grad.cpu(), "bias": gpu_model.bias.grad.cpu()}
     print(f"RAN real nn.DataParallel: device_ids = {dp.device_ids}; forward calls (device, chunk size): {calls}")
+    # one replica call per chunk of tensor.chunk(n_gpus), on cuda:0, cuda:1, ... (the threads finish in any order)
+    expected = [(f"cuda:{i}", n) for i, n in enumerate(scatter_chunk_sizes(len(x), n_gpus))]
+    assert sorted(calls, key=lambda c: int(c[0].split(":")[1])) == expected, f"calls {calls}, expected {expected}"
     assert_close(dp_real["weight"], full["weight"], msg="real DP weight gradient != single-device gradient")
     assert_close(dp_real["bias"], full["bias"], msg="real DP bias gradient != single-device gradient")
 else:

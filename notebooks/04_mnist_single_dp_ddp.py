@@ -85,6 +85,7 @@ from torch.testing import assert_close
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
+from helpers.dataparallel import scatter_chunk_sizes  # items per replica call of nn.DataParallel
 from helpers.launch import launch, resolve_backend, worker_device
 from helpers.mnist_train import peak_rss_mib  # this process's peak resident memory, MiB
 
@@ -285,7 +286,9 @@ if n_gpus == 0:
           "SKIPPED real multi-GPU DP (scatter / replicate / gather): no GPU here.")
 else:
     assert dp_model.device_ids == list(range(n_gpus)), dp_model.device_ids
-    assert len(calls) == min(n_gpus, global_batch_size), f"one call per replica expected, got {calls}"
+    # one call per chunk of scatter's tensor.chunk(n_gpus): fewer than n_gpus when the batch is small
+    expected = scatter_chunk_sizes(global_batch_size, n_gpus)
+    assert sorted(calls, reverse=True) == expected, f"replica calls {calls}, expected chunk sizes {expected}"
     assert_close(dp_losses[:n_check], single_losses[:n_check], rtol=1e-4, atol=1e-5)
     print(f"RAN real nn.DataParallel over {n_gpus} GPU(s)")
 assert dp_acc >= min_accuracy, f"DP accuracy {dp_acc:.4f} < {min_accuracy}"
