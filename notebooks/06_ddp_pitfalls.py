@@ -1012,10 +1012,10 @@ else:
     bn_gpu = nn.BatchNorm1d(bn_channels, dtype=torch.float64).cuda()
     out_dp = nn.DataParallel(bn_gpu)(x_global.cuda()).detach().cpu()
     bn_check = nn.BatchNorm1d(bn_channels, dtype=torch.float64)
-    out_check = emulated_dp_batchnorm(bn_check, x_global, min(n_gpus, x_global.shape[0])).detach()
+    out_check = emulated_dp_batchnorm(bn_check, x_global, n_gpus).detach()  # x.chunk(n_gpus), as DP's scatter
     assert_close(out_dp, out_check, rtol=1e-5, atol=1e-6, msg="real DP output != emulation")
     assert_close(bn_gpu.running_mean.cpu(), bn_check.running_mean, rtol=1e-5, atol=1e-6, msg="real DP running_mean != emulation")
-    display(Markdown(f"**GPU branch RAN:** real DataParallel on {n_gpus} GPU(s) matched the emulation with {n_gpus} replica(s)."))
+    display(Markdown(f"**GPU branch RAN:** real DataParallel on {n_gpus} GPU(s) matched the emulation with {len(x_global.chunk(n_gpus))} replica(s)."))
 
 # %% [markdown]
 # ### `broadcast_buffers=False` versus `forward_sync_buffers=False` (torch 2.14.1)
