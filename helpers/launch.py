@@ -39,8 +39,8 @@ The same worker function, once moved into a module, runs unchanged under ``torch
 - :mod:`helpers.sending`: what may be sent (by value or by reference), the refusal walk;
 - :mod:`helpers.rank_entry`: what runs inside each rank (parent-death signal, process group,
   ``fn``, markers), and :func:`worker_device`;
-- :mod:`helpers.run_dir`: the run folder the launcher and its ranks share (markers, per-rank
-  log files and their relay), removed even when the launcher is SIGKILLed;
+- :mod:`helpers.run_dir`: the run folder the launcher and its ranks share (markers, each rank's
+  captured stdout/stderr and their relay), removed even when the launcher is SIGKILLed;
 - :mod:`helpers.procs`: free ports, ending process trees, the backend rule, the torchrun entry.
 
 Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/run.html,
@@ -253,7 +253,10 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         max_restarts=0,
         monitor_interval=_POLL_S,
         start_method=start_method,  # never fork: see the module docstring
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
+        # no redirects: each rank captures its own stdout/stderr (helpers.run_dir.capture_output),
+        # since the agent's redirect is a no-op on macOS and Windows; log_dir keeps its error.json
+        # files in the run folder
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE),
         shutdown_timeout=int(_KILL_GRACE_S),
     )
 
@@ -315,7 +318,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
 
     start = time.monotonic()
     thread = threading.Thread(target=agent, name="ddp-lab-elastic-agent", daemon=True)
-    relay = Relay(os.path.join(run_dir, "logs"))
+    relay = Relay(run_dir)
     reason: tuple | None = None
     vanished: dict[int, float] = {}  # rank -> when it was first seen gone without a result
     thread.start()

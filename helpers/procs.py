@@ -5,7 +5,8 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 :mod:`helpers.rank_entry` (and :mod:`helpers.mp` through them), :mod:`helpers.ranks`,
 :mod:`helpers.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
 
-- :func:`free_port`: a TCP port the OS says is free right now.
+- :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
+  loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``).
 - :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
   :func:`leftover_children`: this process's, less the resource tracker and the fork server.
 - :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import platform
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +41,7 @@ __all__ = [
     "init_process_group_from_env",
     "is_live",
     "leftover_children",
+    "loopback_interface",
     "main_from_env",
     "resolve_backend",
 ]
@@ -58,6 +61,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def loopback_interface(system: str | None = None) -> str:
+    """The name of the loopback interface (the one holding ``127.0.0.1``) on ``system``
+    (``platform.system()``; default: this machine's): ``"lo0"`` on macOS and the BSDs, ``"lo"``
+    on Linux (and elsewhere). What ``GLOO_SOCKET_IFNAME`` must name for a job on ``127.0.0.1``:
+    gloo fails on a name the machine does not have.
+
+    Returns:
+        str: an interface name.
+    """
+    system = platform.system() if system is None else system
+    return "lo0" if system in ("Darwin", "FreeBSD", "OpenBSD", "NetBSD") else "lo"
 
 
 def _process(proc: int | psutil.Process) -> psutil.Process:

@@ -7,7 +7,8 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    fork server, which exits with the launching process, or the launcher itself under ``spawn``),
    so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
    is then removed by :func:`helpers.run_dir.run_folder`'s reaper); closes its copy of the fork
-   server's pipe (:func:`helpers.fork_server.close_inherited_pipe`);
+   server's pipe (:func:`helpers.fork_server.close_inherited_pipe`); points its stdout and
+   stderr at its files in the run folder (:func:`helpers.run_dir.capture_output`);
 2. writes its ``pid`` marker, sets its thread count, unpickles ``fn, args, kwargs``;
 3. initialises the default process group (:func:`helpers.procs.init_process_group_from_env`),
    calls ``fn(rank, world_size, *args, **kwargs)``;
@@ -33,7 +34,7 @@ import torch.distributed as dist
 
 from helpers import procs
 from helpers.fork_server import close_inherited_pipe
-from helpers.run_dir import write_marker
+from helpers.run_dir import capture_output, write_marker
 
 __all__ = ["worker_device", "worker_entry"]
 
@@ -107,11 +108,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     close_inherited_pipe()
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)
-        except Exception:  # noqa: BLE001 - not a TextIOWrapper: leave it
-            pass
+    capture_output(run_dir, rank)
     write_marker(run_dir, "pid", rank, {"pid": os.getpid()})
     try:
         if threads and "OMP_NUM_THREADS" not in os.environ:

@@ -9,9 +9,9 @@ written atomically (a temp file, then ``os.replace``):
 - ``done.<rank>``: ``{"time": float}`` (seconds since the epoch), when ``fn`` returned;
 - ``error.<rank>``: ``{"rank", "type", "message", "traceback", "time"}``, when ``fn`` raised;
 
-and torch's elastic agent writes each rank's stdout and stderr to
-``logs/<run id>/attempt_0/<rank>/std{out,err}.log``, which :class:`Relay` copies into the
-caller's streams line by line.
+and each rank points its own stdout and stderr (file descriptors 1 and 2) at
+``output/<rank>/std{out,err}.log`` (:func:`capture_output`), which :class:`Relay` copies into the
+caller's streams line by line. (torch's elastic agent writes its ``error.json`` files under ``logs/``.)
 
 :func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
 (``sh`` blocked reading a pipe only the launcher holds open), also when the launcher itself is
@@ -24,6 +24,7 @@ the launcher is gone, and killing it first leaves the folder behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import json
 import os
@@ -34,8 +35,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "is_reaper", "read_markers", "run_folder", "socket_dir",
-           "write_marker"]
+__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "capture_output", "is_reaper", "read_markers", "run_folder",
+           "socket_dir", "write_marker"]
 
 #: Bytes in a Unix socket's path, its final NUL included (``sun_path`` in ``<sys/un.h>``): 108 on
 #: Linux, 104 on macOS and the BSDs (man 7 unix). ZeroMQ's ``ipc://`` endpoints are such sockets.
@@ -156,17 +157,72 @@ def read_markers(run_dir: str, kind: str) -> dict[int, dict]:
     return found
 
 
+#: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
+OUTPUT_DIR = "output"
+_STREAMS = ((1, "stdout"), (2, "stderr"))
+
+
+def capture_output(run_dir: str, rank: int) -> None:
+    """In a rank, first thing: point file descriptors 1 and 2 at ``run_dir/output/<rank>/stdout.log``
+    and ``stderr.log`` (``os.dup2``), which :class:`Relay` copies to the launcher, and make Python's
+    ``sys.stdout``/``sys.stderr`` line-buffered.
+
+    At the descriptor level, so what C code writes (gloo's warnings) and what a subprocess of the
+    rank writes (a DataLoader worker, ``os.system``) is captured too, not only ``print``. Done here,
+    not by torch's elastic agent (``redirects=`` in its ``LogsSpecs``): the agent's redirect is a
+    null context on macOS and Windows (``get_std_cm`` in
+    ``torch/distributed/elastic/multiprocessing/api.py``: ``if IS_WINDOWS or IS_MACOS ...: return
+    nullcontext()``), where rank output would otherwise never reach the cell. What is still
+    buffered when the rank's process ends normally (a last line without a newline, C stdio
+    buffers) is flushed by a ``multiprocessing`` finaliser; a rank killed by a signal loses only
+    what was not yet written out (with line buffering: at most its unfinished last line).
+    """
+    folder = os.path.join(run_dir, OUTPUT_DIR, str(rank))
+    os.makedirs(folder, exist_ok=True)
+    _flush_all()
+    for fd, name in _STREAMS:
+        target = os.open(os.path.join(folder, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+        stream = getattr(sys, name)
+        if stream is None or _fileno(stream) != fd:  # no console (pythonw), or not the descriptor
+            setattr(sys, name, open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False))
+        else:
+            with contextlib.suppress(Exception):  # not a TextIOWrapper: leave it
+                stream.reconfigure(line_buffering=True)
+    from multiprocessing import util  # a rank is a multiprocessing child: its finalisers run at its exit
+    util.Finalize(None, _flush_all, exitpriority=-1000)
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except Exception:  # noqa: BLE001 - io.UnsupportedOperation, ValueError (closed)
+        return None
+
+
+def _flush_all() -> None:
+    """Flush Python's ``sys.stdout``/``sys.stderr``, then C's stdio buffers (``fflush(NULL)``)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
+
+
 class Relay:
-    """Copies worker stdout/stderr log files into the caller's streams, prefixed ``[rank r]``."""
+    """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
+    caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
+    ``sys.stderr``, each rank's lines in the order it wrote them."""
 
-    _pattern = re.compile(r"attempt_\d+/(\d+)/(stdout|stderr)\.log$")
+    _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
 
-    def __init__(self, log_dir: str):
-        self.log_dir = log_dir
+    def __init__(self, run_dir: str):
+        self.output_dir = os.path.join(run_dir, OUTPUT_DIR)
         self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes]
 
     def poll(self, final: bool = False) -> None:
-        for path in glob.glob(os.path.join(self.log_dir, "*", "attempt_*", "*", "std*.log")):
+        for path in glob.glob(os.path.join(self.output_dir, "*", "std*.log")):
             if path not in self.files:
                 m = self._pattern.search(path.replace(os.sep, "/"))
                 if m:

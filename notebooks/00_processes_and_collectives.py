@@ -281,6 +281,8 @@ if sys.platform == "linux":
     assert parents == {server.pid} and server.ppid() == os.getpid(), (parents, server.pid, server.ppid())
     assert "multiprocessing.forkserver" in " ".join(server.cmdline()) and torch_loaded
     assert "kernel_only" not in " ".join(server.cmdline())
+else:
+    print(f"SKIPPED the fork-server checks: they read /proc/<pid>/maps, which only Linux has (this is {sys.platform})")
 
 # %% [markdown]
 # What that buys, measured here side by side and printed (the figures depend on the machine

@@ -130,6 +130,7 @@ from helpers.cluster import (
 from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
 from helpers.launch import launch, resolve_backend
 from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker
+from helpers.procs import loopback_interface
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 backend = resolve_backend(None if backend == "auto" else backend, world_size)
@@ -214,7 +215,7 @@ pd.DataFrame([
 # LOCAL_RANK`. We rehearse that on this machine: two agents, `--nnodes=2
 # --nproc-per-node=1`, the store on `127.0.0.1` at a free port (agent 0 hosts it:
 # `--rdzv-conf is_host=1`), `--local-addr=127.0.0.1`, and gloo told to use the loopback
-# interface (`GLOO_SOCKET_IFNAME=lo`). No other address is used.
+# interface (`GLOO_SOCKET_IFNAME`: `lo` on Linux, `lo0` on macOS). No other address is used.
 #
 # **Claim:** the job has `WORLD_SIZE == 2`; rank 0 and rank 1 run on different node ranks
 # (`GROUP_RANK` 0 and 1), each as `LOCAL_RANK` 0 of its node; and the result is the one of
@@ -233,7 +234,8 @@ nodes_df = pd.DataFrame(two_node.node_table()).set_index("RANK")
 assert list(nodes_df.index) == [0, 1] and set(nodes_df["WORLD_SIZE"]) == {2}
 assert list(nodes_df["GROUP_RANK (node)"]) == [0, 1], "rank r should run on node r"
 assert set(nodes_df["LOCAL_RANK"]) == {0} and set(nodes_df["LOCAL_WORLD_SIZE"]) == {1}
-assert set(nodes_df["MASTER_ADDR"]) == {"127.0.0.1"} and set(nodes_df["GLOO_SOCKET_IFNAME"]) == {"lo"}
+assert set(nodes_df["MASTER_ADDR"]) == {"127.0.0.1"}
+assert set(nodes_df["GLOO_SOCKET_IFNAME"]) == {loopback_interface()}, nodes_df["GLOO_SOCKET_IFNAME"]
 assert all("--rdzv-endpoint=127.0.0.1:" in c for c in two_node.commands), two_node.commands
 
 # identical to the single-node run when that run also had 2 gloo ranks; else within float32 rounding

@@ -20,6 +20,7 @@ import torch
 import helpers.cluster as cluster
 from helpers.cluster import (
     AgentRun,
+    NetnsUnavailable,
     TwoNodeNetwork,
     cluster_commands,
     failure_report,
@@ -28,7 +29,7 @@ from helpers.cluster import (
     torchrun_command,
 )
 from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
-from helpers.procs import free_port
+from helpers.procs import free_port, loopback_interface
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -146,6 +147,17 @@ def netns_ok():
         pytest.skip(f"network namespaces not available here: {why}")
 
 
+def test_network_namespaces_refused_clearly_off_linux(monkeypatch):
+    """On macOS or Windows the rehearsal says it needs Linux (no `ip` command run, no traceback
+    from subprocess); notebook 07 prints that reason and skips its part 3."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    ok, why = netns_available()
+    assert not ok and "Linux" in why and "darwin" in why, why
+    with pytest.raises(NetnsUnavailable, match="needs Linux"):
+        with TwoNodeNetwork():
+            pass
+
+
 @pytest.mark.usefixtures("netns_ok")
 def test_network_namespaces_are_removed_on_error():
     net = TwoNodeNetwork()
@@ -163,6 +175,6 @@ def test_timeout_kills_agent_and_workers(tmp_path):
     marker = f"ddp-lab-timeout-{port}"
     cmd = torchrun_command(ARGS, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=marker, is_host=True,
                            local_addr="127.0.0.1", log_dir=tmp_path / "torchrun-logs")
-    (run,) = run_agents([cmd], timeout=8, env={"GLOO_SOCKET_IFNAME": "lo"})
+    (run,) = run_agents([cmd], timeout=8, env={"GLOO_SOCKET_IFNAME": loopback_interface()})
     assert run.timed_out and run.returncode is None
     assert not cluster.processes_matching(marker), "the agent (and any worker) must be gone"

@@ -37,6 +37,10 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix")]
 
 ROWS: list[dict] = []
 
+#: The ranks die with a SIGKILLed launcher through PR_SET_PDEATHSIG (helpers/rank_entry.py): Linux only.
+LINUX_PDEATHSIG = pytest.mark.skipif(sys.platform != "linux",
+                                     reason="needs PR_SET_PDEATHSIG (ranks that die with their launcher): Linux only")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def write_report(request):
@@ -349,6 +353,7 @@ def _sleeper_source(folder) -> str:
         """)
 
 
+@LINUX_PDEATHSIG
 def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     """papermill runs a notebook whose cell calls launch() with two ranks that run long (rank 0
     blocked in a barrier, inside C++; rank 1 ignoring KeyboardInterrupt: neither obeys the SIGINT
@@ -551,6 +556,7 @@ def test_cuda_tensor_refused(row):
 
 # ---- the launching process itself killed -------------------------------------------------------
 
+@LINUX_PDEATHSIG
 def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
     """The process that called launch() is SIGKILLed (as by the OOM killer) while rank 0 waits in a
     collective and rank 1 sleeps and ignores KeyboardInterrupt: the ranks' parent-death signal

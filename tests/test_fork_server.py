@@ -30,6 +30,7 @@ def _parent_and_probe(rank, world_size):
 
 
 @pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the server's /proc/<pid>/maps, which only Linux has")
 def test_ranks_are_forked_from_one_server_that_is_our_child():
     got = launch(_parent_and_probe, 2)
     server = fs.fork_server_pid()

@@ -23,6 +23,20 @@ def test_free_port_is_bindable():
         s.bind(("127.0.0.1", port))
 
 
+@pytest.mark.parametrize("system,name", [("Linux", "lo"), ("Darwin", "lo0"), ("FreeBSD", "lo0")])
+def test_loopback_interface_per_platform(system, name):
+    assert procs.loopback_interface(system) == name
+
+
+def test_loopback_interface_exists_here_and_holds_127_0_0_1():
+    """The name for this machine is one of its interfaces, with 127.0.0.1 on it (what gloo needs
+    of ``GLOO_SOCKET_IFNAME`` for a job on loopback)."""
+    addrs = psutil.net_if_addrs()
+    name = procs.loopback_interface()
+    assert name in addrs, f"{name!r} is not an interface here: {sorted(addrs)}"
+    assert "127.0.0.1" in {a.address for a in addrs[name]}, addrs[name]
+
+
 def _child(ignore_term: bool) -> psutil.Process:
     code = ("import signal, sys, time\n"
             + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")

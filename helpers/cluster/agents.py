@@ -36,7 +36,7 @@ import psutil
 from helpers import REPO_ROOT
 from helpers.cluster.netns import TwoNodeNetwork
 from helpers.launch import threads_per_rank
-from helpers.procs import descendants, end_processes, free_port
+from helpers.procs import descendants, end_processes, free_port, loopback_interface
 
 __all__ = [
     "AgentRun",
@@ -368,7 +368,8 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
       port).
     - ``nodes >= 2``: ``nodes`` agents with ``--nnodes=nodes`` and a c10d rendezvous; agent 0
       hosts the store (``is_host=1``) on a free port. Without ``network``: everything on
-      loopback (``127.0.0.1``, ``--local-addr=127.0.0.1``, ``GLOO_SOCKET_IFNAME=lo``). With a
+      loopback (``127.0.0.1``, ``--local-addr=127.0.0.1``, ``GLOO_SOCKET_IFNAME`` =
+      :func:`helpers.procs.loopback_interface`: ``lo``, ``lo0`` on macOS). With a
       :class:`TwoNodeNetwork` (``nodes == 2``): agent ``i`` runs inside namespace ``i``,
       advertises ``network.addresses[i]``, the store is at ``addresses[0]`` and gloo uses the
       veth interface, so every byte between the nodes crosses it.
@@ -400,14 +401,14 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
         out, logs = os.path.join(tmp, "out"), os.path.join(tmp, "torchrun-logs")
         args = [*map(str, train_args), "--output", out]
         if nodes == 1:
-            job_env["GLOO_SOCKET_IFNAME"] = "lo"
+            job_env["GLOO_SOCKET_IFNAME"] = loopback_interface()
             commands = [torchrun_command(args, nproc_per_node=nproc_per_node, standalone=True,
                                          max_restarts=max_restarts, log_dir=logs)]
         else:
             rdzv_id = f"ddp-lab-{secrets.token_hex(4)}"
             if network is None:
                 addrs, prefixes = ["127.0.0.1"] * nodes, [[]] * nodes
-                job_env["GLOO_SOCKET_IFNAME"] = "lo"
+                job_env["GLOO_SOCKET_IFNAME"] = loopback_interface()
                 port = free_port("127.0.0.1")
             else:
                 addrs, prefixes = list(network.addresses), [network.prefix(i) for i in range(2)]

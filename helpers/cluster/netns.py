@@ -30,13 +30,22 @@ class NetnsUnavailable(RuntimeError):
     """Network namespaces cannot be created here (not Linux, no ``ip``, or not permitted)."""
 
 
+def _missing_requirement() -> str | None:
+    """Why this machine cannot have network namespaces at all (not Linux, no ``ip``), or ``None``."""
+    if not sys.platform.startswith("linux"):
+        return (f"network namespaces are a Linux feature and this is {sys.platform}: the two-node "
+                "rehearsal over a veth needs Linux (the loopback rehearsal runs everywhere)")
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    return None
+
+
 def netns_available() -> tuple[bool, str]:
     """Can this process create network namespaces? ``(ok, reason)``; tries for real (creates
     and deletes a namespace), since permission depends on capabilities, not only on the uid."""
-    if not sys.platform.startswith("linux"):
-        return False, f"network namespaces are a Linux feature; this is {sys.platform}"
-    if shutil.which("ip") is None:
-        return False, "the `ip` command (iproute2) is not installed"
+    missing = _missing_requirement()
+    if missing:
+        return False, missing
     name = f"ddplab-probe-{os.getpid()}-{secrets.token_hex(3)}"
     try:
         r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=20)
@@ -78,8 +87,8 @@ class TwoNodeNetwork:
         names: the two namespace names (unique per instance: pid + random suffix).
 
     Raises:
-        NetnsUnavailable: on entry, if a namespace or the veth pair cannot be created (the
-            partial set-up is removed first).
+        NetnsUnavailable: on entry, if this is not Linux, ``ip`` is missing, or a namespace or
+            the veth pair cannot be created (the partial set-up is removed first).
     """
 
     addresses: tuple[str, str] = ("10.213.7.1", "10.213.7.2")
@@ -102,6 +111,9 @@ class TwoNodeNetwork:
             raise NetnsUnavailable(f"`ip {' '.join(args)}` failed: {r.stderr.strip() or r.returncode}")
 
     def __enter__(self) -> "TwoNodeNetwork":
+        missing = _missing_requirement()
+        if missing:
+            raise NetnsUnavailable(missing)
         try:
             for ns in self.names:
                 self._ip("netns", "add", ns)
