@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import multiprocessing
 import os
 import signal
 import sys
@@ -105,6 +106,10 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     """
     _die_with_parent(parent_pid)
     close_inherited_pipe()
+    # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
+    # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
+    # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)
+    multiprocessing.set_start_method(None, force=True)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     for stream in (sys.stdout, sys.stderr):
