@@ -35,6 +35,7 @@ import torch.distributed as dist
 from helpers import procs
 from helpers.fork_server import close_inherited_pipe
 from helpers.run_dir import write_marker
+from helpers.start_method_hint import with_hint
 
 __all__ = ["worker_device", "worker_entry"]
 
@@ -151,7 +152,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
         write_marker(run_dir, "error", rank, {
             "rank": rank,
             "type": type(e).__name__,
-            "message": str(e) if not isinstance(e, SystemExit) else f"sys.exit({e.code!r})",
+            "message": with_hint(str(e)) if not isinstance(e, SystemExit) else f"sys.exit({e.code!r})",
             "traceback": traceback.format_exc(),
             "time": time.time(),
         })
