@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import multiprocessing
 import os
 import signal
 import sys
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from helpers import procs
 from helpers.fork_server import close_inherited_pipe
 from helpers.run_dir import capture_output, write_marker
+from helpers.start_method_hint import with_hint
 
 __all__ = ["worker_device", "worker_entry"]
 
@@ -106,6 +108,10 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     """
     _die_with_parent(parent_pid)
     close_inherited_pipe()
+    # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
+    # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
+    # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)
+    multiprocessing.set_start_method(None, force=True)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     capture_output(run_dir, rank)
@@ -143,7 +149,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
         write_marker(run_dir, "error", rank, {
             "rank": rank,
             "type": type(e).__name__,
-            "message": str(e) if not isinstance(e, SystemExit) else f"sys.exit({e.code!r})",
+            "message": with_hint(str(e)) if not isinstance(e, SystemExit) else f"sys.exit({e.code!r})",
             "traceback": traceback.format_exc(),
             "time": time.time(),
         })

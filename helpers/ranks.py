@@ -414,7 +414,8 @@ class WarmRanks:
         if errors:
             parts = ar.split() if self.world_size > 1 else [ar]
             err = eng.worker_error(parts, errors[0])
-            err.other_ranks.update({r: eng.worker_error(parts, r).message[:200] for r in errors[1:]})
+            err.other_ranks.update({r: eng.worker_error(parts, r).message.partition("\n")[0][:200]  # no hint twice
+                                    for r in errors[1:]})
             if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
                 raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))

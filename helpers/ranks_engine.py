@@ -18,6 +18,7 @@ import ipyparallel as ipp
 from traitlets.config import Config
 
 from helpers.launch import LaunchTimeout, WorkerError, worker_device
+from helpers.start_method_hint import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
 #: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
@@ -159,7 +160,7 @@ def worker_error(parts, rank: int) -> WorkerError:
     except ipp.RemoteError as e:
         tb = e.traceback
         tb = "\n".join(tb) if isinstance(tb, list) else (tb or "")
-        return WorkerError(rank, e.ename, ANSI.sub("", str(e.evalue)), ANSI.sub("", tb))
+        return WorkerError(rank, e.ename, with_hint(ANSI.sub("", str(e.evalue))), ANSI.sub("", tb))
     except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
         return WorkerError(rank, type(e).__name__, ANSI.sub("", str(e)), "")
     return WorkerError(rank, "unknown", "no error recorded", "")
