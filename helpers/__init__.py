@@ -15,6 +15,8 @@ Modules:
                     agents started from Python, two-node rehearsal in network namespaces
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
     notebook     -- the learner recipe every notebook follows: parameter checks, exercises
+    doctor       -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
+                    JupyterLab and the kernel) that says ok or how to fix each line
 """
 
 from pathlib import Path
