@@ -16,6 +16,8 @@ Modules:
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
     dataparallel -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
     notebook     -- the learner recipe every notebook follows: parameter checks, exercises
+    doctor       -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
+                    JupyterLab and the kernel) that says ok or how to fix each line
 """
 
 from pathlib import Path

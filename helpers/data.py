@@ -270,6 +270,12 @@ def ensure_mnist(root: str | os.PathLike | None = None, *, download: bool = Fals
             ``torchvision.datasets.MNIST(root, download=True)`` (needs network) and verify the
             result. Default False: missing files raise :class:`MNISTDataError`.
 
+    Afterwards ``torchvision.datasets.MNIST(root, download=True)``, as the tutorials call it,
+    works offline: torchvision skips its download when the decompressed files are in
+    ``<root>/MNIST/raw`` (its ``_check_exists``); without them it would try the network, since
+    the committed ``.gz`` files fail its MD5 check (they were recompressed). Notebook 04 and
+    ``python3 -m helpers.doctor`` call this (through :func:`load_mnist` or directly).
+
     Returns:
         The root as a :class:`pathlib.Path`, i.e. what ``torchvision.datasets.MNIST(root=...)``
         takes.

@@ -122,6 +122,31 @@ assert data_bytes == 60_000 * 784 * 4 + 60_000 * 8 + 10_000 * 784 * 4 + 10_000 *
 print(f"one copy of the data: {data_bytes:,} bytes = {data_bytes / 2**30:.3f} GiB = {data_bytes / 2**20:.1f} MiB")
 
 # %% [markdown]
+# Code from the tutorials reads the same files with torchvision: pass the repository's `data/`
+# folder, `helpers.data.DEFAULT_ROOT`, as `root`. `load_mnist` (or `helpers.data.ensure_mnist()`)
+# has put the decompressed files there, so no download is needed:
+# `torchvision.datasets.MNIST(root=DEFAULT_ROOT, train=True, download=True)`.
+#
+# **Claim:** that call reads the same 60,000 training labels and downloads nothing (the files in
+# `data/MNIST/raw` are unchanged).
+
+# %%
+import torchvision
+
+from helpers.data import DEFAULT_ROOT
+
+
+def raw_files():
+    return sorted((p.name, p.stat().st_mtime_ns) for p in (DEFAULT_ROOT / "MNIST" / "raw").iterdir())
+
+
+files_before = raw_files()
+tv_train = torchvision.datasets.MNIST(root=DEFAULT_ROOT, train=True, download=True)
+assert len(tv_train) == 60_000 and torch.equal(tv_train.targets.long(), train_labels)
+assert raw_files() == files_before, "torchvision downloaded or rewrote files"
+print(f"torchvision.datasets.MNIST(root=DEFAULT_ROOT, download=True): {len(tv_train):,} items, nothing downloaded")
+
+# %% [markdown]
 # ## 1. One recipe, global batch fixed
 #
 # The **global batch** (samples per optimizer step, all ranks together) is what we fix; DDP

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -152,6 +153,43 @@ def test_label_counts_match_readme():
     _, test_labels = load_mnist(train=False)
     assert torch.bincount(train_labels, minlength=10).tolist() == TRAIN_COUNTS
     assert torch.bincount(test_labels, minlength=10).tolist() == TEST_COUNTS
+
+
+# torchvision.datasets.MNIST(root, download=True), as seed 002 and the tutorials call it: with the
+# network unreachable (http(s)_proxy pointed at a port nobody listens on) it downloads nothing
+# once ensure_mnist has decompressed the files, and fails before.
+OFFLINE_MNIST = """
+import sys, torchvision
+try:
+    ds = torchvision.datasets.MNIST(root=sys.argv[1], train=True, download=True)
+except RuntimeError as e:
+    print("FAILED:", str(e).splitlines()[0])
+    sys.exit(3)
+print("items:", len(ds))
+"""
+
+
+def torchvision_mnist_offline(root: Path) -> subprocess.CompletedProcess:
+    from helpers.procs import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # bound, released: connections are refused
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "https_proxy")}
+    env.update(http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead, HTTPS_PROXY=dead)
+    return subprocess.run([sys.executable, "-c", OFFLINE_MNIST, str(root)], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_torchvision_download_true_works_offline_after_ensure_mnist(gz_copy):
+    root, raw = gz_copy
+    gz_before = {p.name: p.read_bytes() for p in raw.iterdir()}
+    before = torchvision_mnist_offline(root)  # only the committed (recompressed) .gz files
+    assert before.returncode == 3 and "Error downloading" in before.stdout, before.stdout + before.stderr
+    assert {p.name: p.read_bytes() for p in raw.iterdir()} == gz_before  # the failed try changed nothing
+
+    ensure_mnist(root)
+    after = torchvision_mnist_offline(root)
+    assert after.returncode == 0 and "items: 60000" in after.stdout, after.stdout + after.stderr
+    assert_clean(raw, GZ_ONLY | set(MNIST_FILES))
 
 
 # ------------------------------------------------------------------------------------------
