@@ -486,7 +486,7 @@ def check_dataloader(doc: Doctor) -> str:
     except Failed as f:
         text = f.detail.lower()
         if any(s in text for s in ("pickl", "too many fds", "can't get attribute")):
-            fix = ("DataLoader workers inside ranks need issue 28's fix (update the repository: `git pull`); "
+            fix = ("this copy of the course predates DataLoader workers inside ranks: update it (`git pull`); "
                    "meanwhile pass num_workers=0, or multiprocessing_context='fork' on Linux")
         else:
             fix = f"{REINSTALL}, rerun; if it persists, send this output to the instructor"

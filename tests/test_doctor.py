@@ -54,24 +54,15 @@ def full_run():
 
 
 @pytest.mark.slow(90)
-def test_every_check_but_dataloader_is_ok_here(full_run):
+def test_doctor_exits_0_here(full_run):
     rows = table(full_run.stdout)
     assert set(rows) == {c.name for c in CHECKS}, report(full_run)
-    bad = {n: r for n, r in rows.items() if r[0] != "ok" and n != "DataLoader"}
-    assert not bad, report(full_run)
+    assert full_run.returncode == 0 and all(r[0] == "ok" for r in rows.values()), report(full_run)
+    assert "this machine can run every notebook" in full_run.stdout
     assert_no_traceback(full_run)
     for word in ("platform", "CPU cores", "GiB memory"):
         assert word in full_run.stdout
     assert "gloo yes" in rows["torch"][1] and "nccl" in rows["torch"][1]
-
-
-@pytest.mark.slow(90)
-@pytest.mark.xfail(strict=True, reason="DataLoader workers inside ranks (a cell-defined Dataset, num_workers=2) "
-                   "fail until issue 28 part 1 is merged; remove this mark then")
-def test_doctor_exits_0_here(full_run):
-    rows = table(full_run.stdout)
-    assert full_run.returncode == 0 and all(r[0] == "ok" for r in rows.values()), report(full_run)
-    assert "this machine can run every notebook" in full_run.stdout
 
 
 def test_no_mnist_gives_the_fix(tmp_path):
