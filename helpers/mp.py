@@ -25,7 +25,10 @@ itself, as it would under ``torch.multiprocessing.spawn``), and the worker's env
 of the agent's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``TORCHELASTIC_*``): with ``TORCHELASTIC_USE_AGENT_STORE`` set, ``init_process_group``'s env://
 rendezvous would connect to the agent's store instead of creating its own on the code's
-``MASTER_PORT``.
+``MASTER_PORT``. Those the *caller* had set in ``os.environ`` when it called :func:`spawn` are put
+back, as ``torch.multiprocessing.spawn`` passes the parent's environment on: a script that sets
+``MASTER_ADDR``/``MASTER_PORT`` before ``mp.spawn`` and calls
+``init_process_group("gloo", rank=rank, world_size=world_size)`` in the worker works.
 
 A fixed ``MASTER_PORT`` (the tutorial's ``"12355"``) works for runs one after another (the
 group's store is closed when the code destroys its group or, at the latest, when its process
@@ -36,7 +39,10 @@ chooses a free port for every launch instead.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+
+import cloudpickle
 
 from helpers.launch import (
     LaunchError,
@@ -45,9 +51,23 @@ from helpers.launch import (
     _check_world_size,
     _run,
 )
+from helpers.rank_entry import _AGENT_ENV
 from helpers.sending import serialise_call
 
 __all__ = ["spawn"]
+
+
+def _caller_env() -> dict[str, str]:
+    """The variables of the agent's (``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ...) that the
+    caller itself has set: the ranks get these back after the agent's own are cleared."""
+    return {name: os.environ[name] for name in _AGENT_ENV if name in os.environ}
+
+
+def _spawn_entry(rank: int, env: dict, call: bytes):
+    """In the rank: the caller's variables back into ``os.environ``, then ``fn(rank, *args)``."""
+    os.environ.update(env)
+    fn, args, kwargs = cloudpickle.loads(call)
+    return fn(rank, *args, **kwargs)
 
 
 def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
@@ -97,5 +117,6 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     nprocs = _check_world_size(nprocs, "nprocs")
     _check_callable(fn)
     _check_timeout(timeout)
-    payload = serialise_call(fn, args, {})
+    call = serialise_call(fn, args, {})
+    payload = cloudpickle.dumps((_spawn_entry, (_caller_env(), call), {}))
     return _run(payload, nprocs, None, timeout, style="spawn")

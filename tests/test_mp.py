@@ -140,3 +140,30 @@ def test_refused_before_any_process_starts(kwargs, words):
         mp.spawn(print, **kwargs)
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_do_not(monkeypatch):
+    """As torch.multiprocessing.spawn passes the parent's environment on: a cell that sets
+    MASTER_ADDR/MASTER_PORT before spawn, and a worker that rendezvouses on them (env://)."""
+    from helpers.procs import free_port
+
+    port = str(free_port())
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    ns = _cell(
+        "import os\n"
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "def fn(i, world_size):\n"
+        "    dist.init_process_group('gloo', rank=i, world_size=world_size)\n"
+        "    t = torch.tensor([float(i + 1)])\n"
+        "    dist.all_reduce(t)\n"
+        "    dist.destroy_process_group()\n"
+        "    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT'), t.item()\n"
+    )
+    assert mp.spawn(ns["fn"], args=(2,), nprocs=2) == [("127.0.0.1", port, 3.0)] * 2
+    # only what the caller set comes back: the agent's own MASTER_ADDR does not leak in
+    monkeypatch.delenv("MASTER_ADDR")
+    ns = _cell("import os\ndef fn(i):\n    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')\n")
+    assert mp.spawn(ns["fn"], nprocs=2) == [(None, port)] * 2
+
