@@ -167,3 +167,73 @@ def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_d
     ns = _cell("import os\ndef fn(i):\n    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')\n")
     assert mp.spawn(ns["fn"], nprocs=2) == [(None, port)] * 2
 
+
+def test_process_exit_codes_pids_subclass_and_the_callers_environment(monkeypatch, capsys):
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    ns = _cell(
+        "import os\n"
+        "import sys\n"
+        "import helpers.mp as mp\n"
+        "def leave(code):\n"
+        "    sys.exit(code)\n"
+        "class Worker(mp.Process):\n"
+        "    def run(self):\n"
+        "        print('worker sees MASTER_PORT', os.environ.get('MASTER_PORT'))\n"
+    )
+    processes = [mp.Process(target=ns["leave"], args=(3,)), ns["Worker"]()]
+    for p in processes:
+        p.start()
+    assert [p.exitcode for p in processes] == [None, None]
+    processes[1].join()  # runs both, together
+    assert [p.exitcode for p in processes] == [3, 0]
+    assert [p.is_alive() for p in processes] == [False, False]
+    assert all(isinstance(p.pid, int) for p in processes) and processes[0].pid != processes[1].pid
+    processes[0].join()  # already run: returns at once
+    assert "[rank 1] worker sees MASTER_PORT 23456" in capsys.readouterr().out
+
+
+def test_process_that_raises_makes_join_raise_naming_it():
+    ns = _cell("def work(i):\n    if i == 1:\n        raise KeyError('process one')\n")
+    processes = [mp.Process(target=ns["work"], args=(i,)) for i in range(2)]
+    for p in processes:
+        p.start()
+    with pytest.raises(WorkerError, match="rank 1 failed with KeyError"):
+        processes[0].join()
+    assert processes[1].exitcode == 1 and processes[0].exitcode in (0, -15)
+    processes[1].join()  # the run is over: no second launch, no second error
+
+
+def test_process_misuse_is_refused_before_anything_runs():
+    import threading
+
+    p = mp.Process(target=print)
+    with pytest.raises(LaunchError, match="was not started"):
+        p.join()
+    lock = threading.Lock()
+    with pytest.raises(LaunchError, match="positional argument 0.*a lock"):
+        mp.Process(target=print, args=(lock,)).start()
+    p.start()
+    with pytest.raises(LaunchError, match="already started"):
+        p.start()
+    p.terminate()  # dropped before it ran
+    assert p.exitcode == -15 and not p.is_alive()
+
+
+def test_start_methods_context_and_the_rewrite_for_what_is_missing():
+    mp.set_start_method("spawn")
+    mp.set_start_method("spawn")  # again, as a re-run cell does: no RuntimeError
+    assert mp.get_start_method() == "spawn"
+    ctx = mp.get_context("spawn")
+    assert ctx.Process is mp.Process and ctx.get_start_method() == "spawn"
+    for call in (lambda: mp.set_start_method("fork"), lambda: mp.get_context("fork")):
+        with pytest.raises(LaunchError, match="Cannot re-initialize CUDA in forked subprocess"):
+            call()
+    for get, words in [(lambda: mp.Queue, "return the value from the function instead"),
+                       (lambda: ctx.SimpleQueue, "return the value from the function instead"),
+                       (lambda: mp.cpu_count, "`os.cpu_count()`"),
+                       (lambda: mp.ProcessRaisedException, "except helpers.launch.WorkerError"),
+                       (lambda: mp.set_sharing_strategy, "`torch.multiprocessing.set_sharing_strategy`")]:
+        with pytest.raises(AttributeError, match="helpers.mp has no") as info:
+            get()
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert not hasattr(mp, "__wrapped__")
