@@ -13,7 +13,8 @@ from helpers.launch import LaunchError, WorkerError
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
 
 # The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
-# Case"), pasted as a learner would; the only change is the import of mp (and no device_ids).
+# Case", its older form whose setup says "gloo"), pasted as a learner would, with the README's CPU
+# changes (tests/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
 TUTORIAL = '''\
 import os
 import sys
