@@ -13,7 +13,8 @@ from helpers.launch import LaunchError, WorkerError
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
 
 # The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
-# Case"), pasted as a learner would; the only change is the import of mp (and no device_ids).
+# Case", its older form whose setup says "gloo"), pasted as a learner would, with the README's CPU
+# changes (tests/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
 TUTORIAL = '''\
 import os
 import sys
@@ -140,3 +141,100 @@ def test_refused_before_any_process_starts(kwargs, words):
         mp.spawn(print, **kwargs)
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_do_not(monkeypatch):
+    """As torch.multiprocessing.spawn passes the parent's environment on: a cell that sets
+    MASTER_ADDR/MASTER_PORT before spawn, and a worker that rendezvouses on them (env://)."""
+    from helpers.procs import free_port
+
+    port = str(free_port())
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    ns = _cell(
+        "import os\n"
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "def fn(i, world_size):\n"
+        "    dist.init_process_group('gloo', rank=i, world_size=world_size)\n"
+        "    t = torch.tensor([float(i + 1)])\n"
+        "    dist.all_reduce(t)\n"
+        "    dist.destroy_process_group()\n"
+        "    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT'), t.item()\n"
+    )
+    assert mp.spawn(ns["fn"], args=(2,), nprocs=2) == [("127.0.0.1", port, 3.0)] * 2
+    # only what the caller set comes back: the agent's own MASTER_ADDR does not leak in
+    monkeypatch.delenv("MASTER_ADDR")
+    ns = _cell("import os\ndef fn(i):\n    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')\n")
+    assert mp.spawn(ns["fn"], nprocs=2) == [(None, port)] * 2
+
+
+def test_process_exit_codes_pids_subclass_and_the_callers_environment(monkeypatch, capsys):
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    ns = _cell(
+        "import os\n"
+        "import sys\n"
+        "import helpers.mp as mp\n"
+        "def leave(code):\n"
+        "    sys.exit(code)\n"
+        "class Worker(mp.Process):\n"
+        "    def run(self):\n"
+        "        print('worker sees MASTER_PORT', os.environ.get('MASTER_PORT'))\n"
+    )
+    processes = [mp.Process(target=ns["leave"], args=(3,)), ns["Worker"]()]
+    for p in processes:
+        p.start()
+    assert [p.exitcode for p in processes] == [None, None]
+    processes[1].join()  # runs both, together
+    assert [p.exitcode for p in processes] == [3, 0]
+    assert [p.is_alive() for p in processes] == [False, False]
+    assert all(isinstance(p.pid, int) for p in processes) and processes[0].pid != processes[1].pid
+    processes[0].join()  # already run: returns at once
+    assert "[rank 1] worker sees MASTER_PORT 23456" in capsys.readouterr().out
+
+
+def test_process_that_raises_makes_join_raise_naming_it():
+    ns = _cell("def work(i):\n    if i == 1:\n        raise KeyError('process one')\n")
+    processes = [mp.Process(target=ns["work"], args=(i,)) for i in range(2)]
+    for p in processes:
+        p.start()
+    with pytest.raises(WorkerError, match="rank 1 failed with KeyError"):
+        processes[0].join()
+    assert processes[1].exitcode == 1 and processes[0].exitcode in (0, -15)
+    processes[1].join()  # the run is over: no second launch, no second error
+
+
+def test_process_misuse_is_refused_before_anything_runs():
+    import threading
+
+    p = mp.Process(target=print)
+    with pytest.raises(LaunchError, match="was not started"):
+        p.join()
+    lock = threading.Lock()
+    with pytest.raises(LaunchError, match="positional argument 0.*a lock"):
+        mp.Process(target=print, args=(lock,)).start()
+    p.start()
+    with pytest.raises(LaunchError, match="already started"):
+        p.start()
+    p.terminate()  # dropped before it ran
+    assert p.exitcode == -15 and not p.is_alive()
+
+
+def test_start_methods_context_and_the_rewrite_for_what_is_missing():
+    mp.set_start_method("spawn")
+    mp.set_start_method("spawn")  # again, as a re-run cell does: no RuntimeError
+    assert mp.get_start_method() == "spawn"
+    ctx = mp.get_context("spawn")
+    assert ctx.Process is mp.Process and ctx.get_start_method() == "spawn"
+    for call in (lambda: mp.set_start_method("fork"), lambda: mp.get_context("fork")):
+        with pytest.raises(LaunchError, match="Cannot re-initialize CUDA in forked subprocess"):
+            call()
+    for get, words in [(lambda: mp.Queue, "return the value from the function instead"),
+                       (lambda: ctx.SimpleQueue, "return the value from the function instead"),
+                       (lambda: mp.cpu_count, "`os.cpu_count()`"),
+                       (lambda: mp.ProcessRaisedException, "except helpers.launch.WorkerError"),
+                       (lambda: mp.set_sharing_strategy, "`torch.multiprocessing.set_sharing_strategy`")]:
+        with pytest.raises(AttributeError, match="helpers.mp has no") as info:
+            get()
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert not hasattr(mp, "__wrapped__")
