@@ -351,8 +351,8 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
     vanished = sorted(r for r in started if r not in errors and r not in done)
 
     def others_except(rank):
-        others = {r: f"{e['type']}: {(e['message'].splitlines() or [''])[0][:200]}"
-                  for r, e in errors.items() if r != rank}
+        # a message's first line: a hint on the lines below is shown once, for the root-cause rank
+        others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200] for r, e in errors.items() if r != rank}
         others.update({r: "ended by the launcher" for r in range(world_size) if r != rank and r not in others})
         return others
 
