@@ -51,6 +51,13 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   It is the one long-lived process a launch leaves, like ``multiprocessing``'s resource
   tracker; :func:`stop_fork_server` ends it now.
 
+- **a main script without a file**: for a script piped on stdin (``python3 - <<EOF``),
+  ``__main__.__file__`` is ``"<stdin>"``, and Python's preparation data asks every new process to
+  re-run that "file" as ``__mp_main__`` (``init_main_from_path``): each rank died with
+  ``FileNotFoundError: '<cwd>/<stdin>'``. :func:`main_without_file` leaves that request out when
+  the path does not exist (functions of ``__main__`` go by value with cloudpickle anyway).
+  ``python3 -c`` has no ``__file__`` and needs nothing.
+
 Where ``forkserver`` is not available (Windows) or this Python's ``ForkServer`` cannot be
 stopped (a private method, ``ForkServer._stop``, present since Python 3.8), :func:`start_method`
 is ``"spawn"`` and every rank imports torch itself.
@@ -68,12 +75,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from multiprocessing import forkserver, util
+from multiprocessing import forkserver, spawn, util
 
 from helpers.run_dir import SUN_PATH_MAX, socket_dir
 
 __all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server", "fork_server_pid",
-           "start_method", "stop_fork_server"]
+           "main_without_file", "start_method", "stop_fork_server"]
 
 #: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
 #: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
@@ -206,6 +213,28 @@ def fork_server_pid() -> int | None:
     """The pid of the running fork server, or ``None`` if none runs."""
     with _lock:
         return _running_pid()
+
+
+@contextlib.contextmanager
+def main_without_file():
+    """While the block runs, the processes ``multiprocessing`` starts (forkserver or spawn) are not
+    asked to re-run a main script that has no file (``init_main_from_path`` of ``<stdin>``, which
+    fails in every one of them); a real file is re-run as before. Used around a launch, which runs
+    one at a time per process."""
+    original = spawn.get_preparation_data
+
+    def get_preparation_data(name):
+        data = original(name)
+        path = data.get("init_main_from_path")
+        if path is not None and not os.path.exists(path):
+            del data["init_main_from_path"]
+        return data
+
+    spawn.get_preparation_data = get_preparation_data
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = original
 
 
 class fork_server:

@@ -63,7 +63,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
 from helpers import procs
-from helpers.fork_server import fork_server, fork_server_pid
+from helpers.fork_server import fork_server, fork_server_pid, main_without_file
 from helpers.launch_errors import LaunchError, LaunchTimeout, OversubscriptionWarning, WorkerError, worker_error
 from helpers.procs import main_from_env
 from helpers.rank_entry import worker_device, worker_entry
@@ -153,7 +153,8 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``)."""
     threads = threads_per_rank(world_size)
-    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic():
+    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic(), \
+            main_without_file():
         # what runs below this process already (the fork server, the resource tracker) stays
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")

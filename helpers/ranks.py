@@ -446,9 +446,11 @@ class WarmRanks:
         """
         if not callable(fn):
             raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
-        serialise_call(fn, args, kwargs)  # LaunchError naming the variable, before the ranks are touched
+        # LaunchError naming the variable, before the ranks are touched; the payload keeps a cell's
+        # file name and lines, so a rank's traceback shows the cell's line
+        payload = serialise_call(fn, args, kwargs)
         self._check_alive("run")
-        ar = self.view.apply_async(eng.call, fn, args, kwargs)
+        ar = self.view.apply_async(eng.call_payload, payload)
         self._raise_for(ar, *self._supervise(ar, timeout, "run"))
         return ar.get(0)
 

@@ -122,6 +122,15 @@ def call(fn, args, kwargs):
     return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args, **kwargs)
 
 
+def call_payload(payload: bytes):
+    """Every rank: :func:`call` of ``(fn, args, kwargs)`` from :func:`helpers.sending.serialise_call`'s
+    payload (code sent by value keeps its cell's file name and lines, for the traceback)."""
+    import cloudpickle
+
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return call(fn, args, kwargs)
+
+
 # ----------------------------------------------------------------------------------------------
 # the watchdog: kills the engines and controller, and removes their folder, if the kernel dies without atexit
 # ----------------------------------------------------------------------------------------------

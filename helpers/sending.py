@@ -16,6 +16,12 @@ classes, two levels into lists, tuples, sets and dicts) and refuses, naming the 
 belongs to one process: an open file, a lock, a socket, a generator, a CUDA tensor (or a module
 with CUDA parameters). Anything else that does not pickle is refused the same way.
 
+Code sent by value keeps its file name and, for a notebook cell (whose source exists only in
+the kernel's ``linecache``), its source lines: cloudpickle renames every such file
+``<dynamic-code>``, so a rank's traceback would show ``File "<dynamic-code>", line 3, in work``
+without the line. With :func:`dumps` it shows the cell's file and ``return 1/0``, and the
+kernel names the cell (``Cell In[3]``) when it shows the error.
+
 Reference: https://github.com/cloudpipe/cloudpickle (``_should_pickle_by_reference``).
 """
 
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import io
+import linecache
+import os
 import socket
 import sys
 import threading
@@ -33,7 +41,39 @@ import cloudpickle
 
 from helpers.launch_errors import LaunchError
 
-__all__ = ["serialise_call"]
+__all__ = ["dumps", "serialise_call"]
+
+_DYNAMIC = "<dynamic-code>"  # what cloudpickle names the file of every code object it sends
+
+
+def _code_in(code: types.CodeType, filename: str, lines: list[str] | None) -> types.CodeType:
+    """In the receiving process: ``code`` with its own file name back, and the file's ``lines``
+    in ``linecache`` (a notebook cell's, which exist nowhere else), so tracebacks show the line."""
+    if lines is not None and filename not in linecache.cache:
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    return code.replace(co_filename=filename)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, but code sent by value keeps its file name (and a cell's source)."""
+
+    def reducer_override(self, obj):
+        if type(obj) is types.CodeType and obj.co_filename != _DYNAMIC:
+            entry = linecache.cache.get(obj.co_filename)
+            lines = None
+            if entry is not None and len(entry) == 4 and not os.path.exists(obj.co_filename):
+                lines = entry[2]  # the same list for every code of the cell: pickled once
+            return _code_in, (obj.replace(co_filename=_DYNAMIC), obj.co_filename, lines)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, except that code sent by value keeps its file name, and a
+    notebook cell's code its source lines (so that a rank's traceback shows the cell's line);
+    ``cloudpickle.loads`` (or ``pickle.loads``) reads it where ``helpers`` is importable."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def _by_value(obj: Any) -> bool:
@@ -192,7 +232,7 @@ def serialise_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
             if kind:
                 raise _refuse(inner_where, kind, fn_name)
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return dumps((fn, args, kwargs))
     except Exception as e:  # noqa: BLE001 - find which named value is the culprit
         error = e
     for where, value in [("fn", fn), *named]:

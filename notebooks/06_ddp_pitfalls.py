@@ -1616,10 +1616,11 @@ else:  # another torch version: report what happened instead of asserting 2.14.1
 # second more than `timeout`: "Timed out after 4 seconds" for 3). The relayed traceback shows
 # where: a frame of `init_alone_worker`, then torch's rendezvous (`TCPStore`). Read a relayed
 # traceback from the bottom (the exception) up to the **last frame in your own code**. A
-# function defined in a cell runs in the worker without its source file, so that frame shows
-# no source line there; this kernel has the cell's source, and `linecache` finds the line: our
-# call to `init_process_group`. The launch takes about 7 s on a 2-core machine (one worker's
-# start-up plus the timeout).
+# function defined in a cell travels to the worker with its cell's file name and source lines,
+# so that frame names this kernel's cell file and shows our call to `init_process_group`, the
+# same line this kernel's `linecache` holds. (Shown in a cell, the `WorkerError` lists only
+# such frames of your own; `.traceback` keeps every frame.) The launch takes about 7 s on a
+# 2-core machine (one worker's start-up plus the timeout).
 
 # %%
 def init_alone_worker(rank, world_size, timeout_s):
@@ -1644,14 +1645,13 @@ reported_s = int(init_error.message.split("Timed out after ")[1].split(" seconds
 assert reported_s == round(T) + 1, f"the store reports {reported_s} s for a {T:g} s timeout"
 tb = init_error.traceback
 cell_file = init_alone_worker.__code__.co_filename
-# the worker names the cell's file as cloudpickle sent it: its own name for this kernel's cell file
-# ("<dynamic-code>" since cloudpickle 3), or the cell file itself (older versions); line numbers are kept
-ours = re.findall(rf'File "(?:{re.escape(cell_file)}|<dynamic-code>)", line (\d+), in init_alone_worker', tb)
+# the worker names this kernel's cell file, and shows the cell's line from the source sent with it
+ours = re.findall(rf'File "{re.escape(cell_file)}", line (\d+), in init_alone_worker', tb)
 assert ours and "TCPStore" in tb.split("in init_alone_worker")[-1], tb[-1500:]
 relayed_next = tb.split(f'line {ours[-1]}, in init_alone_worker\n')[1].splitlines()[0].strip()
-assert relayed_next.startswith("File "), f"the worker showed a source line for the cell's function: {relayed_next}"
+assert relayed_next.startswith("dist.init_process_group("), f"the worker's line for the cell's frame: {relayed_next}"
 our_line = linecache.getline(cell_file, int(ours[-1])).strip()  # this kernel has the cell's source
-assert our_line.startswith("dist.init_process_group("), our_line
+assert our_line == relayed_next, (our_line, relayed_next)
 print(f"launch -> WorkerError after {launch_s['9 init timeout']:.1f} s (timeout {T:g} s): rank {init_error.rank}, "
       f"{init_error.exc_type}: {init_error.message}")
 print("last line of the relayed traceback:", tb.strip().splitlines()[-1])
