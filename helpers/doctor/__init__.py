@@ -1,0 +1,39 @@
+"""A preflight for workshops: can this machine run every notebook? ``python3 -m helpers.doctor``
+
+Prints the platform, cores and memory, then one line per check, ``ok`` or ``FAIL`` with a
+one-line fix, and exits 0 only when every check is ok (1 otherwise; 130 on Ctrl-C). In the
+spirit of ``accelerate test`` and ``python -m torch.utils.collect_env``, but it runs what the
+notebooks run, through the project's own helpers:
+
+========== =====================================================================================
+python     this Python is in the supported range (``requires-python``); where ``helpers`` is from
+torch      ``import torch``; versions; gloo / nccl available; GPUs
+MNIST      :func:`helpers.data.ensure_mnist` (four files, SHA-256 verified, decompressed so that
+           ``torchvision.datasets.MNIST(root, download=True)`` needs no network); torchvision reads them
+ports      the fixed ``MASTER_PORT`` of tutorial code (12355: the DDP tutorial; 29500: torchrun's
+           default, dist_tuto) is free (``launch`` and warm ranks pick free ports themselves)
+launch     a 2-rank gloo ``all_reduce`` through :func:`helpers.launch.launch`
+mp         the DDP tutorial's form (``MASTER_ADDR``/``MASTER_PORT`` set in the rank, its own
+           ``init_process_group``) through :func:`helpers.mp.spawn`
+warm ranks :func:`helpers.ranks.start_ranks` (2 ranks), an ``all_reduce``, ``stop``, nothing left
+JupyterLab ``jupyterlab`` importable
+kernel     the notebooks' ``python3`` kernel (ipykernel) starts and imports torch and helpers
+cell code  a function defined in a kernel cell (``__main__``) runs on 2 ranks through ``launch``
+DataLoader a cell-defined ``Dataset`` with ``DataLoader(num_workers=2, persistent_workers=True)``
+           inside 2 ranks: every index once per epoch, two epochs
+========== =====================================================================================
+
+Every check is bounded: past its time limit the doctor interrupts it (SIGINT, which the helpers
+answer by ending their processes, as "interrupt kernel" does) and reports it; a check that does
+not stop even then ends the doctor (exit 1) after its processes are killed. ``torch`` is imported
+inside the checks, so a broken torch gives a fix line, not a traceback.
+
+Options: ``--data-root PATH`` (the MNIST root, default ``<repo>/data``), ``--port N`` (a fixed
+``MASTER_PORT`` to check, repeatable; default 12355 and 29500; the first one free is the one the
+``mp`` check uses), ``--only NAME,...`` (run some checks; ``cell code`` and ``DataLoader`` bring
+``kernel``), ``--time-limit S`` (cap every check's time limit).
+"""
+
+from helpers.doctor.run import CHECKS, Doctor, main
+
+__all__ = ["CHECKS", "Doctor", "main"]

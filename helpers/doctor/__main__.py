@@ -1,0 +1,7 @@
+"""``python3 -m helpers.doctor``: see :mod:`helpers.doctor`."""
+
+import sys
+
+from helpers.doctor.run import main
+
+sys.exit(main())

@@ -1,0 +1,237 @@
+"""The doctor's checks that run in this process: versions, MNIST, ports, launch, mp, warm ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from helpers import REPO_ROOT
+
+if TYPE_CHECKING:
+    from helpers.doctor.run import Doctor
+from helpers.doctor.common import (
+    EXPECTED,
+    REINSTALL,
+    TUTORIAL_PORTS,
+    WORLD_SIZE,
+    Failed,
+    _cmdline,
+    _error_line,
+    one_line,
+)
+
+# ---- the checks ------------------------------------------------------------------------------
+
+def _allreduce(rank: int, world_size: int) -> float:
+    """``all_reduce`` of ``rank + 1`` in the default group (3.0 on each of 2 ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _tutorial_worker(rank: int, world_size: int, port: int) -> float:
+    """The DDP tutorial's ``setup()`` / work / ``cleanup()``, as a learner pastes it (gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def check_python(doc: Doctor) -> str:
+    spec = _requires_python()
+    here = platform.python_version()
+    import helpers
+
+    where = f"; helpers from {Path(helpers.__file__).parent.parent}"
+    if spec:
+        try:
+            from packaging.specifiers import SpecifierSet
+        except ImportError:  # no packaging: only the lower bound, read by hand
+            m = re.match(r">=\s*(\d+)\.(\d+)", spec)
+            ok = not m or sys.version_info[:2] >= (int(m.group(1)), int(m.group(2)))
+        else:
+            ok = here in SpecifierSet(spec)
+        if not ok:
+            raise Failed(f"Python {here} at {sys.executable}; the project needs {spec}",
+                         f"install a Python in {spec} (e.g. with pyenv or python.org), then {REINSTALL} with it")
+    return f"{here} at {sys.executable} (supported: {spec or '?'}){where}"
+
+
+def _requires_python() -> str:
+    try:
+        text = (REPO_ROOT / "pyproject.toml").read_text()
+    except OSError:
+        from importlib import metadata
+
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.metadata("ddp-lab").get("Requires-Python") or ""
+        return ""
+    m = re.search(r'^requires-python\s*=\s*"([^"]+)"', text, re.M)
+    return m.group(1) if m else ""
+
+
+def check_torch(doc: Doctor) -> str:
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # ImportError, or anything torch raises while importing
+        raise Failed(f"`import torch` failed: {_error_line(e)}",
+                     f"{REINSTALL} (installs torch for {sys.executable})") from None
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise Failed(f"torch {torch.__version__} has no torch.distributed with gloo",
+                     f"install the torch of requirements.txt: {REINSTALL}")
+    nccl = "yes" if dist.is_nccl_available() else "no"
+    try:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = sorted({torch.cuda.get_device_name(i) for i in range(n)})
+        gpu = (f"{n} GPU(s): {', '.join(names)}, CUDA {torch.version.cuda}" if n
+               else "no GPU (the notebooks use gloo on the CPU)")
+    except Exception as e:  # noqa: BLE001 - a broken driver is information, not a failure
+        gpu = f"CUDA unusable ({_error_line(e)}): the notebooks run on the CPU with gloo"
+    return f"{torch.__version__}; gloo yes, nccl {nccl}; {gpu}"
+
+
+def check_mnist(doc: Doctor) -> str:
+    from helpers.data import MNIST_FILES, MNISTDataError, ensure_mnist
+
+    raw = Path(doc.data_root) / "MNIST" / "raw"
+    try:
+        root = ensure_mnist(doc.data_root)
+    except MNISTDataError as e:
+        missing = [s.name for s in MNIST_FILES.values()
+                   if not (raw / s.name).is_file() and not (raw / (s.name + ".gz")).is_file()]
+        if missing:
+            raise Failed(f"{len(missing)} of 4 MNIST files missing in {raw}",
+                         "restore them: `git checkout -- data/MNIST/raw` in the repository (elsewhere: copy the "
+                         f"repository's data/MNIST/raw/*.gz into {raw})") from None
+        raise Failed(one_line(str(e).split(". ")[0]), one_line(str(e), 300)) from None
+    import torchvision
+
+    test = torchvision.datasets.MNIST(root=str(root), train=False, download=False)
+    if len(test) != 10_000:
+        raise Failed(f"torchvision reads {len(test)} test images from {raw}, expected 10000",
+                     "delete the decompressed files (not the .gz) in data/MNIST/raw and rerun the doctor")
+    return (f"4 files verified (SHA-256) in {raw}; "
+            "torchvision.datasets.MNIST(root, download=True) needs no network")
+
+
+def _port_holder(port: int) -> str:
+    """``pid N (name)`` of the process listening on ``port``, or ``another program``."""
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+    except Exception:  # noqa: BLE001 - macOS needs root for this; the port is held all the same
+        pass
+    return "another program"
+
+
+def port_is_free(port: int) -> bool:
+    """True when a listener could bind ``port`` on every interface now (as ``TCPStore`` does;
+    ``SO_REUSEADDR``: a port in ``TIME_WAIT`` after a finished run counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(doc: Doctor) -> str:
+    held = [p for p in doc.ports if not port_is_free(p)]
+    doc.free_fixed_ports = [p for p in doc.ports if p not in held]
+    if held:
+        p = held[0]
+        what = TUTORIAL_PORTS.get(p, "a fixed MASTER_PORT")
+        raise Failed(f"port {p} ({what}) is held by {_port_holder(p)}"
+                     + (f"; also held: {', '.join(map(str, held[1:]))}" if held[1:] else ""),
+                     f"stop that program, or set MASTER_PORT to another number in tutorial code (e.g. "
+                     f"os.environ['MASTER_PORT'] = '{p + 1}'); launch and warm ranks pick free ports themselves")
+    names = ", ".join(f"{p} ({TUTORIAL_PORTS[p]})" if p in TUTORIAL_PORTS else str(p) for p in doc.ports)
+    return f"free: {names}"
+
+
+def _helper_failure(e: BaseException, what: str) -> Failed:
+    """A failure of the project's own machinery, with the fix that fits its kind."""
+    name = type(e).__name__
+    if name in ("LaunchTimeout", "RanksTimeout"):
+        return Failed(f"{what}: {_error_line(e)}",
+                      "ranks talk over 127.0.0.1: allow local connections (firewall, VPN), close heavy programs, rerun")
+    if "EADDRINUSE" in str(e) or "address already in use" in str(e).lower():
+        return Failed(f"{what}: {_error_line(e)}", "a port was taken meanwhile: rerun the doctor")
+    return Failed(f"{what}: {_error_line(e)}",
+                  f"{REINSTALL}, rerun; if it persists, send this output to the instructor")
+
+
+def check_launch(doc: Doctor) -> str:
+    from helpers.launch import launch
+
+    try:
+        got = launch(_allreduce, WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("launch"))
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, "launch") from None
+    if got != EXPECTED:
+        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    return f"2-rank gloo all_reduce through helpers.launch.launch: {got}"
+
+
+def check_mp(doc: Doctor) -> str:
+    import helpers.mp as mp
+    from helpers.procs import free_port
+
+    fixed = [p for p in doc.free_fixed_ports if port_is_free(p)]
+    port, note = (fixed[0], "") if fixed else (free_port(), " (a free port: the fixed ones are held)")
+    try:
+        got = mp.spawn(_tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE,
+                       timeout=doc.inner_timeout("mp"))
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, "helpers.mp.spawn") from None
+    if got != EXPECTED:
+        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    return f"the DDP tutorial's setup() through helpers.mp.spawn, MASTER_PORT {port}{note}: {got}"
+
+
+def check_warm_ranks(doc: Doctor) -> str:
+    from helpers.procs import leftover_children
+    from helpers.ranks import start_ranks
+
+    ranks = None
+    try:
+        ranks = start_ranks(WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("warm ranks"), activate=False)
+        got = ranks.run(_allreduce)
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, "warm ranks") from None
+    finally:
+        if ranks is not None:
+            ranks.stop()
+    if got != EXPECTED:
+        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    deadline = time.monotonic() + 10
+    while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(_cmdline(p))]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        raise Failed(f"stop() left {len(left)} ipyparallel process(es): {', '.join(str(p.pid) for p in left)}",
+                     "send this output to the instructor (a bug in helpers.ranks); kill those pids")
+    return f"start_ranks({WORLD_SIZE}), all_reduce {got}, stop(), nothing left running"
+
+
