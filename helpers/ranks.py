@@ -12,6 +12,8 @@ buckets step by step), and a call costs milliseconds::
     t = torch.tensor([float(rank)]); dist.all_reduce(t); print(t)
 
     ranks.run(lambda rank, world_size: rank * 10)   # -> [0, 10]
+    ranks.push({"lr": 0.1})                          # a kernel value, as a name on every rank
+    ranks.pull("t")                                  # every rank's t, in rank order
     ranks.stop()
 
 Predefined on every rank: ``rank`` (= engine id), ``world_size``, ``device`` (``cuda:<rank>``
@@ -33,6 +35,16 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
   before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
   ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
+- one default group for good: a call after which a rank has none (user code ran
+  ``dist.destroy_process_group()``, a tutorial's ``cleanup()``) makes a new one on the same ranks
+  and says so; ``init_process_group`` on them gets a hint that they already have a group; a
+  ``%%px`` NameError for a name of the kernel says so and shows :meth:`WarmRanks.push`; a result
+  that cannot be pickled back gets ``launch``'s message;
+- a start without a port race left unhandled: ipyparallel's controller chooses its ports, then
+  binds them; when another process takes one in between, the controller dies, or lives on without
+  a scheduler (the start then hung for 180 s). Each wait of a start reads the controller's and
+  engines' output and watches their processes, ends that try at once and starts again with new
+  ports (up to 4 tries); a failed start says whether anything is left running, after checking;
 - nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
   at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
   ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.ranks_engine`)
@@ -45,8 +57,10 @@ References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import logging
+import logging.handlers
 import os
 import re
 import shutil
@@ -63,7 +77,7 @@ import psutil
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
 from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend, threads_per_rank
-from helpers.procs import end_processes
+from helpers.procs import descendants, end_processes, is_live
 from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
 
 RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
@@ -76,6 +90,8 @@ _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (second
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
+_START_ATTEMPTS = 4  # starts tried when another process took a port ipyparallel's controller had chosen
+_START_POLL_S = 0.1  # how often a start checks the controller's and engines' output and processes (seconds)
 
 
 
@@ -104,6 +120,26 @@ def _check_timeout(timeout: Any, name: str = "timeout") -> float:
     return float(timeout)
 
 
+def _output_of(launcher) -> str:
+    """What an ipyparallel launcher's process has written so far (its output file). Not
+    ``launcher.get_output()``: that caches the text at its first call, and removes the file on stop."""
+    if getattr(launcher, "_output", None) is not None:
+        return launcher._output
+    try:
+        with open(launcher.output_file, errors="replace") as f:
+            return f.read()
+    except (OSError, AttributeError, TypeError):
+        return ""
+
+
+def _left_message(left: list) -> str:
+    """The end of a failed start's message: what was checked to be left running."""
+    if not left:
+        return "its controller and engines were ended, and none is left running (checked)"
+    pids = ", ".join(str(p.pid) for p in left)
+    return f"these of its processes could not be ended: pids {pids}; end them with `kill -9 {pids.replace(',', '')}`"
+
+
 def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
                 env: dict[str, str] | None = None, activate: bool = True) -> WarmRanks:
     """Start ``world_size`` warm ranks with a default process group, or return the running ones.
@@ -128,8 +164,11 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
 
     Raises:
         LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
-        RuntimeError: the engines or the process group did not come up within 180 s; nothing is
-            left running.
+        RuntimeError: the controller, the engines or the process group did not come up (a process
+            exited, or 180 s passed); every process of the start was ended, and the message says
+            whether that was checked to hold. ipyparallel's controller chooses its ports, then binds
+            them: when another process takes one in between (``Address already in use``), the start
+            is tried again with new ports, up to 4 times (``WarmRanks.start_attempts``).
     """
     global _CURRENT, _ATEXIT_REGISTERED
     world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
@@ -163,7 +202,8 @@ class WarmRanks:
     all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
     after a fault), ``startup_seconds`` (the last start: engines, torch import, group) and
     ``startup_phases`` (``{"engines": s, "torch and group": s}``: controller and engines up, then
-    each engine importing torch and joining the group).
+    each engine importing torch and joining the group), ``start_attempts`` (tries the last start took,
+    see :func:`start_ranks`), ``regroups`` (default groups made again after user code destroyed one).
     """
 
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
@@ -185,7 +225,10 @@ class WarmRanks:
         self._ipp_px = None
         self._restart_pending = False
         self._started: list = []  # the process trees as they were once started
+        self.start_attempts = 0
+        self.regroups = 0
         self._ipp_log: logging.Logger | None = None
+        self._ipp_held: logging.handlers.BufferingHandler | None = None
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
@@ -196,48 +239,145 @@ class WarmRanks:
 
     def _start(self) -> None:
         t0 = time.perf_counter()
-        # ipyparallel's reports to stderr, by a logger of this start alone that _shutdown silences
-        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
-        self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
-        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
-        try:
-            self.cluster = ipp.Cluster(
-                controller_args=eng.CONTROLLER_ARGS,
-                n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
-                controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
-            self.cluster.start_cluster_sync(n=self.world_size)
-            self.client = self.cluster.connect_client_sync()
-            # interactive=False: no progress bar in the cell
-            self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False)
-            ids = sorted(self.client.ids)
-            assert ids == list(range(self.world_size)), f"engine ids {ids}"
-            self.view = self.client[ids]
-            self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-            self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
-            t_engines = time.perf_counter()
-            self._started = self._processes()
-            self._start_watchdog()
-            group_timeout = self.timeout + _GROUP_MARGIN_S
-            port = self.client[0].apply_async(eng.open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
-            joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
-                                                threads_per_rank(self.world_size))
-                     for r in ids]
-            self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
-            for r in ids:
-                self.client[r].push({"rank": r, "world_size": self.world_size}, block=True)
-            self.view.execute(eng.PRELUDE, block=False).get(_START_TIMEOUT_S)
-        except BaseException as e:
-            self._shutdown()
-            self.stopped = True
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {eng.ANSI.sub('', str(e))}); "
-                               "nothing was left running") from e
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self.start_attempts = attempt
+            try:
+                t_engines = self._start_once()
+                self._release_ipp_log(show=True)
+                break
+            except BaseException as e:
+                taken = None if isinstance(e, KeyboardInterrupt) else self._port_taken()
+                self._release_ipp_log(show=not taken)
+                left = self._shutdown()
+                if taken and not left and attempt < _START_ATTEMPTS:
+                    continue  # a port was taken between ipyparallel choosing it and binding it: new ports
+                self.stopped = True
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                if taken:
+                    why = (f"on {attempt} tries, another process took a port ipyparallel's controller had "
+                           f"chosen before it could bind it ({taken}: Address already in use)")
+                else:
+                    why = f"{type(e).__name__}: {eng.ANSI.sub('', str(e))}"
+                raise RuntimeError(f"warm ranks did not start ({why}); {_left_message(left)}") from e
         self.startup_seconds = time.perf_counter() - t0
         self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
         if self._activate_magics:
             self._activate()
+
+    def _start_once(self) -> float:
+        """One try at starting the controller, the engines and the group; returns the
+        ``perf_counter()`` at which the engines were up. Every wait watches the processes and the
+        controller's output (:meth:`_await`), so a port taken or a process gone ends it at once."""
+        # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
+        # while starting (a try that lost a port is retried without a word), then to stderr
+        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
+        self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
+        self._ipp_log.addHandler(self._ipp_held)
+        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        self.cluster = ipp.Cluster(
+            controller_args=eng.CONTROLLER_ARGS,
+            n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
+            controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
+            log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
+        self.cluster.start_cluster_sync(n=self.world_size)
+        self.client = self.cluster.connect_client_sync()
+        # interactive=False: no progress bar in the cell
+        self._await(self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
+                                                 block=False), "the engines registering", deadline)
+        ids = sorted(self.client.ids)
+        assert ids == list(range(self.world_size)), f"engine ids {ids}"
+        self.view = self.client[ids]
+        self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
+        self.pids = self._await(self.view.apply_async(os.getpid), "the engines answering", deadline)
+        t_engines = time.perf_counter()
+        self._started = self._processes()
+        self._start_watchdog()
+        self._join_group(deadline)
+        for r in ids:
+            self._await(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
+                        "setting rank and world_size", deadline)
+        self._await(self.view.execute(eng.PRELUDE, block=False), "the prelude (import torch)", deadline)
+        return t_engines
+
+    def _join_group(self, deadline: float) -> None:
+        """Every rank joins a new default group, through a TCPStore rank 0 opens on port 0."""
+        group_timeout = self.timeout + _GROUP_MARGIN_S
+        port = self._await(self.client[0].apply_async(eng.open_store, self.world_size, group_timeout),
+                           "rank 0 opening the group's store", deadline)
+        joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
+                                            threads_per_rank(self.world_size))
+                 for r in range(self.world_size)]
+        self.devices = [self._await(j, "the ranks joining the process group", deadline) for j in joins]
+
+    def _await(self, waiting, what: str, deadline: float):
+        """The result of ``waiting`` (an ipyparallel AsyncResult or a Future), checking every
+        :data:`_START_POLL_S` that no port was taken and the controller and engines still run.
+
+        Raises:
+            RuntimeError: a port was taken, or the controller or an engine exited.
+            TimeoutError: not done by ``deadline`` (``time.monotonic()``).
+        """
+        while True:
+            if isinstance(waiting, ipp.AsyncResult):
+                if waiting.wait(_START_POLL_S):
+                    return waiting.get(0)
+            else:
+                concurrent.futures.wait([waiting], timeout=_START_POLL_S)
+                if waiting.done():
+                    return waiting.result()
+            taken = self._port_taken()
+            if taken:
+                raise RuntimeError(f"{taken}: Address already in use")
+            gone = self._gone_while_starting()
+            if gone:
+                raise RuntimeError(f"{gone} while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} took longer than {_START_TIMEOUT_S:g} s")
+
+    def _release_ipp_log(self, show: bool) -> None:
+        """Send what ipyparallel logged during the start to stderr (``show``) or drop it; from now
+        on its reports go to stderr directly."""
+        held = self._ipp_held
+        if self._ipp_log is None or held is None:
+            return
+        self._ipp_log.removeHandler(held)
+        stderr = logging.StreamHandler(sys.stderr)
+        if show:
+            for record in held.buffer:
+                stderr.handle(record)
+        held.close()
+        self._ipp_held = None
+        self._ipp_log.addHandler(stderr)
+
+    def _launchers(self) -> list:
+        """ipyparallel's launchers of the controller and every engine (none once stopped)."""
+        if self.cluster is None:
+            return []
+        launchers = [self.cluster.controller] if self.cluster.controller is not None else []
+        for es in self.cluster.engines.values():
+            launchers += list(es.launchers.values())
+        return launchers
+
+    def _port_taken(self) -> str | None:
+        """The address (``tcp://127.0.0.1:PORT``) the controller or an engine could not bind because
+        another process had taken it, read from their output files; ``None`` if none."""
+        for launcher in self._launchers():
+            m = eng.PORT_TAKEN.search(_output_of(launcher))
+            if m:
+                return m.group(1) or "a port"
+        return None
+
+    def _gone_while_starting(self) -> str | None:
+        """"the ipyparallel controller exited (...)" when a process of the start has ended, else None."""
+        for launcher in self._launchers():
+            proc = getattr(launcher, "process", None)
+            if proc is not None and not is_live(proc):
+                who = "the ipyparallel controller" if launcher is self.cluster.controller else "an engine"
+                last = [line for line in _output_of(launcher).splitlines() if line.strip()][-1:]
+                return f"{who} (pid {proc.pid}) exited" + (f" ({last[0].strip()[:300]})" if last else "")
+        return None
 
     def _start_watchdog(self) -> None:
         roots = [*self.pids, *(p.pid for p in self._launched())]
@@ -249,12 +389,19 @@ class WarmRanks:
     def _launched(self) -> list:
         """The controller's and every engine's process as ipyparallel's launchers started them
         (psutil.Process; none once stopped)."""
-        if self.cluster is None:
-            return []
-        launchers = [self.cluster.controller] if self.cluster.controller is not None else []
-        for es in self.cluster.engines.values():
-            launchers += list(es.launchers.values())
-        return [el.process for el in launchers if getattr(el, "process", None) is not None]
+        return [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
+
+    def _marked(self) -> list:
+        """This process's descendants that ipyparallel started for this set of ranks: their
+        environment names its profile folder (``IPP_PROFILE_DIR``, ipyparallel's launchers set it)."""
+        found = []
+        if not self._profile_dir:
+            return found
+        for p in descendants(os.getpid()):
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("IPP_PROFILE_DIR") == self._profile_dir:
+                    found.append(p)
+        return found
 
     def _processes(self) -> list:
         """The controller and engine process trees (psutil.Process), found from the launchers."""
@@ -269,15 +416,19 @@ class WarmRanks:
                     procs[c.pid] = c
         return list(procs.values())
 
-    def _shutdown(self) -> None:
+    def _shutdown(self) -> list:
+        """Kill the controller, the engines and the watchdog; remove ipyparallel's folder. Returns the
+        processes of these ranks still running afterwards, looked for again (normally none)."""
         procs = self._processes()
+        procs += [p for p in self._marked() if p.pid not in {q.pid for q in procs}]
         # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
         if self._ipp_log is not None:
             self._ipp_log.disabled = True
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
-        end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
+        left = end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
+        left += [p for p in self._marked() if is_live(p) and p.pid not in {q.pid for q in left}]
         if self.cluster is not None:
             self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
             self.cluster.engines = {}
@@ -289,6 +440,7 @@ class WarmRanks:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
         self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
         self.pids, self._started = [], []
+        return left
 
     def stop(self) -> None:
         """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
@@ -405,20 +557,64 @@ class WarmRanks:
             return [], KeyboardInterrupt(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
                                          "in a collective). " + eng.RESTART_NOTE)
 
-    def _raise_for(self, ar, errors: list[int], fault: BaseException | None) -> None:
-        """After :meth:`_supervise`: on a fault restart and raise it; on rank errors raise WorkerError."""
+    def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
+                   has_group: list[bool] | None = None, kernel_names=None) -> None:
+        """After :meth:`_supervise`: on a fault restart and raise it; else make a new default group
+        if the call left a rank without one (:meth:`_check_group`; ``has_group``: per rank, if
+        known); on rank errors raise WorkerError (a NameError for a name of ``kernel_names``, the
+        kernel's namespace, says so: :func:`helpers.ranks_engine.kernel_name_error`)."""
         if fault is not None:
             if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
                 raise fault
             raise self._restart_with(fault)
+        err = None
         if errors:
             parts = ar.split() if self.world_size > 1 else [ar]
             err = eng.worker_error(parts, errors[0])
-            err.other_ranks.update({r: eng.worker_error(parts, r).message[:200] for r in errors[1:]})
+            for r in errors[1:]:
+                other = eng.worker_error(parts, r)
+                same = (other.exc_type, other.message.replace(f"rank {r} ", f"rank {err.rank} ")) == \
+                    (err.exc_type, err.message)
+                err.other_ranks[r] = f"the same {other.exc_type}" if same else other.message[:200]
             if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
                 raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))
-            raise err.with_note(None)
+        self._check_group(what, has_group)
+        if err is None:
+            return
+        err = eng.kernel_name_error(err, kernel_names or {}) or err
+        raise err.with_note(eng.INIT_TWICE_NOTE if "initialize the default process group twice" in err.message
+                            else None)
+
+    def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
+        """After a call that ended normally: if a rank has no default group (user code called
+        ``dist.destroy_process_group()``, e.g. a tutorial's ``cleanup()``), make a new one on the same
+        ranks (names on them are kept) and say so on stderr; if that fails, fresh ranks start on the
+        next call. ``has_group``: each rank's ``dist.is_initialized()``, asked now if not given."""
+        deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
+        if has_group is None:
+            try:
+                has_group = self._await(self.view.apply_async(eng.has_group), "the ranks' group check", deadline)
+            except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
+                self._restart_with(None)
+                return
+        lost = [r for r, ok in enumerate(has_group) if not ok]
+        if not lost:
+            return
+        try:
+            self._await(self.view.apply_async(eng.leave_group), "the ranks leaving the old group", deadline)
+            self._join_group(deadline)
+            self.regroups += 1
+            outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
+                       "old group (a DDP model)")
+        except Exception as e:  # noqa: BLE001 - then fresh ranks
+            self._restart_with(None)
+            outcome = f"and making a new one failed ({type(e).__name__}): fresh ranks start on the next call"
+        who = f"rank {lost[0]} has" if len(lost) == 1 else "ranks " + ", ".join(map(str, lost)) + " have"
+        print(f"(warm ranks: {who} no default process group after this {what} (`dist.destroy_process_group()`, "
+              f"e.g. a tutorial's `cleanup()`), {outcome}. Warm ranks keep one group: leave `init_process_group` "
+              "and `destroy_process_group` (`setup()`, `cleanup()`) out of code you run on them.)",
+              file=sys.stderr, flush=True)
 
     # -- public calls --------------------------------------------------------------------------
 
@@ -448,7 +644,48 @@ class WarmRanks:
         serialise_call(fn, args, kwargs)  # LaunchError naming the variable, before the ranks are touched
         self._check_alive("run")
         ar = self.view.apply_async(eng.call, fn, args, kwargs)
-        self._raise_for(ar, *self._supervise(ar, timeout, "run"))
+        errors, fault = self._supervise(ar, timeout, "run")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "run")
+        pairs = ar.get(0)  # (result, has a default group) per rank: ranks_engine.call
+        self._raise_for(ar, [], None, "run", has_group=[g for _, g in pairs])
+        return [result for result, _ in pairs]
+
+    def push(self, values: dict[str, Any], timeout: float | None = None) -> None:
+        """Define names on every rank: ``ranks.push({"lr": lr})`` sends the kernel's ``lr`` so that
+        ``%%px`` cells can use it (a ``%%px`` cell sees only the ranks' own variables).
+
+        Args:
+            values: ``{name: value}``; each value is pickled (cloudpickle) and sent to every rank.
+            timeout: seconds for this call (default: the ranks' ``timeout``).
+
+        Raises:
+            LaunchError: a name is not an identifier, or a value cannot be sent (named, as ``run`` does).
+            WorkerError, RanksTimeout: as :meth:`run`.
+        """
+        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
+            raise LaunchError(f"push takes a dict of variable names to values, e.g. ranks.push({{'lr': lr}}); "
+                              f"got {values!r:.200}.")
+        serialise_call(dict, (), values)  # LaunchError naming the value, before the ranks are touched
+        self._check_alive("push")
+        ar = self.view.push(values, block=False)
+        errors, fault = self._supervise(ar, timeout, "push")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "push")
+
+    def pull(self, name: str, timeout: float | None = None) -> list:
+        """Every rank's value of the variable ``name`` (defined by ``%%px`` cells or :meth:`push`), in rank order.
+
+        Raises:
+            WorkerError: a rank has no such name (NameError), or as :meth:`run`.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise LaunchError(f"pull takes one variable name, e.g. ranks.pull('loss'); got {name!r:.200}.")
+        self._check_alive("pull")
+        ar = self.view.pull(name, block=False)
+        errors, fault = self._supervise(ar, timeout, "pull")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "pull")
         return ar.get(0)
 
     def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:
@@ -474,7 +711,15 @@ class WarmRanks:
                 ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
         if not stream:
             ar.display_outputs()
-        self._raise_for(ar, errors, fault)
+        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=_kernel_namespace())
+
+
+def _kernel_namespace() -> dict:
+    """The calling IPython session's user namespace (the notebook's variables), or ``{}``."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip.user_ns if ip is not None else {}
 
 
 def _px_magic(line: str, cell: str | None = None):
