@@ -633,9 +633,11 @@ class WarmRanks:
         Raises:
             LaunchError: ``fn``, an argument, a global it uses or a closure variable cannot be sent
                 (an open file, a lock, a socket, a generator, a CUDA tensor), as for ``launch``.
-            WorkerError: a rank raised (names the rank, its traceback) or its process died. When a
+            WorkerError: a rank raised (names the rank, its traceback), returned what cannot be
+                pickled back (a generator, a lock: ``launch``'s message), or its process died. When a
                 rank died, peers were left waiting or a collective failed, all ranks were ended
-                first; fresh ones start before the next call.
+                first; fresh ones start before the next call. A rank that destroyed its default
+                group (``dist.destroy_process_group()``) gets a new one, with a note on stderr.
             RanksTimeout: past ``timeout``; names the ranks not finished; all ranks were ended.
             KeyboardInterrupt: interrupted; SIGINT was sent to the ranks (all ended if they did not stop).
         """
