@@ -12,6 +12,8 @@ buckets step by step), and a call costs milliseconds::
     t = torch.tensor([float(rank)]); dist.all_reduce(t); print(t)
 
     ranks.run(lambda rank, world_size: rank * 10)   # -> [0, 10]
+    ranks.push({"lr": 0.1})                          # a kernel value, as a name on every rank
+    ranks.pull("t")                                  # every rank's t, in rank order
     ranks.stop()
 
 Predefined on every rank: ``rank`` (= engine id), ``world_size``, ``device`` (``cuda:<rank>``
@@ -33,6 +35,16 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
   before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
   ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
+- one default group for good: a call after which a rank has none (user code ran
+  ``dist.destroy_process_group()``, a tutorial's ``cleanup()``) makes a new one on the same ranks
+  and says so; ``init_process_group`` on them gets a hint that they already have a group; a
+  ``%%px`` NameError for a name of the kernel says so and shows :meth:`WarmRanks.push`; a result
+  that cannot be pickled back gets ``launch``'s message;
+- a start without a port race left unhandled: ipyparallel's controller chooses its ports, then
+  binds them; when another process takes one in between, the controller dies, or lives on without
+  a scheduler (the start then hung for 180 s). Each wait of a start reads the controller's and
+  engines' output and watches their processes, ends that try at once and starts again with new
+  ports (up to 4 tries); a failed start says whether anything is left running, after checking;
 - nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
   at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
   ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.ranks_engine`)
@@ -47,12 +59,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
+import logging.handlers
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,8 +71,8 @@ import psutil
 
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
-from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend, threads_per_rank
-from helpers.procs import end_processes
+from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend
+from helpers.ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
 from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
 
 RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
@@ -73,8 +82,6 @@ __all__ = ["RanksTimeout", "WarmRanks", "current_ranks", "start_ranks"]
 _POLL_S = 0.05  # how often a wait checks the ranks (seconds)
 _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
-_GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
-_START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
 
 
@@ -128,8 +135,11 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
 
     Raises:
         LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
-        RuntimeError: the engines or the process group did not come up within 180 s; nothing is
-            left running.
+        RuntimeError: the controller, the engines or the process group did not come up (a process
+            exited, or 180 s passed); every process of the start was ended, and the message says
+            whether that was checked to hold. ipyparallel's controller chooses its ports, then binds
+            them: when another process takes one in between (``Address already in use``), the start
+            is tried again with new ports, up to 4 times (``WarmRanks.start_attempts``).
     """
     global _CURRENT, _ATEXIT_REGISTERED
     world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
@@ -154,7 +164,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-class WarmRanks:
+class WarmRanks(RanksLifeCycle):
     """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
 
     Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
@@ -163,7 +173,8 @@ class WarmRanks:
     all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
     after a fault), ``startup_seconds`` (the last start: engines, torch import, group) and
     ``startup_phases`` (``{"engines": s, "torch and group": s}``: controller and engines up, then
-    each engine importing torch and joining the group).
+    each engine importing torch and joining the group), ``start_attempts`` (tries the last start took,
+    see :func:`start_ranks`), ``regroups`` (default groups made again after user code destroyed one).
     """
 
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
@@ -185,128 +196,15 @@ class WarmRanks:
         self._ipp_px = None
         self._restart_pending = False
         self._started: list = []  # the process trees as they were once started
+        self.start_attempts = 0
+        self.regroups = 0
         self._ipp_log: logging.Logger | None = None
+        self._ipp_held: logging.handlers.BufferingHandler | None = None
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
                  else f"pids {self.pids}")
         return f"<WarmRanks world_size={self.world_size} backend={self.backend!r} timeout={self.timeout:g} s, {state}>"
-
-    # -- life cycle --------------------------------------------------------------------------
-
-    def _start(self) -> None:
-        t0 = time.perf_counter()
-        # ipyparallel's reports to stderr, by a logger of this start alone that _shutdown silences
-        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
-        self._ipp_log.addHandler(logging.StreamHandler(sys.stderr))
-        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
-        try:
-            self.cluster = ipp.Cluster(
-                controller_args=eng.CONTROLLER_ARGS,
-                n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
-                controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-                log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
-            self.cluster.start_cluster_sync(n=self.world_size)
-            self.client = self.cluster.connect_client_sync()
-            # interactive=False: no progress bar in the cell
-            self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False)
-            ids = sorted(self.client.ids)
-            assert ids == list(range(self.world_size)), f"engine ids {ids}"
-            self.view = self.client[ids]
-            self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-            self.pids = self.view.apply_async(os.getpid).get(_START_TIMEOUT_S)
-            t_engines = time.perf_counter()
-            self._started = self._processes()
-            self._start_watchdog()
-            group_timeout = self.timeout + _GROUP_MARGIN_S
-            port = self.client[0].apply_async(eng.open_store, self.world_size, group_timeout).get(_START_TIMEOUT_S)
-            joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
-                                                threads_per_rank(self.world_size))
-                     for r in ids]
-            self.devices = [j.get(_START_TIMEOUT_S) for j in joins]
-            for r in ids:
-                self.client[r].push({"rank": r, "world_size": self.world_size}, block=True)
-            self.view.execute(eng.PRELUDE, block=False).get(_START_TIMEOUT_S)
-        except BaseException as e:
-            self._shutdown()
-            self.stopped = True
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            raise RuntimeError(f"warm ranks did not start ({type(e).__name__}: {eng.ANSI.sub('', str(e))}); "
-                               "nothing was left running") from e
-        self.startup_seconds = time.perf_counter() - t0
-        self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
-        if self._activate_magics:
-            self._activate()
-
-    def _start_watchdog(self) -> None:
-        roots = [*self.pids, *(p.pid for p in self._launched())]
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
-
-    def _launched(self) -> list:
-        """The controller's and every engine's process as ipyparallel's launchers started them
-        (psutil.Process; none once stopped)."""
-        if self.cluster is None:
-            return []
-        launchers = [self.cluster.controller] if self.cluster.controller is not None else []
-        for es in self.cluster.engines.values():
-            launchers += list(es.launchers.values())
-        return [el.process for el in launchers if getattr(el, "process", None) is not None]
-
-    def _processes(self) -> list:
-        """The controller and engine process trees (psutil.Process), found from the launchers."""
-        roots = self._launched()
-        roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
-        procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
-
-        for p in roots:
-            with contextlib.suppress(psutil.Error):
-                procs[p.pid] = p
-                for c in p.children(recursive=True):
-                    procs[c.pid] = c
-        return list(procs.values())
-
-    def _shutdown(self) -> None:
-        procs = self._processes()
-        # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
-        if self._ipp_log is not None:
-            self._ipp_log.disabled = True
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.client.close(linger=0)
-        end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
-        if self.cluster is not None:
-            self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
-            self.cluster.engines = {}
-        if self._watchdog is not None:
-            with contextlib.suppress(Exception):
-                self._watchdog.kill()
-                self._watchdog.wait(5)
-        if self._profile_dir:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
-        self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
-        self.pids, self._started = [], []
-
-    def stop(self) -> None:
-        """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
-        if self.stopped:
-            return
-        self.stopped = True
-        self._shutdown()
-
-    def restart(self) -> None:
-        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
-
-        After a fault the ranks are ended at once and this runs by itself before the next
-        ``run`` or ``%%px`` cell."""
-        self._shutdown()
-        self.stopped = False
-        self._restart_pending = False
-        self.restarts += 1
-        self._start()
 
     def _activate(self) -> None:
         from IPython import get_ipython
@@ -405,21 +303,65 @@ class WarmRanks:
             return [], KeyboardInterrupt(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
                                          "in a collective). " + eng.RESTART_NOTE)
 
-    def _raise_for(self, ar, errors: list[int], fault: BaseException | None) -> None:
-        """After :meth:`_supervise`: on a fault restart and raise it; on rank errors raise WorkerError."""
+    def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
+                   has_group: list[bool] | None = None, kernel_names=None) -> None:
+        """After :meth:`_supervise`: on a fault restart and raise it; else make a new default group
+        if the call left a rank without one (:meth:`_check_group`; ``has_group``: per rank, if
+        known); on rank errors raise WorkerError (a NameError for a name of ``kernel_names``, the
+        kernel's namespace, says so: :func:`helpers.ranks_engine.kernel_name_error`)."""
         if fault is not None:
             if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
                 raise fault
             raise self._restart_with(fault)
+        err = None
         if errors:
             parts = ar.split() if self.world_size > 1 else [ar]
             err = eng.worker_error(parts, errors[0])
-            err.other_ranks.update({r: eng.worker_error(parts, r).message.partition("\n")[0][:200]  # no hint twice
-                                    for r in errors[1:]})
+            for r in errors[1:]:
+                other = eng.worker_error(parts, r)
+                same = (other.exc_type, other.message.replace(f"rank {r} ", f"rank {err.rank} ")) == \
+                    (err.exc_type, err.message)
+                first_line = other.message.partition("\n")[0][:200]  # a hint once, in err itself
+                err.other_ranks[r] = f"the same {other.exc_type}" if same else first_line
             if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
                 raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))
-            raise err.with_note(None)
+        self._check_group(what, has_group)
+        if err is None:
+            return
+        err = eng.kernel_name_error(err, kernel_names or {}) or err
+        raise err.with_note(eng.INIT_TWICE_NOTE if "initialize the default process group twice" in err.message
+                            else None)
+
+    def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
+        """After a call that ended normally: if a rank has no default group (user code called
+        ``dist.destroy_process_group()``, e.g. a tutorial's ``cleanup()``), make a new one on the same
+        ranks (names on them are kept) and say so on stderr; if that fails, fresh ranks start on the
+        next call. ``has_group``: each rank's ``dist.is_initialized()``, asked now if not given."""
+        deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
+        if has_group is None:
+            try:
+                has_group = self._await(self.view.apply_async(eng.has_group), "the ranks' group check", deadline)
+            except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
+                self._restart_with(None)
+                return
+        lost = [r for r, ok in enumerate(has_group) if not ok]
+        if not lost:
+            return
+        try:
+            self._await(self.view.apply_async(eng.leave_group), "the ranks leaving the old group", deadline)
+            self._join_group(deadline)
+            self.regroups += 1
+            outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
+                       "old group (a DDP model)")
+        except Exception as e:  # noqa: BLE001 - then fresh ranks
+            self._restart_with(None)
+            outcome = f"and making a new one failed ({type(e).__name__}): fresh ranks start on the next call"
+        who = f"rank {lost[0]} has" if len(lost) == 1 else "ranks " + ", ".join(map(str, lost)) + " have"
+        print(f"(warm ranks: {who} no default process group after this {what} (`dist.destroy_process_group()`, "
+              f"e.g. a tutorial's `cleanup()`), {outcome}. Warm ranks keep one group: leave `init_process_group` "
+              "and `destroy_process_group` (`setup()`, `cleanup()`) out of code you run on them.)",
+              file=sys.stderr, flush=True)
 
     # -- public calls --------------------------------------------------------------------------
 
@@ -438,9 +380,11 @@ class WarmRanks:
         Raises:
             LaunchError: ``fn``, an argument, a global it uses or a closure variable cannot be sent
                 (an open file, a lock, a socket, a generator, a CUDA tensor), as for ``launch``.
-            WorkerError: a rank raised (names the rank, its traceback) or its process died. When a
+            WorkerError: a rank raised (names the rank, its traceback), returned what cannot be
+                pickled back (a generator, a lock: ``launch``'s message), or its process died. When a
                 rank died, peers were left waiting or a collective failed, all ranks were ended
-                first; fresh ones start before the next call.
+                first; fresh ones start before the next call. A rank that destroyed its default
+                group (``dist.destroy_process_group()``) gets a new one, with a note on stderr.
             RanksTimeout: past ``timeout``; names the ranks not finished; all ranks were ended.
             KeyboardInterrupt: interrupted; SIGINT was sent to the ranks (all ended if they did not stop).
         """
@@ -451,7 +395,48 @@ class WarmRanks:
         payload = serialise_call(fn, args, kwargs)
         self._check_alive("run")
         ar = self.view.apply_async(eng.call_payload, payload)
-        self._raise_for(ar, *self._supervise(ar, timeout, "run"))
+        errors, fault = self._supervise(ar, timeout, "run")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "run")
+        pairs = ar.get(0)  # (result, has a default group) per rank: ranks_engine.call
+        self._raise_for(ar, [], None, "run", has_group=[g for _, g in pairs])
+        return [result for result, _ in pairs]
+
+    def push(self, values: dict[str, Any], timeout: float | None = None) -> None:
+        """Define names on every rank: ``ranks.push({"lr": lr})`` sends the kernel's ``lr`` so that
+        ``%%px`` cells can use it (a ``%%px`` cell sees only the ranks' own variables).
+
+        Args:
+            values: ``{name: value}``; each value is pickled (cloudpickle) and sent to every rank.
+            timeout: seconds for this call (default: the ranks' ``timeout``).
+
+        Raises:
+            LaunchError: a name is not an identifier, or a value cannot be sent (named, as ``run`` does).
+            WorkerError, RanksTimeout: as :meth:`run`.
+        """
+        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
+            raise LaunchError(f"push takes a dict of variable names to values, e.g. ranks.push({{'lr': lr}}); "
+                              f"got {values!r:.200}.")
+        serialise_call(dict, (), values)  # LaunchError naming the value, before the ranks are touched
+        self._check_alive("push")
+        ar = self.view.push(values, block=False)
+        errors, fault = self._supervise(ar, timeout, "push")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "push")
+
+    def pull(self, name: str, timeout: float | None = None) -> list:
+        """Every rank's value of the variable ``name`` (defined by ``%%px`` cells or :meth:`push`), in rank order.
+
+        Raises:
+            WorkerError: a rank has no such name (NameError), or as :meth:`run`.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise LaunchError(f"pull takes one variable name, e.g. ranks.pull('loss'); got {name!r:.200}.")
+        self._check_alive("pull")
+        ar = self.view.pull(name, block=False)
+        errors, fault = self._supervise(ar, timeout, "pull")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "pull")
         return ar.get(0)
 
     def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:
@@ -477,7 +462,15 @@ class WarmRanks:
                 ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
         if not stream:
             ar.display_outputs()
-        self._raise_for(ar, errors, fault)
+        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=_kernel_namespace())
+
+
+def _kernel_namespace() -> dict:
+    """The calling IPython session's user namespace (the notebook's variables), or ``{}``."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip.user_ns if ip is not None else {}
 
 
 def _px_magic(line: str, cell: str | None = None):

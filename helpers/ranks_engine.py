@@ -43,6 +43,15 @@ RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the nex
                  "(names defined on the ranks are gone: run your set-up cells again).")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
+#: What the controller (or an engine) prints when a port it had chosen was taken by another process
+#: before it bound it: pyzmq's ``ZMQError: Address already in use (addr='tcp://127.0.0.1:PORT')``.
+PORT_TAKEN = re.compile(r"Address already in use(?: \(addr='([^']*)'\))?")
+
+#: The hint for torch's "trying to initialize the default process group twice!" on warm ranks.
+INIT_TWICE_NOTE = ("warm ranks already have a default process group: `rank`, `world_size` and `dist` are ready "
+                   "on every rank. Leave `dist.init_process_group(...)` (a tutorial's `setup()`) and "
+                   "`dist.destroy_process_group()` (its `cleanup()`) out of code you run on them")
+
 #: Errors that leave the process group unusable (a peer gone, a collective timed out).
 GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
                  "timed out", "DistBackendError", "DistNetworkError", "NCCL")
@@ -118,8 +127,53 @@ PRELUDE = (
 
 
 def call(fn, args, kwargs):
-    """Every rank: ``fn(rank, world_size, *args, **kwargs)``."""
-    return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args, **kwargs)
+    """Every rank: ``(fn(rank, world_size, *args, **kwargs), whether the rank still has its default group)``.
+
+    Raises:
+        TypeError: the result holds what cannot be pickled back to the kernel (a generator, a
+            lock, an open file, a socket), with the message ``launch`` gives for the same.
+    """
+    rank = int(os.environ["RANK"])
+    result = fn(rank, int(os.environ["WORLD_SIZE"]), *args, **kwargs)
+    check_result(rank, result)
+    return result, has_group()
+
+
+def check_result(rank: int, result) -> None:
+    """Refuse a result that belongs to this process (:func:`helpers.sending`'s kinds, CUDA tensors
+    aside: those pickle), before ipyparallel's pickler fails on it with a bare TypeError."""
+    import cloudpickle
+
+    from helpers.sending import _kind_of, _walk
+
+    for where, value in _walk("the result", result):
+        kind = _kind_of(value)
+        if kind is None or "tensor" in kind or "nn.Module" in kind:
+            continue
+        try:
+            cloudpickle.dumps(value)
+            continue
+        except Exception as e:  # noqa: BLE001 - what pickling says, as launch reports it
+            why = f"{type(e).__name__}: {e}"
+        inside = "" if where == "the result" else f"{where} is {kind}; "
+        raise TypeError(f"rank {rank} returned a {type(result).__name__} that cannot be pickled back to the "
+                        f"caller ({inside}{why}); return plain data or CPU tensors.")
+
+
+def has_group() -> bool:
+    """Every rank: whether the default process group is still there (user code may destroy it)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def leave_group() -> None:
+    """Every rank: destroy what is left of the default group, before :func:`open_store` and
+    :func:`join_group` make a new one on the same ranks."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def call_payload(payload: bytes):
@@ -168,11 +222,33 @@ def worker_error(parts, rank: int) -> WorkerError:
         parts[rank].get(0)
     except ipp.RemoteError as e:
         tb = e.traceback
-        tb = "\n".join(tb) if isinstance(tb, list) else (tb or "")
-        return WorkerError(rank, e.ename, with_hint(ANSI.sub("", str(e.evalue))), ANSI.sub("", tb))
+        tb = ANSI.sub("", "\n".join(tb) if isinstance(tb, list) else (tb or ""))
+        message = with_hint(ANSI.sub("", str(e.evalue)))
+        if "cannot be pickled back to the caller" in message:
+            tb = ""  # check_result's own frames: nothing of the learner's code
+        elif "serialize_object" in tb and e.ename in ("TypeError", "PicklingError", "AttributeError"):
+            # ipyparallel could not pickle the result: say so as launch does, without its frames
+            message = (f"rank {rank} returned a value that cannot be pickled back to the caller "
+                       f"({e.ename}: {message}); return plain data or CPU tensors.")
+            tb = ""
+        return WorkerError(rank, e.ename, message, tb)
     except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
         return WorkerError(rank, type(e).__name__, ANSI.sub("", str(e)), "")
     return WorkerError(rank, "unknown", "no error recorded", "")
+
+
+def kernel_name_error(err: WorkerError, kernel_names) -> WorkerError | None:
+    """``err`` (a ``%%px`` cell's) rewritten when it is a NameError for a name that exists in the
+    kernel (``kernel_names``: the kernel's user namespace): say where the name lives and how to send
+    it; ``None`` otherwise."""
+    m = re.match(r"name '(\w+)' is not defined", err.message) if err.exc_type == "NameError" else None
+    if m is None or m.group(1) not in kernel_names:
+        return None
+    name = m.group(1)
+    message = (f"name {name!r} is not defined on the ranks. `{name}` is a variable of this notebook's kernel; "
+               f"a %%px cell runs on the ranks, which have their own variables. Send it to every rank first: "
+               f"ranks.push({{{name!r}: {name}}})")
+    return WorkerError(err.rank, "NameError", message, err.traceback, err.other_ranks)
 
 
 def interrupt(pids: list[int]) -> None:
@@ -216,10 +292,14 @@ def stream_per_rank(ar) -> None:
     ``parent_header``, so every rank's replay gets the same id and the last rank's display
     *replaces* the others: on a loaded machine a ``%%px`` cell showed ``[stdout:1]`` and lost
     ``[stdout:0]``. Here each replay gets its own rank's ``msg_id``, the id its later messages carry.
+    A rank's error is not shown here (ipyparallel would print each rank's traceback): the cell's
+    ``WorkerError`` reports it once.
     """
     callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
 
     def with_parent(eid, msg_future, msg):
+        if msg["header"]["msg_type"] == "error":
+            return  # a rank's error is shown once, in the WorkerError the cell raises, not per rank here too
         if not msg.get("parent_header"):
             msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
         return callback(eid, msg_future, msg)

@@ -94,6 +94,7 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # torch); after that, a `%%px` cell costs milliseconds.
 
 # %%
+# after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
 
 # %% [markdown]
@@ -160,6 +161,27 @@ fresh = pd.DataFrame(ranks.run(inherited)).set_index("rank")
 display(fresh)
 assert not fresh["has kernel_only"].any(), fresh
 assert all(p.startswith("ipyparallel") for p in fresh["program"]), fresh["program"]
+
+# %% [markdown]
+# So a `%%px` cell cannot read a kernel variable. `ranks.push({"name": value})` sends a value to
+# every rank under that name (`ranks.pull("name")` returns each rank's value, in rank order).
+#
+# **Claim:** a `%%px` line that reads `kernel_only` raises a `NameError` whose message says the
+# name is the kernel's and shows `ranks.push`; after the push, every rank holds the kernel's string.
+
+# %%
+from helpers.launch import WorkerError
+
+try:
+    ranks.execute("print(kernel_only)")  # what a %%px cell with this line runs
+    missing = None
+except WorkerError as e:
+    missing = e
+assert missing is not None, "the line should have raised on the ranks"
+print(missing.message)
+assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message
+ranks.push({"kernel_only": kernel_only})
+assert ranks.pull("kernel_only") == [kernel_only] * world_size
 
 # %% [markdown]
 # The price of a fresh interpreter: it cannot import this notebook. Plain `pickle` sends a

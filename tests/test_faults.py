@@ -819,3 +819,129 @@ def test_ranks_kernel_killed(row):
     assert not os.path.exists(profile_dir), f"ipyparallel's folder {profile_dir} left behind"
     row.update(error="none: the watchdog kills engines and controller and removes their folder", seconds=secs,
                passed=True)
+
+
+# ---- warm ranks: the controller's ports, the process group destroyed by user code ---------------
+
+def _controller_port_held(monkeypatch, port_use):
+    """A listening socket on the port ipyparallel's controller binds for ``port_use`` (engine
+    registration: bound as it starts, it then dies; mux: bound by a scheduler thread, it then lives on
+    without one), as if another process had taken it between the controller's choice and its bind.
+    Returns the socket."""
+    from helpers import ranks_engine as eng
+    from helpers.procs import free_port
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    ports = [port] if port_use == "registration" else [free_port(), free_port(), port]  # registration, control, mux
+    monkeypatch.setattr(eng, "CONTROLLER_ARGS",
+                        [*eng.CONTROLLER_ARGS, "--IPController.engine_ports=" + ",".join(map(str, ports))])
+    return held
+
+
+def _controllers():
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "ipyparallel.controller" in " ".join(_cmdline(p))}
+
+
+def _cmdline(p):
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("port_use", ["registration", "mux"])
+def test_ranks_controller_port_taken_before_bind(row, monkeypatch, port_use):
+    """The race a loaded suite once lost: the controller chose a port, another process took it
+    before the controller bound it (``ZMQError: Address already in use``). The other process here
+    lets the port go once a second controller starts, i.e. once the first try was given up."""
+    from helpers.ranks import start_ranks
+
+    row.update(fault=f"warm ranks: another process takes the controller's {port_use} port between its choice "
+                     "and its bind", injection="a listening socket on that port (`--IPController.engine_ports`) "
+                                               "until the next controller starts")
+    held = _controller_port_held(monkeypatch, port_use)
+    done = threading.Event()
+
+    def let_go_on_the_next_try():
+        first = set()
+        while not done.is_set():
+            pids = _controllers()
+            if first and pids - first:
+                held.close()
+                return
+            first |= pids
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=let_go_on_the_next_try, daemon=True)
+    watcher.start()
+    start = time.monotonic()
+    try:
+        ranks = start_ranks(2, timeout=60, activate=False)
+        secs = time.monotonic() - start
+        try:
+            assert ranks.start_attempts >= 2, ranks.start_attempts
+            assert ranks.run(faults.ok) == [0, 1]
+        finally:
+            ranks.stop()
+    finally:
+        done.set()
+        watcher.join(5)
+        held.close()
+    row.update(error=f"none: the try is given up as soon as the controller's output says `Address already in use` "
+                     f"and the start tried again with new ports ({ranks.start_attempts} tries)",
+               seconds=secs, passed=True)
+
+
+def test_ranks_controller_port_held_throughout(row, monkeypatch):
+    from helpers.ranks import start_ranks
+
+    row.update(fault="warm ranks: the controller's registration port is held by another process on every try",
+               injection="a listening socket on the port, `--IPController.engine_ports`")
+    held = _controller_port_held(monkeypatch, "registration")
+    port = held.getsockname()[1]
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError) as info:
+            start_ranks(2, timeout=60, activate=False)
+    finally:
+        held.close()
+    secs = time.monotonic() - start
+    msg = str(info.value)
+    assert f"127.0.0.1:{port}: Address already in use" in msg, msg
+    assert "on 4 tries" in msg and "none is left running (checked)" in msg, msg
+    assert not _controllers()
+    row.update(error="`RuntimeError`: the port taken on 4 tries, named; nothing left running (checked)",
+               seconds=secs, passed=True)
+
+
+def test_ranks_worker_destroys_the_group(row, warm, capsys):
+    """A tutorial's worker ends with cleanup(): dist.destroy_process_group(). On warm ranks every
+    later call failed with "Default process group has not been initialized"."""
+    row.update(fault="warm ranks: the worker (`ranks.run`) and a `%%px` cell call `dist.destroy_process_group()`",
+               injection="a tutorial's `cleanup()` in `ranks.run`; `dist.destroy_process_group()` via `ranks.execute`")
+
+    def cleanup_at_the_end(rank, world_size):
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        return rank
+
+    ranks = warm(timeout=60)
+    pids = list(ranks.pids)
+    start = time.monotonic()
+    assert ranks.run(cleanup_at_the_end) == [0, 1]
+    secs = time.monotonic() - start
+    note = capsys.readouterr().err
+    assert "ranks 0, 1 have no default process group after this run" in note and "cleanup()" in note, note
+    assert ranks.run(faults.ok) == [0, 1], "the next call must find a working group"
+    ranks.execute("x = rank + 1\ndist.destroy_process_group()", stream=False)
+    assert "after this %%px cell" in capsys.readouterr().err
+    ranks.execute("t = torch.tensor([float(x)])\ndist.all_reduce(t)", stream=False)
+    assert [t.item() for t in ranks.pull("t")] == [3.0, 3.0], "names defined on the ranks are kept"
+    assert ranks.pids == pids and ranks.regroups == 2 and ranks.restarts == 0
+    row.update(error="none: a new default group on the same ranks (names kept), with a note on stderr that "
+                     "says why and to leave `destroy_process_group` out", seconds=secs, passed=True)

@@ -5,6 +5,8 @@ restart and kill) are rows of the fault matrix in tests/test_faults.py.
 """
 
 import os
+import subprocess
+import sys
 import uuid
 
 import psutil
@@ -14,6 +16,7 @@ import torch
 from _support import (
     RANKS_MARK,
     REPO_ROOT,
+    Kernel,
     leftover_processes,
     marked_processes,
     wait_until_gone,
@@ -62,6 +65,51 @@ def test_bad_input_same_message_as_launch(kwargs, no_leftover_processes):
 def test_bad_timeout(no_leftover_processes):
     with pytest.raises(LaunchError, match="timeout must be a positive number"):
         start_ranks(2, timeout=0)
+
+
+@pytest.mark.slow(180)
+@pytest.mark.timeout(1800)
+def test_twenty_starts_while_a_core_is_busy():
+    """Start and stop warm ranks 20 times while another process keeps a core busy (the load under
+    which a start once lost a controller port to another process: ``start_ranks`` then retries);
+    every start succeeds, runs a collective, and leaves nothing behind."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    attempts = []
+    try:
+        for i in range(20):
+            r = start_ranks(2, timeout=60, activate=False)
+            attempts.append(r.start_attempts)
+            assert r.run(faults.ok) == [0, 1], f"start {i}"
+            r.stop()
+            left = [p for p in leftover_processes() if p.pid != busy.pid]
+            assert not left, f"start {i} left {[(p.pid, p.cmdline()) for p in left]}"
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(attempts) == 20 and current_ranks() is None, attempts
+    assert not leftover_processes()
+
+
+def test_px_kernel_variable_says_so_and_push_sends_it():
+    """A %%px cell that uses a kernel variable: one WorkerError saying the name is the kernel's and
+    showing ranks.push (no per-rank tracebacks streamed above it); after ranks.push the cell runs."""
+    mark = uuid.uuid4().hex
+    k = Kernel(mark)
+    try:
+        reply, text = k.cell("from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout=60)\nlr = 0.5")
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px\nprint(lr * (rank + 1))")
+        assert reply["status"] == "error" and reply["ename"] == "WorkerError", text
+        assert "variable of this notebook's kernel" in reply["evalue"], reply["evalue"]
+        assert "ranks.push({'lr': lr})" in reply["evalue"] and "rank 1: the same NameError" in reply["evalue"]
+        assert "[0:execute]" not in text and "[1:execute]" not in text, text  # ipyparallel's per-rank copies
+        reply, text = k.cell("ranks.push({'lr': lr})")
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px\nprint('got', lr * (rank + 1))")
+        assert reply["status"] == "ok" and "got 0.5" in text and "got 1.0" in text, text
+    finally:
+        k.close()
+    assert not wait_until_gone(mark)
 
 
 def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes):
@@ -189,6 +237,54 @@ def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
         ranks.run(lambda rank, world_size: list(gen))
     assert ranks.pids == pids and ranks.restarts == restarts
     assert ranks.run(faults.ok) == [0, 1]
+
+
+def test_result_that_cannot_come_back_gets_launchs_message(ranks):
+    """A lock or a generator returned by a rank: launch's message ("cannot be pickled back"), not
+    ipyparallel's bare TypeError; the ranks stay warm."""
+    pids = list(ranks.pids)
+    with pytest.raises(WorkerError) as from_launch:
+        launch(faults.unpicklable_result, 2)
+    with pytest.raises(WorkerError) as from_ranks:
+        ranks.run(faults.unpicklable_result)
+    assert from_ranks.value.rank == 1 and from_ranks.value.message == from_launch.value.message, \
+        (from_ranks.value.message, from_launch.value.message)
+    with pytest.raises(WorkerError) as info:
+        ranks.run(lambda rank, world_size: (i for i in range(rank)))
+    assert info.value.message.startswith("rank 0 returned a generator that cannot be pickled back to the caller"), \
+        info.value.message
+    assert "return plain data" in info.value.message and "rank 1: the same TypeError" in str(info.value)
+    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
+
+
+def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
+    from helpers.procs import free_port
+
+    def setup(rank, world_size, port):  # a tutorial's setup()
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+
+    pids = list(ranks.pids)
+    with pytest.raises(WorkerError, match="initialize the default process group twice") as info:
+        ranks.run(setup, free_port())
+    assert "warm ranks already have a default process group" in str(info.value), str(info.value)
+    assert "destroy_process_group" in str(info.value)
+    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
+
+
+def test_push_and_pull(ranks):
+    import threading
+
+    ranks.push({"lr": 0.5, "shift": torch.tensor([1.0, 2.0])})
+    ranks.execute("y = lr * (rank + 1) + shift", stream=False)
+    assert [t.tolist() for t in ranks.pull("y")] == [[1.5, 2.5], [2.0, 3.0]]
+    with pytest.raises(LaunchError, match="keyword argument 'lock'.*a lock"):
+        ranks.push({"lock": threading.Lock()})
+    with pytest.raises(LaunchError, match="dict of variable names"):
+        ranks.push(["lr", 0.5])
+    with pytest.raises(WorkerError, match="NameError"):
+        ranks.pull("never_defined_here")
 
 
 def test_same_arguments_return_the_running_ranks(ranks):
