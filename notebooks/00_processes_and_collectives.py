@@ -202,7 +202,9 @@ def square(x):
 def in_a_fresh_process(payload: bytes) -> subprocess.CompletedProcess:
     # a new interpreter that unpickles a function from stdin and calls it with 7
     code = "import pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); print(f(7))"
-    return subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=60)
+    # PYTHON_COLORS=0: plain-text tracebacks (the kernel sets FORCE_COLOR=1, which Python 3.13+ obeys)
+    return subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHON_COLORS": "0"})
 
 
 by_reference = in_a_fresh_process(pickle.dumps(square))

@@ -94,11 +94,13 @@ def _check(reports: list, how: str) -> None:
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.matrix
 def test_cell_defined_dataset_with_workers_in_launch_ranks():
     _check(launch(_cell(CELL)["epochs"], 2, N), "launch")
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.matrix
 def test_cell_defined_dataset_with_workers_in_mp_ranks():
     _check(mp.spawn(_cell(CELL)["epochs"], args=(2, N), nprocs=2), "helpers.mp.spawn")
 
@@ -119,6 +121,7 @@ def test_many_in_memory_tensors_no_fd_limit():
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.matrix
 def test_spawn_context_error_names_the_class_and_what_to_do():
     with pytest.raises(WorkerError) as info:
         launch(_cell(CELL)["epochs"], 2, N, context="spawn")
@@ -163,6 +166,7 @@ def ranks():
         os.environ[RANKS_MARK] = old
 
 
+@pytest.mark.matrix
 def test_cell_defined_dataset_with_workers_in_warm_ranks(ranks):
     _check(ranks.run(_cell(CELL)["epochs"], N), "warm ranks")
 

@@ -115,6 +115,7 @@ def test_worker_raises(row, world_size, bad_rank, moment, tmp_path, monkeypatch)
 
 # ---- processes that die or leave -------------------------------------------------------------
 
+@pytest.mark.matrix
 def test_sigkill_during_collective(row):
     row.update(fault="rank 1 SIGKILLed while rank 0 waits in all_reduce",
                injection="`os.kill(os.getpid(), SIGKILL)` in `faults.sigkill_during_collective`")
@@ -195,6 +196,7 @@ def test_barrier_on_one_rank(row):
     row.update(error="`LaunchTimeout` naming rank 0 as not finished", seconds=secs, passed=True)
 
 
+@pytest.mark.matrix
 def test_keyboard_interrupt(row):
     row.update(fault="KeyboardInterrupt in the caller during a hung launch (\"interrupt kernel\")",
                injection="`_thread.interrupt_main()` after 5 s")
@@ -520,6 +522,7 @@ def _refusals(tmp_path):
     ], (log, sock)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", range(4))
 def test_cell_defined_worker_cannot_be_sent(row, tmp_path, case):
     cases, resources = _refusals(tmp_path)

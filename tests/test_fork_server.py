@@ -29,6 +29,7 @@ def _parent_and_probe(rank, world_size):
             "omp": os.environ.get("OMP_NUM_THREADS")}
 
 
+@pytest.mark.matrix
 @pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the server's /proc/<pid>/maps, which only Linux has")
 def test_ranks_are_forked_from_one_server_that_is_our_child():
@@ -123,6 +124,7 @@ def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, mo
     assert got != str(long_dir) and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
 
 
+@pytest.mark.matrix
 @pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
 def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path):
     """Python 3.10-3.12 bind the server's socket at <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX and

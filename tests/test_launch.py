@@ -20,6 +20,7 @@ from helpers.procs import is_live
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
 
+@pytest.mark.matrix
 def test_results_in_rank_order_with_torchrun_environment(capfd):
     results = launch(w.report, 2, 10.0)
     assert [r["rank"] for r in results] == [0, 1]
@@ -77,6 +78,7 @@ def test_not_callable_refused():
         launch(42, 2)
 
 
+@pytest.mark.matrix
 def test_function_from_main_runs():
     """A function defined in __main__ (a script's top level, as in a notebook cell) is sent by value."""
     code = (
@@ -140,6 +142,7 @@ print("GRADS MATCH", sorted(results[0]))
 ]
 
 
+@pytest.mark.matrix
 def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypatch):
     """A papermill-executed notebook: a function and an nn.Module subclass defined in cells run in
     DDP on 2 ranks; the averaged gradients equal one process's gradients on the whole batch."""
@@ -162,6 +165,7 @@ def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypa
     assert "GRADS MATCH ['fc1.bias', 'fc1.weight', 'fc2.bias', 'fc2.weight']" in text, text
 
 
+@pytest.mark.matrix
 def test_cell_defined_class_instance_comes_back():
     ns = _cell(
         "import dataclasses\n"
@@ -220,6 +224,7 @@ def test_far_too_many_ranks_refused():
 
 # ---- the same worker under torchrun --------------------------------------------------------
 
+@pytest.mark.matrix
 def test_same_worker_runs_under_torchrun(tmp_path):
     """Each rank's stdout goes to its own file (``--redirects 3`` under ``--log-dir``): two ranks
     writing one stdout at once can join their lines, so the combined stream is never parsed."""

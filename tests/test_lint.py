@@ -45,6 +45,18 @@ def test_pyproject_dependencies_mirror_requirements_txt():
     assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
 
 
+def test_requires_python_is_the_tested_range():
+    """pyproject.toml admits exactly the Pythons that ci/matrix.py tests (docs/MATRIX.md): no untested newer one."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    from ci.matrix import VERSIONS
+
+    minors = [int(v.split(".")[1]) for v in VERSIONS]
+    assert minors == list(range(minors[0], minors[-1] + 1)), f"the matrix skips a version: {VERSIONS}"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert declared == f">=3.{minors[0]},<3.{minors[-1] + 1}", (
+        f"requires-python is {declared!r} but ci/matrix.py tests {VERSIONS}: change one of them")
+
+
 MAX_LINES = 500
 #: BASELINE, to empty: modules other branches are splitting along their seams (issue 14, section 5).
 OVER_THE_LIMIT_FOR_NOW: set[str] = set()

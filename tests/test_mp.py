@@ -81,6 +81,7 @@ def run_demo(demo_fn, world_size):
 '''
 
 
+@pytest.mark.matrix
 def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, monkeypatch):
     import nbformat
     import papermill as pm
@@ -111,6 +112,7 @@ def _cell(code: str) -> dict:
     return ns
 
 
+@pytest.mark.matrix
 def test_results_in_rank_order_no_group_and_no_agent_environment():
     ns = _cell(
         "import os\n"
@@ -123,6 +125,7 @@ def test_results_in_rank_order_no_group_and_no_agent_environment():
     assert mp.spawn(ns["fn"], args=(100,), nprocs=2) == [(100, False, []), (101, False, [])]
 
 
+@pytest.mark.matrix
 def test_error_names_the_rank():
     ns = _cell("def fn(i):\n    if i == 1:\n        raise ZeroDivisionError('rank one divides by zero')\n")
     with pytest.raises(WorkerError, match="rank 1 failed with ZeroDivisionError") as info:
@@ -130,6 +133,7 @@ def test_error_names_the_rank():
     assert "rank one divides by zero" in info.value.traceback or "rank one" in str(info.value)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("kwargs,words", [
     ({"join": False}, ["join=False", "join=True"]),
     ({"start_method": "fork"}, ["'fork'", "Cannot re-initialize CUDA in forked subprocess", "'spawn' or 'forkserver'"]),

@@ -22,6 +22,8 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 # rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
 # order of the tests is all they are used for)
 SMOKE_SECONDS = {"00": 45, "05": 85, "06": 70, "07": 110}
+#: the notebook of the Python matrix (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
+MATRIX_NOTEBOOK = "00"
 
 
 def test_there_are_notebooks():
@@ -42,7 +44,8 @@ def test_effective_parameters_sees_profile_overrides():
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem, marks=pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))) for p in NOTEBOOKS])
+    pytest.param(p, id=p.stem, marks=[pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))]
+                 + ([pytest.mark.matrix] if p.stem[:2] == MATRIX_NOTEBOOK else [])) for p in NOTEBOOKS])
 def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
     if request.config.getoption("full_profile_follows") and (
             effective_parameters(path, "smoke") == effective_parameters(path, "full")):
@@ -53,3 +56,25 @@ def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
         f"{row['notebook']} {row['status']} after {row['seconds']:.1f} s: {row['error']}\n"
         f"executed notebook: {row['output']}"
     )
+
+
+@pytest.mark.matrix
+def test_kernel_is_the_interpreter_running_the_tests(tmp_path: Path):
+    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py, which
+    runs the tests under each venv's python, tests that Python's kernels and not another's.
+    (jupyter_client starts ipykernel's own spec, or a spec whose argv[0] is ``python``, with
+    ``sys.executable``; a ``python3`` kernelspec with another interpreter, e.g. in ``JUPYTER_PATH``,
+    would win.)"""
+    import sys
+
+    import nbformat
+    import papermill
+
+    from ci.execution import KERNEL_NAME
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\nprint(sys.prefix, sys.version)")])
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name=KERNEL_NAME,
+                               progress_bar=False, execution_timeout=120)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[0].outputs[0]["text"].strip() == f"{sys.prefix} {sys.version}"

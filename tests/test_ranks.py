@@ -112,6 +112,7 @@ def test_px_kernel_variable_says_so_and_push_sends_it():
     assert not wait_until_gone(mark)
 
 
+@pytest.mark.matrix
 def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes):
     """A notebook run by papermill: two %%px cells where a name persists, a cell-defined function
     through ranks.run; every rank's output labelled, also when it all arrived before streaming
@@ -164,6 +165,7 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
 
 # ---- on the module's warm ranks --------------------------------------------------------------------
 
+@pytest.mark.matrix
 def test_run_on_every_rank_with_its_group(ranks):
     def where(rank, world_size, scale=1):  # defined here: sent to the ranks by value
         import torch.distributed as dist
@@ -182,6 +184,7 @@ def test_run_on_every_rank_with_its_group(ranks):
         assert {g["threads"] for g in got} == {threads_per_rank(2)}
 
 
+@pytest.mark.matrix
 def test_cell_defined_module_and_collective(ranks):
     class Scale(torch.nn.Module):  # a class defined in the caller, as in a notebook cell
         def __init__(self, k):
@@ -210,6 +213,7 @@ def test_names_persist_and_predefined(ranks):
     assert ranks.view.apply_sync(lambda: __import__("os").environ["RANK"]) == ["0", "1"]
 
 
+@pytest.mark.matrix
 def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
     pids, restarts = list(ranks.pids), ranks.restarts
     with pytest.raises(WorkerError) as info:
@@ -291,6 +295,7 @@ def test_same_arguments_return_the_running_ranks(ranks):
     assert start_ranks(2, timeout=60, activate=False) is ranks and current_ranks() is ranks
 
 
+@pytest.mark.matrix
 def test_other_world_size_or_env_replaces_and_stop_is_idempotent(ranks, no_leftover_processes):
     """Runs last in this module (it replaces the module's ranks)."""
     old = list(ranks.pids)
