@@ -64,7 +64,14 @@ from torch.distributed.launcher import api as elastic_api  # looked up at call t
 
 from helpers import procs
 from helpers.fork_server import fork_server, fork_server_pid, main_without_file
-from helpers.launch_errors import LaunchError, LaunchTimeout, OversubscriptionWarning, WorkerError, worker_error
+from helpers.launch_errors import (
+    LaunchError,
+    LaunchInterrupted,
+    LaunchTimeout,
+    OversubscriptionWarning,
+    WorkerError,
+    worker_error,
+)
 from helpers.procs import main_from_env
 from helpers.rank_entry import worker_device, worker_entry
 from helpers.run_dir import Relay, read_markers, run_folder
@@ -410,7 +417,7 @@ def _raise_failure(outcome: dict, reason: tuple | None, run_dir: str, world_size
     """Raise the caller's exception for whatever went wrong (nothing if every rank returned)."""
     done = read_markers(run_dir, "done")
     if reason == ("interrupt",):
-        raise KeyboardInterrupt(f"launch interrupted; all {world_size} workers were ended")
+        raise LaunchInterrupted(f"launch interrupted; all {world_size} workers were ended")
     if reason == ("timeout",):
         raise LaunchTimeout(float(timeout), [r for r in range(world_size) if r not in done])
     if reason is not None:  # a worker exited without a result or an error

@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-__all__ = ["HINTS", "LaunchError", "LaunchTimeout", "OversubscriptionWarning", "Readable", "WorkerError",
-           "hint_for", "own_frames", "worker_error"]
+__all__ = ["HINTS", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "OversubscriptionWarning", "Readable",
+           "WorkerError", "hint_for", "own_frames", "worker_error"]
 
 
 # ---- what to do: one table ------------------------------------------------------------------
@@ -40,7 +40,8 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "launch and warm ranks have already initialised the default process group for your code: remove "
      "init_process_group and destroy_process_group from it (dist.all_reduce and DDP use that group), "
      "or run code that sets up its own group with helpers.mp.spawn."),
-    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected"),
+    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected"
+                r"|KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)'"),
      "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
      "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
      "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
@@ -49,6 +50,10 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "init_process_group's env:// rendezvous needs both: set os.environ['MASTER_ADDR'] = 'localhost' and "
      "os.environ['MASTER_PORT'] = '12355' (any free port) before calling it, as the DDP tutorial's "
      "setup() does, or use helpers.launch.launch, which sets them."),
+    (re.compile(r"^TypeError: \S+\(\) (takes|missing) .*positional argument"),
+     "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
+     "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
+     "parameters (e.g. def fn(rank, world_size): ...)."),
     (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
      "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.procs import free_port`, "
@@ -221,6 +226,11 @@ class Readable:
             return lines
         except Exception:  # noqa: BLE001 - IPython would print our failure instead of the error
             return [f"{name}: {super().__str__()}"]
+
+
+class LaunchInterrupted(Readable, KeyboardInterrupt):
+    """The caller was interrupted ("interrupt kernel", Ctrl-C) during a launch or a warm-rank call;
+    the message says which processes were ended. A ``KeyboardInterrupt``, shown in a few lines."""
 
 
 class LaunchError(Readable, ValueError):

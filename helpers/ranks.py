@@ -72,6 +72,7 @@ import psutil
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
 from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend
+from helpers.launch_errors import LaunchInterrupted, Readable
 from helpers.ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
 from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
 
@@ -90,6 +91,10 @@ _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' outp
 # ----------------------------------------------------------------------------------------------
 # in the kernel
 # ----------------------------------------------------------------------------------------------
+
+class NoRanks(Readable, RuntimeError):
+    """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
+
 
 _CURRENT: WarmRanks | None = None
 _ATEXIT_REGISTERED = False
@@ -298,9 +303,9 @@ class WarmRanks(RanksLifeCycle):
             eng.interrupt([self.pids[r] for r in running])
             stopped = ar.wait(_INTERRUPT_GRACE_S)
             if stopped:
-                return [], KeyboardInterrupt(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
+                return [], LaunchInterrupted(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
             still = [r for r, p in enumerate(parts) if not p.ready()]
-            return [], KeyboardInterrupt(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
+            return [], LaunchInterrupted(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
                                          "in a collective). " + eng.RESTART_NOTE)
 
     def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
@@ -481,7 +486,7 @@ def _px_magic(line: str, cell: str | None = None):
     """
     ranks = current_ranks()
     if ranks is None:
-        raise RuntimeError("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
+        raise NoRanks("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
     code, opts = (line, "") if cell is None else (cell, line.strip())
     timeout = None
     m = re.fullmatch(r"--timeout[ =](\S+)", opts)

@@ -86,6 +86,33 @@ def test_warm_ranks_worker_error_is_a_few_lines_in_a_kernel(kernel):
         kernel.cell("r.stop()")
 
 
+
+def test_interrupt_and_no_ranks_are_a_few_lines_in_a_kernel(kernel):
+    """"Interrupt kernel" during a launch, and a %%px cell after ranks.stop(): a few lines each (they
+    were 30 and 22 lines of helpers' and IPython's frames), and the interrupt is still a KeyboardInterrupt."""
+    import signal
+    import threading
+
+    kernel.cell("from helpers.launch import launch\nimport time\n"
+                "def nap(rank, world_size):\n    time.sleep(60)\n")
+    timer = threading.Timer(15.0, os.kill, (kernel.pid, signal.SIGINT))
+    timer.start()
+    try:
+        lines, reply = shown(kernel, "launch(nap, 2, timeout=120)")
+    finally:
+        timer.cancel()
+    text = "\n".join(lines)
+    assert reply["ename"] == "LaunchInterrupted" and len(lines) <= 5, text
+    assert "workers were ended" in text and not HELPERS_PATH.search(text), text
+    _, out = kernel.cell("import sys\nprint(isinstance(sys.last_value, KeyboardInterrupt))")
+    assert "True" in out, out
+    kernel.cell("from helpers.ranks import start_ranks\nr = start_ranks(2, timeout=60)\nr.stop()")
+    lines, reply = shown(kernel, "%%px\nprint(rank)")
+    text = "\n".join(lines)
+    assert reply["ename"] == "NoRanks" and len(lines) <= 5 and "start_ranks(world_size=2)" in text, text
+    assert not HELPERS_PATH.search(text), text
+
+
 # ---- hints, each triggered for real ----------------------------------------------------------
 
 def init_again(rank, world_size):
@@ -94,6 +121,14 @@ def init_again(rank, world_size):
 
 def torchrun_style(i):
     dist.init_process_group("gloo")  # reads RANK, WORLD_SIZE, MASTER_* from the environment
+
+
+def reads_rank(i):
+    return int(os.environ["RANK"])  # torchrun-style code reads its rank before any group exists
+
+
+def one_parameter(rank):
+    return rank
 
 
 def fixed_port(i, port):
@@ -129,6 +164,21 @@ def test_hint_rank_expected_under_mp():
     text = short(info.value)
     assert "RANK expected, but not set" in text
     assert "What to do:" in text and "rank as fn's first argument" in text and "helpers.launch.launch" in text, text
+
+
+def test_hint_rank_read_from_the_environment_under_mp():
+    with pytest.raises(WorkerError) as info:
+        hmp.spawn(reads_rank, nprocs=2, timeout=120)
+    text = short(info.value)
+    assert "KeyError: 'RANK'" in text and "What to do:" in text and "rank as fn's first argument" in text, text
+
+
+def test_hint_worker_with_the_wrong_parameters_under_launch():
+    with pytest.raises(WorkerError) as info:
+        launch(one_parameter, 2, timeout=120)
+    text = short(info.value)
+    assert "takes 1 positional argument but 2 were given" in text, text
+    assert "What to do:" in text and "fn(rank, world_size, *args, **kwargs)" in text, text
 
 
 def test_hint_port_held_by_another_program_under_mp():
