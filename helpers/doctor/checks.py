@@ -117,9 +117,11 @@ def check_mnist(doc: Doctor) -> str:
         missing = [s.name for s in MNIST_FILES.values()
                    if not (raw / s.name).is_file() and not (raw / (s.name + ".gz")).is_file()]
         if missing:
-            raise Failed(f"{len(missing)} of 4 MNIST files missing in {raw}",
-                         "restore them: `git checkout -- data/MNIST/raw` in the repository (elsewhere: copy the "
-                         f"repository's data/MNIST/raw/*.gz into {raw})") from None
+            where = "" if raw.is_dir() else " (the folder does not exist)"
+            default = raw.resolve() == (REPO_ROOT / "data" / "MNIST" / "raw").resolve()
+            fix = ("restore them: `git checkout -- data/MNIST/raw` in the repository" if default else
+                   f"copy the repository's data/MNIST/raw/*.gz into {raw}, or drop --data-root to use the repository's")
+            raise Failed(f"{len(missing)} of 4 MNIST files missing in {raw}{where}", fix) from None
         raise Failed(one_line(str(e).split(". ")[0]), one_line(str(e), 300)) from None
     import torchvision
 
