@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -212,9 +213,18 @@ def _check_world_size(world_size: Any, name: str = "world_size") -> int:
             f"{name}={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
             "correct, but timings are not meaningful (oversubscription).",
             OversubscriptionWarning,
-            stacklevel=3,
+            stacklevel=_first_frame_outside_helpers(),
         )
     return world_size
+
+
+def _first_frame_outside_helpers() -> int:
+    """``warnings.warn``'s ``stacklevel`` that names the caller's own line (a cell), not ours."""
+    helpers_dir = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == helpers_dir:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_callable(fn: Any) -> None:

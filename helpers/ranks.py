@@ -67,7 +67,6 @@ from collections.abc import Callable
 from typing import Any
 
 import ipyparallel as ipp
-import psutil
 
 from helpers import ranks_engine as eng
 from helpers.fork_server import environment
@@ -222,19 +221,6 @@ class WarmRanks(RanksLifeCycle):
         ip.register_magic_function(_px_magic, magic_kind="line_cell", magic_name="px")
 
     # -- health ------------------------------------------------------------------------------
-
-    def dead_ranks(self) -> dict[int, str]:
-        """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""
-        dead = {}
-        for rank, pid in enumerate(self.pids):
-            try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.Error:
-                pass
-            dead[rank] = eng.exit_description(self.cluster, pid)
-        return dead
 
     def _check_alive(self, what: str) -> None:
         if self.stopped:
@@ -441,7 +427,13 @@ class WarmRanks(RanksLifeCycle):
         ar = self.view.pull(name, block=False)
         errors, fault = self._supervise(ar, timeout, "pull")
         if errors or fault:
-            self._raise_for(ar, errors, fault, "pull")
+            try:
+                self._raise_for(ar, errors, fault, "pull")
+            except WorkerError as e:
+                if e.exc_type != "NameError":
+                    raise
+                raise e.with_note(f"no rank has a variable {name!r}: define it in a %%px cell, or send "
+                                  f"it from the kernel with ranks.push({{{name!r}: value}})") from None
         return ar.get(0)
 
     def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:

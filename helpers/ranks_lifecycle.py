@@ -279,3 +279,15 @@ class RanksLifeCycle:
         self.restarts += 1
         self._start()
 
+    def dead_ranks(self) -> dict[int, str]:
+        """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""
+        dead = {}
+        for rank, pid in enumerate(self.pids):
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                pass
+            dead[rank] = eng.exit_description(self.cluster, pid)
+        return dead

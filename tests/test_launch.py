@@ -212,9 +212,11 @@ def test_bad_timeout(timeout):
 
 def test_oversubscription_warns_and_runs():
     cpus = os.cpu_count() or 1
-    with pytest.warns(OversubscriptionWarning):
+    with pytest.warns(OversubscriptionWarning) as warned:
         results = launch(w.report, cpus + 1)
     assert len(results) == cpus + 1
+    # the warning names the caller's line (a cell's), not one inside helpers/launch.py
+    assert [r.filename for r in warned] == [__file__], [(r.filename, r.lineno) for r in warned]
 
 
 def test_far_too_many_ranks_refused():

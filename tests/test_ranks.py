@@ -287,8 +287,10 @@ def test_push_and_pull(ranks):
         ranks.push({"lock": threading.Lock()})
     with pytest.raises(LaunchError, match="dict of variable names"):
         ranks.push(["lr", 0.5])
-    with pytest.raises(WorkerError, match="NameError"):
+    with pytest.raises(WorkerError, match="NameError") as info:
         ranks.pull("never_defined_here")
+    assert "no rank has a variable 'never_defined_here'" in str(info.value), str(info.value)
+    assert "ranks.push({'never_defined_here': value})" in str(info.value), str(info.value)
 
 
 def test_same_arguments_return_the_running_ranks(ranks):
