@@ -71,7 +71,8 @@ def test_no_mnist_gives_the_fix(tmp_path):
     status, detail, fix = table(run.stdout)["MNIST"]
     assert status == "FAIL" and "4 of 4 MNIST files missing" in detail and str(tmp_path) in detail, report(run)
     # a root of one's own: the fix is to copy the files there (git checkout restores only the repository's)
-    assert "does not exist" in detail and f"copy the repository's data/MNIST/raw/*.gz into {tmp_path}" in fix, report(run)
+    assert "does not exist" in detail, report(run)
+    assert f"copy the repository's data/MNIST/raw/*.gz into {tmp_path}" in fix, report(run)
     assert_no_traceback(run)
     assert list(tmp_path.iterdir()) == []  # nothing written where nothing can be made
 
