@@ -15,13 +15,19 @@ writes atomically or locks), so two runs of one notebook interleave their writes
   final one); :func:`publish` moves it into place with ``os.replace`` (atomic on one file
   system), so ``<stem>.ipynb`` is always a complete notebook: the previous run's, or this one's.
   Partial files a killed runner left are deleted when the next runner takes the lock.
+- :func:`record_times` keeps ``OUTPUT_DIR/<profile>/times.json``: each notebook's last passing
+  run time, when and on which machine it was measured (``ci/path_table.py`` puts them in the
+  README's path table).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
+import json
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -86,3 +92,44 @@ def publish(partial: Path, output: Path) -> None:
     """Move a finished (or failed) notebook into place atomically; nothing if none was written."""
     if partial.exists():
         os.replace(partial, output)
+
+
+TIMES_NAME = "times.json"
+
+
+def machine() -> str:
+    """This machine in a few words: OS, architecture, CPU cores, GPUs (if torch sees any)."""
+    gpus = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            gpus = f"{n} x {torch.cuda.get_device_name(0)}"
+    except Exception:  # noqa: BLE001 - no torch, no CUDA: the machine is still described
+        pass
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, {gpus}"
+
+
+def record_times(rows: list[dict], folder: Path, *, when: str | None = None,
+                 host: str | None = None) -> Path:
+    """Merge the ``ok`` rows' seconds into ``folder/times.json`` and return its path.
+
+    The file maps notebook stem to ``{"seconds", "date", "machine"}``; a notebook that did not
+    pass keeps its previous entry, so a partial or failed run never erases a measured time.
+    """
+    path = Path(folder) / TIMES_NAME
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    when = when or datetime.date.today().isoformat()
+    host = host or machine()
+    for row in rows:
+        if row.get("status") == "ok":
+            record[row["notebook"]] = {"seconds": row["seconds"], "date": when, "machine": host}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

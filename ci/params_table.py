@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Write the README's table of notebook parameters, from the notebooks and ci/profiles.json.
+"""Write docs/RUNNER.md's table of notebook parameters, from the notebooks and ci/profiles.json.
 
 Usage (from anywhere)::
 
-    python3 ci/params_table.py            # rewrite the table between the markers in README.md
-    python3 ci/params_table.py --check    # exit 1 if README.md's table is out of date
+    python3 ci/params_table.py            # rewrite the table between the markers in docs/RUNNER.md
+    python3 ci/params_table.py --check    # exit 1 if docs/RUNNER.md's table is out of date
     python3 ci/params_table.py --stdout   # print the table, touch nothing
 
 One row per parameter of every ``notebooks/*.ipynb`` (sorted by name, parameters in the order
@@ -17,9 +17,9 @@ literal default); a profile's value is the default unless ``ci/profiles.json`` o
 (then it is bold).
 
 The table goes between the lines ``<!-- params:start -->`` and ``<!-- params:end -->`` of
-README.md; everything else in README.md is left as it is.
+docs/RUNNER.md; everything else in that file is left as it is.
 
-Exit codes: 0 written / up to date; 1 ``--check`` found the README out of date; 2 the markers
+Exit codes: 0 written / up to date; 1 ``--check`` found the table out of date; 2 the markers
 are missing or a notebook or the profiles file cannot be read.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from ci import planning
 
 REPO_ROOT = planning.REPO_ROOT
-README = REPO_ROOT / "README.md"
+README = REPO_ROOT / "docs" / "RUNNER.md"  # the file that holds the table
 START = "<!-- params:start -->"
 END = "<!-- params:end -->"
 
@@ -80,7 +80,7 @@ def rows(notebooks_dir: Path | None = None, profiles_file: Path | None = None) -
                 else:
                     values[prof] = _code(default)
             out.append({
-                "notebook": f"[{path.stem.split('_', 1)[0]}](notebooks/{path.name})",
+                "notebook": f"[{path.stem.split('_', 1)[0]}](../notebooks/{path.name})",
                 "parameter": _code(name),
                 "type": type_text,
                 "default": _code(default),
@@ -105,25 +105,25 @@ def table(notebooks_dir: Path | None = None, profiles_file: Path | None = None) 
     return "\n".join(lines)
 
 
-def render(readme_text: str, block: str) -> str:
+def render(readme_text: str, block: str, start: str = START, end: str = END) -> str:
     """``readme_text`` with the text between the markers replaced by ``block``.
 
     Raises:
         ValueError: a marker is missing, repeated, or the end comes before the start.
     """
-    if readme_text.count(START) != 1 or readme_text.count(END) != 1:
-        raise ValueError(f"README.md must contain the lines {START} and {END} exactly once each")
-    head, rest = readme_text.split(START, 1)
-    if END not in rest:
-        raise ValueError(f"{END} comes before {START} in README.md")
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{block}\n{END}{tail}"
+    if readme_text.count(start) != 1 or readme_text.count(end) != 1:
+        raise ValueError(f"the file must contain the lines {start} and {end} exactly once each")
+    head, rest = readme_text.split(start, 1)
+    if end not in rest:
+        raise ValueError(f"{end} comes before {start}")
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true", help="exit 1 if README.md's table is out of date")
+    group.add_argument("--check", action="store_true", help="exit 1 if docs/RUNNER.md's table is out of date")
     group.add_argument("--stdout", action="store_true", help="print the table only")
     parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)

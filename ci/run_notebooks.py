@@ -58,6 +58,10 @@ Gallery (``--gallery``, on by default for the ``full`` profile; ``--no-gallery``
 run, every executed notebook (failed ones too) is rendered to ``<stem>.html`` next to it and
 ``<output-dir>/<profile>/index.html`` lists them with status and seconds (``ci/gallery.py``).
 
+Run times: after every run, each passing notebook's seconds, the date and this machine are
+merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3
+ci/path_table.py`` copies the full profile's into the README's path table.
+
 Exit codes:
     0  every notebook ran without error;
     1  at least one notebook FAILED, hit a TIMEOUT or left processes behind;
@@ -92,7 +96,7 @@ try:
         run_notebooks,
     )
     from ci.gallery import write_gallery
-    from ci.outputs import OutputDirBusy, output_lock
+    from ci.outputs import OutputDirBusy, output_lock, record_times
     from ci.planning import (
         DEFAULT_NOTEBOOKS_DIR,
         DEFAULT_PROFILES_FILE,
@@ -247,6 +251,10 @@ def _execute_and_render(plan, args, progress) -> tuple[list[dict], bool]:
     rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
     print()
     print(format_table(rows))
+    try:  # the passing notebooks' times, for the README's path table (ci/path_table.py)
+        print(f"\nrun times: {record_times(rows, plan.output_dir / plan.profile)}")
+    except OSError as e:
+        print(f"\nwarning: the run times could not be recorded: {e}", file=sys.stderr)
     if args.gallery if args.gallery is not None else plan.profile in ("full", "gpu"):
         try:
             index = write_gallery(rows, plan.output_dir / plan.profile, profile=plan.profile)

@@ -13,7 +13,7 @@ Code written for ``torch.multiprocessing.spawn``, such as the official PyTorch D
 fails in a notebook with ``torch.multiprocessing``: a function defined in a cell cannot be
 imported by a spawned process ("Can't get attribute 'demo_basic' on <module '__main__'>").
 With ``import helpers.mp as mp`` instead of ``import torch.multiprocessing as mp`` it runs
-(on CPU with the tutorial's CUDA lines removed too: the README's "Code from tutorials" lists
+(on CPU with the tutorial's CUDA lines removed too: docs/OWN_CODE.md's "Code from tutorials" lists
 them): ``fn`` and what it uses are sent by value with cloudpickle, and the ranks are started,
 supervised and ended by :mod:`helpers.launch`'s machinery (torch's elastic agent; ranks forked
 from :mod:`helpers.fork_server`'s server, never from the kernel, which is what ``spawn``

@@ -8,7 +8,7 @@ Recipe: what a notebook must contain
 
 Apply these in the notebook (or its jupytext twin ``notebooks/NN_*.py``), then add the
 notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
-``python ci/params_table.py`` (the README's parameter table).
+``python ci/params_table.py`` (the parameter table in docs/RUNNER.md).
 
 1. **Glossary link in the first cell.** The first (markdown) cell links to the glossary with a
    relative link, ``[glossary](../docs/GLOSSARY.md)``, ideally with the terms this notebook
@@ -17,7 +17,7 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
    the test checks them.
 
 2. **Parameters cell, then a check cell.** The cell tagged ``parameters`` keeps one
-   ``name = literal  # description`` per line (the comment is the description in the README's
+   ``name = literal  # description`` per line (the comment is the description in docs/RUNNER.md's
    table; no ``=`` inside it, papermill would skip the line). The code cell **right after it**
    imports this module and checks the type of **every** parameter, then the ranges, before
    anything slow is imported::

@@ -1,5 +1,6 @@
 """The learner's side of the notebooks (issue #8): glossary links, parameter checks, exercises
-with checked solutions, run-time notes, and the README's parameter table.
+with checked solutions, run-time notes, docs/RUNNER.md's parameter table, the README's path
+table with its measured run times, and the links of the README and docs/.
 
 The recipe a notebook must follow is in ``helpers/notebook.py``'s docstring. The notebook
 tests below hold the notebooks listed in ``LEARNER_NOTEBOOKS`` to it; the suite also executes
@@ -9,6 +10,7 @@ every notebook (``tests/test_notebooks.py``), which runs every solution cell.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -16,9 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ci import params_table
+from ci import params_table, path_table
 from ci import run_notebooks as rn
 from ci.cleanup import IPCKernelManager
+from ci.outputs import record_times
 from helpers import notebook as hn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,7 +413,7 @@ def test_exercise_cells():
 
 
 # --------------------------------------------------------------------------------------------
-# The README's parameter table
+# docs/RUNNER.md's parameter table
 # --------------------------------------------------------------------------------------------
 
 
@@ -444,3 +447,110 @@ def test_params_table_check_detects_a_stale_readme(tmp_path, capsys):
     readme.write_text("# no markers\n", encoding="utf-8")
     assert params_table.main(["--check", "--readme", str(readme)]) == 2
     capsys.readouterr()
+
+
+# --------------------------------------------------------------------------------------------
+# The README's path table: run times from the runner's record, never typed
+# --------------------------------------------------------------------------------------------
+
+PATH_FIXTURE = f"""# x
+
+{path_table.START}
+| lesson | you will be able to | needs | run time |
+| --- | --- | --- | --- |
+| [00 a](notebooks/00_a.ipynb) | do a | nothing | typed by hand |
+| [01 b](notebooks/01_b.ipynb) | do b | 00 | 1 s |
+| [02 c](notebooks/02_c.ipynb) | do c | 01 | 3 min |
+
+an old note line
+{path_table.END}
+
+after
+"""
+
+PATH_NOTE = ("Run times: the `full` profile's, measured on box, 2 cores, 2026-12-01 to 2026-12-02; "
+             "written by `python3 ci/path_table.py`, never by hand.")
+PATH_EXPECTED = f"""# x
+
+{path_table.START}
+| lesson | you will be able to | needs | run time |
+| --- | --- | --- | --- |
+| [00 a](notebooks/00_a.ipynb) | do a | nothing | 57 s |
+| [01 b](notebooks/01_b.ipynb) | do b | 00 | 9 min |
+| [02 c](notebooks/02_c.ipynb) | do c | 01 | not measured yet |
+
+{PATH_NOTE}
+{path_table.END}
+
+after
+"""
+
+
+def test_readme_path_table_run_times_are_up_to_date(capsys):
+    rc = path_table.main(["--check"])
+    out = capsys.readouterr()
+    assert rc == 0, f"{out.out}{out.err}"
+
+
+def test_readme_path_table_lists_every_notebook_in_order():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split(path_table.START, 1)[1].split(path_table.END, 1)[0]
+    assert path_table.STEM.findall(block) == LEARNER_NOTEBOOKS
+
+
+def test_path_table_writes_the_recorded_times(tmp_path, capsys):
+    """A runner's record (ci.outputs.record_times) becomes the last column, rounded as written."""
+    folder = tmp_path / "build" / "full"
+    record_times([{"notebook": "00_a", "status": "ok", "seconds": 56.7},
+                  {"notebook": "02_c", "status": "FAILED", "seconds": 3.0}],
+                 folder, when="2026-12-01", host="box, 2 cores")
+    record_times([{"notebook": "01_b", "status": "ok", "seconds": 569.6},
+                  {"notebook": "00_a", "status": "TIMEOUT", "seconds": 9.0}],  # keeps 56.7
+                 folder, when="2026-12-02", host="box, 2 cores")
+    readme = tmp_path / "README.md"
+    times = tmp_path / "run_times.json"
+    readme.write_text(PATH_FIXTURE, encoding="utf-8")
+    args = ["--readme", str(readme), "--times", str(times)]
+    assert path_table.main(["--check", *args, "--times", str(tmp_path / "missing.json")]) == 2
+    assert path_table.main(["--record", str(folder / "times.json"), *args]) == 0
+    assert readme.read_text(encoding="utf-8") == PATH_EXPECTED
+    assert json.loads(times.read_text())["notebooks"]["01_b"] == {
+        "seconds": 569.6, "date": "2026-12-02", "machine": "box, 2 cores"}
+    assert path_table.main(["--check", *args]) == 0
+    readme.write_text(PATH_FIXTURE, encoding="utf-8")
+    assert path_table.main(["--check", *args]) == 1
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------------------------
+# Links of the README and docs/
+# --------------------------------------------------------------------------------------------
+
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
+                                                      for p in (ROOT / "docs").glob("*.md"))])
+def test_readme_and_docs_links_resolve(doc):
+    """Every relative link of the README and docs/*.md names a file that exists, and an anchor
+    in a Markdown file that it defines."""
+    path = ROOT / doc
+    bad = []
+    for target in MD_LINK.findall(path.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(f"{target} (no such anchor)")
+    assert not bad, f"{doc}: broken links: {bad}"

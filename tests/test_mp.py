@@ -13,7 +13,7 @@ from helpers.launch import LaunchError, WorkerError
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
 
 # The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
-# Case", its older form whose setup says "gloo"), pasted as a learner would, with the README's CPU
+# Case", its older form whose setup says "gloo"), pasted as a learner would, with docs/OWN_CODE.md's CPU
 # changes (tests/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
 TUTORIAL = '''\
 import os

@@ -157,6 +157,10 @@ def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path)
     assert "02_fail: cell 3: `assert n == 3, \"n is not 3\"`: AssertionError: n is not 3" in res.stdout
     assert (tmp_path / "build" / "smoke" / "02_fail.ipynb").is_file()
     assert (tmp_path / "build" / "smoke" / "01_ok.ipynb").is_file()
+    # the passing notebook's time is recorded for the README's path table (ci/path_table.py)
+    times = json.loads((tmp_path / "build" / "smoke" / "times.json").read_text())
+    assert list(times) == ["01_ok"] and times["01_ok"]["seconds"] == rows["01_ok"][1], times
+    assert "CPU cores" in times["01_ok"]["machine"] and times["01_ok"]["date"], times
     # profile value (n) and -p value (name) reached the notebook; x kept its default
     got = json.loads((nbdir / "ok_result.json").read_text())
     assert {k: got[k] for k in ("n", "x", "name", "flag")} == {"n": 5, "x": 0.5, "name": "hello", "flag": False}
