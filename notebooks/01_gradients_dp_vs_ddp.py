@@ -150,8 +150,9 @@ print("single-device bias gradient:", full["bias"].tolist())
 # (and the helpers it calls) from this notebook, calls `ddp_gradients(rank, world_size, ...)`
 # on each and returns each rank's result, in rank order. On each rank the worker takes sample
 # `rank`, computes its gradient **without** DDP (the *local* gradient), then wraps a fresh
-# copy in `DistributedDataParallel` and runs backward again: DDP's backward **all-reduces**
-# the gradients across ranks and divides by `world_size`.
+# copy in `DistributedDataParallel` and runs backward again: DDP's backward divides each
+# gradient by `world_size` and **all-reduces** the quotients across ranks (a sum), which leaves
+# the mean on every rank (section 2b writes it by hand and shows the order).
 
 # %%
 def ddp_gradients(rank, world_size, x, labels, seed):
@@ -221,15 +222,35 @@ pd.DataFrame(rows).set_index("rank")
 #
 # What DDP's backward adds is one collective per gradient (DDP groups them into buckets and
 # overlaps them with the backward; see notebook 05): `dist.all_reduce(grad)` leaves the
-# element-wise **sum** over ranks on every rank, and dividing by `world_size` makes it the
-# mean. The worker below does exactly that on a plain, unwrapped model, and also runs DDP on a
-# second copy for comparison. The launch takes about 4–15 s on a 2-core laptop.
+# element-wise **sum** over ranks on every rank. DDP divides **first**: its reducer multiplies
+# each gradient by `1 / world_size` while copying it into its bucket, then all-reduces the
+# bucket with `SUM` (`torch/csrc/distributed/c10d/reducer.cpp`: "Divides while copying into the
+# bucket view"; the built-in hook does the same, `_allreduce_fut` in
+# `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`: "Apply the division first to
+# avoid overflow, especially for FP16"). The sum of the quotients is the mean. The worker below
+# does exactly that on a plain, unwrapped model, and also runs DDP on a second copy for
+# comparison. It then shows why the order is chosen: every rank's gradient set to float32's
+# largest value, averaged by DDP, by `average_gradients`, and in the other order (sum, then
+# divide). The launch takes about 4–15 s on a 2-core laptop.
 
 # %%
 def average_gradients(model, world_size):
     for p in model.parameters():
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # every rank now holds the sum over ranks
-        p.grad /= world_size
+        p.grad /= world_size  # divide first, as DDP does
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # every rank now holds the sum of the quotients: the mean
+
+
+def largest_gradient_averaged(order, device, world_size):
+    """Every rank's gradient is float32's largest value; the gradient after averaging it in `order`."""
+    model = nn.Linear(1, 1, bias=False).to(device)
+    net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if order == "DDP" else model
+    net(torch.tensor([[torch.finfo(torch.float32).max]], device=device)).sum().backward()  # d loss / d w = x
+    if order == "divide, then sum":
+        average_gradients(model, world_size)
+    elif order == "sum, then divide":
+        dist.all_reduce(model.weight.grad, op=dist.ReduceOp.SUM)
+        model.weight.grad /= world_size
+    return model.weight.grad.item()
 
 
 def by_hand_vs_ddp(rank, world_size, x, labels, seed):
@@ -242,7 +263,9 @@ def by_hand_vs_ddp(rank, world_size, x, labels, seed):
     ddp_model = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     toy_loss(ddp_model(x_r), labels_r).backward()
     return {"by hand": {n: p.grad.cpu() + 0.0 for n, p in plain.named_parameters()},
-            "ddp": {n: p.grad.cpu() + 0.0 for n, p in wrapped.named_parameters()}}
+            "ddp": {n: p.grad.cpu() + 0.0 for n, p in wrapped.named_parameters()},
+            "largest": {order: largest_gradient_averaged(order, device, world_size)
+                        for order in ("DDP", "divide, then sum", "sum, then divide")}}
 
 
 t0 = time.perf_counter()
@@ -250,9 +273,13 @@ by_hand = launch(by_hand_vs_ddp, world_size, x, labels, seed)
 print(f"launch took {time.perf_counter() - t0:.1f} s")
 
 # %% [markdown]
-# **Claim:** on every rank the hand-written all-reduce-and-divide gives the same gradient as
+# **Claim:** on every rank the hand-written divide-and-all-reduce gives the same gradient as
 # DDP's backward, for the weight and the bias, and both equal the per-sample gradients of
-# section 1 averaged in this process (no collectives involved).
+# section 1 averaged in this process (no collectives involved). With 2 or more ranks whose
+# gradients are all float32's largest value (`torch.finfo(torch.float32).max`, about 3.4e38),
+# DDP and `average_gradients` (divide, then sum) give that value back, while the other order
+# (sum, then divide) overflows to `inf`: DDP divides before it sums. (With 1 rank there is
+# nothing to sum, and all three give the value back.)
 
 # %%
 mean_of_samples = {n: sum(g[n] for g in per_sample) / world_size for n in ("weight", "bias")}
@@ -260,6 +287,15 @@ for r, res in enumerate(by_hand):
     for n in ("weight", "bias"):
         assert_close(res["by hand"][n], res["ddp"][n], msg=f"rank {r}, {n}: all_reduce by hand != DDP")
         assert_close(res["by hand"][n], mean_of_samples[n], msg=f"rank {r}, {n}: != mean of the per-sample gradients")
+    f32_max = torch.finfo(torch.float32).max
+    got = res["largest"]
+    assert got["DDP"] == f32_max and got["divide, then sum"] == f32_max, f"rank {r}: {got}"
+    if world_size > 1:
+        assert got["sum, then divide"] == float("inf"), f"rank {r}: summing first should overflow: {got}"
+    else:
+        assert got["sum, then divide"] == f32_max, got
+print(f"every rank's gradient {torch.finfo(torch.float32).max:.4g}, averaged over {world_size} rank(s) (rank 0):",
+      by_hand[0]["largest"])
 print("rank 0, weight gradient by hand:\n", by_hand[0]["by hand"]["weight"])
 
 # %% [markdown]
@@ -637,9 +673,10 @@ plt.show()
 #   CPU-only machine `nn.DataParallel` has no devices and just calls the module; the emulation
 #   written in section 3c showed the data flow, and its gradient matched the single device.
 # * **DDP** (one process per rank) computes each rank's gradient on its own shard, then its
-#   backward **all-reduces** and **averages**: every rank ends with the same gradient, the
-#   mean of the local ones (row `r` = `x[r] / world_size` in the toy). Four lines of
-#   `dist.all_reduce` and a division give the same numbers (section 2b).
+#   backward divides each gradient by `world_size` and **all-reduces** (sums) the quotients:
+#   every rank ends with the same gradient, the mean of the local ones (row `r` =
+#   `x[r] / world_size` in the toy). A division and `dist.all_reduce`, in that order, give the
+#   same numbers; summing first overflows where dividing first does not (section 2b).
 # * With a **mean** loss and an evenly split global batch, DDP's averaging gives exactly the
 #   single-process gradient (15, `w = 0.985`). With a **summed** loss it gives
 #   `1 / world_size` of it. Multiplying a mean loss by `world_size` "to undo the averaging"
@@ -679,7 +716,7 @@ check_answer("ex1", answer_1, expected_1,
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 1 (try the exercise first)
 # Sample r has its label one-hot on unit r, so d loss / d bias is 1 at entry r and 0 elsewhere:
-# only rank r has a 1 in entry r. DDP sums the 4 ranks' gradients and divides by 4, so
+# only rank r has a 1 in entry r. DDP divides each rank's gradient by 4 and sums them, so
 # entries 0..3 become 1/4; entry 4 (the control unit, no label) stays 0 everywhere.
 solution_1 = [1 / 4, 1 / 4, 1 / 4, 1 / 4, 0.0]
 check_answer("ex1", solution_1, expected_1, strict=True)

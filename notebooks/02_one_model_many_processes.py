@@ -143,7 +143,7 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
     record(STAGES[1])
     opt = torch.optim.SGD(ddp_model.parameters(), lr=lr)
     loss = nn.functional.mse_loss(ddp_model(x), y)
-    loss.backward()  # DDP all-reduces the gradients and divides by world_size
+    loss.backward()  # DDP divides the gradients by world_size, then all-reduces (sums) them
     grad = {"weight": model.weight.grad.clone(), "bias": model.bias.grad.clone()}
     opt.step()
     record(STAGES[2])
@@ -225,8 +225,9 @@ print(f"after DDP(...): max cross-rank difference {diffs['after DDP(...)']} -- e
 
 # %% [markdown]
 # **Claim:** (3, after one step) each rank computed its loss on **different** data (the losses
-# differ), yet after `backward()` every rank holds the same gradient: DDP all-reduces (sums)
-# the gradients and divides by `world_size`, so each rank gets the **mean over ranks** of the
+# differ), yet after `backward()` every rank holds the same gradient: DDP divides each
+# gradient by `world_size` and all-reduces (sums) the quotients (that order, division first,
+# is shown in notebook 01, section 2b), so each rank gets the **mean over ranks** of the
 # gradient each rank computed on its own data. Every rank then applies the same SGD step to
 # the same parameters, so the parameters stay bitwise identical (difference `0.0`) and equal
 # an independent single-process computation:
@@ -458,7 +459,7 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 #   **broadcast** rank 0's parameters and buffers: afterwards all ranks were bitwise equal to
 #   rank 0's initial values.
 # * Each rank then computed its loss and gradient on its **own** data; DDP's backward
-#   **all-reduced** the gradients and divided by `world_size`, so every rank applied the same
+#   divided the gradients by `world_size` and **all-reduced** them, so every rank applied the same
 #   averaged gradient and the parameters stayed bitwise identical: equal to
 #   `w_rank0 - lr * mean_r(grad_r)`, and (equal shards, mean loss) to one process stepping on
 #   the global batch.

@@ -95,9 +95,11 @@ print(f"torch {torch.__version__}; world_size = {world_size} (section 4); base_s
 # `batch_size=1`.
 #
 # What the sampler does (`torch/utils/data/distributed.py`): take `range(N)` (shuffled with
-# seed `seed + epoch` if `shuffle=True`), **pad** it with its own first items up to a multiple
-# of `num_replicas` (or, with `drop_last=True`, cut it down to one), then rank `r` takes every
-# `num_replicas`-th index starting at `r`.
+# seed `seed + epoch` if `shuffle=True`), **pad** it up to a multiple of `num_replicas` by
+# repeating the list from its start (its first items when only a few are missing; the whole
+# list again, as often as needed, when more are missing than it holds), or, with
+# `drop_last=True`, cut it down to a multiple; then rank `r` takes every `num_replicas`-th
+# index starting at `r`.
 #
 # **Claim (the seed):** 8 items, 4 ranks, `shuffle=False`: rank `r` gets `[r, r + 4]`.
 
@@ -128,6 +130,19 @@ assert seen_b[seen_b > 1].index.tolist() == [0, 1] and (seen_b[[0, 1]] == 2).all
 assert {len(idx) for idx in lists_b} == {4}, f"every rank should get 4 batches: {[len(idx) for idx in lists_b]}"
 print("10 items, 3 ranks, padded:", lists_b)
 case_b.pivot(index="rank", columns="position", values="index")
+
+# %% [markdown]
+# **Claim (padding, fewer items than ranks):** 3 items on 7 ranks, `shuffle=False`: four
+# indices are missing and the list holds only three, so the sampler repeats the **whole** list
+# (`[0, 1, 2, 0, 1, 2, 0]`, not only its first items): ranks 0 to 6 get `[0]`, `[1]`, `[2]`,
+# `[0]`, `[1]`, `[2]`, `[0]`; item 0 is seen three times, items 1 and 2 twice.
+
+# %%
+case_d = sampler_assignment(3, 7, shuffle=False)
+lists_d = assignment_lists(case_d)
+assert lists_d == [[0], [1], [2], [0], [1], [2], [0]], f"3 items, 7 ranks, padded: got {lists_d}"
+assert times_seen(case_d, 3).tolist() == [3, 2, 2], times_seen(case_d, 3).to_dict()
+print("3 items, 7 ranks, padded:", lists_d)
 
 # %% [markdown]
 # **Claim (`drop_last=True`):** the same 10 items and 3 ranks give `[0, 3, 6]`, `[1, 4, 7]`,

@@ -327,8 +327,9 @@ assert dp_acc >= min_accuracy, f"DP accuracy {dp_acc:.4f} < {min_accuracy}"
 # from the same seed (DDP also broadcasts rank 0's weights when it wraps the model, see the
 # [DDP notes](https://pytorch.org/docs/stable/notes/ddp.html)), and takes its
 # `batch_per_rank` images per step from the `DistributedSampler`, calling `set_epoch` each
-# epoch. In `loss.backward()`, DDP all-reduces the gradients and divides by `world_size` (same
-# notes), so every rank applies the same averaged gradient; section 6 checks the consequence.
+# epoch. In `loss.backward()`, DDP divides the gradients by `world_size` and all-reduces (sums)
+# them (same notes; the order, division first, is shown in notebook 01, section 2b), so every
+# rank applies the same averaged gradient; section 6 checks the consequence.
 #
 # Metrics are reduced, not read off one rank: the per-step losses are all-reduced once after
 # training into the global loss, and the test accuracy comes from `ddp_model.module` (the
@@ -356,7 +357,7 @@ def ddp_train(rank, world_size, cfg):
                 break
             loss = F.cross_entropy(ddp_model(xtr[idx].to(dev)), ytr[idx].to(dev))  # mean over this rank's b images
             opt.zero_grad()
-            loss.backward()  # DDP: all-reduce (average) of the gradients, bucket by bucket
+            loss.backward()  # DDP: gradients divided by world_size, then all-reduced (summed), bucket by bucket
             opt.step()
             losses.append(loss.detach())
             step += 1
@@ -799,8 +800,8 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # 1/9, and the step is not the single process's step on the 10 examples. Write
 # `local_loss(logits, labels, global_batch_size)` that returns the loss each rank should
 # backpropagate so that DDP's averaged gradient equals the gradient of the **mean**
-# cross-entropy over all 10 examples (hint: DDP sums the ranks' gradients, then divides by
-# `dist.get_world_size()`). Set `answer_4 = local_loss` (the function itself). The check cell
+# cross-entropy over all 10 examples (hint: DDP divides each rank's gradient by
+# `dist.get_world_size()`, then sums them over the ranks). Set `answer_4 = local_loss` (the function itself). The check cell
 # runs it in DDP on 3 real ranks and compares rank 0's gradient with the single-process
 # gradient of the mean loss (about 5–15 s on a 2-core laptop, once you have answered).
 
@@ -834,7 +835,7 @@ check_answer("ex4", answer_4, expected_4, run=uneven_ddp_gradient, abs_tol=1e-6,
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 4 (try the exercise first)
-# DDP's gradient = (1 / W) * sum over ranks of grad(local loss). For the global mean we need
+# DDP's gradient = sum over ranks of (grad(local loss) / W). For the global mean we need
 # sum over ranks of grad(sum of this rank's losses) / N, so each rank returns its summed loss
 # times W / N.
 def solution_4(logits, labels, global_batch_size):

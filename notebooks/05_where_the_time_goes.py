@@ -485,13 +485,43 @@ plt.show()
 # %% [markdown]
 # ## 3. Memory: every rank holds its own dataset
 #
-# Every DDP rank is a separate process, and each one above loaded MNIST for itself.
+# Every DDP rank is a separate process, and each one above loaded MNIST for itself. Three
+# measures of a process's memory: **RSS** (resident set size; its high-water mark `VmHWM` is
+# the **peak RSS**) counts the pages of the process that are **resident** in RAM, shared or
+# not; pages it has mapped but never touched (or that were swapped out) do not count;
+# **USS** counts only the resident pages no other process maps (what this rank costs on its
+# own); **PSS** divides shared pages among the processes that map them (summed over ranks it
+# is the real total).
+#
+# **Claim:** RSS counts resident pages, not mapped ones: mapping 64 MiB of anonymous memory
+# grows this process's mapped size (`vms`) by at least 64 MiB and its RSS by less than 8 MiB;
+# writing one byte in every page of it then grows the RSS by at least 56 MiB.
+
+# %%
+import mmap
+
+import psutil
+
+me = psutil.Process()
+size = 64 * 2**20
+before = me.memory_info()
+region = mmap.mmap(-1, size)  # anonymous, private, not yet touched
+mapped = me.memory_info()
+pages = np.frombuffer(region, dtype=np.uint8)
+pages[:: mmap.PAGESIZE] = 1  # one byte per page: every page becomes resident
+touched = me.memory_info()
+del pages
+region.close()
+vms_mapped, rss_mapped = (mapped.vms - before.vms) / 2**20, (mapped.rss - before.rss) / 2**20
+rss_touched = (touched.rss - mapped.rss) / 2**20
+print(f"mapping 64 MiB: vms +{vms_mapped:.1f} MiB, rss +{rss_mapped:.1f} MiB; "
+      f"touching every page: rss +{rss_touched:.1f} MiB")
+assert vms_mapped >= 64 and rss_mapped < 8 and rss_touched >= 56, (vms_mapped, rss_mapped, rss_touched)
+
+# %% [markdown]
 # **Claim:** the `float32` training images alone are `60000 x 784 x 4` bytes = 179.4 MiB per
 # rank, and each scaling rank held at least that much (its images plus the `int64` labels;
-# the test split and the parsed `uint8` files come on top). **Peak RSS** (resident set size, the high-water mark `VmHWM`) counts every
-# page a process has mapped, shared or not; **USS** counts only the pages no other process
-# maps (what this rank costs on its own); **PSS** divides shared pages among the processes
-# that map them (summed over ranks it is the real total).
+# the test split and the parsed `uint8` files come on top).
 #
 # Sharing one copy would save `(world_size - 1)` copies. `bench.bench_memory` measures it: the
 # `private` variant is the project's path; the `mmap` variant maps the raw `uint8` IDX file
@@ -551,9 +581,12 @@ else:
 # sockets), so we know the bytes each rank really **sent** per all-reduce.
 #
 # **Claim:** with gloo on CPU, every rank sends at least `2(n-1)/n × S` bytes per all-reduce,
-# and for messages of 64 KiB and more at most 2% above it (the rest: headers, a fixed few
-# hundred bytes per call); so busbw computed from the measured bytes (`sent / t`) agrees with
-# `algbw × 2(n-1)/n` within 2%. The next cell takes about 4–7 s on a 2-core laptop with the
+# and for messages of 64 KiB and more at most 2% above it; so busbw computed from the measured
+# bytes (`sent / t`) agrees with `algbw × 2(n-1)/n` within 2%. The rest are message headers,
+# the same number of bytes per call on every rank; the cell prints them for each world size and
+# message size of this run. They are not a fixed amount per call: more ranks make more ring
+# steps and more headers (asserted when the profile measures several world sizes; `full` adds
+# 4 ranks and larger messages). The next cell takes about 4–7 s on a 2-core laptop with the
 # smoke profile (2 ranks, 4 sizes), longer with `full`.
 
 # %%
@@ -575,8 +608,19 @@ else:
         if r.bytes >= 64 * 1024:
             assert r.sent_over_S <= 1.02 * r.ring_factor, r
             assert np.isclose(r.busbw_from_sent_GBps, r.busbw_GBps, rtol=0.02), r
+    # the headers: bytes sent beyond the ring's 2(n-1)/n x S, per call, on each rank
+    ar["header_bytes_per_call"] = [[round(x - r.ring_factor * r.bytes) for x in r.sent_bytes_per_call]
+                                   for r in ar.itertuples()]
+    for r in ar.itertuples():
+        assert len(set(r.header_bytes_per_call)) == 1, f"every rank should send the same headers: {r}"
+    headers = ar.assign(h=ar["header_bytes_per_call"].map(max)).pivot(index="bytes", columns="world_size", values="h")
+    for small, large in zip(headers.columns, headers.columns[1:]):  # more ranks, more ring steps, more headers
+        assert (headers[large] > headers[small]).all(), headers
+    for ws in headers.columns:
+        print(f"{ws} ranks: header bytes per call beyond 2(n-1)/n x S, by message size: "
+              + ", ".join(f"{b // 1024} KiB: {int(h):,}" for b, h in headers[ws].items()))
 cols = ["world_size", "KiB", "iters", "us", "algbw_GBps", "busbw_GBps", "copy_GBps", "busbw_over_copy", "backend"]
-cols[6:6] = [c for c in ("ring_factor", "sent_over_S", "busbw_from_sent_GBps") if c in ar]
+cols[6:6] = [c for c in ("ring_factor", "sent_over_S", "busbw_from_sent_GBps", "header_bytes_per_call") if c in ar]
 ar.assign(KiB=ar["bytes"] // 1024, us=ar["seconds"] * 1e6)[cols]
 
 # %%
@@ -602,33 +646,47 @@ plt.show()
 # gradient in a bucket is ready, while autograd keeps computing the gradients of earlier layers.
 # A bucket is filled tensor by tensor and closed once it holds **at least** `bucket_cap_mb`
 # MiB (`compute_bucket_assignment_by_size` in torch's `reducer.cpp`): a bucket can exceed the cap
-# by up to one tensor, the one that filled it, and a tensor larger than the cap gets a bucket of
-# its own. The first bucket has its own cap: in torch 2.14.1 it is 1 MiB
+# by up to one tensor, the one that filled it. A tensor larger than the cap does **not** get a
+# bucket of its own: it joins the open bucket, next to the smaller tensors already in it, and
+# closes it. The first bucket has its own cap: in torch 2.14.1 it is 1 MiB
 # (`dist._DEFAULT_FIRST_BUCKET_BYTES`) **only when `bucket_cap_mb` is left at its default**
 # (25); passing any `bucket_cap_mb`, even 25, applies that cap to the first bucket too
 # (`torch/nn/parallel/distributed.py`: `first_bucket_bytes_cap = _DEFAULT_FIRST_BUCKET_BYTES if
-# is_using_default else bucket_bytes_cap`). After
-# the first step DDP rebuilds the buckets in the order the gradients actually arrived. Small
-# buckets start communicating earlier but pay the fixed cost `alpha` more often; one huge
-# bucket cannot start until backward ends. `gradient_as_bucket_view=True` makes each `.grad` a
+# is_using_default else bucket_bytes_cap`).
+#
+# These caps do **not** apply to the first step. DDP cannot know yet in which order backward
+# will produce the gradients, so with `find_unused_parameters=False` (the default) it starts
+# with no cap at all (`compute_bucket_size_limits` in `torch/nn/parallel/distributed.py`:
+# `bucket_size_limits = [sys.maxsize]`, "disable initial bucketing"): the first step
+# all-reduces **one** bucket holding every gradient, after backward has finished. After that
+# step DDP rebuilds the buckets, with the caps above, in the order the gradients actually
+# arrived, and every later step uses the rebuilt layout. Small buckets start communicating
+# earlier but pay the fixed cost `alpha` more often; one huge bucket cannot start until
+# backward ends. `gradient_as_bucket_view=True` makes each `.grad` a
 # view into its bucket's buffer: no copy between them, and one gradient-sized buffer less.
 #
 # The model here is a deep MLP (784 → twelve 512-wide layers → 10, 3.3 M parameters,
 # 13.2 MB of `float32` gradients; each hidden layer holds 1.05 MB, just over 1 MiB), deep
 # enough for the bucket size to matter. The bucket layout is read
 # with a **communication hook** (`ddp.register_comm_hook`, public API) that records each
-# bucket's size and then does exactly DDP's default all-reduce.
+# bucket's size and the size of every tensor in it (`bucket.parameters()`, in bucket order),
+# in the first step and in the second, and then does exactly DDP's default all-reduce.
 #
-# **Claim:** a larger cap never gives more buckets, and the buckets always add up to all the
-# gradients; no bucket is larger than its cap plus the largest gradient tensor, and under a cap
-# smaller than the model, buckets larger than the cap occur. With `bucket_cap_mb` left at its
-# default the first bucket is between 1 MiB and 1 MiB + one tensor (two buckets for this
-# model); with `bucket_cap_mb=25` passed explicitly all 13.2 MB go in one bucket. The next
+# **Claim:** under every cap the first step all-reduces one bucket of all 13.2 MB; the
+# layouts below are the second step's, the rebuilt ones. A larger cap never gives more buckets,
+# and the buckets always add up to all the gradients. Every bucket but the last holds at least
+# its cap, and holds less without its last tensor (it closed on the tensor that reached the
+# cap); no bucket is larger than its cap plus the largest gradient tensor, and under a cap
+# smaller than the model, buckets larger than the cap occur. Under the 1 MiB cap, the first
+# layer's weight (1.6 MB, larger than the cap) shares its bucket with the tensor before it. With
+# `bucket_cap_mb` left at its default the first bucket is between 1 MiB and 1 MiB + one tensor
+# (two buckets for this model); with `bucket_cap_mb=25` passed explicitly all 13.2 MB go in one
+# bucket. The next
 # cell takes about 8–13 s on a 2-core laptop with the smoke profile (2 ranks, caps 1 and 25
 # MiB, the default, and the profiled steps), longer with `full` (7 caps).
 
 # %%
-display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsource(bench._bucket_layout),
+display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsource(bench._bucket_layout_steps),
              language="python"))  # how each rank reads the bucket layout
 c = cfg["buckets"]
 bk_out = bench.bench_buckets(c["world_size"], c["bucket_caps_mb"], c["as_view"], steps=c["steps"],
@@ -643,17 +701,30 @@ for _view, g in bk.groupby("gradient_as_bucket_view"):
     assert list(g["n_buckets"]) == sorted(g["n_buckets"], reverse=True), g[["bucket_cap_mb", "n_buckets"]]
 for r in bk.itertuples():
     cap = r.bucket_cap_mb * 2**20
+    assert len(r.first_step_bucket_mb) == 1 and np.isclose(r.first_step_bucket_mb[0], grad_mb), (
+        f"cap {r.bucket_cap_mb}: the first step should all-reduce one bucket of everything, got {r.first_step_bucket_mb}")
     assert np.isclose(sum(r.bucket_mb), grad_mb), (r.bucket_cap_mb, sum(r.bucket_mb), grad_mb)
+    tensors = r.bucket_tensor_bytes  # bytes of each tensor in each bucket, in bucket order
+    assert [sum(b) for b in tensors] == [round(mb * 1e6) for mb in r.bucket_mb], (r.bucket_cap_mb, tensors)
+    for i, b in enumerate(tensors):
+        assert sum(b[:-1]) < cap, f"cap {r.bucket_cap_mb}: bucket {i} should still be open before its last tensor"
+        assert i == len(tensors) - 1 or sum(b) >= cap, f"cap {r.bucket_cap_mb}: bucket {i} closed below the cap"
     assert all(b * 1e6 < cap + largest for b in r.bucket_mb), (r.bucket_cap_mb, r.bucket_mb)
     if cap < sum(tensor_bytes):
         assert max(r.bucket_mb) * 1e6 > cap, (r.bucket_cap_mb, r.bucket_mb)
 default_mb = bk_out["default_cap_bucket_mb"]
 assert 2**20 <= default_mb[0] * 1e6 < 2**20 + largest and len(default_mb) == 2, default_mb
+one_mib = bk[bk["bucket_cap_mb"] == 1.0].iloc[0]
+with_big = [b for b in one_mib["bucket_tensor_bytes"] if max(b) > 2**20]  # a tensor larger than the 1 MiB cap
+assert [max(b) for b in with_big] == [largest] and len(with_big[0]) > 1, with_big
 labels = [f"{cap:g}/{bool(view)}" for cap in c["bucket_caps_mb"] for view in c["as_view"]]
 assert bk["timed_order"].iloc[0] == labels * c["rounds"], "the caps were not timed in alternation"
 explicit_25 = bk[bk["bucket_cap_mb"] == 25.0]
 assert len(explicit_25) and (explicit_25["n_buckets"] == 1).all(), explicit_25
 print(f"largest gradient tensor: {largest / 1e6:.3f} MB; caps in MiB = {2**20 / 1e6:.6f} MB each")
+print("first step, every cap: " + "; ".join(sorted({f"{len(m)} bucket of {m[0]:.3f} MB" for m in bk["first_step_bucket_mb"]})))
+print(f"cap 1 MiB: the {largest / 1e6:.3f} MB tensor closes a bucket of {len(with_big[0])} tensors ("
+      + " + ".join(f"{t:,}" for t in with_big[0]) + " bytes)")
 print(f"bucket_cap_mb left at its default: {len(default_mb)} buckets, "
       + ", ".join(f"{b:.3f}" for b in default_mb) + " MB (the first closed just past 1 MiB)")
 print("bucket_cap_mb=25 passed explicitly: one bucket of "
@@ -943,8 +1014,10 @@ pd.DataFrame(summary).set_index("measure")
 # * **DDP hides communication behind backward** by all-reducing buckets as soon as they are
 #   ready: the profiler showed launches inside backward; the bucket size trades latency
 #   (many buckets) against overlap (one bucket starts only after backward). A bucket closes
-#   once it reaches the cap, so it can exceed it by one tensor; the 1 MiB first bucket exists
-#   only when `bucket_cap_mb` is left at its default.
+#   once it reaches the cap, so it can exceed it by one tensor, and a tensor larger than the
+#   cap closes the bucket it joins; the 1 MiB first bucket exists only when `bucket_cap_mb` is
+#   left at its default; and the very first step runs on one bucket of everything, before DDP
+#   rebuilds the layout.
 # * **busbw is what each rank really sends per second**: the kernel's count of bytes written
 #   matched `2(n-1)/n × S` per all-reduce.
 # * **The model travels.** With a cluster's `alpha` and `B`, the same formula predicts where
@@ -1066,7 +1139,7 @@ if callable(answer_4):  # your worker, run on 2 real ranks: what rank 0 returned
     answer_4 = launch(answer_4, 2, 1.0, backend="gloo")[0]
 check_answer("ex4", answer_4, expected_4,
              hint="record bucket.buffer().numel() * element_size() in the second step only; the hook must still "
-                  "all-reduce and divide, or DDP's gradients are wrong")
+                  "divide and all-reduce, or DDP's gradients are wrong")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 4 (try the exercise first)

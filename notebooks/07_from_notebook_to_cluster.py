@@ -471,10 +471,8 @@ plt.show()
 #
 # `hooks_worker` trains notebook 04's recipe once per hook in one set of processes and counts,
 # in each step, the bytes every rank hands to `torch.distributed.all_reduce` (`numel *
-# element_size` of each tensor). **Claims:** the counts are exactly the formulas (fp32: `4P`;
-# fp16 and bf16: `2P`, half of fp32; PowerSGD: `4 * ((n + m) * r)` per compressed matrix plus
-# `4 * numel` uncompressed); the fp32 hook reproduces the loss history of part 1's `launch`
-# run; and every hook reaches `min_accuracy`, within `max_accuracy_drop` of fp32.
+# element_size` of each tensor); the cells after its launch check those counts against the
+# formulas (stated just before the launch).
 
 # %%
 shapes = [tuple(p.shape) for p in build_model("linear").parameters()]
@@ -498,16 +496,29 @@ pd.DataFrame(rows).set_index("gradient")
 # uses whatever tensor the returned future holds as the bucket's new gradients. Nothing else
 # happens: if the hook does not all-reduce, nobody does; if it sums without dividing by the
 # world size, the gradients are summed. A hook is three lines. Here are the built-in averaging
-# hook's logic and two broken ones, written in this cell (the workers receive them by value):
+# hook's logic and three broken ones, written in this cell (the workers receive them by value).
+# The averaging divides **first** and then sums: DDP's reducer divides each gradient by the
+# world size while copying it into its bucket, then all-reduces the bucket with `SUM`
+# (`torch/csrc/distributed/c10d/reducer.cpp`: "Divides while copying into the bucket view"),
+# and the built-in `allreduce_hook` does the same (`_allreduce_fut` in
+# `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`: "Apply the division first to
+# avoid overflow, especially for FP16"). On paper the order does not matter; in floating point
+# the two orders can round differently, and near the top of the number range only the sum
+# overflows.
 
 # %%
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
-def average_hook(state, bucket):  # what DDP does by default: sum over ranks, divide by world size
+def average_hook(state, bucket):  # what DDP does by default: divide by world size, then sum over ranks
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def sum_then_divide_hook(state, bucket):  # BROKEN near float32's top: sums first, so the sum can overflow
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+        lambda fut: fut.value()[0].div_(dist.get_world_size()))
 
 
 def sum_hook(state, bucket):  # BROKEN: all-reduces but forgets to divide
@@ -521,7 +532,7 @@ def local_hook(state, bucket):  # BROKEN: communicates nothing, returns this ran
 
 
 HOOKS_UNDER_TEST = {"no hook (DDP's default)": None, "average_hook": average_hook, "sum_hook": sum_hook,
-                    "local_hook": local_hook, "fp16_compress_hook": default_hooks.fp16_compress_hook,
+                    "sum_then_divide_hook": sum_then_divide_hook, "local_hook": local_hook, "fp16_compress_hook": default_hooks.fp16_compress_hook,
                     "bf16_compress_hook": default_hooks.bf16_compress_hook}
 
 
@@ -562,13 +573,19 @@ def hook_cases(rank, world_size, cases):
 # rounds to float16 before it communicates: local gradients 1.003 and 1.0 become 1.001953125
 # (float32 gives 1.0015), and 70000 and 0 become `inf` (float16's largest value is 65504;
 # float32 gives 35000). The bf16 hook keeps float32's range but 8 bits of precision: 1.0 and
-# 35072. Registering a second hook on the same DDP model raises `RuntimeError`. The next cell
+# 35072. DDP divides before it sums: with local gradients both equal to float32's largest value
+# (`torch.finfo(torch.float32).max`, about 3.4e38), DDP's default and `average_hook` give that
+# value back on both ranks, while `sum_then_divide_hook` (the same arithmetic in the other
+# order) overflows to `inf`. Registering a second hook on the same DDP model raises
+# `RuntimeError`. The next cell
 # starts 2 gloo processes once for all the cases: about 5–10 s on a 2-core laptop.
 
 # %%
 cases = [(name, [1.0, 3.0]) for name in ("no hook (DDP's default)", "average_hook", "sum_hook", "local_hook")]
 cases += [(name, grads) for name in ("no hook (DDP's default)", "fp16_compress_hook", "bf16_compress_hook")
           for grads in ([1.003, 1.0], [70000.0, 0.0])]
+F32_MAX = torch.finfo(torch.float32).max
+cases += [(name, [F32_MAX, F32_MAX]) for name in ("no hook (DDP's default)", "average_hook", "sum_then_divide_hook")]
 got = launch(hook_cases, 2, cases, backend="gloo", timeout=job_timeout_s)
 hook_table = pd.DataFrame([{"hook": name, "local gradients (rank 0, rank 1)": grads,
                             "gradient after the hook, rank 0": got[0][i]["grad"],
@@ -589,6 +606,10 @@ assert all(map(math.isinf, grads_of[("fp16_compress_hook", (70000.0, 0.0))]))
 assert grads_of[("no hook (DDP's default)", (70000.0, 0.0))] == (35000.0, 35000.0)
 assert grads_of[("bf16_compress_hook", (1.003, 1.0))] == (1.0, 1.0)
 assert grads_of[("bf16_compress_hook", (70000.0, 0.0))] == (35072.0, 35072.0)
+# divide first, then sum: F32_MAX / 2 + F32_MAX / 2 is F32_MAX; summing first overflows
+assert grads_of[("no hook (DDP's default)", (F32_MAX, F32_MAX))] == (F32_MAX, F32_MAX), "DDP should divide first"
+assert grads_of[("average_hook", (F32_MAX, F32_MAX))] == (F32_MAX, F32_MAX)
+assert all(map(math.isinf, grads_of[("sum_then_divide_hook", (F32_MAX, F32_MAX))]))
 # the same roundings by hand, in this kernel: cast, divide by 2, sum, cast back (what the hooks do)
 for dtype, grads, expect in [(torch.float16, (1.003, 1.0), 1.001953125), (torch.bfloat16, (70000.0, 0.0), 35072.0)]:
     halves = [torch.tensor(g).to(dtype) / 2 for g in grads]
@@ -710,6 +731,12 @@ def hooks_worker(rank, world_size, config, specs, timing_calls=50):
 # The next cell launches `world_size` processes once and trains `hooks_steps` steps with each
 # of the hooks in turn: about 6–15 s on a 2-core laptop with the smoke defaults (measured;
 # start-up dominates), about 20 s with the full profile (one epoch per hook).
+#
+# **Claims:** the counts are exactly the formulas (fp32: `4P`; fp16 and bf16: `2P`, half of
+# fp32; PowerSGD: `4 * ((n + m) * r)` per compressed matrix plus `4 * numel` uncompressed, and
+# `4P` in the first `start_powerSGD_iter` steps); the fp32 hook reproduces the loss history of
+# part 1's `launch` run; and every hook reaches `min_accuracy`, within `max_accuracy_drop` of
+# fp32. The two cells after the launch assert each of them.
 
 # %%
 specs = [HookSpec("allreduce"), HookSpec("fp16"), HookSpec("bf16")] + [

@@ -337,6 +337,13 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
     # bucket_cap_mb left at its default: the first bucket closes at 1 MiB, the rest at 25 MiB
     first, *rest = out["default_cap_bucket_mb"]
     assert 2**20 <= first * 1e6 < 2**20 + largest and len(rest) == 1
+    # the first step runs on one bucket of everything; the rebuilt buckets list their tensors, and the
+    # tensor larger than the cap (the first layer's weight) closes a bucket it shares with the one before it
+    for r in rows:
+        assert r["first_step_bucket_mb"] == [pytest.approx(bench.MLP_PARAMS * 4 / 1e6, rel=1e-6)]
+        assert [sum(b) for b in r["bucket_tensor_bytes"]] == [round(mb * 1e6) for mb in r["bucket_mb"]]
+    assert [len(b) for b in small["bucket_tensor_bytes"] if max(b) == largest] == [2]
+    assert [sum(b) for b in out["default_cap_bucket_tensor_bytes"]] == [round(mb * 1e6) for mb in [first, *rest]]
     kinds = {e["kind"] for e in out["timeline"]}
     assert {"forward", "backward", "allreduce launched", "allreduce", "step"} <= kinds
     o = bench.timeline_overlap(out["timeline"])

@@ -1,10 +1,11 @@
 """Every claim a notebook states is checked by the code right after it (issue "truth in teaching").
 
 Convention: a markdown cell that states a fact about torch's behaviour or about a value the
-notebook computes marks it with ``**Claim:**`` (one or more per cell). The cells that follow it,
-up to the next markdown cell, must contain at least one code cell that asserts: ``assert ...``,
-``assert_close(...)``, ``torch.equal`` inside an assert, or a ``check_*`` call of
-``helpers.notebook`` with ``strict=True``. Statements that cannot be asserted here are worded
+notebook computes marks it with a bold label starting with ``Claim`` (one or more per cell):
+``**Claim:**``, ``**Claims:**``, ``**Claim (CPU only):**``, ``**Claim (padding):**``, ``**Claim**``...
+The cells that follow it, up to the next markdown cell, must contain at least one code cell
+that asserts: ``assert ...``, ``assert_close(...)``, ``torch.equal`` inside an assert, or a
+``check_*`` call of ``helpers.notebook`` with ``strict=True``. Statements that cannot be asserted here are worded
 as explanation with their source (doc page, paper, torch file), not as a **Claim:**.
 
 Nothing is executed here; tests/test_notebooks.py runs the notebooks, so the assertions found
@@ -22,7 +23,8 @@ import pytest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-CLAIM = re.compile(r"\*\*Claim:?\*\*:?")
+#: every bold label that starts with the word Claim or Claims, with or without a parenthesis and colon
+CLAIM = re.compile(r"\*\*Claims?\b[^*\n]*\*\*:?")
 ASSERTING_CALLS = {"assert_close", "assert_equal", "check_answer"}
 
 
@@ -89,3 +91,15 @@ def test_the_check_can_fail():
         new_markdown_cell("**Claim:** a solution."), new_code_cell('check_answer("ex1", 1, 1)'),
     ])
     assert [i for i, _ in unchecked_claims(nb)] == [0, 6]
+
+
+@pytest.mark.parametrize("label", ["**Claim:**", "**Claims:**", "**Claim (CPU only):**", "**Claim (with GPUs):**",
+                                   "**Claim (`drop_last=True`):**", "**Claim**:", "**Claims** (two of them):"])
+def test_every_bold_claim_form_is_checked(label):
+    """Each form a notebook writes its claims in is found: unasserted it fails, asserted it passes."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    nb = new_notebook(cells=[new_markdown_cell(f"Some text. {label} 1 + 1 is 2."), new_code_cell("x = 1 + 1"),
+                             new_markdown_cell(f"{label} 2 + 2 is 4."), new_code_cell("assert 2 + 2 == 4")])
+    assert [i for i, _ in unchecked_claims(nb)] == [0]
+    assert not CLAIM.search("**Claimed** and **Disclaimer:** are not claims")

@@ -53,6 +53,9 @@ from helpers.bench.buckets import (
     _bucket_layout as _bucket_layout,
 )
 from helpers.bench.buckets import (
+    _bucket_layout_steps as _bucket_layout_steps,
+)
+from helpers.bench.buckets import (
     _counting_hook as _counting_hook,
 )
 from helpers.bench.buckets import (

@@ -28,26 +28,39 @@ from helpers.launch import launch, worker_device
 
 
 def _counting_hook(state: dict, bucket):
-    """A DDP communication hook (public API) that records each bucket's size, then all-reduces it
-    exactly as DDP's default does (``allreduce_hook``: sum, divide by world size)."""
+    """A DDP communication hook (public API) that records each bucket's size and the sizes of the
+    tensors in it (``bucket.parameters()``, in bucket order), then all-reduces it exactly as DDP's
+    default does (``allreduce_hook``: divide by world size, then all-reduce with SUM)."""
     buf = bucket.buffer()
     state["bytes"].append(buf.numel() * buf.element_size())
+    state["tensor_bytes"].append([p.numel() * p.element_size() for p in bucket.parameters()])
     return allreduce_hook(None, bucket)
 
 
-def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
-    """Bucket sizes (bytes) DDP all-reduces per step with this cap, read with a comm hook on a
-    throw-away DDP model, after DDP rebuilt its buckets in the first step's gradient order.
-    ``cap_mb=None`` leaves ``bucket_cap_mb`` at DDP's default (the argument is not passed)."""
-    state: dict[str, list] = {"bytes": []}
+def _bucket_layout_steps(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y,
+                         device) -> list[dict[str, list]]:
+    """The buckets DDP all-reduces in each of two steps with this cap, read with a comm hook on a
+    throw-away DDP model: ``[first step, second step]``, each ``{"bytes": [bucket bytes, ...],
+    "tensor_bytes": [[bytes of each tensor in the bucket], ...]}`` in all-reduce order. The first
+    step runs on DDP's initial layout; DDP then rebuilds its buckets in the order the gradients
+    arrived. ``cap_mb=None`` leaves ``bucket_cap_mb`` at DDP's default (the argument is not passed)."""
     kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
     ddp = ddp_wrap(build_bench_model(model_name, seed), device, gradient_as_bucket_view=view, **kwargs)
+    state: dict[str, list] = {}
     ddp.register_comm_hook(state, _counting_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    steps = []
     for _ in range(2):
-        state["bytes"] = []
+        state["bytes"], state["tensor_bytes"] = [], []
         train_step(ddp, opt, x, y)
-    return list(state["bytes"])
+        steps.append({"bytes": list(state["bytes"]), "tensor_bytes": list(state["tensor_bytes"])})
+    return steps
+
+
+def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
+    """Bucket sizes (bytes) DDP all-reduces per step with this cap, after DDP rebuilt its buckets
+    in the first step's gradient order (the second step of :func:`_bucket_layout_steps`)."""
+    return _bucket_layout_steps(model_name, seed, cap_mb, view, x, y, device)[1]["bytes"]
 
 
 _COMM_MARKERS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
@@ -150,11 +163,14 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
     Returns:
         ``{"rows": [...], "timeline": [...] or None, "profile_bucket_mb": [...] or None,
-        "default_cap_bucket_mb": [...]}`` (``profile_bucket_mb``: bucket sizes, MB, of the
-        profiled model; ``default_cap_bucket_mb``: the layout when ``bucket_cap_mb`` is not
-        passed at all, DDP's default); rows: ``bucket_cap_mb``,
+        "default_cap_bucket_mb": [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``
+        (``profile_bucket_mb``: bucket sizes, MB, of the profiled model; ``default_cap_bucket_mb``
+        and ``..._tensor_bytes``: the layout when ``bucket_cap_mb`` is not passed at all, DDP's
+        default); rows: ``bucket_cap_mb``,
         ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
-        all-reduce order), ``step_s_median``, ``step_s_mean``, ``step_s_min``, ``step_s_max`` (s),
+        all-reduce order), ``bucket_tensor_bytes`` (list per bucket of its tensors' bytes, in
+        bucket order), ``first_step_bucket_mb`` (the buckets of the first step, on DDP's initial
+        layout, MB), ``step_s_median``, ``step_s_mean``, ``step_s_min``, ``step_s_max`` (s),
         ``timed_order`` (the label ``"cap/view"`` of every timed block, in the order run), ``rank``, ``world_size``,
         ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
         ``backward``, ``optimizer``, ``allreduce launched``, ``allreduce``, ``step``),
@@ -178,20 +194,22 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
     for cap, view in configs:
         label = f"{cap:g}/{view}"
-        layouts[label] = _bucket_layout(model, seed, cap, view, x, y, device)
+        layouts[label] = _bucket_layout_steps(model, seed, cap, view, x, y, device)
         ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=cap, gradient_as_bucket_view=view)
         blocks[label] = block(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
     times, order = run_interleaved(blocks, rounds, warmup=warmup, barrier=dist.barrier)
     rows = []
     for cap, view in configs:
         label, t = f"{cap:g}/{view}", times[f"{cap:g}/{view}"]
-        rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "n_buckets": len(layouts[label]),
-                     "bucket_mb": [b / 1e6 for b in layouts[label]], "step_s_median": median(t),
+        first, rebuilt = layouts[label]
+        rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "n_buckets": len(rebuilt["bytes"]),
+                     "bucket_mb": [b / 1e6 for b in rebuilt["bytes"]], "bucket_tensor_bytes": rebuilt["tensor_bytes"],
+                     "first_step_bucket_mb": [b / 1e6 for b in first["bytes"]], "step_s_median": median(t),
                      "step_s_mean": sum(t) / len(t), "step_s_min": min(t), "step_s_max": max(t),
                      "timed_order": order, "rank": rank, "world_size": world_size,
                      "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
     blocks.clear()  # free the timed models before the profiled one
-    default_layout = _bucket_layout(model, seed, None, False, x, y, device)
+    default_layout = _bucket_layout_steps(model, seed, None, False, x, y, device)[1]
     timeline = profile_layout = None
     if profile_cap_mb:
         profile_layout = _bucket_layout(model, seed, profile_cap_mb, False, x, y, device)
@@ -216,7 +234,8 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
             sync_device(device)
     return {"rows": rows, "timeline": timeline,
             "profile_bucket_mb": [b / 1e6 for b in profile_layout] if profile_layout is not None else None,
-            "default_cap_bucket_mb": [b / 1e6 for b in default_layout]}
+            "default_cap_bucket_mb": [b / 1e6 for b in default_layout["bytes"]],
+            "default_cap_bucket_tensor_bytes": default_layout["tensor_bytes"]}
 
 
 def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
@@ -228,10 +247,12 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
 
     Returns:
         ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...], "default_cap_bucket_mb":
-        [...]}``: one row per (cap, view) with ``step_ms`` (slowest rank's median step, ms),
+        [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``: one row per (cap, view) with
+        ``step_ms`` (slowest rank's median step, ms),
         ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed step on any rank, ms)
         added to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB)
-        and the bucket sizes (MB) with ``bucket_cap_mb`` left at DDP's default.
+        and the bucket sizes (MB, and each bucket's tensor bytes) with ``bucket_cap_mb`` left at
+        DDP's default.
     """
     got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
                  threads, 0, profile_cap_mb, 2, rounds, timeout=timeout)
@@ -244,4 +265,5 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         r["rank"] = "all"
         rows.append(r)
     return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"],
-            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"]}
+            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"],
+            "default_cap_bucket_tensor_bytes": got[0]["default_cap_bucket_tensor_bytes"]}
