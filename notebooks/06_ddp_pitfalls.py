@@ -176,7 +176,7 @@ def error_text(e):
 # registered with `ddp.register_comm_hook(state, hook)`; [docs](https://pytorch.org/docs/stable/ddp_comm_hooks.html))
 # is called by DDP once per **bucket** ready to be all-reduced. It counts the call and the
 # bucket's bytes (`bucket.buffer().numel() * element_size()`), then calls torch's default
-# `allreduce_hook` (all-reduce, divide by `world_size`), so the gradients are unchanged.
+# `allreduce_hook` (divide each gradient by `world_size`, then all-reduce with SUM), so the gradients are unchanged.
 
 # %%
 features, micro_batch, lr = 4, 2, 0.1
@@ -1824,7 +1824,7 @@ check_answer("ex2", answer_2, expected_2, run=run_2,
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 2 (try the exercise first)
-# DDP divides the summed gradients by world_size, so the loss is the local SUM times world_size / N, with N
+# DDP divides each rank's gradient by world_size, then sums them, so the loss is the local SUM times world_size / N, with N
 # the global count from an all-reduce (every rank calls it, so it cannot hang).
 def global_mean_loss(per_sample, world_size):
     n_total = torch.tensor(float(per_sample.numel()), dtype=per_sample.dtype, device=per_sample.device)
