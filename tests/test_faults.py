@@ -768,8 +768,12 @@ def test_ranks_interrupt_kernel_during_px(row):
                              "print('never', 'interrupted')")
         secs = time.monotonic() - start
         timer.cancel()
-        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", text
+        # LaunchInterrupted: a KeyboardInterrupt that IPython shows in a few lines
+        assert reply["status"] == "error" and reply["ename"] == "LaunchInterrupted", text
         assert "which stopped" in reply["evalue"] and "never interrupted" not in text, text
+        assert len(reply["traceback"]) <= 5 and "helpers/" not in "\n".join(reply["traceback"]), text
+        _, isa = k.cell("import sys\nprint('is a KeyboardInterrupt:', isinstance(sys.last_value, KeyboardInterrupt))")
+        assert "is a KeyboardInterrupt: True" in isa, isa
         assert secs < 60
         reply, text = k.cell("%%px\nprint('still warm', rank)")
         assert reply["status"] == "ok" and "still warm 0" in text and "still warm 1" in text, text
@@ -777,8 +781,8 @@ def test_ranks_interrupt_kernel_during_px(row):
     finally:
         k.close()
     assert not wait_until_gone(mark)
-    row.update(error="`KeyboardInterrupt`: SIGINT sent to the ranks, their loop stopped, the same ranks run the "
-                     "next cell", seconds=secs, passed=True)
+    row.update(error="`LaunchInterrupted` (a `KeyboardInterrupt`): SIGINT sent to the ranks, their loop stopped, "
+                     "the same ranks run the next cell", seconds=secs, passed=True)
 
 
 def test_ranks_kernel_restart(row):
