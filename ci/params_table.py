@@ -120,6 +120,23 @@ def render(readme_text: str, block: str, start: str = START, end: str = END) -> 
     return f"{head}{start}\n{block}\n{end}{tail}"
 
 
+def check_or_write(path: Path, current: str, wanted: str, check: bool, what: str, how: str) -> int:
+    """``--check``: exit code 0 if ``path`` (holding ``current``) already holds ``wanted``, else 1,
+    saying ``how`` to regenerate ``what``; otherwise write ``wanted`` there if it differs (0)."""
+    if check:
+        if wanted == current:
+            print(f"{path.name}: {what} is up to date")
+            return 0
+        print(f"{path.name}: {what} is OUT OF DATE{how}", file=sys.stderr)
+        return 1
+    if wanted != current:
+        path.write_text(wanted, encoding="utf-8")
+        print(f"wrote {what} into {path.name}")
+    else:
+        print(f"{path.name}: {what} is already up to date")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
@@ -139,19 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     except (planning.ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.check:
-        if wanted == current:
-            print(f"{args.readme.name}: the parameter table is up to date")
-            return 0
-        print(f"{args.readme.name}: the parameter table is OUT OF DATE (a notebook's parameters cell or "
-              f"ci/profiles.json changed): run python3 ci/params_table.py", file=sys.stderr)
-        return 1
-    if wanted != current:
-        args.readme.write_text(wanted, encoding="utf-8")
-        print(f"wrote the parameter table into {args.readme.name}")
-    else:
-        print(f"{args.readme.name}: the parameter table is already up to date")
-    return 0
+    return check_or_write(args.readme, current, wanted, args.check, "the parameter table",
+                          " (a notebook's parameters cell or ci/profiles.json changed): run python3 ci/params_table.py")
 
 
 if __name__ == "__main__":

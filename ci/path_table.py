@@ -107,19 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.check:
-        if wanted == current:
-            print(f"{args.readme.name}: the path table's run times are up to date")
-            return 0
-        print(f"{args.readme.name}: the path table's run times are OUT OF DATE: run python3 ci/path_table.py",
-              file=sys.stderr)
-        return 1
-    if wanted != current:
-        args.readme.write_text(wanted, encoding="utf-8")
-        print(f"wrote the run times into {args.readme.name}")
-    else:
-        print(f"{args.readme.name}: the run times are already up to date")
-    return 0
+    return params_table.check_or_write(args.readme, current, wanted, args.check, "the path table",
+                                       ": run python3 ci/path_table.py")
 
 
 if __name__ == "__main__":
