@@ -21,6 +21,25 @@ leftover_processes = leftover_children
 RANKS_MARK = "DDP_LAB_TEST_MARK"
 
 
+def marked_warm_ranks(mark, timeout):
+    """Generator for a module-scoped fixture: 2 warm ranks (``start_ranks(2, timeout=timeout)``, no
+    ``%%px``) started with ``RANKS_MARK=mark`` in this process's environment; stopped, and the
+    variable put back, at the end."""
+    import os
+
+    from helpers.ranks import start_ranks
+
+    old = os.environ.get(RANKS_MARK)
+    os.environ[RANKS_MARK] = mark
+    r = start_ranks(2, timeout=timeout, activate=False)
+    yield r
+    r.stop()
+    if old is None:
+        os.environ.pop(RANKS_MARK, None)
+    else:
+        os.environ[RANKS_MARK] = old
+
+
 def marked_processes(mark, cmd_contains="ipyparallel"):
     """Processes (anywhere on the machine) whose environment has ``RANKS_MARK=mark`` and whose
     command line contains ``cmd_contains`` (engines, nannies, the controller and its schedulers)."""

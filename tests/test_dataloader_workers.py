@@ -4,17 +4,15 @@ Python 3.14: fork), so a cell-defined Dataset with ``num_workers=2`` runs and ev
 once per epoch; under ``spawn`` the error names the class and says what to do.
 Real processes, real gloo, real DataLoader workers."""
 
-import os
 import subprocess
 import sys
 import uuid
 
 import pytest
 
-from _support import RANKS_MARK
+from _support import marked_warm_ranks
 from helpers import mp
 from helpers.launch import WorkerError, launch
-from helpers.ranks import start_ranks
 from helpers.start_method_hint import main_object_hint
 
 pytestmark = [pytest.mark.timeout(400)]
@@ -155,15 +153,7 @@ def test_no_hint_for_other_errors(message):
 
 @pytest.fixture(scope="module")
 def ranks():
-    old = os.environ.get(RANKS_MARK)
-    os.environ[RANKS_MARK] = uuid.uuid4().hex
-    r = start_ranks(2, timeout=120, activate=False)
-    yield r
-    r.stop()
-    if old is None:
-        os.environ.pop(RANKS_MARK, None)
-    else:
-        os.environ[RANKS_MARK] = old
+    yield from marked_warm_ranks(uuid.uuid4().hex, timeout=120)
 
 
 @pytest.mark.matrix

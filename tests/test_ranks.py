@@ -19,6 +19,7 @@ from _support import (
     Kernel,
     leftover_processes,
     marked_processes,
+    marked_warm_ranks,
     wait_until_gone,
 )
 from ci.cleanup import IPCKernelManager
@@ -33,15 +34,7 @@ MARK = uuid.uuid4().hex  # every engine and controller this module starts carrie
 
 @pytest.fixture(scope="module")
 def ranks():
-    old = os.environ.get(RANKS_MARK)
-    os.environ[RANKS_MARK] = MARK
-    r = start_ranks(2, timeout=60, activate=False)
-    yield r
-    r.stop()
-    if old is None:
-        os.environ.pop(RANKS_MARK, None)
-    else:
-        os.environ[RANKS_MARK] = old
+    yield from marked_warm_ranks(MARK, timeout=60)
 
 
 # ---- before the module's warm ranks start (nothing may be running) -------------------------------
