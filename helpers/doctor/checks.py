@@ -184,6 +184,12 @@ def _helper_failure(e: BaseException, what: str) -> Failed:
                   f"{REINSTALL}, rerun; if it persists, send this output to the instructor")
 
 
+def _expect_allreduce(got) -> None:
+    """Raise :class:`Failed` unless ``got`` is the 2-rank all-reduce's :data:`EXPECTED`."""
+    if got != EXPECTED:
+        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+
+
 def check_launch(doc: Doctor) -> str:
     from helpers.launch import launch
 
@@ -191,8 +197,7 @@ def check_launch(doc: Doctor) -> str:
         got = launch(_allreduce, WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("launch"))
     except Exception as e:  # noqa: BLE001
         raise _helper_failure(e, "launch") from None
-    if got != EXPECTED:
-        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    _expect_allreduce(got)
     return f"2-rank gloo all_reduce through helpers.launch.launch: {got}"
 
 
@@ -207,8 +212,7 @@ def check_mp(doc: Doctor) -> str:
                        timeout=doc.inner_timeout("mp"))
     except Exception as e:  # noqa: BLE001
         raise _helper_failure(e, "helpers.mp.spawn") from None
-    if got != EXPECTED:
-        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    _expect_allreduce(got)
     return f"the DDP tutorial's setup() through helpers.mp.spawn, MASTER_PORT {port}{note}: {got}"
 
 
@@ -225,8 +229,7 @@ def check_warm_ranks(doc: Doctor) -> str:
     finally:
         if ranks is not None:
             ranks.stop()
-    if got != EXPECTED:
-        raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    _expect_allreduce(got)
     deadline = time.monotonic() + 10
     while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(_cmdline(p))]) \
             and time.monotonic() < deadline:
