@@ -66,6 +66,7 @@ from torch.distributed.launcher import api as elastic_api  # looked up at call t
 from helpers import procs
 from helpers.fork_server import fork_server, fork_server_pid, main_without_file
 from helpers.launch_errors import (
+    _HELPERS_DIR,
     LaunchError,
     LaunchInterrupted,
     LaunchTimeout,
@@ -220,9 +221,8 @@ def _check_world_size(world_size: Any, name: str = "world_size") -> int:
 
 def _first_frame_outside_helpers() -> int:
     """``warnings.warn``'s ``stacklevel`` that names the caller's own line (a cell), not ours."""
-    helpers_dir = os.path.dirname(os.path.abspath(__file__))
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == helpers_dir:
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HELPERS_DIR:
         frame, level = frame.f_back, level + 1
     return level
 
