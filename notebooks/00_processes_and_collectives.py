@@ -40,16 +40,16 @@
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | `%%px` cells | `world_size` ipyparallel engines, backend `gloo`, tensors on CPU | the same: this notebook is about *what* the collectives do, not speed; see the "On a GPU" note in section 2 for CUDA |
 # | checks, tables | this notebook's process | the same |
 #
 # **New here** (the first notebook): processes and ranks, the five collectives with their exact
 # values, DDP's construction broadcast and gradient averaging seen rank by rank, and seven
-# behaviours people report as bugs, each reproduced and explained. Run time: about 1–3 min on
-# 2 CPU cores, most of it starting processes (the warm ranks twice, `launch` once). The notebook ends with exercises whose answers
-# you write as code that runs on the ranks.
+# behaviours people report as bugs, each reproduced and explained. Most of the run time is
+# starting processes (the warm ranks twice, `launch` once). The notebook ends with exercises
+# whose answers you write as code that runs on the ranks.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -90,8 +90,8 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 #
 # `start_ranks` starts `world_size` ipyparallel engines (fresh Python processes), gives each its
 # `rank`, initialises the default process group on all of them and makes `%%px` send cells to
-# them. The next cell takes about 10–30 s on a 2-core laptop (the engines start and import
-# torch); after that, a `%%px` cell costs milliseconds.
+# them. The next cell is slow the first time (the engines start and import torch); after that,
+# a `%%px` cell costs milliseconds.
 
 # %%
 # after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
@@ -217,7 +217,7 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 # %% [markdown]
 # So why not fork this kernel, which would simply copy `square`? Because of what else it copies.
 #
-# **On a GPU** (stated, not run: CI has no GPU, and showing it would mean forking this kernel,
+# **On a GPU** (stated, not run: showing it would mean forking this kernel,
 # the very thing to avoid). Once a process has touched CUDA (one
 # `torch.cuda` call is enough, and a notebook usually has), a forked child cannot use CUDA:
 # it fails with `RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with
@@ -266,8 +266,8 @@ if sys.platform == "linux" and sys.version_info < (3, 14):
 # If this kernel's environment changes (a cell sets `os.environ[...]`), the next `launch`
 # restarts the server, so its ranks see the environment of now, as spawned ranks would.
 #
-# The next cell takes about 5–15 s on a 2-core laptop: it is this kernel's first `launch`, so
-# it starts the server, which imports torch.
+# The next cell is slower than later launches: it is this kernel's first `launch`, so it
+# starts the server, which imports torch.
 #
 # **Claim:** a function defined in this cell runs on every rank through `launch`, and the
 # results come back in rank order; the ranks are new processes (not the warm ranks), forked
@@ -312,7 +312,7 @@ else:
 # What that buys, measured here side by side and printed (the figures depend on the machine
 # and its load): one fresh `python -c "import torch"`, which each spawned rank pays before it
 # can do anything, and a whole second `launch` from the running server (fork, rendezvous,
-# process group, result back). The cell takes about 3–6 s on a 2-core laptop.
+# process group, result back).
 
 # %%
 t0 = time.perf_counter()
@@ -437,7 +437,7 @@ print("max |rank 1 - rank 0| before DDP:", (weights_before[1] - weights_before[0
 # %% [markdown]
 # Now wrap it. `DistributedDataParallel(model)` is itself a collective: at construction it
 # broadcasts rank 0's parameters and buffers to every rank (in place, into `model`). The next
-# cell takes about 3–8 s on a 2-core laptop the first time (the ranks import DDP's modules).
+# cell is slower the first time (the ranks import DDP's modules).
 
 # %%
 # %%px
@@ -766,8 +766,8 @@ assert all(s.startswith("AssertionError") for s in twice["second destroy"])
 # so it waits for ever (gloo's default timeout is 30 minutes). The warm ranks watch every call:
 # past its `timeout` they raise `RanksTimeout` naming the ranks that had not finished, end
 # **all** ranks (a group with a rank stuck in a collective cannot be trusted), and start fresh
-# ones by themselves before the next call. We give this call a 5 s limit. The next cell takes
-# about 5–10 s on a 2-core laptop.
+# ones by themselves before the next call. We give this call a 5 s limit, so the next cell
+# waits those 5 s before it raises.
 #
 # **Claim:** the call raises `RanksTimeout` naming rank 0 (rank 1 skipped the collective and
 # returned at once) as not finished.
@@ -796,8 +796,8 @@ assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0]
 # %% [markdown]
 # **Claim:** the next call runs on fresh ranks: new processes (new pids), a working process
 # group, and none of the names earlier `%%px` cells defined (`model`, `weight` are gone: after
-# a restart, run your set-up cells again). The next cell takes about 10–30 s on a 2-core laptop
-# (fresh engines start and import torch).
+# a restart, run your set-up cells again). The next cell is slow again: fresh engines start
+# and import torch.
 
 # %%
 def after_restart(rank, world_size):
@@ -839,8 +839,7 @@ assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks
 # ## Exercises
 #
 # Write the answer in the cell after each task, run it, then run the check cell below it. In the
-# full notebook a solution follows each check, collapsed; student copies leave the solutions out
-# (CI runs every solution).
+# full notebook a solution follows each check, collapsed; student copies leave the solutions out.
 
 # %% [markdown]
 # ### Exercise 1: average a tensor across the ranks

@@ -23,11 +23,11 @@
 # `(model(x) * labels).sum()`, one sample per process, labels one-hot on the process index.
 # All the code that builds, wraps and steps the models is in this notebook's cells; each
 # statement marked *Claim* is followed by the code cell that checks it
-# (`torch.testing.assert_close` or `assert`), so a wrong claim fails CI.
+# (`torch.testing.assert_close` or `assert`), so a wrong claim stops the notebook.
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | single-device reference | CPU | CPU |
 # | DDP workers defined in this notebook, run by `helpers.launch.launch` | `world_size` processes, backend `gloo` | backend `nccl` when there are at least `world_size` GPUs, else `gloo` on CPU |
@@ -40,10 +40,9 @@
 # [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients
 # over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank), the
 # same all-reduce written by hand, and sum versus mean losses. Every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 20–40 s on 2 CPU
-# cores with `world_size = 2` (five launches, most of it worker processes starting), about
-# 1–2 min with `world_size = 4` (the `full` profile). The notebook ends with four exercises,
-# each checked by a cell; the last one asks you to fix a DDP worker.
+# Chinese name) in the [glossary](../docs/GLOSSARY.md). Most of the run time is worker
+# processes starting (five launches; more ranks take longer). The notebook ends with four
+# exercises, each checked by a cell; the last one asks you to fix a DDP worker.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -171,8 +170,8 @@ def ddp_gradients(rank, world_size, x, labels, seed):
 
 
 # %% [markdown]
-# The launch (about 4–15 s on a 2-core laptop, mostly starting processes; longer with 4
-# ranks). Worker prints appear below prefixed `[rank r]`.
+# The launch (most of its time is starting processes). Worker prints appear below prefixed
+# `[rank r]`.
 
 # %%
 t0 = time.perf_counter()
@@ -231,7 +230,7 @@ pd.DataFrame(rows).set_index("rank")
 # does exactly that on a plain, unwrapped model, and also runs DDP on a second copy for
 # comparison. It then shows why the order is chosen: every rank's gradient set to float32's
 # largest value, averaged by DDP, by `average_gradients`, and in the other order (sum, then
-# divide). The launch takes about 4–15 s on a 2-core laptop.
+# divide).
 
 # %%
 def average_gradients(model, world_size):
@@ -552,8 +551,7 @@ print(f"single process: {single}\nDP (emulated): {dp_emulated}")
 # **Claim:** these numbers, from real SGD steps: one process 60 / 0.94 (sum) and
 # 15 / 0.985 (mean); DP (real on GPUs, emulated here) the same as one process; DDP
 # `60 / world_size` (30 / 0.97 for 2 ranks, 15 / 0.985 for 4) with the summed loss and
-# 15 / 0.985 with the mean loss, identical on every rank. The DDP launch takes about 4–15 s
-# on a 2-core laptop.
+# 15 / 0.985 with the mean loss, identical on every rank.
 
 # %%
 def check(measured, grad, what):
@@ -598,8 +596,7 @@ print(f"DDP (rank 0): {ddp}")
 #
 # **Claim:** loss × `world_size` under DDP gives 60 with the summed loss and
 # `15 * world_size` (30 for 2 ranks, 60 for 4), not 15, with the mean loss. The same worker
-# as in section 4, with `loss_scale = world_size`; the launch takes about 4–15 s on a 2-core
-# laptop.
+# as in section 4, with `loss_scale = world_size`.
 
 # %%
 t0 = time.perf_counter()
@@ -687,8 +684,8 @@ plt.show()
 # Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
 # (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
 # hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. CI runs every solution, so they are known to be right. Only exercise 4
-# starts processes.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check. Only exercise 4 starts processes.
 
 # %% [markdown]
 # ### Exercise 1: the Linear toy on 4 ranks
@@ -811,7 +808,7 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # every rank ends with the single process's mean-loss gradient and weight (`single["mean"]`).
 # Replace the `None` line below with your `def my_worker(rank, world_size, global_x, lr): ...`
 # followed by `answer_4 = my_worker`. The check runs your worker on `world_size` real ranks
-# (about 4–15 s on a 2-core laptop) and compares every rank's `[grad, w]`.
+# and compares every rank's `[grad, w]`.
 
 # %% tags=["exercise"]
 answer_4 = None  # your fixed worker function (def my_worker ...; answer_4 = my_worker)

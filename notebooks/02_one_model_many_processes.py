@@ -30,7 +30,7 @@
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | the DDP workers defined here, run by `helpers.launch.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
 # | the single-process reference, tables and figures | this notebook's process, CPU | the same |
@@ -43,9 +43,9 @@
 # [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
 # [all-reduce](../docs/GLOSSARY.md#all-reduce) in the [process group](../docs/GLOSSARY.md#process-group).
 # Every term is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md).
-# Run time: about 15–45 s on 2 CPU cores (three launches, almost all of it worker processes
-# starting). The notebook ends with four exercises, each checked by a cell; the last one asks
-# you to write DDP's construction-time broadcast yourself.
+# Almost all of the run time is worker processes starting (three launches). The notebook ends
+# with four exercises, each checked by a cell; the last one asks you to write DDP's
+# construction-time broadcast yourself.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -158,8 +158,8 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 # sends them the worker and the class and functions it uses from this notebook, and returns
 # each rank's result in rank order. When there are more ranks than CPU cores the launcher warns
 # `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
-# measured. The cell takes about 5–20 s on a 2-core laptop (the first `launch` in a kernel
-# also starts the fork server, which imports torch once: notebook 00, section 2b).
+# measured. The first `launch` in a kernel is the slowest: it also starts the process that
+# imports torch once for every later launch (notebook 00, section 2).
 
 # %%
 t0 = time.perf_counter()
@@ -325,7 +325,7 @@ pd.DataFrame(sync_rows).set_index(["stage", "rank"])
 # gradients are on) in a given situation, and reports the buffer it holds afterwards. The
 # linear layer does not read the buffer, so the forward itself leaves it alone: `value` on
 # every rank means DDP broadcast rank 0's buffer before that forward; `value + rank` means it
-# did not. The launch takes about 5–20 s on a 2-core laptop.
+# did not.
 
 # %%
 SITUATIONS = [  # (name, forward_sync_buffers, grad enabled, train mode, inside no_sync)
@@ -475,8 +475,8 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 # Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
 # (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
 # hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. CI runs every solution, so they are known to be right. Only exercise 4
-# starts processes.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check. Only exercise 4 starts processes.
 
 # %% [markdown]
 # ### Exercise 1: what rank 1 holds
@@ -566,7 +566,7 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # `tensor` in place on every rank except rank 0, with rank 0's values). Replace the `None` line below with your `def sync_from_rank0(model): ...` followed by
 # `answer_4 = sync_from_rank0`. The check builds each rank's own `make_replica(rank, ...)` on
 # `world_size` real ranks, calls your function, and compares what every rank then holds with
-# rank 0's model rebuilt here (about 5–20 s on a 2-core laptop).
+# rank 0's model rebuilt here.
 
 # %% tags=["exercise"]
 answer_4 = None  # your function (def sync_from_rank0(model): ...; answer_4 = sync_from_rank0)

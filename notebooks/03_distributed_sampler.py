@@ -24,11 +24,11 @@
 # The seed: a dataset of 8 items on 4 processes with `DistributedSampler(shuffle=False)` and
 # `batch_size=1`: process `r` receives items `r` and `r + 4`. Every claim below (in bold) is
 # followed by the code cell that checks it (`assert` / `torch.testing.assert_close`), so a
-# wrong claim fails CI.
+# wrong claim stops the notebook.
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the issue's fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
 # | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.launch.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
@@ -40,9 +40,9 @@
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [global batch size](../docs/GLOSSARY.md#global-batch-size); every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time: about 1–2 minutes
-# on 2 CPU cores, mostly worker processes starting (five launches). The notebook ends with four
-# exercises, each checked by a cell; the last one asks you to write distributed code.
+# Chinese name) in the [glossary](../docs/GLOSSARY.md). Most of the run time is worker
+# processes starting (five launches). The notebook ends with four exercises, each checked by a
+# cell; the last one asks you to write distributed code.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -316,8 +316,8 @@ plt.show()
 # (`torch.manual_seed(base_seed + rank)`, as the seed does: index `i` then means different
 # data on each rank) and once **shared** (seed `base_seed` on every rank), and iterates each
 # with `DataLoader(batch_size=1, sampler=DistributedSampler(...))`. `same_on_all_ranks`
-# compares a fingerprint of the data across ranks with an `all_gather`. The launch takes
-# about 5–15 s on a 2-core laptop, mostly starting the processes.
+# compares a fingerprint of the data across ranks with an `all_gather`. Most of the launch's
+# time is starting the processes.
 
 # %%
 def fingerprint(data: torch.Tensor) -> torch.Tensor:
@@ -443,8 +443,7 @@ plt.show()
 # Section 2's classifier and 10 items, evaluated on real ranks three ways. Each rank counts
 # `correct` and `total` over the indices it evaluates, then **one all-reduce** (`SUM`) of the
 # two counts gives every rank the global numbers. The model is evaluated as a plain module
-# (in a DDP script: `ddp_model.module`, never the wrapper). The launch takes about 5–15 s on a
-# 2-core laptop.
+# (in a DDP script: `ddp_model.module`, never the wrapper).
 
 # %%
 def eval_worker(rank, world_size, feats, labels):
@@ -505,7 +504,6 @@ pd.DataFrame([{"evaluation (live, all-reduced)": name, "correct": c, "counted": 
 # is in the **sampler's** order: rank 0's items, then rank 1's, and so on. The fixed case: 5
 # items, 2 ranks, `shuffle=False`; each item's "prediction" is a real forward of
 # `Linear(1, 1)` (weight 10, bias 0.5) on the item's feature, so that values differ by item.
-# The launch takes about 5–15 s on a 2-core laptop.
 
 # %%
 def gather_worker(rank, world_size, feats):
@@ -555,7 +553,7 @@ print("concatenated:", gathered[0]["concatenated"], " interleaved:", gathered[0]
 #
 # One `DistributedSampler(shuffle=True, seed=0)` per rank reused over `epochs` epochs, as a
 # training loop does: once without `set_epoch`, once with `sampler.set_epoch(epoch)` at the
-# start of each epoch. The launch takes about 5–15 s on a 2-core laptop.
+# start of each epoch.
 
 # %%
 def epoch_worker(rank, world_size, n_items, epochs):
@@ -621,9 +619,9 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
 # check cell below it: it prints "correct" or "not yet" with a hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. CI runs
-# every solution, so they are known to be right. Exercises 1–3 start no processes; exercise 4
-# runs your function on 3 real ranks.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check. Exercises 1–3 start no processes;
+# exercise 4 runs your function on 3 real ranks.
 
 # %% [markdown]
 # ### Exercise 1: 11 items on 4 ranks
@@ -721,8 +719,8 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # the `p`-th item rank `r` receives sits at position `p * world_size + r` of the padded list;
 # which positions are padding?), and set `answer_4 = your_function` (the function itself,
 # not a call). The check cell runs it on 3 real ranks with section 2's `right` and compares
-# every rank's `[correct, total]` with one count over all items in this process (about 5–15 s
-# on a 2-core laptop, once you have answered).
+# every rank's `[correct, total]` with one count over all items in this process (once you
+# have answered).
 
 # %% tags=["exercise"]
 answer_4 = None  # your answer here

@@ -31,7 +31,7 @@
 #
 # **What runs where**
 #
-# | mode | CPU only (CI) | with GPUs |
+# | mode | CPU only | with GPUs |
 # |---|---|---|
 # | single process | the notebook kernel, CPU | the kernel, `cuda:0` |
 # | DP | the kernel; `device_ids == []`, so DP **just calls the module**: same run as single, no parallelism (checked below) | the kernel, one thread per visible GPU: scatter, replicate, gather |
@@ -42,10 +42,9 @@
 # [rank](../docs/GLOSSARY.md#rank) its share of every
 # [global batch](../docs/GLOSSARY.md#global-batch-size), metrics reduced across ranks with an
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), and measured throughput and memory. Every term
-# is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU
-# cores: about 1–3 minutes with either profile (four launches of worker processes, two of
-# them loading MNIST, take most of it). The notebook ends with four exercises, each checked by a
-# cell; the last one asks you to write a loss for DDP.
+# is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md). Four launches of
+# worker processes, two of them loading MNIST, take most of the run time. The notebook ends
+# with four exercises, each checked by a cell; the last one asks you to write a loss for DDP.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
@@ -215,7 +214,7 @@ for r in range(world_size):
 #
 # The model and the loop. `train` is the seed's loop: for each global batch, a forward, the
 # mean cross-entropy (nats), `backward`, an SGD step. `count_correct` evaluates a plain module
-# on given test indices. The training cell takes about 1–10 s on a 2-core laptop.
+# on given test indices.
 #
 # **Claim:** the loss falls (the last 20 steps average less than half the first 20), and the
 # model reaches `min_accuracy` on the 10,000 test images.
@@ -288,7 +287,7 @@ assert single_acc >= min_accuracy, f"accuracy {single_acc:.4f} < {min_accuracy} 
 # **Claim (with GPUs):** DP's loss on the gathered batch is the whole-batch mean, so it
 # follows the single-process curve up to float rounding.
 #
-# The next cell trains once more: about 1–10 s on a 2-core laptop, with either profile.
+# The next cell trains once more.
 
 # %%
 dp_plain = build_model(model, seed).to(device)
@@ -335,9 +334,8 @@ assert dp_acc >= min_accuracy, f"DP accuracy {dp_acc:.4f} < {min_accuracy}"
 # training into the global loss, and the test accuracy comes from `ddp_model.module` (the
 # plain module, not the wrapper) on an **unpadded** shard of the test set per rank
 # (`range(rank, 10000, world_size)`: every image once, notebook 03), with the correct and total
-# counts all-reduced. Rank 0 alone prints its progress. The launch takes about 10–40 s on a
-# 2-core laptop, with either profile; starting the processes and loading the data take most
-# of it.
+# counts all-reduced. Rank 0 alone prints its progress. Starting the processes and loading the
+# data take most of the launch's time.
 
 # %%
 def ddp_train(rank, world_size, cfg):
@@ -417,7 +415,7 @@ print(f"DDP: test accuracy {ddp_acc:.4f} ({ddp_ranks[0]['correct']} of {ddp_rank
 # `persistent_workers=True`, the ranks together see every index of the dataset exactly once per
 # epoch, in both epochs, and each rank has a fresh interpreter's start method.
 #
-# The next cell is one launch of two short epochs (about 1–3 s on a 2-core laptop).
+# The next cell is one launch of two short epochs.
 
 # %%
 from torch.utils.data import DataLoader, Dataset
@@ -549,7 +547,7 @@ plt.show()
 # repeats; the slowest rank's time counts, since every step ends with an all-reduce). We
 # report the median and the min–max of the repeats. Single and DP run in the kernel with
 # `torch.get_num_threads()` threads; each DDP rank runs the threads the launcher gave it.
-# The kernel part takes about 1–5 s, the DDP launch about 10–40 s on a 2-core laptop.
+# The DDP launch takes most of the cell's time (starting processes, loading the data).
 
 # %%
 def time_repeat(net, n_steps, batches) -> float:
@@ -722,9 +720,9 @@ with pd.option_context("display.max_colwidth", None):
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
 # check cell below it: it prints "correct" or "not yet" with a hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. CI runs
-# every solution, so they are known to be right. Exercises 1–3 start no processes; exercise 4
-# runs your code on 3 real ranks.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check. Exercises 1–3 start no processes;
+# exercise 4 runs your code on 3 real ranks.
 
 # %% [markdown]
 # ### Exercise 1: scaling out at a fixed global batch
@@ -803,7 +801,7 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # cross-entropy over all 10 examples (hint: DDP divides each rank's gradient by
 # `dist.get_world_size()`, then sums them over the ranks). Set `answer_4 = local_loss` (the function itself). The check cell
 # runs it in DDP on 3 real ranks and compares rank 0's gradient with the single-process
-# gradient of the mean loss (about 5–15 s on a 2-core laptop, once you have answered).
+# gradient of the mean loss (once you have answered).
 
 # %% tags=["exercise"]
 answer_4 = None  # your answer here

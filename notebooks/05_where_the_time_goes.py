@@ -30,7 +30,7 @@
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | 1. input pipeline: seed recipe against in-memory tensors | 1 rank (plain module, and DDP) and 2 ranks (DDP), `gloo` | `nccl`, data on the GPU |
 # | 2. scaling: single process, DP, DDP by `world_size` and threads | DDP on `gloo` (1, 2, 4 processes); `nn.DataParallel` has no devices and **cannot run in parallel** (it calls the module) | `nccl`, one GPU per rank; real DP over all GPUs |
@@ -48,16 +48,15 @@
 # [`algbw` and `busbw`](../docs/GLOSSARY.md#algbw-busbw); `bucket_cap_mb` (DDP's gradient
 # [buckets](../docs/GLOSSARY.md#bucket)), `gradient_as_bucket_view` and DDP communication
 # hooks; `torch.profiler`; the alpha-beta model. Every term is defined (with its Chinese name)
-# in the [glossary](../docs/GLOSSARY.md). Run time on 2 CPU cores: the `smoke` profile (CI)
-# about 40 s on a quiet machine, 2 to 4.5 minutes with the load average between 7 and 18
-# (measured; it skips the measured memory comparison and the launcher timings), `full` about
-# 5 minutes on a quiet machine. Each benchmark's worker code (it stays in the `helpers/bench/` package,
+# in the [glossary](../docs/GLOSSARY.md). The default `profile = "smoke"` runs small sizes and
+# skips the measured memory comparison and the launcher timings; `profile = "full"` runs them
+# and takes several times longer. Each benchmark's worker code (it stays in the `helpers/bench/` package,
 # the same code as `python -m helpers.bench`) is shown above its run. The notebook ends with four exercises, each checked by a cell; the last one asks for a
 # communication hook, run on real ranks.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; the defaults are the smoke profile CI runs)
-profile = "smoke"  # benchmark sizes from helpers.bench.PROFILES: "smoke" (CI) or "full"
+# Parameters: these values are what you run top to bottom (the runner's smoke profile); --profile full changes some (docs/RUNNER.md)
+profile = "smoke"  # benchmark sizes from helpers.bench.PROFILES: "smoke" (small, the default) or "full"
 seed = 0  # seeds initial weights and data order
 cluster_params_million = 25.6  # model of the cluster prediction (ResNet-50 has 25.6 M parameters)
 cluster_link_gbit_s = 100.0  # network bandwidth per GPU in Gb/s (100 Gb/s is 12.5 GB/s)
@@ -133,9 +132,8 @@ print(load_line("start"))
 #
 # **Claim:** the fast path learns the same model: test accuracies agree within 0.5 points
 # (same data, order and initial weights; only float rounding of the normalisation differs).
-# Its speed is measured, not asserted. The next cell takes about 5–8 s on a 2-core laptop with
-# the smoke profile (4,096 images, 1 rank), longer with `full` (the whole epoch, 1 and 2 ranks,
-# 3 repeats).
+# Its speed is measured, not asserted. The smoke profile measures 4,096 images on 1 rank;
+# `full` the whole epoch on 1 and 2 ranks, 3 repeats (longer).
 
 # %%
 display(Code(inspect.getsource(bench._pipeline_epoch), language="python"))  # each rank's timed epoch
@@ -223,8 +221,8 @@ plt.show()
 # `mp.spawn` and `elastic_launch` they see no `OMP_NUM_THREADS` and run as many threads as a
 # plain Python process; under `helpers.launch` they run `cpu_count // 2` threads each. Every
 # launcher runs real processes here; this is the code (a benchmark helper, in a module because
-# `mp.spawn` and `torchrun` need importable code). The next cell takes about 10–30 s on a
-# 2-core laptop (five sets of fresh processes; the longer time on a busy machine).
+# `mp.spawn` and `torchrun` need importable code). The next cell starts five sets of fresh
+# processes, so it takes a while (longer on a busy machine).
 
 # %%
 display(Code(inspect.getsource(bench.bench_threads_by_launcher), language="python"))
@@ -284,8 +282,8 @@ threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["t
 # the single process (checked below); their times are separate measurements (alternating
 # blocks on a shared machine), and are not expected to be equal.
 #
-# The next cell takes about 12–20 s on a 2-core laptop with the smoke profile (the CNN at
-# global batch 256, 1 and 2 ranks), a few minutes with `full`.
+# With the smoke profile the next cell trains the CNN at global batch 256 on 1 and 2 ranks;
+# `full` adds the linear model, three batch sizes and up to 4 ranks, and takes much longer.
 
 # %%
 display(Code(inspect.getsource(bench.scaling_worker), language="python"))  # what every rank runs
@@ -526,9 +524,8 @@ assert vms_mapped >= 64 and rss_mapped < 8 and rss_touched >= 56, (vms_mapped, r
 # Sharing one copy would save `(world_size - 1)` copies. `bench.bench_memory` measures it: the
 # `private` variant is the project's path; the `mmap` variant maps the raw `uint8` IDX file
 # read-only (`numpy.memmap`, copy-on-write) so all ranks use the same page-cache pages and
-# convert each batch to normalised `float32` when they use it. The next cell takes about
-# 0–1 s on a 2-core laptop with the smoke profile, which skips the measured comparison; with
-# `full` it launches 1, 2 and 4 ranks for each variant, 3 to 6 s per launch.
+# convert each batch to normalised `float32` when they use it. The smoke profile skips the
+# measured comparison; `full` launches 1, 2 and 4 ranks for each variant.
 
 # %%
 mem_from_scaling = (ddp.groupby("world_size")[["peak_rss_mib_per_rank", "dataset_mib_per_rank"]].max()
@@ -586,8 +583,7 @@ else:
 # the same number of bytes per call on every rank; the cell prints them for each world size and
 # message size of this run. They are not a fixed amount per call: more ranks make more ring
 # steps and more headers (asserted when the profile measures several world sizes; `full` adds
-# 4 ranks and larger messages). The next cell takes about 4–7 s on a 2-core laptop with the
-# smoke profile (2 ranks, 4 sizes), longer with `full`.
+# 4 ranks and larger messages; the smoke profile measures 2 ranks and 4 sizes).
 
 # %%
 display(Code(inspect.getsource(bench.allreduce_worker), language="python"))  # what every rank runs
@@ -681,9 +677,8 @@ plt.show()
 # layer's weight (1.6 MB, larger than the cap) shares its bucket with the tensor before it. With
 # `bucket_cap_mb` left at its default the first bucket is between 1 MiB and 1 MiB + one tensor
 # (two buckets for this model); with `bucket_cap_mb=25` passed explicitly all 13.2 MB go in one
-# bucket. The next
-# cell takes about 8–13 s on a 2-core laptop with the smoke profile (2 ranks, caps 1 and 25
-# MiB, the default, and the profiled steps), longer with `full` (7 caps).
+# bucket. The smoke profile runs 2 ranks with caps 1 and 25 MiB, the default, and the
+# profiled steps; `full` runs 7 caps.
 
 # %%
 display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsource(bench._bucket_layout_steps),
@@ -764,8 +759,8 @@ plt.show()
 #
 # **Claim:** in every step DDP launches all buckets but the last while backward still has
 # gradients of earlier layers to compute, which is what lets communication overlap it.
-# (How much overlap that buys is a timing; it is printed, not asserted. On 2 CPU cores the
-# gloo threads and backward compete for the same cores.)
+# (How much overlap that buys is a timing; it is printed, not asserted. On a CPU the gloo
+# threads and backward compete for the same cores.)
 
 # %%
 tl = pd.DataFrame(bk_out["timeline"])
@@ -944,13 +939,14 @@ plt.show()
 # Every launch needs processes that have imported torch and met at a rendezvous before `fn`
 # runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
 # call to the results: through `helpers.launch.launch` (torch's elastic agent, output relay,
-# error handling; ranks forked from its fork server, notebook 00 section 2b), once with the
+# error handling; ranks forked from a server process that imported torch once, notebook 00
+# section 2), once with the
 # server already running and once after stopping it (what the first launch in a kernel pays:
 # the server imports torch); through `torch.multiprocessing.spawn` with the hand-written setup
 # the tutorials use (every rank a fresh interpreter that imports torch); and, as the floor of
 # any launcher that starts fresh interpreters, one `python -c "import torch"`. With 2 ranks it
-# also times warm ranks (`helpers.ranks`). The next cell takes about 2–3 s on a 2-core laptop
-# with the smoke profile (only the `import torch` floor); the full profile makes 18 launches.
+# also times warm ranks (`helpers.ranks`). The smoke profile measures only the `import torch`
+# floor; the full profile makes 18 launches.
 
 # %%
 c = cfg["launch"]
@@ -1124,8 +1120,7 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # future's tensor), runs forward and backward on a random batch twice (DDP rebuilds its buckets
 # after the first step; record only the second), and returns the list. Then set
 # `answer_4 = bucket_sizes`. The check cell runs your worker on 2 real ranks with a 1 MiB cap
-# and compares it with section 5's table (it starts 2 processes: about 10–45 s on a 2-core
-# laptop, the longer when it is busy).
+# and compares it with section 5's table (it starts 2 processes).
 
 # %% tags=["exercise"]
 answer_4 = None  # your worker function here (define it in this cell, then answer_4 = bucket_sizes)
