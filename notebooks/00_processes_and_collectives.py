@@ -52,7 +52,7 @@
 # whose answers you write as code that runs on the ranks.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
 timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
 

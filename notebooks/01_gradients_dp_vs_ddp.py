@@ -45,7 +45,7 @@
 # exercises, each checked by a cell; the last one asks you to fix a DDP worker.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # number of DDP ranks (processes); 1, 2 or 4 (section 4 splits 4 samples evenly)
 seed = 0  # seeds the Linear toy's weights and its inputs
 

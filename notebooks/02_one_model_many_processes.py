@@ -48,7 +48,7 @@
 # construction-time broadcast yourself.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 3  # number of DDP ranks (processes), at least 2; the seed uses 3
 base_seed = 0  # rank r seeds its model and data with base_seed + r
 lr = 0.01  # SGD learning rate of the one step

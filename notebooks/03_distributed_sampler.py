@@ -45,7 +45,7 @@
 # cell; the last one asks you to write distributed code.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 4  # number of DDP ranks for section 4's live workers, at least 2; the seed uses 4
 base_seed = 0  # section 4: the shared dataset uses base_seed, rank r's own dataset base_seed + r
 epochs = 2  # section 4: epochs of the set_epoch demonstration, at least 2

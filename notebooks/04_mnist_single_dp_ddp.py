@@ -47,7 +47,7 @@
 # with four exercises, each checked by a cell; the last one asks you to write a loss for DDP.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # DDP processes (ranks); must divide global_batch_size
 epochs = 1  # passes over the 60,000 training images
 max_steps = 200  # optimizer steps per mode; 0 means all epochs in full (938 steps per epoch at batch 64)

@@ -55,7 +55,7 @@
 # communication hook, run on real ranks.
 
 # %% tags=["parameters"]
-# Parameters: these values are what you run top to bottom (the runner's smoke profile); --profile full changes some (docs/RUNNER.md)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 profile = "smoke"  # benchmark sizes from helpers.bench.PROFILES: "smoke" (small, the default) or "full"
 seed = 0  # seeds initial weights and data order
 cluster_params_million = 25.6  # model of the cluster prediction (ResNet-50 has 25.6 M parameters)

@@ -32,7 +32,7 @@
 #
 # **What runs where**
 #
-# | part | CPU only (CI) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | sections 1-9 | one short launch of `world_size` processes per experiment, backend `gloo` (pinned: the hang demonstrations need gloo's catchable timeout) | the same, on CPU |
 # | section 5, real `SyncBatchNorm` | **skipped, and says so** (it raises on CPU: shown); the all-reduced-sums reference runs | runs with `nccl` when there are at least `world_size` GPUs, compared with the reference |
@@ -49,12 +49,11 @@
 # checkpointing under DDP, distributed evaluation, `TORCH_DISTRIBUTED_DEBUG`. Every claim was
 # checked against torch 2.14.1; where it differs from folklore, the notebook says what really
 # happens. The whole notebook prints its run time and the seconds of each launch at the end of
-# section 9; most of it is the deliberate timeouts and worker start-up (each launch forks
-# fresh processes from the fork server and builds a process group; the times below were
-# measured on a 2-core machine shared with other work: they grow with the load).
+# section 9; most of it is the deliberate timeouts and worker start-up (each launch starts
+# fresh processes and builds a process group; the times printed grow with the machine's load).
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # DDP ranks (processes) of every launch; 2 or more
 seed = 0  # seeds every model and data set
 accum_steps = 4  # k, micro-batches per optimizer step in section 1
@@ -270,8 +269,8 @@ LOOPS = {f.__name__: f for f in (no_sync_all_but_last, one_big_batch, sync_every
                                  forward_outside, backward_outside)}
 
 # %% [markdown]
-# One launch runs the six loops on `world_size` ranks (about 6 s on a 2-core machine: mostly
-# worker start-up). The reference is one process on the whole global batch, no DDP.
+# One launch runs the six loops on `world_size` ranks (mostly worker start-up). The reference
+# is one process on the whole global batch, no DDP.
 
 # %%
 t0 = time.perf_counter()
@@ -405,8 +404,8 @@ def join_worker(rank, world_size, timeout_s):
     return out
 
 # %% [markdown]
-# The launch takes about 7 s plus `collective_timeout_s` on a 2-core machine (worker start-up,
-# and the ranks with an extra batch waiting for rank 0).
+# The launch takes worker start-up plus `collective_timeout_s` (the ranks with an extra batch
+# wait that long for rank 0).
 
 # %%
 t0 = time.perf_counter()
@@ -504,8 +503,7 @@ plt.show()
 # as a real job would, until `launch` gives up after `hang_timeout_s`, ends every worker and
 # raises `LaunchTimeout` naming the ranks that never finished. (Worker start-up counts against
 # the limit too, so on a very slow machine rank 0 may also be listed; the ranks with the extra
-# batch always are.) The cell takes `hang_timeout_s`: about 10 s with the default, on a 2-core
-# machine or any other.
+# batch always are.) The cell takes `hang_timeout_s`, on any machine.
 #
 # **Claim:** `launch` raises `LaunchTimeout` (its `timeout` is `hang_timeout_s`), listing every rank with an
 # extra batch, and leaves no worker process behind.
@@ -601,7 +599,7 @@ def unused_parameters_worker(rank, world_size, iterations=3):
     return out
 
 # %% [markdown]
-# One launch, about 7 s on a 2-core machine. The launch output shows DDP's warning
+# One launch. The launch output shows DDP's warning
 # "find_unused_parameters=True was specified ... but did not find any unused parameters": its
 # search starts from the returned outputs and reaches `head_b` through the output the loss
 # ignores; the gradients below show the run is nonetheless right.
@@ -729,7 +727,7 @@ def unequal_batch_worker(rank, world_size, losses):
     return out
 
 # %% [markdown]
-# One launch, about 7 s on a 2-core machine.
+# One launch.
 
 # %%
 t0 = time.perf_counter()
@@ -841,7 +839,7 @@ def batchnorm_worker(rank, world_size):
     return out
 
 # %% [markdown]
-# One launch, about 8 s on a 2-core machine. The single-process model of the buffers,
+# One launch. The single-process model of the buffers,
 # `simulate_bn_buffers`, replays the broadcast rule in this kernel: before each step, rank 0's
 # buffers are copied to every rank (if `broadcast_buffers`), then each rank updates with its batch.
 
@@ -938,8 +936,7 @@ print("all-reduced sums reproduce BatchNorm on the global batch: outputs and run
 # %% [markdown]
 # **On a GPU machine** (one GPU per rank, at least `world_size` GPUs): the next cell launches
 # real `SyncBatchNorm` with `backend="nccl"` and compares it with the reference
-# above. On a machine with fewer GPUs it launches nothing and says that it skipped (about 0.1 s
-# on a 2-core CPU-only machine).
+# above. On a machine with fewer GPUs it launches nothing and says that it skipped.
 #
 # **Claim:** where it runs, real `SyncBatchNorm` equals `sync_batchnorm_reference` (outputs and
 # running statistics) on every rank.
@@ -1101,7 +1098,7 @@ def checkpoint_worker(rank, world_size, ckpt_dir):
     return out
 
 # %% [markdown]
-# One launch, about 9 s on a 2-core machine.
+# One launch.
 
 # %%
 t0 = time.perf_counter()
@@ -1264,7 +1261,7 @@ def evaluation_worker(rank, world_size, timeout_s):
             "hang_cases": {case: eval_hang_case(rank, case, timeout_s) for case in EVAL_HANG_CASES}}
 
 # %% [markdown]
-# One launch, about 7 s plus two `collective_timeout_s` waits on a 2-core machine.
+# One launch: worker start-up plus two `collective_timeout_s` waits.
 
 # %%
 t0 = time.perf_counter()
@@ -1379,7 +1376,7 @@ def seeds_worker(rank, world_size):
     return out
 
 # %% [markdown]
-# One launch, about 9 s on a 2-core machine; then the same training in this kernel with
+# One launch; then the same training in this kernel with
 # `world_size = 1`.
 
 # %%
@@ -1491,7 +1488,7 @@ plt.show()
 # (operation, shapes, dtypes) across ranks before running them. The worker switches the same
 # checker on for one group with `dist.set_debug_level(DebugLevel.DETAIL)` before
 # `dist.new_group()`, and runs the mismatch on it and on a plain short-timeout group. One
-# launch, about 6 s plus up to `collective_timeout_s` on a 2-core machine.
+# launch: worker start-up plus up to `collective_timeout_s`.
 
 # %%
 def debug_worker(rank, world_size, timeout_s):
@@ -1554,8 +1551,7 @@ pd.DataFrame([{"rank": r, "tensor elements": 2 + r, "without DETAIL": d["off"].s
 # and Python's fault handler's stack, relayed with the `[rank r]` prefix, in the line that calls
 # `set_construction_data_and_log`) or logs a thread count that is not the real one. Either way
 # the DETAIL run is broken, so on CPU use DETAIL for collective checks (as above) and
-# `TORCH_DISTRIBUTED_DEBUG=INFO` (section 3) for DDP's unused-parameter names. Two launches,
-# about 5-10 s each on a 2-core machine.
+# `TORCH_DISTRIBUTED_DEBUG=INFO` (section 3) for DDP's unused-parameter names. Two launches.
 
 # %%
 def detail_ddp_worker(rank, world_size):
@@ -1619,8 +1615,8 @@ else:  # another torch version: report what happened instead of asserting 2.14.1
 # function defined in a cell travels to the worker with its cell's file name and source lines,
 # so that frame names this kernel's cell file and shows our call to `init_process_group`, the
 # same line this kernel's `linecache` holds. (Shown in a cell, the `WorkerError` lists only
-# such frames of your own; `.traceback` keeps every frame.) The launch takes about 7 s on a
-# 2-core machine (one worker's start-up plus the timeout).
+# such frames of your own; `.traceback` keeps every frame.) The launch takes one worker's
+# start-up plus the timeout.
 
 # %%
 def init_alone_worker(rank, world_size, timeout_s):
@@ -1713,7 +1709,8 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # real ranks (`check_answer(..., run=...)`). Exercises 3-5
 # ask for a value: predict it by hand first. Each check cell prints "correct" or "not yet" with a
 # hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out; CI runs every solution, so they are known to be right.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check.
 
 # %% [markdown]
 # ### Exercise 1: fix the accumulation loop
@@ -1730,8 +1727,8 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # ```
 #
 # Copy it into the answer cell, fix it, and set `answer_1 = my_accumulate`. The check cell runs
-# your loop with section 1's `accumulation_worker` on `world_size` ranks (about 7 s on a 2-core
-# machine) and compares the all-reduces per optimizer step and every rank's gradient with one
+# your loop with section 1's `accumulation_worker` on `world_size` ranks and compares the
+# all-reduces per optimizer step and every rank's gradient with one
 # process on the whole global batch.
 
 # %% tags=["exercise"]
@@ -1790,8 +1787,8 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # device), and nobody hands you the global sample count. Return a scalar such that, after DDP
 # averages the gradients over the ranks, every rank holds the gradient of the **global mean**
 # over all samples. (Hint: a collective in the loss is fine, as long as every rank calls it.)
-# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks (about 7 s on a
-# 2-core machine); `per_sample.mean()`, the naive loss, gives section 4's mean of rank means.
+# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks; `per_sample.mean()`,
+# the naive loss, gives section 4's mean of rank means.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here

@@ -39,7 +39,7 @@
 #
 # **What runs where**
 #
-# | part | CPU only (CI, this machine) | with GPUs |
+# | part | CPU only | with GPUs |
 # |---|---|---|
 # | 1. torchrun, one node vs `launch` | `torchrun --standalone`, `world_size` processes, gloo | nccl, one GPU per rank, when there are `world_size` GPUs |
 # | 2. two "nodes" on one host | two torchrun agents, `--nnodes=2`, c10d rendezvous on `127.0.0.1`, gloo | the same (a rehearsal of the control plane: each "node" would need its own GPU for nccl) |
@@ -49,15 +49,13 @@
 # | 6. GPU path, 7. after DDP | the runner's `gpu` profile exists; this part prints whether this run had a GPU | prose and arithmetic |
 #
 # Every torchrun agent is a subprocess with a timeout; every agent, worker and namespace is
-# removed when its cell ends, whatever happens (checked). Run time with the smoke defaults
-# (measured): about 1.5–2 min on a quiet 2-core laptop (five torchrun jobs of 7 to 17 s each,
-# mostly Python and PyTorch start-up, plus four `launch` runs), about 6 minutes on a 2-core
-# machine with the load average near 8; the full profile adds about a minute (one full epoch
-# per run). The notebook ends with four exercises, each checked by a cell; the last asks for a
-# communication hook and runs it on 2 real ranks.
+# removed when its cell ends, whatever happens (checked). Most of the run time is five
+# torchrun jobs and four `launch` runs starting Python and PyTorch in every process; the full
+# profile trains one full epoch per run. The notebook ends with four exercises, each checked by
+# a cell; the last asks for a communication hook and runs it on 2 real ranks.
 
 # %% tags=["parameters"]
-# Parameters (papermill overrides them; these defaults are smoke-sized and also what a learner runs)
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # processes of the one-node torchrun run, the launch() run and the hooks comparison
 max_steps = 30  # training steps of every torchrun / launch run; 0 means one full epoch (938 steps)
 hooks_steps = 100  # training steps per communication hook; 0 means one full epoch
@@ -170,8 +168,8 @@ display(Code(inspect.getsource(cluster.main) + "\n\n" + inspect.getsource(cluste
 # helpers.cluster` produces the same per-step loss history and test accuracy as notebook 04's
 # `launch(ddp_train_worker, 2, config)`: `assert_close` on the loss curves.
 #
-# The next cell runs both, one after the other: about 9–20 s on a 2-core laptop (measured;
-# most of it is starting Python and PyTorch in every process).
+# The next cell runs both, one after the other (most of its time is starting Python and
+# PyTorch in every process).
 
 # %%
 config = TrainConfig(global_batch_size=global_batch_size, lr=lr, max_steps=max_steps, seed=seed, progress=False)
@@ -221,7 +219,7 @@ pd.DataFrame([
 # (`GROUP_RANK` 0 and 1), each as `LOCAL_RANK` 0 of its node; and the result is the one of
 # the single-node 2-process run: same loss history, same accuracy.
 #
-# The next cell (one torchrun job with two agents) takes about 7–15 s on a 2-core laptop.
+# The next cell runs one torchrun job with two agents.
 
 # %%
 two_node_args = train_args + ["--backend", "gloo"]
@@ -270,9 +268,8 @@ nodes_df.drop(columns=["GLOO_SOCKET_IFNAME"])
 # `steps * 4 * P` (`P = 7,850` float32 gradients); the excess is TCP/IP headers, the
 # rendezvous, the initial weight broadcast and the evaluation.
 #
-# The next cell takes about 7–15 s on a 2-core laptop when namespaces are permitted (one
-# torchrun job, plus creating and deleting the namespaces); well under a second when it is
-# skipped.
+# When namespaces are permitted the next cell runs one torchrun job, plus creating and
+# deleting the namespaces; when it is skipped it returns at once.
 
 # %%
 netns_ok, netns_why = netns_available() if netns == "auto" else (False, f"netns = {netns!r} (parameter)")
@@ -314,7 +311,7 @@ else:
 # The four runs so far, on top of each other: notebook 04's `launch` from this kernel, torchrun
 # on one node, two nodes on loopback and (if it ran) two nodes in two namespaces. Right: how far
 # each curve is from the `launch` curve (zero is drawn at the bottom of the symlog scale).
-# The next cell only draws what the runs above returned: about 0.4 s on a 2-core laptop.
+# The next cell only draws what the runs above returned.
 
 # %%
 runs = {"launch() from the notebook": launch_curve, "torchrun, 1 node": torchrun_curve,
@@ -354,8 +351,7 @@ plt.show()
 # asserted: it depends on the machine), node 1 reports rank 1's `InjectedFailure`, node 0
 # reports rank 0's lost connection, and no rank writes a result.
 #
-# The next cell (a job that fails after `fail_at_step` steps) takes about 7–15 s on a 2-core
-# laptop.
+# The next cell runs a job that fails after `fail_at_step` steps.
 
 # %%
 fail_args = two_node_args + ["--fail-rank", 1, "--fail-at-step", fail_at_step]
@@ -405,8 +401,7 @@ pd.DataFrame(rows).set_index("node")
 # **Claim:** with `--max-restarts=1` the job succeeds (both agents exit 0), rank 1 reports
 # restart count 1, and the loss history is the clean run's.
 #
-# The next cell pays two start-ups (the failed attempt and the restart): about 12–25 s on a
-# 2-core laptop.
+# The next cell pays two start-ups (the failed attempt and the restart).
 
 # %%
 restarted = run_job(fail_args + ["--fail-attempts", 1], nodes=2, nproc_per_node=1, max_restarts=1,
@@ -578,7 +573,7 @@ def hook_cases(rank, world_size, cases):
 # value back on both ranks, while `sum_then_divide_hook` (the same arithmetic in the other
 # order) overflows to `inf`. Registering a second hook on the same DDP model raises
 # `RuntimeError`. The next cell
-# starts 2 gloo processes once for all the cases: about 5–10 s on a 2-core laptop.
+# starts 2 gloo processes once for all the cases.
 
 # %%
 cases = [(name, [1.0, 3.0]) for name in ("no hook (DDP's default)", "average_hook", "sum_hook", "local_hook")]
@@ -729,8 +724,8 @@ def hooks_worker(rank, world_size, config, specs, timing_calls=50):
 
 # %% [markdown]
 # The next cell launches `world_size` processes once and trains `hooks_steps` steps with each
-# of the hooks in turn: about 6–15 s on a 2-core laptop with the smoke defaults (measured;
-# start-up dominates), about 20 s with the full profile (one epoch per hook).
+# of the hooks in turn (start-up dominates with the default `hooks_steps`; the full profile
+# trains one epoch per hook).
 #
 # **Claims:** the counts are exactly the formulas (fp32: `4P`; fp16 and bf16: `2P`, half of
 # fp32; PowerSGD: `4 * ((n + m) * r)` per compressed matrix plus `4 * numel` uncompressed, and
@@ -1002,9 +997,9 @@ memory
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
 # check cell below it: it prints "correct" or "not yet" with a hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. CI runs
-# every solution, so they are known to be right. Exercises 1–3 start no process; exercise 4
-# asks for a communication hook and runs it on 2 real ranks.
+# left to open it); student copies leave the solutions out. Every solution runs when the full
+# notebook runs, so each is known to pass its check. Exercises 1–3 start no process;
+# exercise 4 asks for a communication hook and runs it on 2 real ranks.
 
 # %% [markdown]
 # ### Exercise 1: ranks on three nodes
@@ -1113,7 +1108,7 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # back into `bucket.buffer()` (float32), which the future must hold. Set
 # `answer_4 = fp16_prescaled_hook`. The check cell registers it on 2 real ranks (part 5's
 # `gradient_through_hook`) with local gradients 70000 and 0, then 1 and 3 (it starts 2
-# processes: about 10–45 s on a 2-core laptop, the longer when it is busy).
+# processes).
 
 # %% tags=["exercise"]
 answer_4 = None  # your hook here (define it in this cell, then answer_4 = fp16_prescaled_hook)
