@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write the run-time column of the README's path table from a recorded run.
+"""Write the run times of the README's path table and of each lesson's opening from a recorded run.
 
 Usage (from anywhere)::
 
     python3 ci/path_table.py --record build/full/times.json   # take a full run's times, rewrite
     python3 ci/path_table.py                                  # rewrite from docs/run_times.json
-    python3 ci/path_table.py --check                          # exit 1 if the README is out of date
+    python3 ci/path_table.py --check                          # exit 1 if README or a lesson is out of date
 
 The runner (``ci/run_notebooks.py``) merges each passing notebook's seconds, date and machine
 into ``build/<profile>/times.json`` (``ci.outputs.record_times``). ``--record FILE`` copies such a
@@ -16,8 +16,17 @@ last); this script rewrites only each row's last cell, and the one line under th
 says where and when the times were measured. A lesson without a recorded time reads "not
 measured yet".
 
-Exit codes: 0 written / up to date; 1 ``--check`` found the README out of date; 2 the markers,
-the table or a record is missing or unreadable.
+Each lesson the table names (``notebooks/<stem>.ipynb`` and its jupytext twin ``<stem>.py``)
+holds, in its first (markdown) cell, one line between ``<!-- run-time:start -->`` and
+``<!-- run-time:end -->``; this script writes it in both files, e.g. ``**Run time**
+(measured): 36 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03).
+**Reading time** (estimate: about 3,400 words of prose at 200 words/min): about 17 min.``
+The words are the whitespace-separated tokens holding a letter or digit in the lesson's
+markdown cells (tables and links included, HTML comments and this line left out), rounded to
+the nearest 100; the minutes are that count over 200, at least 1.
+
+Exit codes: 0 written / up to date; 1 ``--check`` found the README or a lesson out of date;
+2 the markers, the table, a lesson or a record is missing or unreadable.
 """
 
 from __future__ import annotations
@@ -28,15 +37,22 @@ import re
 import sys
 from pathlib import Path
 
+import nbformat
+
 from ci import params_table
 
 REPO_ROOT = params_table.REPO_ROOT
 README = REPO_ROOT / "README.md"
+NOTEBOOKS = REPO_ROOT / "notebooks"
 TIMES = REPO_ROOT / "docs" / "run_times.json"
 START = "<!-- path:start -->"
 END = "<!-- path:end -->"
 NOTE = "Run times: "
 STEM = re.compile(r"\(notebooks/([^)/]+)\.ipynb\)")
+NB_START = "<!-- run-time:start -->"
+NB_END = "<!-- run-time:end -->"
+WORDS_PER_MIN = 200
+COMMENT = re.compile(r"<!--.*?-->", re.S)
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -79,6 +95,73 @@ def block(current: str, times: dict) -> str:
     return "\n".join(out) + "\n\n" + note
 
 
+def prose_words(nb) -> int:
+    """Tokens with a letter or digit in ``nb``'s markdown cells, the run-time line and HTML
+    comments left out."""
+    words = 0
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        text = cell.source
+        if NB_START in text and NB_END in text:
+            head, rest = text.split(NB_START, 1)
+            text = head + rest.split(NB_END, 1)[1]
+        words += sum(1 for w in COMMENT.sub(" ", text).split() if re.search(r"\w", w))
+    return words
+
+
+def lesson_line(entry: dict | None, profile: str, words: int) -> str:
+    """The one line a lesson's opening shows: measured run time (``entry`` from the record, or
+    None) and the reading time estimated from ``words`` of prose."""
+    if entry:
+        run = (f"**Run time** (measured): {fmt_seconds(float(entry['seconds']))} in the `{profile}` profile "
+               f"on {entry['machine']} ({entry['date']}).")
+    else:
+        run = "**Run time**: not measured yet."
+    rounded = max(100, round(words / 100) * 100)
+    minutes = max(1, round(rounded / WORDS_PER_MIN))
+    return (f"{run} **Reading time** (estimate: about {rounded:,} words of prose at "
+            f"{WORDS_PER_MIN} words/min): about {minutes} min.")
+
+
+def _replace_marked(text: str, new: str, start: str, end: str, prefix: str = "") -> str:
+    """``text`` with the lines between the lines ``prefix + start`` and ``prefix + end``
+    replaced by ``prefix + new``.
+
+    Raises:
+        ValueError: either marker line is missing or repeated, or the end comes first.
+    """
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == prefix + start]
+    ends = [i for i, line in enumerate(lines) if line.rstrip() == prefix + end]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ValueError(f"needs the lines {prefix + start!r} and {prefix + end!r} once each, in that order")
+    return "\n".join(lines[:starts[0] + 1] + [prefix + new] + lines[ends[0]:])
+
+
+def lesson_texts(stem: str, times: dict, notebooks: Path) -> list[tuple[Path, str, str]]:
+    """``(path, current, wanted)`` for ``<stem>.ipynb`` and its twin ``<stem>.py``: the
+    run-time line of the first cell rewritten from ``times``.
+
+    Raises:
+        ValueError: a file or its markers are missing, or the first cell is not markdown.
+        OSError: a file cannot be read.
+    """
+    ipynb, twin = notebooks / f"{stem}.ipynb", notebooks / f"{stem}.py"
+    current_nb = ipynb.read_text(encoding="utf-8")
+    nb = nbformat.reads(current_nb, as_version=nbformat.NO_CONVERT)
+    if not nb.cells or nb.cells[0].cell_type != "markdown":
+        raise ValueError(f"{ipynb.name}: the first cell must be markdown (it holds the run-time line)")
+    line = lesson_line(times.get("notebooks", {}).get(stem), times.get("profile", "full"), prose_words(nb))
+    try:
+        nb.cells[0].source = _replace_marked(nb.cells[0].source, line, NB_START, NB_END)
+        current_py = twin.read_text(encoding="utf-8")
+        wanted_py = _replace_marked(current_py, line, NB_START, NB_END, prefix="# ")
+    except ValueError as e:
+        raise ValueError(f"{stem}: its first cell {e}") from None
+    return [(ipynb, current_nb, nbformat.writes(nb) + "\n"), (twin, current_py, wanted_py)]
+
+
 def _between(text: str) -> str:
     if text.count(START) != 1 or text.count(END) != 1:
         raise ValueError(f"README.md must contain the lines {START} and {END} exactly once each")
@@ -94,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="full", help="the profile --record's file comes from (default full)")
     parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--times", type=Path, default=TIMES, help=argparse.SUPPRESS)
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.record:
@@ -103,12 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             times = json.loads(args.times.read_text(encoding="utf-8"))
         current = args.readme.read_text(encoding="utf-8")
-        wanted = params_table.render(current, block(_between(current), times), START, END)
+        table = _between(current)
+        wanted = params_table.render(current, block(table, times), START, END)
+        lessons = [t for stem in STEM.findall(table) for t in lesson_texts(stem, times, args.notebooks)]
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return params_table.check_or_write(args.readme, current, wanted, args.check, "the path table",
-                                       ": run python3 ci/path_table.py")
+    how = ": run python3 ci/path_table.py"
+    rcs = [params_table.check_or_write(args.readme, current, wanted, args.check, "the path table", how)]
+    for path, now, new in lessons:
+        if args.check or new != now:  # a lesson already up to date is not listed when writing
+            rcs.append(params_table.check_or_write(path, now, new, args.check, "the run-time line", how))
+    return max(rcs)
 
 
 if __name__ == "__main__":
