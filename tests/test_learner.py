@@ -503,6 +503,7 @@ after
 
 
 def test_readme_path_table_run_times_are_up_to_date(capsys):
+    """The README's path table and every lesson's run-time line match docs/run_times.json."""
     rc = path_table.main(["--check"])
     out = capsys.readouterr()
     assert rc == 0, f"{out.out}{out.err}"
@@ -512,6 +513,30 @@ def test_readme_path_table_lists_every_notebook_in_order():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text.split(path_table.START, 1)[1].split(path_table.END, 1)[0]
     assert path_table.STEM.findall(block) == LEARNER_NOTEBOOKS
+
+
+def write_lesson(folder: Path, stem: str, prose: str) -> None:
+    """A two-cell lesson ``<stem>.ipynb`` and its jupytext twin ``<stem>.py``, written as
+    ``jupytext --sync`` writes them, with a stale run-time line in the first cell."""
+    import jupytext
+
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook(metadata={"jupytext": {"formats": "ipynb,py:percent"},
+                                            "kernelspec": {"display_name": "Python 3", "language": "python",
+                                                           "name": "python3"}})
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {stem}\n\n{path_table.NB_START}\nRun time: typed by hand\n"
+                                              f"{path_table.NB_END}\n\n{prose}"),
+                nbformat.v4.new_code_cell("x = 1")]
+    (folder / f"{stem}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+    jupytext.write(nb, str(folder / f"{stem}.py"), fmt="py:percent")
+
+
+def lesson_line(folder: Path, stem: str, suffix: str) -> str:
+    """The generated line of a lesson file (``.ipynb`` or ``.py``), read back as the learner sees it."""
+    import jupytext
+
+    first = jupytext.read(str(folder / f"{stem}{suffix}")).cells[0].source
+    return first.split(path_table.NB_START + "\n", 1)[1].split("\n" + path_table.NB_END, 1)[0]
 
 
 def test_path_table_writes_the_recorded_times(tmp_path, capsys):
@@ -526,7 +551,9 @@ def test_path_table_writes_the_recorded_times(tmp_path, capsys):
     readme = tmp_path / "README.md"
     times = tmp_path / "run_times.json"
     readme.write_text(PATH_FIXTURE, encoding="utf-8")
-    args = ["--readme", str(readme), "--times", str(times)]
+    for stem in ("00_a", "01_b", "02_c"):
+        write_lesson(tmp_path / "notebooks", stem, "Some prose.")
+    args = ["--readme", str(readme), "--times", str(times), "--notebooks", str(tmp_path / "notebooks")]
     assert path_table.main(["--check", *args, "--times", str(tmp_path / "missing.json")]) == 2
     assert path_table.main(["--record", str(folder / "times.json"), *args]) == 0
     assert readme.read_text(encoding="utf-8") == PATH_EXPECTED
@@ -535,6 +562,60 @@ def test_path_table_writes_the_recorded_times(tmp_path, capsys):
     assert path_table.main(["--check", *args]) == 0
     readme.write_text(PATH_FIXTURE, encoding="utf-8")
     assert path_table.main(["--check", *args]) == 1
+    capsys.readouterr()
+
+
+def test_lesson_run_time_line_follows_the_record(tmp_path, capsys):
+    """Each lesson's opening line (in the .ipynb and its .py twin) is written from the record
+    with the reading estimate from its prose words; ``--check`` fails when either file's line
+    differs from the record, and a lesson without markers is an error (exit 2)."""
+    import jupytext
+
+    folder = tmp_path / "notebooks"
+    write_lesson(folder, "00_a", "word " * 1230)  # and "00_a" ("#" is no word): 1,231 words
+    write_lesson(folder, "01_b", "Short.")
+    write_lesson(folder, "02_c", "Short.")
+    readme = tmp_path / "README.md"
+    readme.write_text(PATH_FIXTURE, encoding="utf-8")
+    times = tmp_path / "run_times.json"
+    record = {"profile": "full", "notebooks": {
+        "00_a": {"seconds": 56.7, "date": "2026-12-01", "machine": "box, 2 cores"},
+        "01_b": {"seconds": 569.6, "date": "2026-12-02", "machine": "box, 2 cores"}}}
+    times.write_text(json.dumps(record), encoding="utf-8")
+    args = ["--readme", str(readme), "--times", str(times), "--notebooks", str(folder)]
+    assert path_table.main(["--check", *args]) == 1  # README and the lessons' typed lines are stale
+    assert path_table.main(args) == 0
+    expected = {
+        "00_a": ("**Run time** (measured): 57 s in the `full` profile on box, 2 cores (2026-12-01). "
+                 "**Reading time** (estimate: about 1,200 words of prose at 200 words/min): about 6 min."),
+        "01_b": ("**Run time** (measured): 9 min in the `full` profile on box, 2 cores (2026-12-02). "
+                 "**Reading time** (estimate: about 100 words of prose at 200 words/min): about 1 min."),
+        "02_c": ("**Run time**: not measured yet. **Reading time** (estimate: about 100 words of prose at "
+                 "200 words/min): about 1 min."),
+    }
+    for stem, line in expected.items():
+        assert lesson_line(folder, stem, ".ipynb") == line
+        assert lesson_line(folder, stem, ".py") == line
+        twin = jupytext.read(str(folder / f"{stem}.py"))
+        nb = nbformat.read(str(folder / f"{stem}.ipynb"), as_version=4)
+        assert [c.source for c in twin.cells] == [c.source for c in nb.cells], "the twin and the notebook differ"
+        assert nb.metadata["jupytext"] == {"formats": "ipynb,py:percent"} and "language_info" not in nb.metadata
+    assert path_table.main(["--check", *args]) == 0
+
+    record["notebooks"]["01_b"]["seconds"] = 12.0  # a new record: both files of 01_b are stale
+    times.write_text(json.dumps(record), encoding="utf-8")
+    capsys.readouterr()
+    assert path_table.main(["--check", *args]) == 1
+    err = capsys.readouterr().err
+    assert "01_b.ipynb: the run-time line is OUT OF DATE" in err and "01_b.py" in err and "00_a" not in err
+    assert path_table.main(args) == 0 and path_table.main(["--check", *args]) == 0
+    assert lesson_line(folder, "01_b", ".py").startswith("**Run time** (measured): 12 s ")
+
+    py = folder / "00_a.py"  # a hand edit of one twin's line is caught too
+    py.write_text(py.read_text(encoding="utf-8").replace("57 s", "5 s"), encoding="utf-8")
+    assert path_table.main(["--check", *args]) == 1
+    py.write_text(py.read_text(encoding="utf-8").replace(f"# {path_table.NB_END}\n", ""), encoding="utf-8")
+    assert path_table.main(["--check", *args]) == 2
     capsys.readouterr()
 
 
