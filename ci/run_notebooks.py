@@ -60,7 +60,8 @@ run, every executed notebook (failed ones too) is rendered to ``<stem>.html`` ne
 
 Run times: after every run, each passing notebook's seconds, the date and this machine are
 merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3
-ci/path_table.py`` copies the full profile's into the README's path table.
+ci/path_table.py`` copies the full profile's into the README's path table and each lesson's
+run-time line.
 
 Exit codes:
     0  every notebook ran without error;

@@ -32,11 +32,12 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
    ``int``). :func:`check_value` raises ``ValueError`` naming the parameter, its value and the
    allowed range. Do not keep ``assert isinstance(...)`` checks on parameters elsewhere.
 
-3. **Times on long cells.** The markdown cell before every code cell that launches workers
-   (``helpers.launch.launch``) or trains says roughly how long it takes, measured, e.g.
-   "(about 6 s on a 2-core laptop)". The per-cell durations of a papermill run are in the
-   executed notebook (``build/<profile>/<stem>.ipynb``, cell metadata
-   ``papermill.duration``).
+3. **No typed times.** The prose never types a run time ("about 6 s") nor the machine's
+   logistics (core counts, CI): it may say *why* a cell is slow (processes start, torch is
+   imported). The one measured time is the line between ``<!-- run-time:start -->`` and
+   ``<!-- run-time:end -->`` in the first cell, written by ``python3 ci/path_table.py`` from
+   docs/run_times.json. The per-cell durations of a papermill run are in the executed
+   notebook (``build/<profile>/<stem>.ipynb``, cell metadata ``papermill.duration``).
 
 4. **Exercises at the end.** After the "What we saw" markdown (which ends with an
    ``## Exercises`` heading and one line on how they work), two or three exercises, each made
