@@ -115,8 +115,16 @@ def _toctree(caption: str, entries: list[str]) -> str:
 
 
 def stage(executed: Path, src: Path, root: Path = ROOT) -> list[str]:
-    """Lay out the Sphinx source in ``src`` (emptied first); returns the lesson stems in order."""
+    """Lay out the Sphinx source in ``src`` (emptied first); returns the lesson stems in order.
+
+    The lessons are the executed notebooks of ``executed`` that ``root/notebooks/`` also holds.
+    """
     lessons = sorted(p for p in executed.glob("*.ipynb") if not p.name.startswith("."))
+    sources = {p.stem for p in (root / "notebooks").glob("*.ipynb")}
+    if sources:  # a notebook left from an older run of a lesson since renamed or removed is no lesson
+        for stale in [p for p in lessons if p.stem not in sources]:
+            print(f"site: {stale.name} left out: no notebooks/{stale.name} (a notebook from an older run?)")
+        lessons = [p for p in lessons if p.stem in sources]
     if not lessons:
         raise SiteError(f"no executed notebooks (*.ipynb) in {executed}: run "
                         "`python3 ci/run_notebooks.py --profile full` first")

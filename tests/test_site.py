@@ -92,6 +92,8 @@ def course(tmp_path_factory) -> dict:
                                        cwd=str(root / "notebooks"), progress_bar=False, kernel_name="python3")
         except papermill.PapermillExecutionError:
             assert name == "02_two"
+    # a notebook an older run left (a lesson since renamed) is not a lesson: no source in notebooks/
+    shutil.copyfile(executed / "01_one.ipynb", executed / "01_old_name.ipynb")
     index = site.build_site(executed, root=root)
     return {"root": root, "executed": executed, "site": index.parent}
 
@@ -111,6 +113,7 @@ def test_site_pages_from_the_stored_outputs(course):
     assert "parameters" in tags and "injected-parameters" not in tags
     assert site.count_figures(download) == 1
     assert "_sources/notebooks/01_one.ipynb" in one  # the page's download button
+    assert not (out / "notebooks" / "01_old_name.html").exists()
     nav = (out / "index.html").read_text(encoding="utf-8")
     assert nav.index("notebooks/01_one.html") < nav.index("notebooks/02_two.html") < nav.index("docs/GLOSSARY.html")
 
