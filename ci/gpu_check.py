@@ -134,7 +134,7 @@ def check_warm_ranks() -> str:
 
 def check_notebooks(out_dir: Path, budget_s: float) -> str:
     cmd = [sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "--profile", "gpu",
-           "--output-dir", str(out_dir / "notebooks"), "--no-gallery", *GPU_NOTEBOOKS]
+           "--output-dir", str(out_dir / "notebooks"), *GPU_NOTEBOOKS]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=budget_s)

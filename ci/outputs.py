@@ -3,10 +3,10 @@
 Two runners writing into one folder would corrupt each other's results: papermill rewrites the
 executed notebook in place after cells (``open(path, "w")``, neither papermill nor nbformat
 writes atomically or locks), so two runs of one notebook interleave their writes, and a reader
-(the gallery, a person, CI's artifact upload) can catch a notebook half written. So:
+(the course site's build, a person, CI's artifact upload) can catch a notebook half written. So:
 
 - :func:`output_lock` holds an exclusive ``fcntl.flock`` on ``OUTPUT_DIR/.run_notebooks.lock``
-  for the whole run (notebooks and gallery). A second runner on the same folder fails at once,
+  for the whole run. A second runner on the same folder fails at once,
   before it starts any kernel, with :class:`OutputDirBusy` naming the folder, the pid and
   command line holding it, and what to do. The kernel releases a ``flock`` when its holder
   exits, however it exits (SIGKILL too), so a dead runner never leaves a stale lock; the file

@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python ci/run_notebooks.py [--profile smoke|full|gpu] [--output-dir build]
                                [--cell-timeout SECONDS] [-p NAME=VALUE ...]
                                [--fail-fast] [--notebooks-dir DIR] [--profiles FILE]
-                               [--list] [--gallery | --no-gallery] [NOTEBOOK ...]
+                               [--list] [NOTEBOOK ...]
 
 ``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``) or a path to
 an ``.ipynb`` file; without any, every ``notebooks/*.ipynb`` runs, sorted by name. Each
@@ -54,9 +54,9 @@ naming the folder and the pid holding it (wait, or pass another ``--output-dir``
 notebooks are written to a hidden ``.<stem>.<pid>.partial.ipynb`` file and moved into place when
 the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``).
 
-Gallery (``--gallery``, on by default for the ``full`` profile; ``--no-gallery``): after the
-run, every executed notebook (failed ones too) is rendered to ``<stem>.html`` next to it and
-``<output-dir>/<profile>/index.html`` lists them with status and seconds (``ci/gallery.py``).
+The course site is built from a run's executed notebooks by its own command, after the run:
+``python3 -m ci.site build/full`` writes ``build/site/`` (``ci/site.py``; a failed notebook's
+page says it failed), and ``python3 -m ci.site --check build/site`` clicks through it in a browser.
 
 Run times: after every run, each passing notebook's seconds, the date and this machine are
 merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3
@@ -96,7 +96,6 @@ try:
         format_table,
         run_notebooks,
     )
-    from ci.gallery import write_gallery
     from ci.outputs import OutputDirBusy, output_lock, record_times
     from ci.planning import (
         DEFAULT_NOTEBOOKS_DIR,
@@ -169,10 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"profiles file (default {DEFAULT_PROFILES_FILE})")
     parser.add_argument("--list", action="store_true",
                         help="list the selected notebooks with their final parameters, run nothing")
-    parser.add_argument("--gallery", action=argparse.BooleanOptionalAction, default=None,
-                        help="render the executed notebooks to HTML with an index.html in "
-                        "OUTPUT_DIR/<profile>/ (ci/gallery.py); default: on for the full "
-                        "profile, off otherwise")
     return parser
 
 
@@ -202,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with output_lock(plan.output_dir), _sigterm_as_interrupt():  # one runner per folder
-            rows, gallery_failed = _execute_and_render(plan, args, progress)
+            rows = _execute_and_report(plan, args, progress)
     except OutputDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -221,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    executed notebook: {r['output']}")
         sys.stdout.flush()
         return EXIT_FAILED
-    return EXIT_FAILED if gallery_failed else EXIT_OK
+    return EXIT_OK
 
 
 class _Terminated(KeyboardInterrupt):
@@ -247,8 +242,8 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _execute_and_render(plan, args, progress) -> tuple[list[dict], bool]:
-    """Run the plan, print the table, render the gallery if asked: ``(rows, gallery failed)``."""
+def _execute_and_report(plan, args, progress) -> list[dict]:
+    """Run the plan, print the table and record the passing notebooks' times: the rows."""
     rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
     print()
     print(format_table(rows))
@@ -256,14 +251,7 @@ def _execute_and_render(plan, args, progress) -> tuple[list[dict], bool]:
         print(f"\nrun times: {record_times(rows, plan.output_dir / plan.profile)}")
     except OSError as e:
         print(f"\nwarning: the run times could not be recorded: {e}", file=sys.stderr)
-    if args.gallery if args.gallery is not None else plan.profile in ("full", "gpu"):
-        try:
-            index = write_gallery(rows, plan.output_dir / plan.profile, profile=plan.profile)
-            print(f"\ngallery: {index}")
-        except Exception as e:  # noqa: BLE001 - report, then fail the run
-            print(f"\nerror: the gallery could not be written: {type(e).__name__}: {e}", file=sys.stderr)
-            return rows, True
-    return rows, False
+    return rows
 
 
 if __name__ == "__main__":
