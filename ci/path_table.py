@@ -168,6 +168,15 @@ def _between(text: str) -> str:
     return text.split(START, 1)[1].split(END, 1)[0]
 
 
+def lessons(readme: Path = README) -> list[str]:
+    """The course's lessons, in path order: the stems the README's path table links to.
+
+    Raises:
+        ValueError: the README has no path table markers.
+    """
+    return STEM.findall(_between(readme.read_text(encoding="utf-8")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()

@@ -1,26 +1,38 @@
 #!/usr/bin/env python3
-"""Student copies of the notebooks for a workshop: the solution cells removed, outputs cleared.
+"""The handout for a workshop: the course's lessons without their solutions, ready to open.
 
 Usage (from the repository root)::
 
-    python3 -m ci.student_copies                       # every notebook -> build/student/*.ipynb
+    python3 -m ci.student_copies                       # every lesson -> student/ (git-ignored)
     python3 -m ci.student_copies 04 06 --output-dir /tmp/workshop
 
-Each ``notebooks/NN_*.ipynb`` is written to ``<output-dir>/NN_*.ipynb`` by nbconvert's
-``NotebookExporter`` with two of nbconvert's own preprocessors: ``TagRemovePreprocessor``
-drops every cell tagged ``solution`` and ``ClearOutputPreprocessor`` clears outputs and
-execution counts. Exercise cells (tag ``exercise``) and the cells that check an answer (tag
-``check``) stay, so a learner fills in the exercise and runs its check. Notebook names are
-those of ``ci/run_notebooks.py`` (stem, number prefix or path).
+The lessons are the README's path table (``ci.path_table.lessons``), in path order: a scratch
+notebook in ``notebooks/`` is never copied. Each lesson is written to
+``<output-dir>/notebooks/<stem>.ipynb`` by nbconvert's ``NotebookExporter`` with two of
+nbconvert's own preprocessors: ``TagRemovePreprocessor`` drops every cell tagged ``solution``
+and ``ClearOutputPreprocessor`` clears outputs and execution counts. Exercise cells (tag
+``exercise``) and the cells that check an answer (tag ``check``) stay.
 
-Exit codes: 0 written; 2 an unknown notebook (nothing written).
+Next to them go what the lessons need to run and to link to, so the folder is the course
+without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...), the
+``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
+``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and ``HANDOUT.md`` (how to
+install and open it). The whole folder is also zipped, as ``<output-dir>/ddp-lab-student.zip``
+(one top folder, ``ddp-lab-student/``), for students to download and open directly. The default
+``student/`` sits inside the repository root, which the README's ``jupyter lab`` serves, so an
+instructor opens the copies there and their links work.
+
+Exit codes: 0 written; 2 an unknown notebook or one that is not a lesson (nothing written).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
+import zipfile
 from pathlib import Path
 from typing import Iterable
 
@@ -29,10 +41,40 @@ from nbconvert.exporters import NotebookExporter
 from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 from traitlets.config import Config
 
+from ci import path_table
 from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
 
 SOLUTION_TAG = "solution"
-DEFAULT_OUTPUT_DIR = REPO_ROOT / "build" / "student"
+DEFAULT_OUTPUT_DIR = REPO_ROOT / "student"
+ARCHIVE_NAME = "ddp-lab-student"
+#: What the lessons need besides themselves (relative to the repository root): the packages
+#: they import, MNIST, the install and the JupyterLab config.
+SUPPORT = ("helpers", "ci", "data", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
+#: Never copied: caches, MNIST decompressed at run time, temporary files.
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*-ubyte", "*.tmp*", ".ipynb_checkpoints")
+#: A lesson's link to a repository file outside notebooks/: ``](../docs/GLOSSARY.md#rank)``.
+LINK = re.compile(r"\]\(\.\./([^)#\s]+)")
+
+HANDOUT = """# ddp-lab: the course, without the solutions
+
+This folder holds the lessons (`notebooks/`, in the order below), the glossary (`docs/`), the
+helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is downloaded). From this
+folder:
+
+```bash
+python3 -m pip install -r requirements.txt      # once; a venv first on Debian/Ubuntu/Homebrew Python
+python3 -m helpers.doctor                       # every line must say ok
+python3 -m jupyter lab --config=jupyter_lab_config.json {first}
+```
+
+Lessons, in order:
+
+{lessons}
+
+Each lesson ends with exercises: write your answer in place of `None` and run the check cell
+after it. The notebooks find MNIST in `data/` next to `helpers/` by themselves; keep this
+folder's layout as it is.
+"""
 
 
 def student_exporter() -> NotebookExporter:
@@ -45,32 +87,76 @@ def student_exporter() -> NotebookExporter:
     return exporter
 
 
-def write_student_copies(names: Iterable[str] | None = None, output_dir: str | os.PathLike = DEFAULT_OUTPUT_DIR,
-                         *, notebooks_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write one student copy per notebook into ``output_dir``; returns the paths written.
+def _chosen(names: Iterable[str] | None, lessons: list[str], notebooks_dir) -> list[Path]:
+    """The lessons to copy: all of ``lessons`` (stems, path order), or those ``names`` picks.
 
-    Raises :class:`ci.planning.ConfigError` for an unknown notebook name or an output folder that
-    cannot be one (before writing)."""
-    paths = resolve_notebooks(names, notebooks_dir)
+    Raises:
+        ConfigError: a name matches no notebook, or a notebook that is not a lesson.
+    """
+    names = list(names or [])
+    paths = resolve_notebooks(names or lessons, notebooks_dir)
+    strays = [p.stem for p in paths if p.stem not in lessons]
+    if strays:
+        raise ConfigError(f"not a lesson of the course (the README's path table): {', '.join(strays)}; "
+                          f"the lessons: {', '.join(lessons)}")
+    return paths
+
+
+def write_student_copies(names: Iterable[str] | None = None, output_dir: str | os.PathLike = DEFAULT_OUTPUT_DIR,
+                         *, notebooks_dir: str | os.PathLike | None = None, lessons: list[str] | None = None,
+                         repo_root: str | os.PathLike = REPO_ROOT) -> list[Path]:
+    """Write the handout into ``output_dir`` (see the module docstring); returns the lessons
+    written (``<output_dir>/notebooks/<stem>.ipynb``), in path order.
+
+    ``lessons``: the course's stems, default the README's path table. Raises
+    :class:`ci.planning.ConfigError` for an unknown notebook, one that is not a lesson, or an
+    output folder that cannot be one (before writing)."""
+    lessons = list(lessons) if lessons is not None else path_table.lessons()
+    paths = _chosen(names, lessons, notebooks_dir)
+    paths.sort(key=lambda p: lessons.index(p.stem))
     out = check_output_dir(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    root = Path(repo_root)
+    nb_out = out / "notebooks"
+    if nb_out.exists():  # a lesson dropped from the course must not stay in the handout
+        shutil.rmtree(nb_out)
+    nb_out.mkdir(parents=True)
     exporter = student_exporter()
-    written = []
+    written, linked = [], set()
     for path in paths:
         body, _ = exporter.from_filename(str(path))
         nbformat.validate(nbformat.reads(body, as_version=4))
-        target = out / path.name
+        target = nb_out / path.name
         target.write_text(body, encoding="utf-8")
         written.append(target)
+        linked.update(LINK.findall(body))
+    for rel in sorted(linked):  # the docs the lessons link to, so the links work in the copies
+        if (root / rel).is_file():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, out / rel)
+    for rel in SUPPORT:
+        src = root / rel
+        if src.is_dir():
+            shutil.copytree(src, out / rel, ignore=IGNORE, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copyfile(src, out / rel)
+    listing = "\n".join(f"{i}. `notebooks/{p.name}`" for i, p in enumerate(written, 1))
+    (out / "HANDOUT.md").write_text(HANDOUT.format(first=f"notebooks/{written[0].name}", lessons=listing),
+                                    encoding="utf-8")
+    archive = out / f"{ARCHIVE_NAME}.zip"
+    archive.unlink(missing_ok=True)
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(out.rglob("*")):
+            if f.is_file() and f != archive:
+                z.write(f, f"{ARCHIVE_NAME}/{f.relative_to(out).as_posix()}")
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ci.student_copies",
-                                     description="Write the notebooks without their solution cells, outputs "
-                                     "cleared, for a workshop.")
+                                     description="Write the handout: the course's lessons without their "
+                                     "solution cells, outputs cleared, with what they need to run.")
     parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                        help="stem, number prefix (01) or path; default: all notebooks/*.ipynb")
+                        help="stem, number prefix (01) or path; default: every lesson of the README's path table")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     args = parser.parse_args(argv)
     try:
@@ -80,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in written:
         print(path)
+    print(Path(args.output_dir) / f"{ARCHIVE_NAME}.zip")
     return 0
 
 

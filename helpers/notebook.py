@@ -90,6 +90,8 @@ __all__ = [
     "check_parameters",
     "check_value",
     "check_answer",
+    "crash_report",
+    "assert_close_once",
     "exercise_cells",
 ]
 
@@ -353,6 +355,18 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, wher
     return None if answer == expected else f"{answer!r}{at} is not it"
 
 
+def crash_report(key: str, error: BaseException, max_lines: int = 8) -> str:
+    """What a check cell prints when the learner's code raised ``error``: that it crashed, the
+    error (for a rank's failure, :class:`helpers.launch.WorkerError`'s few lines: the rank, its
+    error and the learner's own frames), and what to do. At most ``max_lines`` lines of the error."""
+    text = str(error).strip()
+    lines = text.splitlines() or [""]
+    first = lines[0] if lines[0].startswith("rank ") else f"{type(error).__name__}: {lines[0]}".rstrip(": ")
+    rest = lines[1:max_lines]
+    return "\n".join([f"{key}: your code crashed (not a wrong value): {first}", *("  " + ln for ln in rest),
+                      f"{key}: fix the error above, then run this cell again."])
+
+
 def check_answer(
     key: str,
     answer: Any,
@@ -381,7 +395,9 @@ def check_answer(
     Exercises whose answer is code: ``answer`` is the learner's function and ``run`` a function
     that turns it into the value to compare, e.g. ``run=lambda fn: launch(fn, 3, data)`` to run
     it on real ranks. ``run`` is not called while ``answer`` is None; in the learner's check an
-    exception it raises is printed as "not yet" (with strict=True it propagates).
+    exception it raises is printed as a crash, ``"ex4: your code crashed: rank 1 failed with
+    ZeroDivisionError: ..."`` and its first lines (the rank's own frames), without ``hint``
+    (which is about wrong values); with strict=True it propagates.
     """
     if run is not None and answer is not None:
         try:
@@ -389,8 +405,7 @@ def check_answer(
         except Exception as e:  # the learner's code failed: say so, do not raise
             if strict:
                 raise
-            print(f"{key}: not yet: your code raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                  + (f" Hint: {hint}" if hint else ""))
+            print(crash_report(key, e))
             return
     if strict:
         if answer is None:
@@ -414,6 +429,34 @@ def check_answer(
         print(f"{key}: correct")
     else:
         print(f"{key}: not yet: {reason}." + (f" Hint: {hint}" if hint else ""))
+
+
+def assert_close_once(actual: Any, expected: Any, *, what: str, rerun_from: str, **tolerances: Any) -> None:
+    """``torch.testing.assert_close(actual, expected, **tolerances)`` for a value that a cell
+    run twice accumulates (a gradient: ``backward`` adds into ``.grad``). When ``actual`` is k
+    times ``expected`` (k = 2, 3, ...), the ``AssertionError`` says so: ``what`` is k times the
+    expected value, the accumulating cell ran k times, re-run from ``rerun_from`` (the cell that
+    recreates or zeroes it, named so a learner finds it). Otherwise it is assert_close's error.
+
+    Raises:
+        AssertionError: the values differ.
+    """
+    import torch
+    from torch.testing import assert_close
+
+    try:
+        assert_close(actual, expected, **tolerances)
+        return
+    except AssertionError as e:
+        a, x = torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64)
+        scale = float((a * x).sum() / (x * x).sum()) if a.shape == x.shape and float((x * x).sum()) > 0 else 0.0
+        k = round(scale)
+        if k >= 2 and torch.allclose(a, k * x, rtol=1e-4, atol=1e-6):
+            raise AssertionError(
+                f"{what} is {k} times the expected value: gradients accumulate (backward adds into .grad), so the "
+                f"cell with the backward ran {k} times on the same model. Re-run from {rerun_from}, then the cells "
+                f"after it in order.") from None
+        raise e
 
 
 # --------------------------------------------------------------------------------------------

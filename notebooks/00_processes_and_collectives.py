@@ -62,7 +62,7 @@ timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
-from helpers.notebook import check_answer, check_parameters, check_value
+from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), timeout=(timeout, float))
 check_value("world_size", world_size, world_size == 2, "2 (every value this notebook asserts is worked out for two ranks, as the reports it reproduces were)")
@@ -490,7 +490,8 @@ for r in range(world_size):
     local_grads.append(plain.weight.grad)
 mean_grad = sum(local_grads) / world_size
 assert torch.equal(grads[0], grads[1]), "DDP leaves the same gradient on every rank"
-assert_close(grads[0], mean_grad)
+assert_close_once(grads[0], mean_grad, what="rank 0's weight.grad",
+                  rerun_from="the first %%px cell of section 4 (`model = torch.nn.Linear(5, 5)`)")
 assert not torch.allclose(local_grads[0], local_grads[1]), "the local gradients differ (different data)"
 print("max |DDP grad - mean of local grads|:", (grads[0] - mean_grad).abs().max().item())
 

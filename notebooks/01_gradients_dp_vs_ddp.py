@@ -820,15 +820,10 @@ answer_4 = None  # your fixed worker function (def my_worker ...; answer_4 = my_
 # %% tags=["check"]
 # expected on every rank: one process's mean-loss step on the whole global batch (section 4)
 expected_4 = [[single["mean"]["grad"], single["mean"]["w"]]] * world_size
-if answer_4 is None:
-    check_answer("ex4", answer_4, expected_4)
-else:
-    try:
-        ran_4 = [[res["grad"], res["w"]] for res in launch(answer_4, world_size, SCALAR_X, LR)]
-    except Exception as e:  # noqa: BLE001 - the learner's worker failed on some rank: say so, do not stop the notebook
-        ran_4 = f"your worker failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    check_answer("ex4", ran_4, expected_4,
-                 hint="the mean loss on equal shards is already right after DDP's average: what undoes it?")
+# runs your worker on world_size real ranks; a crash is reported as one, with the rank's error
+check_answer("ex4", answer_4, expected_4,
+             run=lambda fn: [[res["grad"], res["w"]] for res in launch(fn, world_size, SCALAR_X, LR)],
+             hint="the mean loss on equal shards is already right after DDP's average: what undoes it?")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 4 (try the exercise first)

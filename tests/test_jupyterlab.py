@@ -19,10 +19,19 @@ match), so this is the one run of notebook 01 with another seed: no other run in
 tests with seed 0, the main job's full profile with 4 ranks) executes the notebook with the
 same parameters, which the test checks.
 
-Isolation: JupyterLab serves a temporary copy of ``notebooks/`` (the notebook in git is never
-touched, whatever JupyterLab autosaves; the test checks its bytes did not change) with
-temporary settings, workspaces, runtime and config folders, on 127.0.0.1, a free port and a
-random token.
+Started as the README starts it: ``jupyter lab --config=jupyter_lab_config.json
+notebooks/<lesson>`` from the course's root, so the root JupyterLab serves holds ``notebooks/``
+and ``docs/``. Before running notebook 01 the test waits until JupyterLab has copied the
+kernel's ``language_info`` into the notebook, saves it (File > Save's command) and checks the
+``.ipynb`` and its ``.py`` twin are byte-identical to what was there before (the repository's
+``helpers.jupyter_hooks.pre_save``, loaded by that config: opening a lesson leaves
+``git status`` clean). After the run it clicks a glossary link (``../docs/GLOSSARY.md#...``) in
+the notebook's first cell and checks the glossary opens (no 404 in the server's log).
+
+Isolation: JupyterLab serves a temporary copy of ``notebooks/`` and ``docs/`` (the notebook in
+git is never touched, whatever JupyterLab autosaves; the test checks its bytes did not change)
+with temporary settings, workspaces, runtime and config folders, on 127.0.0.1, a free port and
+a random token.
 
 Needs Chromium (Debian: ``apt-get install -y chromium``; ``.ci/run`` installs it) and the
 ``playwright`` Python package (requirements.txt), which drives that Chromium; Playwright's own
@@ -57,7 +66,11 @@ from helpers.procs import free_port, is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
+#: The config the README's ``jupyter lab`` command loads (root and pre-save hook).
+LAB_CONFIG = ROOT / "jupyter_lab_config.json"
 NB_NAME = "01_gradients_dp_vs_ddp.ipynb"
+NB_PATH = f"notebooks/{NB_NAME}"  # relative to the served root
+GLOSSARY_PATH = "docs/GLOSSARY.md"
 #: Injected into the temporary copy; must differ from the notebook's smoke and full parameters.
 BROWSER_PARAMETERS = {"seed": 1}
 BUILD_DIR = ROOT / "build"
@@ -134,6 +147,12 @@ JS_KERNEL_STATUS = """(name) => {
   if (!w || !w.context || !w.context.path.endsWith(name)) return null;
   const s = w.sessionContext && w.sessionContext.session;
   return s && s.kernel ? s.kernel.status : null;
+}"""
+
+JS_LANGUAGE_VERSION = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const info = w && w.context && w.context.model && w.context.model.getMetadata('language_info');
+  return info && info.version ? info.version : null;
 }"""
 
 JS_NOTEBOOK_STATE = """() => {
@@ -234,6 +253,12 @@ def inject_browser_parameters(path: Path) -> dict:
     twin = path.with_suffix(".py")
     if twin.exists():
         jupytext.write(nb, str(twin), fmt="py:percent")
+        # and the .ipynb in the form jupytext reads the pair (the twin's inputs, the .ipynb's
+        # metadata and outputs), so that a save in JupyterLab may not change a byte of either
+        from jupytext.combine import combine_inputs_with_outputs
+
+        nb = combine_inputs_with_outputs(jupytext.read(str(twin)), nbformat.read(str(path), as_version=4))
+        nbformat.write(nb, str(path))
     return values
 
 
@@ -266,14 +291,22 @@ def _http(url: str, method: str = "GET", timeout: float = 5.0) -> int:
         return resp.status
 
 
+def _diff(before: bytes, after: bytes) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff(before.decode().splitlines(True), after.decode().splitlines(True),
+                                        "before", "after saved", n=1))[:3000]
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class LabServer:
     def __init__(self, tmp: Path):
-        self.root = tmp / "notebooks"
-        shutil.copytree(NOTEBOOKS_DIR, self.root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        self.root = tmp / "course"  # as the repository root: notebooks/ and docs/
+        for folder in ("notebooks", "docs"):
+            shutil.copytree(ROOT / folder, self.root / folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.log_path = tmp / "jupyterlab.log"
@@ -305,7 +338,7 @@ class LabServer:
             sys.executable, "-m", "jupyterlab",
             "--no-browser", "--ip=127.0.0.1", f"--port={self.port}", "--port-retries=0",
             f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.root}",
+            f"--config={LAB_CONFIG}",  # as the README: the root is the folder it starts in
             "--LabApp.expose_app_in_browser=True",
             "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -313,6 +346,7 @@ class LabServer:
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI and these machines run as root
             cmd.append("--allow-root")
+        cmd.append(NB_PATH)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=str(self.root), start_new_session=True)
@@ -468,7 +502,9 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     server = LabServer(tmp_path)
-    inject_browser_parameters(server.root / NB_NAME)
+    copy = server.root / NB_PATH
+    inject_browser_parameters(copy)
+    opened = {p: p.read_bytes() for p in (copy, copy.with_suffix(".py"))}
     n_seen = 0
     try:
         server.start()
@@ -480,10 +516,21 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 page.set_default_timeout(120_000)
                 console_errors: list[str] = []
                 page.on("pageerror", lambda exc: console_errors.append(str(exc)))
-                page.goto(f"{server.base}/lab/tree/{NB_NAME}?reset&token={server.token}")
+                page.goto(f"{server.base}/lab/tree/{NB_PATH}?reset&token={server.token}")
                 _wait_kernel(page, NB_NAME, "idle")
                 timings["notebook open, kernel idle"] = time.monotonic() - t0
                 server.remember()
+
+                # opened and saved, the lesson is byte-identical: JupyterLab's kernel
+                # language_info (with this machine's Python version) does not reach the file
+                page.wait_for_function(JS_LANGUAGE_VERSION, timeout=60_000)
+                mtime = copy.stat().st_mtime_ns
+                page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
+                assert copy.stat().st_mtime_ns != mtime, "File > Save did not write the notebook"
+                for path, before in opened.items():
+                    after = path.read_bytes()
+                    assert after == before, (f"saving {path.name} in JupyterLab changed it:\n"
+                                             + _diff(before, after))
 
                 _run_all_cells_via_menu(page)
                 t_run = time.monotonic()
@@ -521,6 +568,17 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 page.wait_for_timeout(300)
                 page.screenshot(path=str(SCREENSHOT))
                 assert not console_errors, f"uncaught errors in the page: {console_errors}"
+
+                # a glossary link in the lesson's first cell opens the glossary
+                link = panel.locator('.jp-RenderedMarkdown a[href*="GLOSSARY.md"]').first
+                link.click()
+                page.wait_for_function(
+                    "(p) => { const w = window.jupyterapp.shell.currentWidget;"
+                    " return !!(w && w.context && w.context.path === p); }", arg=GLOSSARY_PATH, timeout=30_000)
+                glossary = _current_panel(page)
+                glossary.get_by_text("Glossary", exact=False).first.wait_for(timeout=30_000)
+                assert "/docs/GLOSSARY.md" not in "".join(
+                    ln for ln in server.log_tail(200_000).splitlines() if " 404 " in ln), server.log_tail()
 
                 # self-check: the same detectors do catch an error (a throwaway notebook that raises)
                 _make_probe_notebook(server.root / PROBE_NAME)

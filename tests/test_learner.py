@@ -400,13 +400,47 @@ def test_check_answer_runs_code_answers(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ex4: not answered yet") and lines[1] == "ex4: correct", lines
     assert lines[2].startswith("ex4: not yet:"), lines
-    assert lines[3].startswith("ex4: not yet: your code raised ZeroDivisionError"), lines
-    assert lines[3].endswith("Hint: multiply"), lines
+    assert lines[3] == "ex4: your code crashed (not a wrong value): ZeroDivisionError: division by zero", lines
+    assert lines[4] == "ex4: fix the error above, then run this cell again.", lines
+    assert "Hint" not in "\n".join(lines[3:]), "the hint is about wrong values, not crashes"
     hn.check_answer("ex4", lambda x: x ** 2, [1, 4, 9], run=square, strict=True)
     with pytest.raises(AssertionError, match="ex4"):
         hn.check_answer("ex4", lambda x: x, [1, 4, 9], run=square, strict=True)
     with pytest.raises(ZeroDivisionError):
         hn.check_answer("ex4", lambda x: 1 / 0, [1, 4, 9], run=square, strict=True)
+
+
+def _crashing_worker(rank, world_size):
+    return [1.0, 2.0] if rank == 0 else 1 / 0
+
+
+def test_check_answer_reports_a_crashed_worker_as_a_crash(capsys):
+    """A learner's worker that raises on one rank (real ranks, helpers.launch): the check says
+    it crashed, with the rank and its error and the worker's own line, not "expected a list"."""
+    from helpers.launch import launch
+
+    hn.check_answer("ex4", _crashing_worker, [[1.0, 2.0]] * 2, run=lambda fn: launch(fn, 2, timeout=120),
+                    hint="about wrong values")
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("ex4: your code crashed (not a wrong value): rank 1 failed with ZeroDivisionError"), out
+    assert "1 / 0" in out and out.rstrip().endswith("then run this cell again."), out
+    assert "expected a list" not in out and "Hint" not in out, out
+
+
+def test_assert_close_once_names_a_cell_run_twice():
+    """notebook 00's backward cell run again doubles .grad: the check says so and names the cell."""
+    import torch
+
+    g = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
+    hn.assert_close_once(g.clone(), g, what="weight.grad", rerun_from="cell X")
+    with pytest.raises(AssertionError) as info:
+        hn.assert_close_once(2 * g, g, what="rank 0's weight.grad", rerun_from="the cell `model = ...`")
+    msg = str(info.value)
+    assert msg.startswith("rank 0's weight.grad is 2 times the expected value: gradients accumulate"), msg
+    assert "ran 2 times" in msg and "Re-run from the cell `model = ...`" in msg, msg
+    with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+        hn.assert_close_once(g + 1, g, what="weight.grad", rerun_from="cell X")  # another mistake: torch's message
 
 
 def test_exercise_cells():

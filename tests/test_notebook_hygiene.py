@@ -146,3 +146,31 @@ def test_jupytext_twin_in_sync(path):
 def test_every_twin_has_a_notebook():
     orphans = [p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.py") if not p.with_suffix(".ipynb").exists()]
     assert not orphans, f"jupytext twins without a notebook: {orphans}; run `jupytext --sync` on them"
+
+
+def test_committed_language_info_is_ipykernels_without_its_version():
+    """What JupyterLab copies from the kernel into a notebook it opens, less the machine's Python
+    version (helpers.jupyter_hooks.pre_save drops it on every save)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    from helpers.jupyter_hooks import LANGUAGE_INFO
+
+    assert {k: v for k, v in IPythonKernel.language_info.items() if k != "version"} == LANGUAGE_INFO
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_save_from_jupyterlab_writes_the_committed_bytes(path):
+    """Opening a lesson in JupyterLab and saving it leaves ``git status`` clean: the committed
+    metadata is what a save writes (language_info as the kernel reports it, less ``version``)
+    and the file is in nbformat's own form, which the Jupyter server writes."""
+    from helpers.jupyter_hooks import LANGUAGE_INFO, committed_form
+
+    raw = path.read_text(encoding="utf-8")
+    nb = read(path)
+    assert nb.metadata.get("language_info") == LANGUAGE_INFO, (
+        f"{path.name}: metadata.language_info is {nb.metadata.get('language_info')!r}; JupyterLab would "
+        f"rewrite it on opening: commit helpers.jupyter_hooks.LANGUAGE_INFO")
+    assert committed_form(nb.metadata) == nb.metadata
+    written = nbformat.writes(nb, version=nbformat.NO_CONVERT)
+    assert raw == written + ("" if written.endswith("\n") else "\n"), (
+        f"{path.name}: not in nbformat's form (a Jupyter save would rewrite it): run jupytext --sync on its twin")

@@ -1,15 +1,19 @@
-"""ci/student_copies.py: workshop copies without solution cells (nbconvert's preprocessors)."""
+"""ci/student_copies.py: the workshop handout, the lessons without solution cells (nbconvert's
+preprocessors), with the glossary, helpers and data they need, as a folder and a zip."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from ci import student_copies
+from ci import path_table, student_copies
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = path_table.lessons()
+NOTEBOOKS = [ROOT / "notebooks" / f"{stem}.ipynb" for stem in LESSONS]
 
 
 def tagged(nb, tag: str) -> list[str]:
@@ -17,14 +21,60 @@ def tagged(nb, tag: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def copies(tmp_path_factory) -> dict[str, Path]:
+def handout(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("student")
     assert student_copies.main(["--output-dir", str(out)]) == 0
-    return {p.stem: p for p in out.glob("*.ipynb")}
+    return out
 
 
-def test_one_copy_per_notebook(copies):
-    assert sorted(copies) == [p.stem for p in NOTEBOOKS]
+@pytest.fixture(scope="module")
+def copies(handout) -> dict[str, Path]:
+    return {p.stem: p for p in (handout / "notebooks").glob("*.ipynb")}
+
+
+def test_one_copy_per_lesson(copies):
+    assert LESSONS and all(p.is_file() for p in NOTEBOOKS), LESSONS
+    assert sorted(copies) == sorted(LESSONS)
+
+
+def test_default_folder_is_served_and_ignored():
+    """Inside the repository root (what the README's jupyter lab serves), never committed."""
+    assert student_copies.DEFAULT_OUTPUT_DIR == ROOT / "student"
+    assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_a_scratch_notebook_is_not_a_lesson(tmp_path, capsys):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    for stem in ("01_t", "zz_scratch"):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t")])
+        nbformat.write(nb, str(nbs / f"{stem}.ipynb"))
+    written = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=nbs, lessons=["01_t"])
+    assert [p.name for p in written] == ["01_t.ipynb"]
+    assert sorted(p.name for p in (tmp_path / "out" / "notebooks").iterdir()) == ["01_t.ipynb"]
+    with pytest.raises(student_copies.ConfigError, match="not a lesson"):
+        student_copies.write_student_copies(["zz_scratch"], tmp_path / "out2", notebooks_dir=nbs, lessons=["01_t"])
+
+
+def test_handout_opens_on_its_own(handout, copies):
+    """The links of the copies resolve inside the handout, it has what the lessons import and
+    MNIST, says how to start, and the zip holds the same files, none a solution."""
+    for path in copies.values():
+        for rel in student_copies.LINK.findall(path.read_text(encoding="utf-8")):
+            assert (handout / rel).is_file(), f"{path.name} links to ../{rel}, missing from the handout"
+    assert (handout / "docs" / "GLOSSARY.md").is_file()
+    for rel in ("helpers/notebook.py", "helpers/data.py", "requirements.txt", "jupyter_lab_config.json"):
+        assert (handout / rel).is_file(), rel
+    assert sorted(p.name for p in (handout / "data" / "MNIST" / "raw").iterdir()) == sorted(
+        p.name for p in (ROOT / "data" / "MNIST" / "raw").glob("*.gz"))
+    text = (handout / "HANDOUT.md").read_text()
+    assert f"notebooks/{LESSONS[0]}.ipynb" in text and "python3 -m helpers.doctor" in text and "data/" in text
+    with zipfile.ZipFile(handout / f"{student_copies.ARCHIVE_NAME}.zip") as z:
+        names = set(z.namelist())
+    on_disk = {f"{student_copies.ARCHIVE_NAME}/{f.relative_to(handout).as_posix()}" for f in handout.rglob("*")
+               if f.is_file() and f.suffix != ".zip"}
+    assert names == on_disk
+    assert not [n for n in names if "__pycache__" in n or n.endswith("-ubyte")]
 
 
 def test_there_are_solutions_to_remove():
@@ -58,7 +108,8 @@ def test_outputs_are_cleared_and_solutions_removed_from_an_executed_notebook(tmp
     nb.cells = [nbformat.v4.new_markdown_cell("# t"), exercise, solution, check]
     (tmp_path / "nbs").mkdir()
     nbformat.write(nb, str(tmp_path / "nbs" / "01_t.ipynb"))
-    (written,) = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=tmp_path / "nbs")
+    (written,) = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=tmp_path / "nbs",
+                                                     lessons=["01_t"])
     copy = nbformat.read(str(written), as_version=4)
     assert [c.source for c in copy.cells] == ["# t", "answer = None", "assert answer == 42"]
     assert copy.cells[2].outputs == [] and copy.cells[2].execution_count is None
