@@ -1,7 +1,7 @@
 """ddp-lab helpers: everything the notebooks call, and every function DDP workers run.
 
 Worker functions reused by several notebooks or run under ``torchrun`` live in these modules;
-:func:`helpers.launch.launch` also runs functions written in a notebook cell (sent to the
+:func:`helpers.engine.launch` also runs functions written in a notebook cell (sent to the
 spawned ranks by value with cloudpickle).
 
 Modules:
@@ -11,7 +11,7 @@ Modules:
     faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
     sampler      -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
     mnist_train  -- MNIST training as a module (single, DP, DDP; TrainConfig) for notebook 07, cluster and bench
-    cluster      -- notebook 07 (a package): torchrun entry point (python -m helpers.cluster), torchrun
+    cluster      -- notebook 07 (a package): torchrun entry point (python -m helpers.engine.cluster), torchrun
                     agents started from Python, two-node rehearsal in network namespaces
     comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
     dataparallel -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU

@@ -33,7 +33,7 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
    allowed range. Do not keep ``assert isinstance(...)`` checks on parameters elsewhere.
 
 3. **Times on long cells.** The markdown cell before every code cell that launches workers
-   (``helpers.launch.launch``) or trains says roughly how long it takes, measured, e.g.
+   (``helpers.engine.launch``) or trains says roughly how long it takes, measured, e.g.
    "(about 6 s on a 2-core laptop)". The per-cell durations of a papermill run are in the
    executed notebook (``build/<profile>/<stem>.ipynb``, cell metadata
    ``papermill.duration``).

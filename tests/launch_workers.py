@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers.launch import main_from_env, worker_device
+from helpers.engine import main_from_env, worker_device
 
 
 def report(rank, world_size, offset=0.0):

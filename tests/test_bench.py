@@ -26,7 +26,7 @@ from helpers.costmodel import (
     ring_allreduce_seconds,
 )
 from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
-from helpers.launch import launch
+from helpers.engine import launch
 
 # --------------------------------------------------------------------------------------------
 # formulas
@@ -382,7 +382,7 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     would start two more fresh interpreters)."""
     rows = bench.bench_launch_overhead(world_sizes=(2,), repeats=1)
     methods = {r["method"] for r in rows}
-    assert {"helpers.launch", bench.LAUNCH_FIRST, "torch.multiprocessing.spawn", bench.WARM_START,
+    assert {"helpers.engine.launch", bench.LAUNCH_FIRST, "torch.multiprocessing.spawn", bench.WARM_START,
             bench.WARM_RUN} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
     ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]

@@ -1,4 +1,4 @@
-"""helpers.cluster and helpers.comm_hooks' formulas (notebook 07; its cells count the real bytes):
+"""helpers.engine.cluster and helpers.comm_hooks' formulas (notebook 07; its cells count the real bytes):
 torchrun commands and failure reports, network namespaces removed on error, a job's timeout,
 communication hook byte counts.
 
@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import helpers.cluster as cluster
-from helpers.cluster import (
+import helpers.engine.cluster as cluster
+from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
+from helpers.engine import free_port, loopback_interface
+from helpers.engine.cluster import (
     AgentRun,
     NetnsUnavailable,
     TwoNodeNetwork,
@@ -28,8 +30,6 @@ from helpers.cluster import (
     run_agents,
     torchrun_command,
 )
-from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
-from helpers.procs import free_port, loopback_interface
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,7 +52,7 @@ def test_commands_are_in_the_module_docstring_and_docs():
     docs_lines = {line.strip() for line in docs.splitlines()}
     for title, text in cluster_commands().items():
         for line in text.splitlines():
-            assert line.strip() in doc_lines, f"{title}: {line!r} missing from helpers/cluster/__init__.py's docstring"
+            assert line.strip() in doc_lines, f"{title}: {line!r} missing from helpers/engine/cluster's docstring"
             assert line.strip() in docs_lines, f"{title}: {line!r} missing from docs/CLUSTER.md"
 
 
@@ -60,7 +60,7 @@ def test_torchrun_command_shapes_and_errors():
     single = torchrun_command(["--max-steps", 5], nproc_per_node=2, standalone=True)
     assert single[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in single and "--nproc-per-node=2" in single
-    assert single[-4:] == ["-m", "helpers.cluster", "--max-steps", "5"]
+    assert single[-4:] == ["-m", "helpers.engine.cluster", "--max-steps", "5"]
     multi = torchrun_command([], nnodes=2, rdzv_endpoint="127.0.0.1:1234", rdzv_id="x", is_host=False,
                              local_addr="127.0.0.1", max_restarts=3, prefix=["ip", "netns", "exec", "n1"])
     assert multi[:4] == ["ip", "netns", "exec", "n1"]
@@ -77,7 +77,7 @@ def test_failure_report_parses_torchrun_summary():
     text = """
 [rank1]: boom
 ============================================================
-helpers.cluster FAILED
+helpers.engine.cluster FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>
@@ -96,7 +96,8 @@ Root Cause (first observed failure):
 """
     r = failure_report(AgentRun(0, [], 1, 1.0, "", text))
     assert (r["rank"], r["local_rank"], r["exitcode"]) == (1, 0, 1)
-    assert r["error"].startswith("InjectedFailure: injected failure") and r["text"].startswith("helpers.cluster FAILED")
+    assert r["error"].startswith("InjectedFailure: injected failure")
+    assert r["text"].startswith("helpers.engine.cluster FAILED")
     assert failure_report(AgentRun(0, [], 0, 1.0, "all good", "")) is None
 
 

@@ -170,7 +170,7 @@ print("items:", len(ds))
 
 
 def torchvision_mnist_offline(root: Path) -> subprocess.CompletedProcess:
-    from helpers.procs import free_port
+    from helpers.engine import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # bound, released: connections are refused
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "https_proxy")}

@@ -12,8 +12,8 @@ import pytest
 
 from _support import marked_warm_ranks
 from helpers import mp
-from helpers.launch import WorkerError, launch
-from helpers.start_method_hint import main_object_hint
+from helpers.engine import WorkerError, launch
+from helpers.engine.start_method import main_object_hint
 
 pytestmark = [pytest.mark.timeout(400)]
 

@@ -14,7 +14,7 @@ import pytest
 
 from _support import REPO_ROOT
 from helpers.doctor import CHECKS
-from helpers.procs import free_port
+from helpers.engine import free_port
 
 TORCH_NEEDED = [c.name for c in CHECKS if "torch" in c.needs]
 

@@ -1,5 +1,5 @@
 """Errors a learner can read (issue 28, part 3): what a real IPython kernel shows for the project's
-exceptions (IPython's ``_render_traceback_`` hook), the hints of ``helpers.launch_errors.HINTS``,
+exceptions (IPython's ``_render_traceback_`` hook), the hints of ``helpers.engine.errors.HINTS``,
 each triggered for real, and scripts piped on stdin or given with ``-c``."""
 
 import os
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import helpers.mp as hmp
 from _support import REPO_ROOT, Kernel
-from helpers.launch import WorkerError, launch
+from helpers.engine import WorkerError, launch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,7 +42,7 @@ def shown(kernel, code):
 def test_one_line_mistake_in_a_worker_is_a_few_lines_in_a_kernel(kernel):
     """``1/0`` in a cell-defined worker, under launch and helpers.mp: at most 12 lines, naming the
     rank, showing the worker's line, and no frame of helpers; the full traceback stays on ``.traceback``."""
-    kernel.cell("from helpers.launch import launch\nimport helpers.mp as mp\n"
+    kernel.cell("from helpers.engine import launch\nimport helpers.mp as mp\n"
                 "def work(rank, world_size):\n    return 1/0\n"
                 "def spawned(i):\n    return 1/0\n")
     for call in ("launch(work, 2)", "mp.spawn(spawned, nprocs=2)"):
@@ -55,11 +55,11 @@ def test_one_line_mistake_in_a_worker_is_a_few_lines_in_a_kernel(kernel):
         assert call in text, "the cell's own call is shown"
         assert not HELPERS_PATH.search(text), text
         _, out = kernel.cell("import sys\nprint(sys.last_value.traceback)")
-        assert "rank_entry.py" in out and "1/0" in out, f"the full traceback is kept: {out}"
+        assert "rank_main.py" in out and "1/0" in out, f"the full traceback is kept: {out}"
 
 
 def test_launch_error_and_timeout_are_a_few_lines_in_a_kernel(kernel):
-    kernel.cell("from helpers.launch import launch\nimport time\ndef sleeper(rank, world_size):\n    time.sleep(60)\n")
+    kernel.cell("from helpers.engine import launch\nimport time\ndef sleeper(rank, world_size):\n    time.sleep(60)\n")
     lines, reply = shown(kernel, "launch(sleeper, 0)")
     text = "\n".join(lines)
     assert reply["ename"] == "LaunchError" and len(lines) <= 5 and "world_size must be >= 1" in text, text
@@ -72,7 +72,7 @@ def test_launch_error_and_timeout_are_a_few_lines_in_a_kernel(kernel):
 
 def test_warm_ranks_worker_error_is_a_few_lines_in_a_kernel(kernel):
     """The same rendering for the WorkerError warm ranks raise, from ``run`` and from ``%%px``."""
-    kernel.cell("from helpers.ranks import start_ranks\nr = start_ranks(2, timeout=60)\n"
+    kernel.cell("from helpers.engine import start_ranks\nr = start_ranks(2, timeout=60)\n"
                 "def warm_work(rank, world_size):\n    return 1/0\n")
     try:
         for call, line in (("r.run(warm_work)", "return 1/0"), ("%%px\n1/0", "1/0")):
@@ -93,7 +93,7 @@ def test_interrupt_and_no_ranks_are_a_few_lines_in_a_kernel(kernel):
     import signal
     import threading
 
-    kernel.cell("from helpers.launch import launch\nimport time\n"
+    kernel.cell("from helpers.engine import launch\nimport time\n"
                 "def nap(rank, world_size):\n    time.sleep(60)\n")
     timer = threading.Timer(15.0, os.kill, (kernel.pid, signal.SIGINT))
     timer.start()
@@ -106,7 +106,7 @@ def test_interrupt_and_no_ranks_are_a_few_lines_in_a_kernel(kernel):
     assert "workers were ended" in text and not HELPERS_PATH.search(text), text
     _, out = kernel.cell("import sys\nprint(isinstance(sys.last_value, KeyboardInterrupt))")
     assert "True" in out, out
-    kernel.cell("from helpers.ranks import start_ranks\nr = start_ranks(2, timeout=60)\nr.stop()")
+    kernel.cell("from helpers.engine import start_ranks\nr = start_ranks(2, timeout=60)\nr.stop()")
     lines, reply = shown(kernel, "%%px\nprint(rank)")
     text = "\n".join(lines)
     assert reply["ename"] == "NoRanks" and len(lines) <= 5 and "start_ranks(world_size=2)" in text, text
@@ -163,7 +163,7 @@ def test_hint_rank_expected_under_mp():
         hmp.spawn(torchrun_style, nprocs=2, timeout=120)
     text = short(info.value)
     assert "RANK expected, but not set" in text
-    assert "What to do:" in text and "rank as fn's first argument" in text and "helpers.launch.launch" in text, text
+    assert "What to do:" in text and "rank as fn's first argument" in text and "helpers.engine.launch" in text, text
 
 
 def test_hint_rank_read_from_the_environment_under_mp():
@@ -203,7 +203,7 @@ def test_generator_or_lock_returned_from_launch(what):
 # ---- scripts without a file: stdin and -c ------------------------------------------------------
 
 SCRIPT = textwrap.dedent("""\
-    from helpers.launch import launch
+    from helpers.engine import launch
     import helpers.mp as mp
 
     def work(rank, world_size):

@@ -28,16 +28,15 @@ import torch
 from _support import RANKS_MARK, REPO_ROOT, Kernel, leftover_processes, wait_until_gone
 from ci import reliability
 from ci.cleanup import IPCKernelManager
-from helpers import faults, fork_server
-from helpers.launch import LaunchError, LaunchTimeout, WorkerError, launch
-from helpers.procs import is_live
+from helpers.engine import LaunchError, LaunchTimeout, WorkerError, faults, fork_server, launch
+from helpers.engine.processes import is_live
 
 # one xdist worker runs the whole matrix, so the report written after the module is complete
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix")]
 
 ROWS: list[dict] = []
 
-#: The ranks die with a SIGKILLed launcher through PR_SET_PDEATHSIG (helpers/rank_entry.py): Linux only.
+#: The ranks die with a SIGKILLed launcher through PR_SET_PDEATHSIG (helpers/engine/rank_main.py): Linux only.
 LINUX_PDEATHSIG = pytest.mark.skipif(sys.platform != "linux",
                                      reason="needs PR_SET_PDEATHSIG (ranks that die with their launcher): Linux only")
 
@@ -265,8 +264,8 @@ def test_twenty_launches_in_a_row(row):
 def test_two_launches_at_once_from_two_processes(row):
     row.update(fault="2 processes launching at the same time", injection="2 subprocesses x 5 launches each")
     code = textwrap.dedent("""
-        from helpers import faults
-        from helpers.launch import launch
+        from helpers.engine import faults
+        from helpers.engine import launch
         for _ in range(5):
             assert launch(faults.ok, 2) == [0, 1]
         print("ALL OK")
@@ -300,7 +299,7 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     nb.cells = [
         nbformat.v4.new_markdown_cell("# hang"),
         params,
-        nbformat.v4.new_code_cell("from helpers import faults\nfrom helpers.launch import launch"),
+        nbformat.v4.new_code_cell("from helpers.engine import faults\nfrom helpers.engine import launch"),
         nbformat.v4.new_code_cell("launch(faults.skip_collective, world_size, timeout=None)"),
     ]
     (tmp_path / "nbs").mkdir()
@@ -361,7 +360,7 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     blocked in a barrier, inside C++; rank 1 ignoring KeyboardInterrupt: neither obeys the SIGINT
     torch's own start_processes asks for as parent-death signal); the kernel is SIGKILLed (as by
     the OOM killer) while they run: papermill fails with nbclient's DeadKernelError, and the
-    ranks die with the kernel (the SIGKILL parent-death signal of helpers/launch.py), found by
+    ranks die with the kernel (the SIGKILL parent-death signal of helpers/engine/launcher.py), found by
     the environment mark even after they are re-parented."""
     import nbformat
     import papermill
@@ -379,7 +378,7 @@ def test_papermill_kernel_killed_mid_launch(row, tmp_path, monkeypatch):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_code_cell(
-            "import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n"
+            "import os, time\nimport torch.distributed as dist\nfrom helpers.engine import launch\n"
             f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid()))\n"
             f"os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r})"),
         nbformat.v4.new_code_cell(_sleeper_source(tmp_path) + "\nlaunch(sleeper, 2, timeout=None)"),
@@ -568,7 +567,7 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
     The launch's run folder (``ddp-lab-launch-*``, in the launcher's TMPDIR) is removed too."""
     row.update(fault="the launching process SIGKILLed while 2 ranks run",
                injection="`os.kill(launcher, SIGKILL)`; rank 0 in a barrier, rank 1 catching KeyboardInterrupt")
-    code = ("import os, time\nimport torch.distributed as dist\nfrom helpers.launch import launch\n\n"
+    code = ("import os, time\nimport torch.distributed as dist\nfrom helpers.engine import launch\n\n"
             + _sleeper_source(tmp_path)
             + '\nif __name__ == "__main__":\n    launch(sleeper, 2, timeout=None)\n')
     launcher_tmp = tmp_path / "tmp"  # the launcher's temp directory, where its run folder goes
@@ -607,7 +606,7 @@ def test_launcher_sigkilled_ranks_die_with_it(row, tmp_path):
                 pass
 
 
-# ---- warm ranks (helpers.ranks): a process group that lives across cells -----------------------
+# ---- warm ranks (helpers.engine.warm_ranks): a process group that lives across cells -----------------------
 # Each row starts its own ranks (and, for %%px, its own kernel) and stops them, so the `row`
 # fixture's count of processes left is exact. Engines of a killed kernel are no longer our
 # children: those rows look for every process carrying the row's environment mark.
@@ -618,7 +617,7 @@ def _gone(pids):
 
 @pytest.fixture
 def warm():
-    from helpers.ranks import start_ranks
+    from helpers.engine import start_ranks
 
     made = []
 
@@ -638,7 +637,7 @@ def _mark():
 
 
 def test_ranks_run_hangs_in_collective(row, warm):
-    from helpers.ranks import RanksTimeout
+    from helpers.engine import RanksTimeout
 
     row.update(fault="warm ranks: rank 0 skips an all_reduce in `ranks.run`, rank 1 waits forever",
                injection="`ranks.run(faults.skip_collective)`, `start_ranks(timeout=5)`")
@@ -700,10 +699,11 @@ def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    hang = nbformat.v4.new_code_cell("%%px\nfrom helpers import faults\nfaults.skip_collective(rank, world_size)")
+    hang = nbformat.v4.new_code_cell("%%px\nfrom helpers.engine import faults\n"
+                                     "faults.skip_collective(rank, world_size)")
     hang.metadata["tags"] = ["raises-exception"]
     nb.cells = [
-        nbformat.v4.new_code_cell("from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout=5)"),
+        nbformat.v4.new_code_cell("from helpers.engine import start_ranks\nranks = start_ranks(2, timeout=5)"),
         hang,
         nbformat.v4.new_code_cell("%%px\nprint('after the hang', rank)"),
         nbformat.v4.new_code_cell("print('restarts', ranks.restarts)"),
@@ -729,7 +729,7 @@ def test_ranks_px_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
 
 def _kernel_with_ranks(mark, timeout=60):
     k = Kernel(mark)
-    reply, text = k.cell(f"from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout={timeout})\n"
+    reply, text = k.cell(f"from helpers.engine import start_ranks\nranks = start_ranks(2, timeout={timeout})\n"
                          "print('PIDS', *ranks.pids)")
     assert reply["status"] == "ok", text
     pids = [int(p) for p in text.split("PIDS", 1)[1].split()]
@@ -835,8 +835,8 @@ def _controller_port_held(monkeypatch, port_use):
     registration: bound as it starts, it then dies; mux: bound by a scheduler thread, it then lives on
     without one), as if another process had taken it between the controller's choice and its bind.
     Returns the socket."""
-    from helpers import ranks_engine as eng
-    from helpers.procs import free_port
+    from helpers.engine import free_port
+    from helpers.engine import warm_ranks_remote as eng
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
@@ -865,7 +865,7 @@ def test_ranks_controller_port_taken_before_bind(row, monkeypatch, port_use):
     """The race a loaded suite once lost: the controller chose a port, another process took it
     before the controller bound it (``ZMQError: Address already in use``). The other process here
     lets the port go once a second controller starts, i.e. once the first try was given up."""
-    from helpers.ranks import start_ranks
+    from helpers.engine import start_ranks
 
     row.update(fault=f"warm ranks: another process takes the controller's {port_use} port between its choice "
                      "and its bind", injection="a listening socket on that port (`--IPController.engine_ports`) "
@@ -904,7 +904,7 @@ def test_ranks_controller_port_taken_before_bind(row, monkeypatch, port_use):
 
 
 def test_ranks_controller_port_held_throughout(row, monkeypatch):
-    from helpers.ranks import start_ranks
+    from helpers.engine import start_ranks
 
     row.update(fault="warm ranks: the controller's registration port is held by another process on every try",
                injection="a listening socket on the port, `--IPController.engine_ports`")

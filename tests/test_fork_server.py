@@ -1,4 +1,4 @@
-"""The fork server launch() forks its ranks from (helpers.fork_server): who the ranks' parent is,
+"""The fork server launch() forks its ranks from (helpers.engine.fork_server): who the ranks' parent is,
 that they see the caller's environment of now, that the server lives and dies with its caller,
 and that the spawn fallback still runs. Real processes, real gloo groups."""
 
@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from _support import REPO_ROOT
-from helpers import fork_server as fs
-from helpers.launch import launch
-from helpers.procs import is_live
+from helpers.engine import fork_server as fs
+from helpers.engine import launch
+from helpers.engine.processes import is_live
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
@@ -84,8 +84,8 @@ def test_server_ends_when_its_process_exits():
     default) does not count as a changed environment: the next launch reuses the server."""
     code = textwrap.dedent("""
         import os
-        from helpers.fork_server import fork_server_pid
-        from helpers.launch import launch
+        from helpers.engine.fork_server import fork_server_pid
+        from helpers.engine import launch
         if __name__ == "__main__":
             launch(lambda rank, world_size: rank, 2)
             first = fork_server_pid()
@@ -113,7 +113,7 @@ def test_server_ends_when_its_process_exits():
 def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
     """A temp directory that leaves room for the socket's name is used as it is; one that does not
     is replaced by a system temp folder, which does."""
-    from helpers.run_dir import SUN_PATH_MAX, socket_dir
+    from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     assert socket_dir(10) == str(tmp_path)
@@ -132,13 +132,13 @@ def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path
     server starts, its socket folder is a short one, and it is removed when the process exits. A
     fresh process (its multiprocessing temp folder is chosen once per process); no preloaded
     modules, so the check costs no ``import torch``."""
-    from helpers.run_dir import SUN_PATH_MAX
+    from helpers.engine.run_dir import SUN_PATH_MAX
 
     long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
     long_tmp.mkdir()
     code = textwrap.dedent("""
         import multiprocessing, os
-        from helpers import fork_server as fs
+        from helpers.engine import fork_server as fs
         fs.PRELOAD = ()
         with fs.fork_server():
             rank = multiprocessing.get_context("forkserver").Process(target=os.getpid)
@@ -188,7 +188,7 @@ def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeyp
             import os, psutil
             from multiprocessing import forkserver
             import sys
-            from helpers import fork_server as fs
+            from helpers.engine import fork_server as fs
             sys.path.insert(0, MODULES)
             fs.PRELOAD = ("ddp_lab_slow_exit",)
             with fs.fork_server() as server:

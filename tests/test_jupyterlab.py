@@ -8,7 +8,7 @@ notebook model, no rendered stderr holding a traceback). It saves screenshots to
 ``build/jupyterlab_nb01.png`` (the figure) and ``build/jupyterlab_nb01_ranks.png`` (the
 ``[rank r]`` output). In the same page (a new tab, as the file browser opens one) it then runs
 a scratch notebook that raises (the detectors above must catch it) and one that starts warm
-ranks (``helpers.ranks``) and a ``%%px`` cell, and checks both ranks' output is rendered,
+ranks (``helpers.engine.warm_ranks``) and a ``%%px`` cell, and checks both ranks' output is rendered,
 labelled ``[stdout:0]`` / ``[stdout:1]`` (``build/jupyterlab_px.png``); each notebook's checks
 look only inside its own panel. It shuts the server down through its REST API
 and checks that no process it started (server, kernel, DDP workers, browser) is left behind.
@@ -53,7 +53,7 @@ import psutil
 import pytest
 
 from _support import leftover_processes
-from helpers.procs import free_port, is_live
+from helpers.engine.processes import free_port, is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -116,13 +116,13 @@ SCREENSHOT_PX = BUILD_DIR / "jupyterlab_px.png"
 
 
 def _make_px_notebook(path: Path) -> None:
-    """Warm ranks (helpers.ranks) and one ``%%px`` cell, as a learner would write them."""
+    """Warm ranks (helpers.engine.warm_ranks) and one ``%%px`` cell, as a learner would write them."""
     import nbformat
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (
-        "from helpers.ranks import start_ranks\nranks = start_ranks(world_size=2)",
+        "from helpers.engine import start_ranks\nranks = start_ranks(world_size=2)",
         f'%%px\nprint(f"{PX_MESSAGE} {{rank}} of {{world_size}}")')]
     nbformat.write(nb, str(path))
 

@@ -1,4 +1,4 @@
-"""The launcher contract (helpers.launch.launch): real processes, real gloo process groups.
+"""The launcher contract (helpers.engine.launch): real processes, real gloo process groups.
 
 Faults (worker errors, exits, kills, hangs, interrupts, repeated launches) are in test_faults.py."""
 
@@ -14,8 +14,8 @@ import torch
 import launch_workers as w
 from _support import REPO_ROOT, TESTS_DIR
 from ci.cleanup import IPCKernelManager
-from helpers.launch import LaunchError, OversubscriptionWarning, launch, resolve_backend
-from helpers.procs import is_live
+from helpers.engine import LaunchError, OversubscriptionWarning, launch, resolve_backend
+from helpers.engine.processes import is_live
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 
@@ -82,7 +82,7 @@ def test_not_callable_refused():
 def test_function_from_main_runs():
     """A function defined in __main__ (a script's top level, as in a notebook cell) is sent by value."""
     code = (
-        "from helpers.launch import launch\n"
+        "from helpers.engine import launch\n"
         "def mine(rank, world_size):\n    return rank + 100\n"
         "if __name__ == '__main__':\n    print('RESULTS', launch(mine, 2))\n"
     )
@@ -99,7 +99,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.launch import launch
+from helpers.engine import launch
 
 
 class TinyNet(nn.Module):
@@ -215,7 +215,7 @@ def test_oversubscription_warns_and_runs():
     with pytest.warns(OversubscriptionWarning) as warned:
         results = launch(w.report, cpus + 1)
     assert len(results) == cpus + 1
-    # the warning names the caller's line (a cell's), not one inside helpers/launch.py
+    # the warning names the caller's line (a cell's), not one inside helpers/engine/launcher.py
     assert [r.filename for r in warned] == [__file__], [(r.filename, r.lineno) for r in warned]
 
 
@@ -290,8 +290,7 @@ def test_ranks_started_by_agent_thread_that_outlives_them(monkeypatch, how):
 
         assert launch(pdeathsig, 2) == [signal.SIGKILL, signal.SIGKILL]
     else:
-        from helpers import faults
-        from helpers.launch import LaunchTimeout
+        from helpers.engine import LaunchTimeout, faults
 
         with pytest.raises(LaunchTimeout):
             launch(faults.skip_collective, 2, timeout=5)

@@ -1,6 +1,6 @@
 """helpers.mnist_train (notebook 04): config checks, the data order, and short real runs.
 
-The DDP test starts 2 real gloo workers through helpers.launch and checks that DDP with a mean
+The DDP test starts 2 real gloo workers through helpers.engine.launch and checks that DDP with a mean
 loss follows the single-process loss curve and weights step by step.
 """
 
@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from helpers.launch import launch
+from helpers.engine import launch
 from helpers.mnist_train import (
     TrainConfig,
     build_model,

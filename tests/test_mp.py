@@ -8,7 +8,7 @@ import pytest
 from _support import REPO_ROOT
 from ci.cleanup import IPCKernelManager
 from helpers import mp
-from helpers.launch import LaunchError, WorkerError
+from helpers.engine import LaunchError, WorkerError
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
 
@@ -150,7 +150,7 @@ def test_refused_before_any_process_starts(kwargs, words):
 def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_do_not(monkeypatch):
     """As torch.multiprocessing.spawn passes the parent's environment on: a cell that sets
     MASTER_ADDR/MASTER_PORT before spawn, and a worker that rendezvouses on them (env://)."""
-    from helpers.procs import free_port
+    from helpers.engine import free_port
 
     port = str(free_port())
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -236,7 +236,7 @@ def test_start_methods_context_and_the_rewrite_for_what_is_missing():
     for get, words in [(lambda: mp.Queue, "return the value from the function instead"),
                        (lambda: ctx.SimpleQueue, "return the value from the function instead"),
                        (lambda: mp.cpu_count, "`os.cpu_count()`"),
-                       (lambda: mp.ProcessRaisedException, "except helpers.launch.WorkerError"),
+                       (lambda: mp.ProcessRaisedException, "except helpers.engine.WorkerError"),
                        (lambda: mp.set_sharing_strategy, "`torch.multiprocessing.set_sharing_strategy`")]:
         with pytest.raises(AttributeError, match="helpers.mp has no") as info:
             get()

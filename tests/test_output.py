@@ -50,7 +50,7 @@ import signal
 import sys
 
 import helpers.mp
-from helpers.launch import WorkerError, launch
+from helpers.engine import WorkerError, launch
 
 
 def talk(rank, *_):

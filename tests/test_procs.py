@@ -1,4 +1,4 @@
-"""helpers.procs: the one home of process plumbing (free ports, ending process trees, the backend
+"""helpers.engine.processes: the one home of process plumbing (free ports, ending process trees, the backend
 rule). Real processes and sockets."""
 
 import os
@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import procs
+from helpers.engine import processes as procs
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 

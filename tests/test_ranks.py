@@ -1,4 +1,4 @@
-"""Warm ranks (helpers.ranks): real ipyparallel engines, a real gloo group, a papermill-run notebook.
+"""Warm ranks (helpers.engine.warm_ranks): real ipyparallel engines, a real gloo group, a papermill-run notebook.
 
 The faults (hung collective in ``run`` and in a ``%%px`` cell, killed ranks, interrupt, kernel
 restart and kill) are rows of the fault matrix in tests/test_faults.py.
@@ -23,9 +23,7 @@ from _support import (
     wait_until_gone,
 )
 from ci.cleanup import IPCKernelManager
-from helpers import faults
-from helpers.launch import LaunchError, WorkerError, launch, threads_per_rank
-from helpers.ranks import current_ranks, start_ranks
+from helpers.engine import LaunchError, WorkerError, current_ranks, faults, launch, start_ranks, threads_per_rank
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -89,7 +87,7 @@ def test_px_kernel_variable_says_so_and_push_sends_it():
     mark = uuid.uuid4().hex
     k = Kernel(mark)
     try:
-        reply, text = k.cell("from helpers.ranks import start_ranks\nranks = start_ranks(2, timeout=60)\nlr = 0.5")
+        reply, text = k.cell("from helpers.engine import start_ranks\nranks = start_ranks(2, timeout=60)\nlr = 0.5")
         assert reply["status"] == "ok", text
         reply, text = k.cell("%%px\nprint(lr * (rank + 1))")
         assert reply["status"] == "error" and reply["ename"] == "WorkerError", text
@@ -120,12 +118,12 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     sources = [
-        "from helpers.ranks import start_ranks\nranks = start_ranks(world_size=2)",
+        "from helpers.engine import start_ranks\nranks = start_ranks(world_size=2)",
         "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
         "%%px\ndist.all_reduce(x)\nprint('after', rank, x.item(), device)",
         "def times(rank, world_size, k):\n    return rank * k\nprint('run', ranks.run(times, k=10))",
         # what a loaded machine does: every rank's output is in before streaming starts (the
-        # rank 0 line was lost then, replaced by rank 1's: ranks_engine.stream_per_rank)
+        # rank 0 line was lost then, replaced by rank 1's: warm_ranks_remote.stream_per_rank)
         "from ipyparallel.client.asyncresult import AsyncResult\n"
         "stream = AsyncResult.stream_output\n"
         "AsyncResult.stream_output = lambda ar: (ar.wait_for_output(30), stream(ar))[1]",
@@ -255,7 +253,7 @@ def test_result_that_cannot_come_back_gets_launchs_message(ranks):
 
 
 def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
-    from helpers.procs import free_port
+    from helpers.engine import free_port
 
     def setup(rank, world_size, port):  # a tutorial's setup()
         import torch.distributed as dist

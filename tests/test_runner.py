@@ -16,7 +16,7 @@ import pytest
 
 from ci import execution, student_copies
 from ci import run_notebooks as rn
-from helpers.procs import is_live
+from helpers.engine.processes import is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "ci" / "run_notebooks.py"
@@ -50,7 +50,7 @@ SLEEP_CELLS = [
     # and a launch's run folder held open (as by a launch() cut short): only its reaper can remove
     # it, since the kernel is SIGKILLed after the tree
     "import os, tempfile\n"
-    "from helpers.run_dir import run_folder\n"
+    "from helpers.engine.run_dir import run_folder\n"
     "os.makedirs('tmp', exist_ok=True)\n"
     "tempfile.tempdir = os.path.abspath('tmp')\n"
     "held = run_folder()\n"
@@ -179,11 +179,11 @@ def test_kernel_starts_where_the_temp_directory_is_too_long_for_its_sockets(tmp_
     """An ``ipc`` kernel's sockets are ``<tempdir>/kernel-<12 hex>-ipc-<n>``; with a temp directory
     too long for a socket path (``TMPDIR`` a cluster job's scratch folder) ZeroMQ could not bind
     them and the kernel would die at start. They go to a short system temp folder instead
-    (``helpers.run_dir.socket_dir``), and none is left after the kernel."""
+    (``helpers.engine.run_dir.socket_dir``), and none is left after the kernel."""
     from jupyter_client.manager import KernelManager
 
     from ci.cleanup import ipc_kernel_manager
-    from helpers.run_dir import SUN_PATH_MAX
+    from helpers.engine.run_dir import SUN_PATH_MAX
 
     long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
     long_tmp.mkdir()

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from helpers.launch import launch
+from helpers.engine import launch
 from helpers.sampler import (
     accuracy_through,
     all_reduce_counts,
@@ -115,7 +115,7 @@ def test_plot_assignment_draws_every_cell():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore::helpers.launch.OversubscriptionWarning")
+@pytest.mark.filterwarnings("ignore::helpers.engine.OversubscriptionWarning")
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_distributed_eval_counts_on_three_ranks():
     """10 items on 3 real ranks: every rank gets the all-reduced count of all items, each once

@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from _support import REPO_ROOT, Kernel
-from helpers.procs import free_port
+from helpers.engine import free_port
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
 
@@ -345,7 +345,7 @@ def test_ddp_tutorial_series_multigpu_runs_on_cpu_with_the_listed_changes(tmp_pa
     assert (tmp_path / "checkpoint.pt").is_file()
 
 
-# ---- a torchrun script through helpers.launch.launch ---------------------------------------------
+# ---- a torchrun script through helpers.engine.launch ---------------------------------------------
 # the tutorial's elastic_ddp.py shape, CPU form: reads the torchrun variables, makes its own group
 
 TORCHRUN = '''\
@@ -393,7 +393,7 @@ if __name__ == "__main__":
 
 #: under launch: call it from launch (which calls fn(rank, world_size)) ...
 TORCHRUN_CALL = ("if __name__ == \"__main__\":\n    demo_basic()\n",
-                 "if __name__ == \"__main__\":\n    from helpers.launch import launch\n"
+                 "if __name__ == \"__main__\":\n    from helpers.engine import launch\n"
                  "    launch(lambda rank, world_size: demo_basic(), 2)\n")
 #: ... and drop its init_process_group (launch made the group); its destroy_process_group may stay
 TORCHRUN_CHANGES = [TORCHRUN_CALL, ('    dist.init_process_group("gloo")\n', "")]

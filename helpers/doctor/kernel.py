@@ -38,7 +38,7 @@ print("TORCH", torch.__version__)
 CELL_WORKER = """
 import torch
 import torch.distributed as dist
-from helpers.launch import launch
+from helpers.engine import launch
 
 def doctor_allreduce(rank, world_size):       # defined in this cell, so in __main__
     t = torch.tensor([rank + 1.0])
@@ -52,7 +52,7 @@ CELL_DATALOADER = """
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from helpers.launch import launch
+from helpers.engine import launch
 
 class DoctorPoints(Dataset):                  # a learner's own Dataset, defined in a cell
     def __init__(self, n):

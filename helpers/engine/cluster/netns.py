@@ -1,6 +1,6 @@
 """Two "nodes" on one Linux host: two network namespaces joined by a veth pair.
 
-A two-node torchrun rehearsal (notebook 07, :func:`helpers.cluster.run_job` with
+A two-node torchrun rehearsal (notebook 07, :func:`helpers.engine.cluster.run_job` with
 ``network=TwoNodeNetwork()``) runs each agent inside its own namespace, so every byte between
 the nodes really crosses a network interface, whose kernel counters :meth:`TwoNodeNetwork.counters`
 reads. Needs ``ip`` (iproute2) and root or ``CAP_SYS_ADMIN`` + ``CAP_NET_ADMIN``;
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from helpers.procs import end_processes
+from helpers.engine.processes import end_processes
 
 __all__ = ["NetnsUnavailable", "TwoNodeNetwork", "netns_available"]
 

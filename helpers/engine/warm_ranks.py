@@ -5,7 +5,7 @@ start ``world_size`` persistent IPython engines once (``ipyparallel``) with a pr
 keep them: names defined in one cell are still there in the next (poke at weights, gradients,
 buckets step by step), and a call costs milliseconds::
 
-    from helpers.ranks import start_ranks
+    from helpers.engine.warm_ranks import start_ranks
     ranks = start_ranks(world_size=2)          # also activates %%px in this notebook
 
     %%px
@@ -22,7 +22,7 @@ under nccl, else ``cpu``), ``torch``, ``dist`` (``torch.distributed``).
 What this module adds to ipyparallel (engines, ``%%px``, output labelled ``[stdout:<rank>]``
 and cloudpickle for cell-defined code are ipyparallel's own):
 
-- the input checks, backend rule and threads per rank of :func:`helpers.launch.launch`;
+- the input checks, backend rule and threads per rank of :func:`helpers.engine.launch`;
 - a process group on ``127.0.0.1`` through a ``TCPStore`` rank 0 opens on port 0 (the OS picks a
   free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
 - a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
@@ -47,7 +47,7 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   ports (up to 4 tries); a failed start says whether anything is left running, after checking;
 - nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
   at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
-  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.ranks_engine`)
+  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`)
   kills them if the kernel dies without ``atexit`` (SIGKILL).
 
 References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , ipyparallel's
@@ -68,12 +68,12 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from helpers import ranks_engine as eng
-from helpers.fork_server import environment
-from helpers.launch import LaunchError, WorkerError, _check_world_size, resolve_backend
-from helpers.launch_errors import LaunchInterrupted, Readable
-from helpers.ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
-from helpers.sending import serialise_call  # refuses what cannot be sent, naming the variable
+from helpers.engine import warm_ranks_remote as eng
+from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
+from helpers.engine.errors import LaunchInterrupted, Readable
+from helpers.engine.fork_server import environment
+from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
+from helpers.engine.warm_ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
 
 RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
 
@@ -126,7 +126,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     Args:
         world_size: number of ranks (engines), a positive int; same limits as ``launch``.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
-            least ``world_size`` GPUs, else gloo): :func:`helpers.launch.resolve_backend`.
+            least ``world_size`` GPUs, else gloo): :func:`helpers.engine.resolve_backend`.
         timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
             ``timeout=`` overrides it). The process group's collective timeout is this plus 5 s,
             so gloo itself raises in a rank stuck in a collective if a call was given longer.
@@ -299,7 +299,7 @@ class WarmRanks(RanksLifeCycle):
         """After :meth:`_supervise`: on a fault restart and raise it; else make a new default group
         if the call left a rank without one (:meth:`_check_group`; ``has_group``: per rank, if
         known); on rank errors raise WorkerError (a NameError for a name of ``kernel_names``, the
-        kernel's namespace, says so: :func:`helpers.ranks_engine.kernel_name_error`)."""
+        kernel's namespace, says so: :func:`helpers.engine.warm_ranks_remote.kernel_name_error`)."""
         if fault is not None:
             if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
                 raise fault
@@ -389,7 +389,7 @@ class WarmRanks(RanksLifeCycle):
         errors, fault = self._supervise(ar, timeout, "run")
         if errors or fault:
             self._raise_for(ar, errors, fault, "run")
-        pairs = ar.get(0)  # (result, has a default group) per rank: ranks_engine.call
+        pairs = ar.get(0)  # (result, has a default group) per rank: warm_ranks_remote.call
         self._raise_for(ar, [], None, "run", has_group=[g for _, g in pairs])
         return [result for result, _ in pairs]
 

@@ -1,4 +1,4 @@
-"""The process side of warm ranks (:mod:`helpers.ranks`): the options the controller and engines
+"""The process side of warm ranks (:mod:`helpers.engine.warm_ranks`): the options the controller and engines
 start with, what runs on each engine, how a rank's errors are read, and the watchdog that ends
 the engines if the kernel dies.
 
@@ -17,8 +17,8 @@ import time
 import ipyparallel as ipp
 from traitlets.config import Config
 
-from helpers.launch import LaunchTimeout, WorkerError, worker_device
-from helpers.start_method_hint import with_hint
+from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
+from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
 #: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
@@ -120,7 +120,7 @@ def join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: f
 PRELUDE = (
     "import torch\n"
     "import torch.distributed as dist\n"
-    "from helpers.launch import worker_device as _ddp_lab_device\n"
+    "from helpers.engine.launcher import worker_device as _ddp_lab_device\n"
     "device = _ddp_lab_device()\n"
     "del _ddp_lab_device\n"
 )
@@ -140,11 +140,11 @@ def call(fn, args, kwargs):
 
 
 def check_result(rank: int, result) -> None:
-    """Refuse a result that belongs to this process (:func:`helpers.sending`'s kinds, CUDA tensors
+    """Refuse a result that belongs to this process (:func:`helpers.engine.by_value`'s kinds, CUDA tensors
     aside: those pickle), before ipyparallel's pickler fails on it with a bare TypeError."""
     import cloudpickle
 
-    from helpers.sending import _kind_of, _walk
+    from helpers.engine.by_value import _kind_of, _walk
 
     for where, value in _walk("the result", result):
         kind = _kind_of(value)
@@ -177,7 +177,7 @@ def leave_group() -> None:
 
 
 def call_payload(payload: bytes):
-    """Every rank: :func:`call` of ``(fn, args, kwargs)`` from :func:`helpers.sending.serialise_call`'s
+    """Every rank: :func:`call` of ``(fn, args, kwargs)`` from :func:`helpers.engine.by_value.serialise_call`'s
     payload (code sent by value keeps its cell's file name and lines, for the traceback)."""
     import cloudpickle
 

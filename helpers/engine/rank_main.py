@@ -1,16 +1,16 @@
-"""What runs inside each rank that :func:`helpers.launch.launch` starts.
+"""What runs inside each rank that :func:`helpers.engine.launch` starts.
 
-The elastic agent starts ``world_size`` processes (forked from :mod:`helpers.fork_server`'s
+The elastic agent starts ``world_size`` processes (forked from :mod:`helpers.engine.fork_server`'s
 server, or with ``spawn``); each imports this module and runs :func:`worker_entry`, which
 
 1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
    fork server, which exits with the launching process, or the launcher itself under ``spawn``),
    so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
-   is then removed by :func:`helpers.run_dir.run_folder`'s reaper); closes its copy of the fork
-   server's pipe (:func:`helpers.fork_server.close_inherited_pipe`); points its stdout and
-   stderr at its files in the run folder (:func:`helpers.run_dir.capture_output`);
+   is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
+   server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); points its stdout and
+   stderr at its files in the run folder (:func:`helpers.engine.run_dir.capture_output`);
 2. writes its ``pid`` marker, sets its thread count, unpickles ``fn, args, kwargs``;
-3. initialises the default process group (:func:`helpers.procs.init_process_group_from_env`),
+3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
    calls ``fn(rank, world_size, *args, **kwargs)``;
 4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
    markers, destroys the group and hands the cloudpickled result back to the agent.
@@ -33,10 +33,10 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from helpers import procs
-from helpers.fork_server import close_inherited_pipe
-from helpers.run_dir import capture_output, write_marker
-from helpers.start_method_hint import with_hint
+from helpers.engine import processes as procs
+from helpers.engine.fork_server import close_inherited_pipe
+from helpers.engine.run_dir import capture_output, write_marker
+from helpers.engine.start_method import with_hint
 
 __all__ = ["worker_device", "worker_entry"]
 

@@ -1,7 +1,7 @@
 """Warm ranks' life cycle: start the ipyparallel controller, engines and process group, retry a
 start whose port another process took, stop everything and check that nothing is left.
 
-:class:`RanksLifeCycle` is a base of :class:`helpers.ranks.WarmRanks`; learners use that module.
+:class:`RanksLifeCycle` is a base of :class:`helpers.engine.WarmRanks`; learners use that module.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 import ipyparallel as ipp
 import psutil
 
-from helpers import ranks_engine as eng
-from helpers.launch import threads_per_rank
-from helpers.procs import descendants, end_processes, is_live
+from helpers.engine import warm_ranks_remote as eng
+from helpers.engine.launcher import threads_per_rank
+from helpers.engine.processes import descendants, end_processes, is_live
 
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
@@ -52,7 +52,7 @@ def _left_message(left: list) -> str:
 
 
 class RanksLifeCycle:
-    """Starting and stopping the controller, engines and group of :class:`helpers.ranks.WarmRanks`."""
+    """Starting and stopping the controller, engines and group of :class:`helpers.engine.WarmRanks`."""
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -90,7 +90,7 @@ class RanksLifeCycle:
         controller's output (:meth:`_await`), so a port taken or a process gone ends it at once."""
         # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
         # while starting (a try that lost a port is retried without a word), then to stderr
-        self._ipp_log = logging.Logger("helpers.ranks ipyparallel", logging.WARNING)
+        self._ipp_log = logging.Logger("helpers.engine.warm_ranks ipyparallel", logging.WARNING)
         self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
         self._ipp_log.addHandler(self._ipp_held)
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")

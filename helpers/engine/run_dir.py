@@ -1,7 +1,7 @@
 """Temp folders: the run folder one launch shares with its ranks (and the reaper that removes it),
 and :func:`socket_dir`, a temp folder short enough to hold a Unix socket.
 
-:func:`helpers.launch.launch` makes a fresh folder ``ddp-lab-launch-*`` in the temp directory
+:func:`helpers.engine.launch` makes a fresh folder ``ddp-lab-launch-*`` in the temp directory
 for each launch. The ranks and the launcher talk through it with small JSON marker files, each
 written atomically (a temp file, then ``os.replace``):
 

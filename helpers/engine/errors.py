@@ -1,7 +1,7 @@
-"""What :func:`helpers.launch.launch` raises, and the rule that picks the root-cause rank.
+"""What :func:`helpers.engine.launch` raises, and the rule that picks the root-cause rank.
 
 - :class:`LaunchError`: bad input, raised before any process starts (also by
-  :func:`helpers.sending.serialise_call` for what cannot be sent to another process).
+  :func:`helpers.engine.by_value.serialise_call` for what cannot be sent to another process).
 - :class:`WorkerError`: a rank raised, exited without a result, or was killed.
 - :class:`LaunchTimeout`: the launch ran past its ``timeout``.
 - :class:`OversubscriptionWarning`: more ranks than CPU cores.
@@ -9,7 +9,7 @@
   agent's failures) into one :class:`WorkerError` naming the rank that failed first.
 - :data:`HINTS`: the one table of (pattern, what to do) that adds a hint to a rank's error.
 
-All are importable from :mod:`helpers.launch`, where learners meet them. In IPython/Jupyter they
+All are importable from :mod:`helpers.engine.launcher`, where learners meet them. In IPython/Jupyter they
 show as a few lines (IPython's ``_render_traceback_`` hook, see :class:`Readable`): the cell's own
 frames, the message, the failing rank's own frames (the learner's code; the frames of helpers,
 torch, multiprocessing and other installed libraries are hidden) and what to do.
@@ -45,19 +45,19 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
      "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
      "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
-     "helpers.launch.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does."),
+     "helpers.engine.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does."),
     (re.compile(r"environment variable MASTER_(ADDR|PORT) expected"),
      "init_process_group's env:// rendezvous needs both: set os.environ['MASTER_ADDR'] = 'localhost' and "
      "os.environ['MASTER_PORT'] = '12355' (any free port) before calling it, as the DDP tutorial's "
-     "setup() does, or use helpers.launch.launch, which sets them."),
+     "setup() does, or use helpers.engine.launch, which sets them."),
     (re.compile(r"^TypeError: \S+\(\) (takes|missing) .*positional argument"),
      "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
      "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
      "parameters (e.g. def fn(rank, world_size): ...)."),
     (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
-     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.procs import free_port`, "
-     "str(free_port())), or use helpers.launch.launch, which picks a free port for every launch."),
+     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine.processes import free_port`, "
+     "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
 ]
 
 
@@ -83,7 +83,8 @@ class Frame(NamedTuple):
     label: str = ""
 
 
-_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
+#: the ``helpers/`` folder (engine and course helpers): frames there are ours, not the learner's
+_HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _library_dirs() -> tuple[str, ...]:

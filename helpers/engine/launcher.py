@@ -6,7 +6,7 @@ return values in rank order. It is built on torch's elastic agent (the engine be
 ``torchrun``, ``torch.distributed.launcher.api.elastic_launch``), which picks a free port through
 a c10d rendezvous, sets the same environment variables torchrun sets (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts the workers, here forked from
-:mod:`helpers.fork_server`'s server (``spawn`` where that is unavailable), never from the caller
+:mod:`helpers.engine.fork_server`'s server (``spawn`` where that is unavailable), never from the caller
 (a forked child of a process that has touched CUDA fails with "Cannot re-initialize CUDA in
 forked subprocess"). On top of it this module adds what a notebook needs:
 
@@ -35,13 +35,13 @@ The same worker function, once moved into a module, runs unchanged under ``torch
 
 ``launch()`` reads as validate -> configure -> supervise -> raise. The parts it is built from:
 
-- :mod:`helpers.launch_errors`: the exceptions, and the rule naming the root-cause rank;
-- :mod:`helpers.sending`: what may be sent (by value or by reference), the refusal walk;
-- :mod:`helpers.rank_entry`: what runs inside each rank (parent-death signal, process group,
+- :mod:`helpers.engine.errors`: the exceptions, and the rule naming the root-cause rank;
+- :mod:`helpers.engine.by_value`: what may be sent (by value or by reference), the refusal walk;
+- :mod:`helpers.engine.rank_main`: what runs inside each rank (parent-death signal, process group,
   ``fn``, markers), and :func:`worker_device`;
-- :mod:`helpers.run_dir`: the run folder the launcher and its ranks share (markers, each rank's
+- :mod:`helpers.engine.run_dir`: the run folder the launcher and its ranks share (markers, each rank's
   captured stdout/stderr and their relay), removed even when the launcher is SIGKILLed;
-- :mod:`helpers.procs`: free ports, ending process trees, the backend rule, the torchrun entry.
+- :mod:`helpers.engine.processes`: free ports, ending process trees, the backend rule, the torchrun entry.
 
 Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/run.html,
 ``torch/distributed/launcher/api.py`` and https://github.com/cloudpipe/cloudpickle.
@@ -63,9 +63,9 @@ import psutil
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
-from helpers import procs
-from helpers.fork_server import fork_server, fork_server_pid, main_without_file
-from helpers.launch_errors import (
+from helpers.engine import processes as procs
+from helpers.engine.by_value import serialise_call
+from helpers.engine.errors import (
     _HELPERS_DIR,
     LaunchError,
     LaunchInterrupted,
@@ -74,10 +74,10 @@ from helpers.launch_errors import (
     WorkerError,
     worker_error,
 )
-from helpers.procs import main_from_env
-from helpers.rank_entry import worker_device, worker_entry
-from helpers.run_dir import Relay, read_markers, run_folder
-from helpers.sending import serialise_call
+from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file
+from helpers.engine.processes import main_from_env
+from helpers.engine.rank_main import worker_device, worker_entry
+from helpers.engine.run_dir import Relay, read_markers, run_folder
 
 __all__ = [
     "launch",
@@ -222,7 +222,7 @@ def _check_world_size(world_size: Any, name: str = "world_size") -> int:
 def _first_frame_outside_helpers() -> int:
     """``warnings.warn``'s ``stacklevel`` that names the caller's own line (a cell), not ours."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HELPERS_DIR:
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_HELPERS_DIR + os.sep):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -238,7 +238,7 @@ def _check_timeout(timeout: Any) -> None:
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str:
-    """Choose or check the process-group backend (the rule lives in :func:`helpers.procs.resolve_backend`).
+    """Choose or check the process-group backend (the rule lives in :func:`helpers.engine.resolve_backend`).
 
     ``None`` gives ``"nccl"`` when CUDA has at least ``world_size`` GPUs, else ``"gloo"`` (CPU).
 
@@ -258,7 +258,7 @@ def threads_per_rank(world_size: int) -> int:
 
 def _configure(world_size: int, run_dir: str, timeout: float | None, start_method: str):
     """The elastic agent's configuration: one node, a fresh port, no restarts, ranks started
-    with ``start_method`` (``"forkserver"``, see :mod:`helpers.fork_server`, or ``"spawn"``)."""
+    with ``start_method`` (``"forkserver"``, see :mod:`helpers.engine.fork_server`, or ``"spawn"``)."""
     return elastic_api.LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -271,7 +271,7 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         max_restarts=0,
         monitor_interval=_POLL_S,
         start_method=start_method,  # never fork: see the module docstring
-        # no redirects: each rank captures its own stdout/stderr (helpers.run_dir.capture_output),
+        # no redirects: each rank captures its own stdout/stderr (helpers.engine.run_dir.capture_output),
         # since the agent's redirect is a no-op on macOS and Windows; log_dir keeps its error.json
         # files in the run folder
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE),
@@ -283,7 +283,7 @@ class QuietElastic:
     """Silence torchelastic's and torch.multiprocessing's own logging during a launch (we raise
     our own, clearer errors), and put back the ``TORCHELASTIC_SIGNALS_TO_HANDLE`` that
     ``elastic_launch`` writes into the caller's ``os.environ`` (a changed environment would make the
-    next launch start a fresh fork server, see :func:`helpers.fork_server.environment`)."""
+    next launch start a fresh fork server, see :func:`helpers.engine.fork_server.environment`)."""
 
     def __enter__(self):
         self.loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]

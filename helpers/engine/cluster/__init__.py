@@ -1,8 +1,10 @@
 r"""From the notebook to a cluster: notebook 04's MNIST training under ``torchrun`` (notebook 07).
 
-This package is three modules, one job each; their public names are importable from here:
+This package is the engine's side: an entry point and two modules, one job each; their public names are
+importable from here:
 
-1. :mod:`helpers.cluster.entry` -- **what every rank runs.** ``python -m helpers.cluster`` runs
+1. ``__main__`` -- **what every rank runs.** ``python -m helpers.engine.cluster`` runs the course module
+   :mod:`helpers.mnist_torchrun` by name (its ``main()``), which runs
    :func:`helpers.mnist_train.ddp_train_worker` -- the very worker notebook 04 starts with
    ``launch(ddp_train_worker, world_size, config)`` -- in a process started by ``torchrun``, and
    (with ``--output DIR``) writes each rank's history and what torchrun told it (``RANK``,
@@ -10,26 +12,26 @@ This package is three modules, one job each; their public names are importable f
    to ``DIR/rank<RANK>.json``; it can also inject a failure (below). For the same seed and
    configuration the loss history equals the notebook's ``launch`` run (asserted in notebook 07
    and ``tests/test_cluster.py``).
-2. :mod:`helpers.cluster.agents` -- **starting torchrun agents from Python** (a notebook cell or
+2. :mod:`helpers.engine.cluster.agents` -- **starting torchrun agents from Python** (a notebook cell or
    a test) as subprocesses, with a timeout, leaving no agent or worker behind:
    :func:`torchrun_command`, :func:`run_agents`, :func:`run_job`, :func:`failure_report`.
-3. :mod:`helpers.cluster.netns` -- :class:`TwoNodeNetwork`, two Linux network namespaces joined
+3. :mod:`helpers.engine.cluster.netns` -- :class:`TwoNodeNetwork`, two Linux network namespaces joined
    by a veth pair, so a two-"node" rehearsal on one host really crosses a network interface.
 
-Free ports, ending process trees and the backend rule come from :mod:`helpers.procs`.
+Free ports, ending process trees and the backend rule come from :mod:`helpers.engine.processes`.
 
 The commands (run from the repository root, after ``pip install -r requirements.txt``; add
 ``--output runs/job1`` to keep every rank's history as JSON):
 
 One machine, 2 processes::
 
-    torchrun --standalone --nproc-per-node=2 -m helpers.cluster --epochs 1
+    torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster --epochs 1
 
 Several machines, 2 processes each, c10d rendezvous (run the same command on every node;
 HOST0 is the address of the first node, reachable from all nodes; any free port)::
 
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \
-        --rdzv-id=mnist-job1 -m helpers.cluster --epochs 1
+        --rdzv-id=mnist-job1 -m helpers.engine.cluster --epochs 1
 
 SLURM batch script (``sbatch mnist.sbatch``; one torchrun agent per node, which starts one
 worker per GPU)::
@@ -46,7 +48,7 @@ worker per GPU)::
     export OMP_NUM_THREADS=1
     srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node=2 --rdzv-backend=c10d \
         --rdzv-endpoint="$head_node:29500" --rdzv-id="$SLURM_JOB_ID" \
-        -m helpers.cluster --epochs 1 --output "runs/$SLURM_JOB_ID"
+        -m helpers.engine.cluster --epochs 1 --output "runs/$SLURM_JOB_ID"
 
 Add ``--max-restarts=3`` to let torchrun restart the whole worker group after a failure
 (training restarts from step 0: this entry point does not checkpoint). With GPUs each rank uses
@@ -64,7 +66,7 @@ https://pytorch.org/docs/stable/elastic/errors.html.
 
 # REPO_ROOT: notebook 07 shortens the command lines it prints with ``cluster.REPO_ROOT``
 from helpers import REPO_ROOT
-from helpers.cluster.agents import (
+from helpers.engine.cluster.agents import (
     AgentRun,
     JobResult,
     cluster_commands,
@@ -76,21 +78,16 @@ from helpers.cluster.agents import (
     shell_join,
     torchrun_command,
 )
-from helpers.cluster.entry import ENV_KEYS, InjectedFailure, cluster_train_worker, main
-from helpers.cluster.netns import NetnsUnavailable, TwoNodeNetwork, netns_available
+from helpers.engine.cluster.netns import NetnsUnavailable, TwoNodeNetwork, netns_available
 
 __all__ = [
-    "ENV_KEYS",
     "REPO_ROOT",
     "AgentRun",
-    "InjectedFailure",
     "JobResult",
     "NetnsUnavailable",
     "TwoNodeNetwork",
     "cluster_commands",
-    "cluster_train_worker",
     "failure_report",
-    "main",
     "netns_available",
     "processes_matching",
     "read_rank_outputs",

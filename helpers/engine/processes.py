@@ -1,9 +1,9 @@
 """Process plumbing, in one place: free ports, ending a process tree, the backend rule, and the
 torchrun entry point.
 
-Everything in the project that needs one of these calls this module: :mod:`helpers.launch` and
-:mod:`helpers.rank_entry` (and :mod:`helpers.mp` through them), :mod:`helpers.ranks`,
-:mod:`helpers.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
+Everything in the project that needs one of these calls this module: :mod:`helpers.engine.launcher` and
+:mod:`helpers.engine.rank_main` (and :mod:`helpers.mp` through them), :mod:`helpers.engine.warm_ranks`,
+:mod:`helpers.engine.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
 
 - :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
   loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``).
@@ -14,7 +14,7 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 - :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
   ``gloo``; a requested backend checked against the machine.
 - :func:`init_process_group_from_env` / :func:`main_from_env`: the default process group from the
-  environment torchrun (or the elastic agent under :func:`helpers.launch.launch`) sets, and the
+  environment torchrun (or the elastic agent under :func:`helpers.engine.launch`) sets, and the
   entry point that runs a ``launch`` worker unchanged under ``torchrun``.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-from helpers.fork_server import fork_server_pid
+from helpers.engine.fork_server import fork_server_pid
 
 __all__ = [
     "BACKENDS",
@@ -99,8 +99,8 @@ def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
 
 def leftover_children() -> list[psutil.Process]:
     """This process's descendants, except the two that live exactly as long as it does by
-    design: ``multiprocessing``'s resource tracker and the fork server :func:`helpers.launch.launch`
-    forks its ranks from (:mod:`helpers.fork_server`; the ranks forked from it do count). What a
+    design: ``multiprocessing``'s resource tracker and the fork server :func:`helpers.engine.launch`
+    forks its ranks from (:mod:`helpers.engine.fork_server`; the ranks forked from it do count). What a
     check for "no process left behind" after a launch looks at.
 
     Returns:
@@ -185,7 +185,7 @@ def resolve_backend(backend: str | None, world_size: int, error: type[Exception]
     ``None`` gives :func:`default_backend`; a name is checked.
 
     Raises:
-        error (``ValueError`` unless given, :class:`helpers.launch.LaunchError` from ``launch``):
+        error (``ValueError`` unless given, :class:`helpers.engine.LaunchError` from ``launch``):
             unknown backend, or ``"nccl"`` without one GPU per rank.
     """
     if backend is None:
@@ -229,7 +229,7 @@ def main_from_env(fn: Callable, *args, backend: str | None = None, **kwargs):
 
     Reads ``RANK`` and ``WORLD_SIZE`` set by torchrun, initialises the default process group
     (``backend=None``: nccl with a GPU per local rank, else gloo), calls ``fn`` and destroys the
-    group. This is how a worker written for :func:`helpers.launch.launch` runs unchanged on a
+    group. This is how a worker written for :func:`helpers.engine.launch` runs unchanged on a
     cluster::
 
         torchrun --standalone --nproc-per-node=2 -m helpers.some_module

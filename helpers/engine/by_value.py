@@ -1,6 +1,6 @@
 """What may be sent to the ranks, and the refusal that names the variable when it may not.
 
-:func:`helpers.launch.launch` (and :mod:`helpers.mp`, :mod:`helpers.ranks`) send
+:func:`helpers.engine.launch` (and :mod:`helpers.mp`, :mod:`helpers.engine.warm_ranks`) send
 ``fn, args, kwargs`` to other processes with ``cloudpickle`` (the library Dask, Ray and
 ipyparallel use for this):
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import cloudpickle
 
-from helpers.launch_errors import LaunchError
+from helpers.engine.errors import LaunchError
 
 __all__ = ["dumps", "serialise_call"]
 

@@ -1,4 +1,4 @@
-"""The fork server :func:`helpers.launch.launch` starts its ranks from: ``import torch`` once per
+"""The fork server :func:`helpers.engine.launch` starts its ranks from: ``import torch`` once per
 kernel, not once per rank per launch.
 
 ``import torch`` takes seconds, and a ``spawn``-ed rank pays it every time. Python's third start
@@ -29,7 +29,7 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
 - **a socket path that fits**: Python binds the server's Unix socket at
   ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
   (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
-  in a folder that fits (:func:`helpers.run_dir.socket_dir`), as CPython 3.14 does itself.
+  in a folder that fits (:func:`helpers.engine.run_dir.socket_dir`), as CPython 3.14 does itself.
 - **a session (so a Unix process group) of its own**: ipykernel answers a shutdown request by
   signalling every child in its Unix process group until none is left, zombies included
   (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py, about 29 s of
@@ -38,7 +38,7 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   it after 2.5 s, and its atexit hooks never ran (its ``pymp-*`` folder stayed in the temp
   directory). :func:`fork_server` starts the server, and the resource tracker if none runs yet,
   in a new session. The ranks forked from the server are in its group too: "interrupt kernel"
-  reaches them through :func:`helpers.launch.launch`, which ends them when the caller gets
+  reaches them through :func:`helpers.engine.launch`, which ends them when the caller gets
   ``KeyboardInterrupt``; a signal to the caller's process group (a terminal's Ctrl-C, a
   ``killpg``) no longer reaches the server itself.
 - **its lifetime**: the server is a child of the caller and lives as long as the caller does
@@ -77,7 +77,7 @@ import tempfile
 import threading
 from multiprocessing import forkserver, spawn, util
 
-from helpers.run_dir import SUN_PATH_MAX, socket_dir
+from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
 
 __all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server", "fork_server_pid",
            "main_without_file", "start_method", "stop_fork_server"]
@@ -108,7 +108,7 @@ def start_method() -> str:
 
 def environment() -> tuple:
     """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV`: what
-    "the same environment" means here and for :func:`helpers.ranks.start_ranks`.
+    "the same environment" means here and for :func:`helpers.engine.start_ranks`.
 
     Also without ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's own default: ``import
     torch._dynamo`` (which ``DistributedDataParallel(...)`` triggers) writes that into
@@ -132,12 +132,12 @@ _PYMP_NAME = len("pymp-") + 8
 def _socket_folder_that_fits() -> None:
     """Before Python binds the server's socket in its per-process temp folder (``pymp-*``, made on
     first use in ``TMPDIR`` and kept in ``current_process()._config["tempdir"]``): if that path
-    would be too long, make the folder in :func:`helpers.run_dir.socket_dir` instead, removed when
+    would be too long, make the folder in :func:`helpers.engine.run_dir.socket_dir` instead, removed when
     this process exits, as Python removes its own. CPython 3.14's ``util.get_temp_dir`` does this
     itself (https://github.com/python/cpython/issues/132124).
 
     Raises:
-        OSError: no temp folder short enough (:func:`helpers.run_dir.socket_dir`).
+        OSError: no temp folder short enough (:func:`helpers.engine.run_dir.socket_dir`).
     """
     config = multiprocessing.current_process()._config
     folder = config.get("tempdir")
@@ -242,7 +242,7 @@ class fork_server:
     an environment change) the server and gives its pid, the parent of the ranks forked while
     the block runs; :func:`stop_fork_server` refuses during the block. ``pid`` is ``None`` when
     the launch must use ``spawn`` (:func:`start_method` says so). Used by
-    :func:`helpers.launch.launch`, which runs one launch at a time per process.
+    :func:`helpers.engine.launch`, which runs one launch at a time per process.
 
     Raises:
         OSError: the server could not be started.

@@ -1,15 +1,15 @@
 """Starting torchrun agents from Python (a notebook cell or a test), and reading what they did.
 
-- :func:`cluster_commands`: the launch commands of :mod:`helpers.cluster`'s docstring, as text.
+- :func:`cluster_commands`: the launch commands of :mod:`helpers.engine.cluster`'s docstring, as text.
 - :func:`torchrun_command`: the argv of one torchrun agent (one "node").
 - :func:`run_agents`: start agents as subprocesses, wait with a timeout, leave no agent or worker
   behind; :class:`AgentRun` is what one agent did, :func:`failure_report` parses the root cause
   torchrun prints when a job fails.
-- :func:`run_job`: ``python -m helpers.cluster`` as one or several "nodes" on this machine
-  (loopback, or a :class:`helpers.cluster.netns.TwoNodeNetwork`), every rank's results read back
+- :func:`run_job`: ``python -m helpers.engine.cluster`` as one or several "nodes" on this machine
+  (loopback, or a :class:`helpers.engine.cluster.netns.TwoNodeNetwork`), every rank's results read back
   (:class:`JobResult`); :func:`processes_matching` finds anything of a job still running.
 
-Free ports and ending process trees come from :mod:`helpers.procs`.
+Free ports and ending process trees come from :mod:`helpers.engine.processes`.
 
 References: torchrun https://pytorch.org/docs/stable/elastic/run.html; rendezvous
 https://pytorch.org/docs/stable/elastic/rendezvous.html.
@@ -34,9 +34,9 @@ from typing import Any
 import psutil
 
 from helpers import REPO_ROOT
-from helpers.cluster.netns import TwoNodeNetwork
-from helpers.launch import threads_per_rank
-from helpers.procs import descendants, end_processes, free_port, loopback_interface
+from helpers.engine.cluster.netns import TwoNodeNetwork
+from helpers.engine.launcher import threads_per_rank
+from helpers.engine.processes import descendants, end_processes, free_port, loopback_interface
 
 __all__ = [
     "AgentRun",
@@ -57,7 +57,7 @@ _POLL_S = 0.1
 
 def cluster_commands(nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST0", port: int = 29500,
                      rdzv_id: str = "mnist-job1", args: str = "--epochs 1") -> dict[str, str]:
-    """The launch commands of :mod:`helpers.cluster`'s docstring, as text (for the notebook and docs).
+    """The launch commands of :mod:`helpers.engine.cluster`'s docstring, as text (for the notebook and docs).
 
     Args:
         nproc_per_node: workers per node (one per GPU on a GPU node).
@@ -65,13 +65,13 @@ def cluster_commands(nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST
         host: the rendezvous host, the first node's address (a placeholder by default).
         port: the rendezvous port on ``host``.
         rdzv_id: the job id every node must share (SLURM uses ``$SLURM_JOB_ID``).
-        args: arguments for ``helpers.cluster`` (training options).
+        args: arguments for ``helpers.engine.cluster`` (training options).
 
     Returns:
         ``{"single node": ..., "multi-node (run on every node)": ..., "SLURM batch script": ...}``:
         shell text, long commands continued over several lines with `` \\``.
     """
-    entry = f"-m helpers.cluster {args}".rstrip()
+    entry = f"-m helpers.engine.cluster {args}".rstrip()
     single = f"torchrun --standalone --nproc-per-node={nproc_per_node} {entry}"
     multi = (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} --rdzv-backend=c10d "
              f"--rdzv-endpoint={host}:{port} \\\n    --rdzv-id={rdzv_id} {entry}")
@@ -98,7 +98,7 @@ def torchrun_command(entry_args: Sequence[str], *, nproc_per_node: int = 1, nnod
                      rdzv_id: str | None = None, is_host: bool | None = None,
                      local_addr: str | None = None, max_restarts: int = 0,
                      monitor_interval: float = 0.5, rdzv_timeout_s: int = 60,
-                     log_dir: str | os.PathLike | None = None, module: str | None = "helpers.cluster",
+                     log_dir: str | os.PathLike | None = None, module: str | None = "helpers.engine.cluster",
                      prefix: Sequence[str] = ()) -> list[str]:
     """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "torch.distributed.run", ...]``.
 
@@ -262,7 +262,7 @@ def _read_log(folder: str, node: int, stream: str) -> str:
 
 
 def read_rank_outputs(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every ``rank<R>.json`` written by ``python -m helpers.cluster --output DIR``, in rank order.
+    """Every ``rank<R>.json`` written by ``python -m helpers.engine.cluster --output DIR``, in rank order.
 
     Raises:
         FileNotFoundError: if the folder holds no rank output (the job failed before writing).
@@ -277,7 +277,7 @@ def failure_report(run: AgentRun) -> dict[str, Any] | None:
     """The root cause torchrun's agent printed when its job failed, parsed; ``None`` if it
     printed no failure report (e.g. the job succeeded).
 
-    torchrun ends a failed job with a block like ``helpers.cluster FAILED ... Root Cause (first
+    torchrun ends a failed job with a block like ``helpers.engine.cluster FAILED ... Root Cause (first
     observed failure): [0]: time: ..., host: ..., rank: 1 (local_rank: 0), exitcode: 1 (pid: ...),
     error_file: ..., traceback: ...``. Returns ``{"rank": int, "local_rank": int, "exitcode": int,
     "error": the last line of the worker's traceback (exception type and message), "text": the
@@ -361,7 +361,7 @@ class JobResult:
 def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 2,
             network: "TwoNodeNetwork | None" = None, max_restarts: int = 0, timeout: float = 240.0,
             env: dict[str, str] | None = None) -> JobResult:
-    """Run ``python -m helpers.cluster <train_args>`` under torchrun, as one or several "nodes"
+    """Run ``python -m helpers.engine.cluster <train_args>`` under torchrun, as one or several "nodes"
     on this machine, and collect every rank's results.
 
     - ``nodes == 1``: ``torchrun --standalone --nproc-per-node=N`` (its own c10d store on a free
@@ -369,17 +369,17 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
     - ``nodes >= 2``: ``nodes`` agents with ``--nnodes=nodes`` and a c10d rendezvous; agent 0
       hosts the store (``is_host=1``) on a free port. Without ``network``: everything on
       loopback (``127.0.0.1``, ``--local-addr=127.0.0.1``, ``GLOO_SOCKET_IFNAME`` =
-      :func:`helpers.procs.loopback_interface`: ``lo``, ``lo0`` on macOS). With a
+      :func:`helpers.engine.loopback_interface`: ``lo``, ``lo0`` on macOS). With a
       :class:`TwoNodeNetwork` (``nodes == 2``): agent ``i`` runs inside namespace ``i``,
       advertises ``network.addresses[i]``, the store is at ``addresses[0]`` and gloo uses the
       veth interface, so every byte between the nodes crosses it.
 
-    Every agent gets ``OMP_NUM_THREADS`` = :func:`helpers.launch.threads_per_rank` of all
+    Every agent gets ``OMP_NUM_THREADS`` = :func:`helpers.engine.threads_per_rank` of all
     processes on this host (the launcher's rule), plus ``env``. ``--output`` and torchrun's
     ``--log-dir`` are added (a temporary folder, read back and removed).
 
     Args:
-        train_args: options for ``helpers.cluster`` (e.g. ``["--max-steps", "50"]``).
+        train_args: options for ``helpers.engine.cluster`` (e.g. ``["--max-steps", "50"]``).
         nodes, nproc_per_node: the job's shape.
         network: run the nodes in these namespaces (requires ``nodes == 2``).
         max_restarts: torchrun's ``--max-restarts``.

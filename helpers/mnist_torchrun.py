@@ -1,7 +1,7 @@
-"""What every rank runs: ``python -m helpers.cluster`` under torchrun (notebook 07).
+"""What every rank runs: ``python -m helpers.engine.cluster`` under torchrun (notebook 07).
 
 :func:`main` parses the training options, initialises the default process group from the
-environment torchrun sets (:func:`helpers.procs.main_from_env`) and runs
+environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs
 :func:`cluster_train_worker`, which calls :func:`helpers.mnist_train.ddp_train_worker` -- the
 very worker notebook 04 starts with ``launch(ddp_train_worker, world_size, config)`` -- and
 records what torchrun told this process (:data:`ENV_KEYS`) and where it ran. With ``--output
@@ -29,8 +29,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from helpers.engine.processes import BACKENDS, main_from_env, resolve_backend
 from helpers.mnist_train import MODELS, TrainConfig, ddp_train_worker
-from helpers.procs import BACKENDS, main_from_env, resolve_backend
 
 __all__ = ["ENV_KEYS", "InjectedFailure", "cluster_train_worker", "main"]
 
@@ -74,7 +74,7 @@ def _net_namespace() -> str:
 def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | None = None,
                          fail_rank: int | None = None, fail_at_step: int = 1,
                          fail_attempts: int = 10**9) -> dict[str, Any]:
-    """One rank of notebook 04's DDP training, as started by torchrun (or :func:`helpers.launch.launch`).
+    """One rank of notebook 04's DDP training, as started by torchrun (or :func:`helpers.engine.launch`).
 
     Runs :func:`helpers.mnist_train.ddp_train_worker` unchanged and adds to its history
     ``"node"``: what this process was told and where it ran (``{key: value}`` for
@@ -117,9 +117,9 @@ def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | N
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.cluster",
+        prog="python -m helpers.engine.cluster",
         description="Notebook 04's MNIST DDP training as a torchrun entry point "
-                    "(torchrun --standalone --nproc-per-node=2 -m helpers.cluster --epochs 1).")
+                    "(torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster --epochs 1).")
     p.add_argument("--global-batch-size", type=int, default=64, help="samples per optimizer step, all ranks")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
     p.add_argument("--epochs", type=int, default=1)
@@ -141,20 +141,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 # torchrun reads, so the agent's failure summary shows the worker's traceback.
 @record
 def main(argv: list[str] | None = None) -> None:
-    """``python -m helpers.cluster ...`` under torchrun: one rank of the MNIST training.
+    """``python -m helpers.engine.cluster ...`` under torchrun: one rank of the MNIST training.
 
     Raises:
         SystemExit: when not started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` or
             ``MASTER_PORT`` missing from the environment), saying how to start it.
         ValueError: ``--backend nccl`` without one CUDA GPU per local rank
-            (:func:`helpers.procs.resolve_backend`).
+            (:func:`helpers.engine.resolve_backend`).
     """
     a = _parse(argv)
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise SystemExit(f"python -m helpers.cluster runs under torchrun, which sets {', '.join(missing)}. Start it "
-                         "with e.g. `torchrun --standalone --nproc-per-node=2 -m helpers.cluster --epochs 1`, or "
-                         "from a notebook with helpers.launch.launch(ddp_train_worker, 2, TrainConfig()).")
+        raise SystemExit(f"python -m helpers.engine.cluster runs under torchrun, which sets {', '.join(missing)}. "
+                         "Start it with e.g. `torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster "
+                         "--epochs 1`, or "
+                         "from a notebook with helpers.engine.launch(ddp_train_worker, 2, TrainConfig()).")
     config = TrainConfig(global_batch_size=a.global_batch_size, lr=a.lr, epochs=a.epochs,
                          max_steps=a.max_steps, model=a.model, seed=a.seed, progress=not a.no_progress)
     for stream in (sys.stdout, sys.stderr):

@@ -1,6 +1,6 @@
 """Deliberate faults, for the launcher's fault tests and the debugging lessons.
 
-Each function is a worker for :func:`helpers.launch.launch` (``fn(rank, world_size, ...)``) that
+Each function is a worker for :func:`helpers.engine.launch` (``fn(rank, world_size, ...)``) that
 misbehaves on purpose on one rank, in one of the ways DDP jobs really fail: an exception before,
 during or after a collective, a rank that skips a collective (the classic hang), an exit without
 a result, a SIGKILL (what the out-of-memory killer sends), an unpicklable return value.
