@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers.engine.processes import BACKENDS, main_from_env, resolve_backend
+from helpers.engine import BACKENDS, main_from_env, resolve_backend
 from helpers.mnist_train import MODELS, TrainConfig, ddp_train_worker
 
 __all__ = ["ENV_KEYS", "InjectedFailure", "cluster_train_worker", "main"]

@@ -1,13 +1,13 @@
 """What every teaching notebook needs besides its lesson: parameter checks and exercises.
 
 Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
-check_value``), and checked by ``tests/test_learner.py``.
+check_value``), and checked by ``tests/course/test_learner.py``.
 
 Recipe: what a notebook must contain
 ====================================
 
 Apply these in the notebook (or its jupytext twin ``notebooks/NN_*.py``), then add the
-notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
+notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/course/test_learner.py`` and run
 ``python ci/params_table.py`` (the parameter table in docs/RUNNER.md).
 
 1. **Glossary link in the first cell.** The first (markdown) cell links to the glossary with a
@@ -61,11 +61,11 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/test_learner.py`` and run
    Keep solutions cheap: no extra ``launch`` unless the exercise is about it (each launch costs
    3 to 6 s). Exercise keys are ``"ex1"``, ``"ex2"``, ... in order.
 
-Tests that hold a notebook to this recipe (``tests/test_learner.py``, for the stems in
+Tests that hold a notebook to this recipe (``tests/course/test_learner.py``, for the stems in
 ``LEARNER_NOTEBOOKS``): glossary link and anchors in the first cell; a ``check_parameters`` call
 naming every parameter in the cell right after the parameters cell; at least two cells tagged
 ``solution`` with ``source_hidden``, each calling ``check_answer(..., strict=True)``; every
-``answer_N = None`` cell followed by its check cell. ``tests/test_notebooks.py`` executes the
+``answer_N = None`` cell followed by its check cell. ``tests/course/test_notebooks.py`` executes the
 notebooks, and so the solutions.
 """
 

@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_launch.py (importable, so spawned workers can run them).
+"""Worker functions for tests/engine/test_launch.py (importable, so spawned workers can run them).
 
 Run directly under torchrun to check that a launch() worker runs unchanged there::
 

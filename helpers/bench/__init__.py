@@ -120,7 +120,7 @@ from helpers.bench.threads import (
     threads_worker,
 )
 
-# the private names above are shown by notebook 05 (inspect.getsource) and used by tests/test_bench.py
+# the private names above are shown by notebook 05 (inspect.getsource) and used by tests/course/test_bench.py
 
 __all__ = [
     "BENCHMARKS",

@@ -15,8 +15,8 @@ import torch; the first name used imports what it needs):
   :func:`current_ranks`, :class:`WarmRanks`;
 - inside a rank: :func:`worker_device` (``cuda:<local_rank>`` under nccl, else ``cpu``);
   :func:`main_from_env` (the torchrun entry for a worker written for :func:`launch`);
-- rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo), :func:`threads_per_rank`,
-  :data:`MAX_RANKS_PER_CPU`;
+- rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`),
+  :func:`threads_per_rank`, :data:`MAX_RANKS_PER_CPU`;
 - processes: :func:`free_port`, :func:`loopback_interface`, :func:`end_processes`,
   :func:`leftover_children`, :func:`stop_fork_server`; :class:`QuietElastic` (torch's elastic
   agent without its log lines, for code that calls the agent directly);
@@ -39,6 +39,7 @@ _WHERE = {
     "resolve_backend": "launcher",
     "threads_per_rank": "launcher",
     "MAX_RANKS_PER_CPU": "launcher",
+    "BACKENDS": "launcher",
     "QuietElastic": "launcher",
     "worker_device": "rank_main",
     "main_from_env": "processes",

@@ -11,7 +11,7 @@ importable from here:
    ``LOCAL_RANK``, ``GROUP_RANK`` = node rank, ``WORLD_SIZE``, restart count, network namespace)
    to ``DIR/rank<RANK>.json``; it can also inject a failure (below). For the same seed and
    configuration the loss history equals the notebook's ``launch`` run (asserted in notebook 07
-   and ``tests/test_cluster.py``).
+   and ``tests/engine/test_cluster.py``).
 2. :mod:`helpers.engine.cluster.agents` -- **starting torchrun agents from Python** (a notebook cell or
    a test) as subprocesses, with a timeout, leaving no agent or worker behind:
    :func:`torchrun_command`, :func:`run_agents`, :func:`run_job`, :func:`failure_report`.

@@ -45,4 +45,4 @@ def test_refresh_and_check(tmp_path, capsys):
     assert reliability.main([*args, "--check"]) == reliability.EXIT_OK
     missing = ["--matrix", str(tmp_path / "nope.json"), "--output", str(doc)]
     assert reliability.main(missing) == reliability.EXIT_MISSING
-    assert "tests/test_faults.py" in capsys.readouterr().err
+    assert "tests/engine/test_faults.py" in capsys.readouterr().err

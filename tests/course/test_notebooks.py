@@ -17,7 +17,7 @@ import pytest
 from ci.planning import effective_parameters, notebook_parameters, plan_run
 from ci.run_notebooks import run_notebooks
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 # rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
 # order of the tests is all they are used for)

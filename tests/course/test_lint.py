@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
 
 
@@ -70,3 +70,25 @@ def test_no_module_in_helpers_or_ci_passes_500_lines():
     assert not new, f"past {MAX_LINES} lines, split along its seams: " + ", ".join(f"{p} ({lengths[p]})" for p in new)
     fixed = sorted(p for p in OVER_THE_LIMIT_FOR_NOW if lengths.get(p, 0) <= MAX_LINES)
     assert not fixed, f"no longer past {MAX_LINES} lines (or gone): remove from OVER_THE_LIMIT_FOR_NOW: {fixed}"
+
+
+#: the last commit before the habit (issue 32): subjects after it are at most 72 characters
+HABIT_START = "ab4f5da"
+MAX_SUBJECT = 72
+
+
+def test_commit_subjects_after_the_habit_began_fit_72_characters():
+    """Commit subjects from HABIT_START (exclusive) to HEAD: at most 72 characters, the why in the body."""
+    try:
+        known = subprocess.run(["git", "cat-file", "-e", f"{HABIT_START}^{{commit}}"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"no git here to read the history ({e})")
+    if known.returncode != 0:
+        pytest.skip(f"commit {HABIT_START} is not in this clone's history (a shallow clone, or no .git): "
+                    "nothing to check the subjects from")
+    log = subprocess.run(["git", "log", "--format=%h %s", f"{HABIT_START}..HEAD"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    long = [line for line in log.splitlines() if len(line.split(" ", 1)[1]) > MAX_SUBJECT]
+    assert not long, (f"commit subjects over {MAX_SUBJECT} characters (reword them, the why goes in the body):\n"
+                      + "\n".join(long))

@@ -8,7 +8,7 @@ that asserts: ``assert ...``, ``assert_close(...)``, ``torch.equal`` inside an a
 ``check_*`` call of ``helpers.notebook`` with ``strict=True``. Statements that cannot be asserted here are worded
 as explanation with their source (doc page, paper, torch file), not as a **Claim:**.
 
-Nothing is executed here; tests/test_notebooks.py runs the notebooks, so the assertions found
+Nothing is executed here; tests/course/test_notebooks.py runs the notebooks, so the assertions found
 here really execute (a notebook that fails an assertion fails that test).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 #: every bold label that starts with the word Claim or Claims, with or without a parenthesis and colon
 CLAIM = re.compile(r"\*\*Claims?\b[^*\n]*\*\*:?")

@@ -4,7 +4,7 @@ table with its measured run times, and the links of the README and docs/.
 
 The recipe a notebook must follow is in ``helpers/notebook.py``'s docstring. The notebook
 tests below hold the notebooks listed in ``LEARNER_NOTEBOOKS`` to it; the suite also executes
-every notebook (``tests/test_notebooks.py``), which runs every solution cell.
+every notebook (``tests/course/test_notebooks.py``), which runs every solution cell.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ci.cleanup import IPCKernelManager
 from ci.outputs import record_times
 from helpers import notebook as hn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
 
@@ -88,7 +88,7 @@ def test_learner_notebooks_exist():
 def test_every_notebook_is_a_learner_notebook():
     """Every notebook follows the recipe: a new notebook must be added to LEARNER_NOTEBOOKS."""
     others = sorted(p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb") if p.stem not in LEARNER_NOTEBOOKS)
-    assert not others, f"notebooks not yet in LEARNER_NOTEBOOKS (tests/test_learner.py): {others}"
+    assert not others, f"notebooks not yet in LEARNER_NOTEBOOKS (tests/course/test_learner.py): {others}"
 
 
 @pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)

@@ -1,6 +1,6 @@
 """helpers.sampler (notebook 03's tables, pictures and the evaluation counts helpers.mnist_train
 uses) against the issue's cases, including the counts all-reduced on real ranks (notebook 03 itself,
-whose worker code lives in its cells, is executed by tests/test_notebooks.py)."""
+whose worker code lives in its cells, is executed by tests/course/test_notebooks.py)."""
 
 from __future__ import annotations
 

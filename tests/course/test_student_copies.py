@@ -9,7 +9,7 @@ import pytest
 
 from ci import student_copies
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def tagged(nb, tag: str) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 TWINS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.py"))
 
 FIGURE_MAKERS = {"subplots", "figure", "subplot_mosaic"}

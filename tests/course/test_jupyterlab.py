@@ -55,7 +55,7 @@ import pytest
 from _support import leftover_processes
 from helpers.engine.processes import free_port, is_live
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 NB_NAME = "01_gradients_dp_vs_ddp.ipynb"
 #: Injected into the temporary copy; must differ from the notebook's smoke and full parameters.
@@ -96,7 +96,7 @@ LAB_SETTINGS = {
 }
 
 PROBE_NAME = "zz_error_probe.ipynb"  # written into the temporary copy only
-PROBE_MESSAGE = "deliberate error from tests/test_jupyterlab.py"
+PROBE_MESSAGE = "deliberate error from tests/course/test_jupyterlab.py"
 
 
 def _make_probe_notebook(path: Path) -> None:

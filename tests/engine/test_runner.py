@@ -18,7 +18,7 @@ from ci import execution, student_copies
 from ci import run_notebooks as rn
 from helpers.engine.processes import is_live
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ci" / "run_notebooks.py"
 
 PARAMS = """\

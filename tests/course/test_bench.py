@@ -356,7 +356,7 @@ def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
     """The children of ``bench_threads_by_launcher`` see no OMP_NUM_THREADS (each launcher's own
     default is what is measured) and the caller's value is back afterwards, even when a child
     fails. Every row of the real run (five launchers, real processes) is asserted by notebook 05,
-    section 2, which the suite runs in the smoke profile (tests/test_notebooks.py)."""
+    section 2, which the suite runs in the smoke profile (tests/course/test_notebooks.py)."""
     from helpers.bench import threads
 
     seen = []

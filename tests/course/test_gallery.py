@@ -13,7 +13,7 @@ import pytest
 from ci import gallery
 from ci import run_notebooks as rn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "ci" / "run_notebooks.py"
 
 PARAMS = "n = 2\n"

@@ -10,7 +10,7 @@ import pytest
 
 from ci import run_notebooks as rn
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 IDS = [p.stem for p in NOTEBOOKS]
 

@@ -4,7 +4,7 @@ communication hook byte counts.
 
 The torchrun jobs themselves (one node against ``launch``, two nodes on loopback and in two
 network namespaces, a node failure, ``--max-restarts``) are asserted by notebook 07's cells,
-which the suite runs in the smoke profile (tests/test_notebooks.py): real agents as
+which the suite runs in the smoke profile (tests/course/test_notebooks.py): real agents as
 subprocesses, nothing left behind. They are not run a second time here. This file starts one
 real agent, whose rendezvous never completes, to check the timeout.
 """
@@ -33,7 +33,7 @@ from helpers.engine.cluster import (
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
 ARGS = ["--max-steps", STEPS, "--no-progress", "--backend", "gloo"]
 

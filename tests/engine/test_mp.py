@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.time
 
 # The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
 # Case", its older form whose setup says "gloo"), pasted as a learner would, with docs/OWN_CODE.md's CPU
-# changes (tests/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
+# changes (tests/engine/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
 TUTORIAL = '''\
 import os
 import sys

@@ -1,7 +1,7 @@
 """Warm ranks (helpers.engine.warm_ranks): real ipyparallel engines, a real gloo group, a papermill-run notebook.
 
 The faults (hung collective in ``run`` and in a ``%%px`` cell, killed ranks, interrupt, kernel
-restart and kill) are rows of the fault matrix in tests/test_faults.py.
+restart and kill) are rows of the fault matrix in tests/engine/test_faults.py.
 """
 
 import os
