@@ -152,6 +152,7 @@ def test_models():
         bench.build_bench_model("resnet")
 
 
+@pytest.mark.slow(4)
 def test_mmap_path_gives_the_same_normalised_images():
     imgs, labels = bench._mmap_split(False, None)
     assert imgs.dtype == torch.uint8 and imgs.shape == (10000, 28, 28)
@@ -168,6 +169,7 @@ def test_memcpy_rows():
         assert r["seconds"] > 0 and r["copy_GBps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
 
 
+@pytest.mark.slow(7)
 def test_local_throughput_single_and_dp_rows():
     rows = bench.local_throughput("dp", ["linear"], [32], steps=2, warmup=1, rounds=1, threads=1)
     (r,) = rows
@@ -222,6 +224,7 @@ def test_timeline_overlap_on_a_synthetic_timeline():
     assert bench.timeline_overlap(tl)["launched_early"] == 1
 
 
+@pytest.mark.slow(10)
 def test_cli_help_runs_as_a_module():
     proc = subprocess.run([sys.executable, "-m", "helpers.bench", "--help"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
@@ -241,6 +244,7 @@ def test_cli_rejects_unknown_names():
 # tiny runs through the launcher (well-formed rows; no timing asserted)
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow(20)
 @pytest.mark.timeout(120)
 def test_tiny_allreduce(no_leftover_processes):
     out = bench.bench_allreduce([2], [4, 64])
@@ -257,6 +261,7 @@ def test_tiny_allreduce(no_leftover_processes):
     assert len(out["memcpy"]) == 2
 
 
+@pytest.mark.slow(8)
 @pytest.mark.timeout(120)
 def test_tiny_pipeline_same_accuracy(no_leftover_processes):
     rows = bench.bench_pipeline([1], n_train=256, n_test=200, repeats=2)
@@ -281,6 +286,7 @@ def test_tiny_pipeline_same_accuracy(no_leftover_processes):
     assert ddp_loss == pytest.approx(plain_loss, rel=1e-5)
 
 
+@pytest.mark.slow(3)
 @pytest.mark.timeout(120)
 def test_tiny_scaling(no_leftover_processes):
     rows = bench.bench_scaling([[2, 1]], ["linear"], [64], steps=2, warmup=1, rounds=1, local=False)
@@ -297,6 +303,7 @@ def test_tiny_scaling(no_leftover_processes):
         bench.bench_scaling([[2, 1]], ["linear"], [63], steps=1, warmup=0, local=False)
 
 
+@pytest.mark.slow(4)
 @pytest.mark.timeout(180)
 def test_scaling_alternates_every_mode_in_one_launch(no_leftover_processes):
     """Notebook 05's comparison: 1 and 2 ranks, the single process and DP, timed in alternation
@@ -321,6 +328,7 @@ def test_scaling_alternates_every_mode_in_one_launch(no_leftover_processes):
         launch(bench.scaling_worker, 2, [[4, 1]], ["linear"], [64], 1, 0, 1)
 
 
+@pytest.mark.slow(7)
 @pytest.mark.timeout(120)
 def test_tiny_buckets_and_timeline(no_leftover_processes):
     out = bench.bench_buckets(2, [1.0, 100.0], [False], steps=2, warmup=1, profile_cap_mb=1.0, rounds=2)

@@ -179,6 +179,7 @@ def torchvision_mnist_offline(root: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow(35)
 def test_torchvision_download_true_works_offline_after_ensure_mnist(gz_copy):
     root, raw = gz_copy
     gz_before = {p.name: p.read_bytes() for p in raw.iterdir()}

@@ -58,6 +58,7 @@ def index_rows(index: Path) -> dict[str, dict]:
     return rows
 
 
+@pytest.mark.slow(20)
 @pytest.mark.timeout(300)
 def test_gallery_lists_ok_and_failed_notebooks(tmp_path: Path, no_leftover_processes):
     nbdir = tmp_path / "notebooks"
@@ -96,6 +97,7 @@ def test_gallery_lists_ok_and_failed_notebooks(tmp_path: Path, no_leftover_proce
     assert re.search(r"^\s*01_tiny_ok\s+ok\s+" + re.escape(ok["seconds"]) + r"\s*$", proc.stdout, re.M)
 
 
+@pytest.mark.slow(10)
 @pytest.mark.timeout(300)
 def test_gallery_off_by_default_for_smoke_and_on_for_full(tmp_path: Path):
     nbdir = tmp_path / "notebooks"

@@ -183,6 +183,7 @@ def test_long_cells_say_how_long(stem):
 
 
 
+@pytest.mark.slow(5)
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
 def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
@@ -217,6 +218,7 @@ def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow(5)
 @pytest.mark.timeout(120)
 def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
     import papermill

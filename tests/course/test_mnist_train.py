@@ -125,6 +125,7 @@ def single_short():
     return train_single(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
 
 
+@pytest.mark.slow(6)
 def test_single_process_short_run_learns(single_short):
     h = single_short
     assert h["mode"] == "single" and h["steps"] == 40 and len(h["losses"]) == 40
@@ -140,6 +141,7 @@ def test_snapshot_beyond_the_run_is_an_error():
         train_single(TrainConfig(max_steps=2, snapshot_step=5, progress=False))
 
 
+@pytest.mark.slow(2)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU pass-through is what is checked here")
 def test_dp_on_cpu_is_the_single_process_run(single_short):
     dp = train_dp(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
@@ -148,6 +150,7 @@ def test_dp_on_cpu_is_the_single_process_run(single_short):
     assert dp["test_accuracy"] == single_short["test_accuracy"]
 
 
+@pytest.mark.slow(3)
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_ddp_two_ranks_follows_single_process(single_short):
     histories = launch(ddp_train_worker, 2, TrainConfig(max_steps=40, progress=False, snapshot_step=8), timeout=240)

@@ -58,6 +58,7 @@ def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
     )
 
 
+@pytest.mark.slow(4)
 @pytest.mark.matrix
 def test_kernel_is_the_interpreter_running_the_tests(tmp_path: Path):
     """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py, which

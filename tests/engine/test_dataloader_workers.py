@@ -15,7 +15,8 @@ from helpers import mp
 from helpers.engine import WorkerError, launch
 from helpers.engine.start_method import main_object_hint
 
-pytestmark = [pytest.mark.timeout(400)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 N = 40  # indices in the dataset (a multiple of world_size: no padding by DistributedSampler)
 

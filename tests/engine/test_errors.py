@@ -17,7 +17,8 @@ import helpers.mp as hmp
 from _support import REPO_ROOT, Kernel
 from helpers.engine import WorkerError, launch
 
-pytestmark = pytest.mark.timeout(300)
+# slow: kernels or warm ranks in (nearly) every test
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HELPERS_PATH = re.compile(r"helpers/\w+\.py")  # a frame of helpers (the hints may name helpers.mp.spawn)

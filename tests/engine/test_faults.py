@@ -32,7 +32,8 @@ from helpers.engine import LaunchError, LaunchTimeout, WorkerError, faults, fork
 from helpers.engine.processes import is_live
 
 # one xdist worker runs the whole matrix, so the report written after the module is complete
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix")]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("fault-matrix"), pytest.mark.slow]
 
 ROWS: list[dict] = []
 

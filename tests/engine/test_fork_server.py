@@ -16,7 +16,8 @@ from helpers.engine import fork_server as fs
 from helpers.engine import launch
 from helpers.engine.processes import is_live
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180), pytest.mark.slow]
 
 PROBE = "DDP_LAB_FORK_SERVER_PROBE"
 

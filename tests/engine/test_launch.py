@@ -17,7 +17,8 @@ from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, OversubscriptionWarning, launch, resolve_backend
 from helpers.engine.processes import is_live
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180), pytest.mark.slow]
 
 
 @pytest.mark.matrix

@@ -10,7 +10,8 @@ from ci.cleanup import IPCKernelManager
 from helpers import mp
 from helpers.engine import LaunchError, WorkerError
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
 
 # The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
 # Case", its older form whose setup says "gloo"), pasted as a learner would, with docs/OWN_CODE.md's CPU

@@ -12,7 +12,8 @@ import pytest
 
 from _support import REPO_ROOT, TESTS_DIR
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(300)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(300), pytest.mark.slow]
 
 #: Put first on PYTHONPATH, so that every process of the run (the launcher, the fork server, each
 #: rank) takes torch's macOS branch of the agent's redirect: ``IS_MACOS`` set once the module loads.

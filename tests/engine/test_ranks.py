@@ -25,7 +25,8 @@ from _support import (
 from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, WorkerError, current_ranks, faults, launch, start_ranks, threads_per_rank
 
-pytestmark = pytest.mark.timeout(600)
+# slow: kernels or warm ranks in (nearly) every test
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 MARK = uuid.uuid4().hex  # every engine and controller this module starts carries it
 

@@ -21,7 +21,8 @@ import pytest
 from _support import REPO_ROOT, Kernel
 from helpers.engine import free_port
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400)]
+# slow: real processes in (nearly) every test
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
 
 IMPORT = ("import torch.multiprocessing as mp", "import helpers.mp as mp")
 
