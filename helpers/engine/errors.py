@@ -56,7 +56,7 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "parameters (e.g. def fn(rank, world_size): ...)."),
     (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
-     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine.processes import free_port`, "
+     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
      "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
 ]
 
