@@ -21,7 +21,7 @@ from helpers.engine import WorkerError, launch
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-HELPERS_PATH = re.compile(r"helpers/\w+\.py")  # a frame of helpers (the hints may name helpers.mp.spawn)
+HELPERS_PATH = re.compile(r"helpers/(?:\w+/)*\w+\.py")  # a frame of helpers (the hints may name helpers.mp.spawn)
 
 
 @pytest.fixture(scope="module")
