@@ -4,7 +4,7 @@ When a cell is cut short (timeout, interrupt) the kernel's whole process tree (e
 is killed before papermill shuts the kernel down; after shutdown, any process that was seen in
 the kernel's tree, or that is still a descendant of the runner (on Linux the runner is a "child
 subreaper" while it runs, so orphaned grandchildren are re-parented to it and found), is given
-a few seconds to exit, then killed (:func:`helpers.procs.end_processes`). Used by
+a few seconds to exit, then killed (:func:`helpers.engine.end_processes`). Used by
 :mod:`ci.execution`.
 """
 
@@ -23,8 +23,8 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import CaselessStrEnum, default
 
-from helpers.procs import descendants, end_processes, is_live
-from helpers.run_dir import is_reaper, socket_dir
+from helpers.engine.processes import descendants, end_processes, is_live
+from helpers.engine.run_dir import is_reaper, socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
 #: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
@@ -49,7 +49,7 @@ def ipc_kernel_manager(base: type) -> type:
     messages, "Invalid Signature"), and left in the folder. Here they are
     ``<tempdir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel; jupyter_client
     removes them when the kernel is cleaned up (``cleanup_ipc_files``). ``<tempdir>`` is
-    :func:`helpers.run_dir.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
+    :func:`helpers.engine.run_dir.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
     long for a socket path.
     """
 
@@ -115,7 +115,7 @@ def _wait_gone(procs: list, timeout: float) -> list:
 def kill_all(procs: list, timeout: float = 5.0) -> list:
     """SIGKILL ``procs`` (parents before children, the order given) and wait; returns survivors.
 
-    The killing is :func:`helpers.procs.end_processes` (the one process-tree ender); then the
+    The killing is :func:`helpers.engine.end_processes` (the one process-tree ender); then the
     orphans this subreaper adopted while their parents died are reaped."""
     survivors = end_processes(procs, terminate=False, timeout=timeout)
     _reap_zombie_children()
@@ -177,7 +177,7 @@ class Watch:
 
     def kill_kernel_tree(self) -> None:
         """SIGKILL the kernel's descendants (not the kernel). A launch's run-folder reaper is spared:
-        it removes the folder once the kernel is gone (:func:`helpers.run_dir.run_folder`), which a
+        it removes the folder once the kernel is gone (:func:`helpers.engine.run_dir.run_folder`), which a
         kernel killed mid-launch never does itself; it counts as left behind if it is still there
         after the leftover grace."""
         tree = [p for p in self.snapshot_kernel_tree() if is_live(p) and not is_reaper(p)]

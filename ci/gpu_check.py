@@ -7,12 +7,12 @@ Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the 
 1. the runner's ``gpu`` profile on every notebook with a GPU branch (01 real ``nn.DataParallel``,
    04 real DP against DDP, 05 the benchmarks' CUDA device, 06 SyncBatchNorm on GPU, 07 the
    ``nccl`` rows), executed notebooks under ``OUT_DIR/notebooks/gpu/``;
-2. :func:`helpers.launch.launch` with ``backend="nccl"`` at ``world_size`` 1 (an all-reduce of a
+2. :func:`helpers.engine.launch` with ``backend="nccl"`` at ``world_size`` 1 (an all-reduce of a
    CUDA tensor, checked);
 3. real ``nn.DataParallel`` over every visible GPU: gradients equal one device's;
 4. ``nn.SyncBatchNorm`` on GPU under nccl in a launch (one rank per GPU; with one GPU torch runs it
    as plain batch norm, which the summary says), checked against ``nn.BatchNorm1d`` on the CPU;
-5. warm ranks with ``nccl`` (``helpers.ranks``).
+5. warm ranks with ``nccl`` (``helpers.engine.warm_ranks``).
 
 Writes ``OUT_DIR/summary.json``, ``OUT_DIR/summary.md`` (GPU name, torch and CUDA versions, each
 check with its seconds and error) and ``OUT_DIR/runner_table.txt``. Exit code 0 when every check
@@ -41,9 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 try:
-    from helpers.launch import launch, worker_device
-    from helpers.procs import end_processes, leftover_children
-    from helpers.ranks import start_ranks
+    from helpers.engine import end_processes, launch, leftover_children, start_ranks, worker_device
 except ModuleNotFoundError as e:  # run as a file without the repository installed
     if e.name != "helpers":
         raise

@@ -6,7 +6,7 @@ Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``)
 ``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
 starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
 notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule
-(:func:`helpers.notebook.accepts`); :class:`ConfigError` carries every problem found. Used by
+(:func:`helpers.param_types.accepts`); :class:`ConfigError` carries every problem found. Used by
 :mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import nbformat
 import papermill
 
-from helpers.notebook import PARAMETER_TYPES, type_problem
+from helpers.param_types import PARAMETER_TYPES, type_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -264,7 +264,7 @@ def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
         return text
 
 
-#: Where to pass a right value, for :func:`helpers.notebook.type_problem`: on the command line or
+#: Where to pass a right value, for :func:`helpers.param_types.type_problem`: on the command line or
 #: in the profiles file, whichever the wrong value came from.
 _CLI_FIX = "`-p {name}={cli}`"
 _PROFILE_FIX = "`\"{name}\": {json}` in that profile"
@@ -278,8 +278,8 @@ def type_check_parameters(
     ``declared`` parameters (:func:`notebook_parameters`), before any process starts.
 
     A :class:`CliValue` is first read as a Python literal (as-is text for a ``str`` parameter).
-    The rule and the message are the notebook's own (:func:`helpers.notebook.accepts`,
-    :func:`helpers.notebook.type_problem`), for the type :func:`expected_type` reads from the
+    The rule and the message are the notebook's own (:func:`helpers.param_types.accepts`,
+    :func:`helpers.param_types.type_problem`), for the type :func:`expected_type` reads from the
     parameters cell; an unknown name, or an unknown type (no check), is handled here.
 
     Returns the final parameters and a list of error messages, each starting with ``stem``.

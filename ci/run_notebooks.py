@@ -29,7 +29,7 @@ shape of the profiles file, and every parameter against the notebook's ``paramet
 (``papermill.inspect_notebook``): an unknown name, or a value whose type differs from the
 default's, is an error naming notebook, parameter, expected and given type, where the value came
 from and what to pass. The rule and the message are the notebook's own ``check_parameters``'s
-(``helpers.notebook.accepts``: an int is accepted for a float, a bool is not an int, a list for a
+(``helpers.param_types.accepts``: an int is accepted for a float, a bool is not an int, a list for a
 tuple; a default of ``None`` or an expression that is not a literal accepts anything). A notebook
 without a cell tagged ``parameters`` is an error too.
 

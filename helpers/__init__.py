@@ -1,23 +1,42 @@
-"""ddp-lab helpers: everything the notebooks call, and every function DDP workers run.
+"""ddp-lab helpers: everything the notebooks call, and every function DDP workers run. Two rooms.
 
-Worker functions reused by several notebooks or run under ``torchrun`` live in these modules;
-:func:`helpers.launch.launch` also runs functions written in a notebook cell (sent to the
-spawned ranks by value with cloudpickle).
+The engine (``helpers/engine/``, tests in ``tests/engine/``): the notebook-safe distributed runtime.
+Its whole public surface, what notebooks, course helpers, ``ci/`` and the docs import
+(``tests/course/test_fence.py`` checks it; docs/ARCHITECTURE.md has the module map)::
 
-Modules:
-    launch   -- the notebook-safe DDP launcher (built on torch's elastic agent, as torchrun is)
-    ranks    -- warm ranks: a process group on ipyparallel engines that lives across cells (%%px)
-    data     -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
-    faults   -- deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons
-    sampler      -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
-    mnist_train  -- MNIST training as a module (single, DP, DDP; TrainConfig) for notebook 07, cluster and bench
-    cluster      -- notebook 07 (a package): torchrun entry point (python -m helpers.cluster), torchrun
-                    agents started from Python, two-node rehearsal in network namespaces
-    comm_hooks   -- notebook 07: the bytes DDP communication hooks send, by formula
-    dataparallel -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
-    notebook     -- the learner recipe every notebook follows: parameter checks, exercises
-    doctor       -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
-                    JupyterLab and the kernel) that says ok or how to fix each line
+    from helpers.engine import launch, worker_device   # fn(rank, world_size, ...) on N real ranks
+    import helpers.mp as mp                            # torch.multiprocessing's spawn/Process, notebook-safe
+    from helpers.engine import start_ranks             # warm ranks across cells (%%px)
+    import helpers.engine.cluster as cluster           # notebook 07: torchrun agents, two-node rehearsal
+
+    helpers.engine: launch, spawn, start_ranks, current_ranks, WarmRanks, worker_device,
+        main_from_env (the torchrun entry of a launch worker), resolve_backend, BACKENDS,
+        threads_per_rank, MAX_RANKS_PER_CPU, free_port, loopback_interface, end_processes,
+        leftover_children, stop_fork_server, QuietElastic, faults (deliberate faults), and the
+        errors LaunchError, WorkerError, LaunchTimeout, LaunchInterrupted, RanksTimeout, NoRanks,
+        OversubscriptionWarning
+    helpers.mp: spawn, Process, get_context, get_start_method, set_start_method
+    helpers.engine.cluster: torchrun_command, run_agents, run_job, failure_report, cluster_commands,
+        TwoNodeNetwork, netns_available, ... (its __all__); ``python -m helpers.engine.cluster`` is
+        the torchrun entry, which runs helpers.mnist_torchrun
+
+The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/``):
+    data           -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
+    sampler        -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
+    dataparallel   -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
+    mnist_config   -- the MNIST models and TrainConfig
+    mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04 and 07 and bench
+    mnist_eval     -- distributed accuracy and peak memory
+    mnist_torchrun -- notebook 07: what every torchrun rank runs (MNIST training, failure injection)
+    costmodel      -- notebook 05: the alpha-beta cost model of ring all-reduce
+    comm_hooks     -- notebook 07: the bytes DDP communication hooks send, by formula
+    notebook       -- the learner recipe every notebook follows: parameter checks, exercises
+    param_types    -- the parameter-type rule shared by the notebooks' checks and the runner
+    bench          -- notebook 05 (a package): the benchmarks, python3 -m helpers.bench
+    doctor         -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
+                      JupyterLab and the kernel) that says ok or how to fix each line
+
+``import helpers`` imports nothing else (no torch).
 """
 
 from pathlib import Path

@@ -13,17 +13,17 @@ All of them are importable from here.
 Entry points:
     train_single(config)                      -> history   (in the notebook kernel)
     train_dp(config)                          -> history   (in the notebook kernel)
-    ddp_train_worker(rank, world_size, config) -> history  (in each worker, via helpers.launch)
+    ddp_train_worker(rank, world_size, config) -> history  (in each worker, via helpers.engine.launch)
 
 From a notebook::
 
-    from helpers.launch import launch
+    from helpers.engine import launch
     histories = launch(ddp_train_worker, 2, TrainConfig(max_steps=200))
 
 Under torchrun (same worker, same history on each rank; the one torchrun entry point is
-:mod:`helpers.cluster`)::
+:mod:`helpers.engine.cluster`)::
 
-    torchrun --standalone --nproc_per_node=2 -m helpers.cluster --max-steps 200
+    torchrun --standalone --nproc_per_node=2 -m helpers.engine.cluster --max-steps 200
 
 A ``history`` is a plain dict (see :func:`train_single` for its keys) so it crosses process
 boundaries and goes straight into a pandas table.
@@ -46,7 +46,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from tqdm import tqdm
 
 from helpers.data import load_mnist
-from helpers.launch import worker_device
+from helpers.engine import worker_device
 from helpers.mnist_config import MODELS, TrainConfig, build_model, epoch_permutation
 from helpers.mnist_eval import cuda_peaks_mib, distributed_accuracy, peak_rss_mib
 
@@ -268,7 +268,7 @@ def train_dp(config: TrainConfig) -> dict[str, Any]:
 
 
 def ddp_train_worker(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
-    """One DDP rank; run it with ``helpers.launch.launch(ddp_train_worker, world_size, config)``.
+    """One DDP rank; run it with ``helpers.engine.launch(ddp_train_worker, world_size, config)``.
 
     Needs the default process group (the launcher or torchrun sets it up). Each rank loads the
     data itself, builds the model from ``config.seed`` (DDP also broadcasts rank 0's weights),
@@ -292,7 +292,7 @@ def ddp_train_worker(rank: int, world_size: int, config: TrainConfig) -> dict[st
         RuntimeError: if no process group is initialised.
     """
     if not dist.is_initialized():
-        raise RuntimeError("ddp_train_worker needs the default process group: run it via helpers.launch.launch")
+        raise RuntimeError("ddp_train_worker needs the default process group: run it via helpers.engine.launch")
     b = config.batch_per_rank(world_size)  # fail fast, before loading anything
     device = worker_device()
     xtr, ytr, xte, yte = _load(config, device)

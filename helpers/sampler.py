@@ -248,7 +248,7 @@ def all_reduce_counts(correct: int, total: int, device: str | torch.device = "cp
 
     A collective: every rank must call it once. Without an initialised process group (one
     process) the counts are returned unchanged. ``device``: where the count tensor lives
-    (``cuda:<local_rank>`` under nccl, ``cpu`` under gloo; see ``helpers.launch.worker_device``).
+    (``cuda:<local_rank>`` under nccl, ``cpu`` under gloo; see ``helpers.engine.worker_device``).
 
     Returns:
         ``(correct, total)`` summed over ranks, Python ints, identical on every rank.

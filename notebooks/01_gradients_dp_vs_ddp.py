@@ -34,7 +34,7 @@
 # | part | CPU only | with GPUs |
 # |---|---|---|
 # | single-device reference | CPU | CPU |
-# | DDP workers defined in this notebook, run by `helpers.launch.launch` | `world_size` processes, backend `gloo` | backend `nccl` when there are at least `world_size` GPUs, else `gloo` on CPU |
+# | DDP workers defined in this notebook, run by `helpers.engine.launch` | `world_size` processes, backend `gloo` | backend `nccl` when there are at least `world_size` GPUs, else `gloo` on CPU |
 # | real `nn.DataParallel` (sections 3b and 4) | **skipped, and says so**: DP has `device_ids == []` and just calls the module (3a) | real DP over all visible GPUs |
 # | DP **emulation** written in section 3c | runs (clearly labelled emulation) | runs too, for comparison |
 #
@@ -73,7 +73,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.dataparallel import scatter_chunk_sizes  # items per replica call of nn.DataParallel
-from helpers.launch import launch, worker_device
+from helpers.engine import launch, worker_device
 
 n_gpus = torch.cuda.device_count()
 print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {world_size}; seed = {seed}")

@@ -36,7 +36,7 @@
 #
 # | part | CPU only | with GPUs |
 # |---|---|---|
-# | the DDP workers defined here, run by `helpers.launch.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
+# | the DDP workers defined here, run by `helpers.engine.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
 # | the single-process reference, tables and figures | this notebook's process, CPU | the same |
 #
 # **New here** (after notebook 01): DDP's **broadcast** of rank 0's parameters and buffers at
@@ -75,7 +75,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
-from helpers.launch import launch
+from helpers.engine import launch
 
 assert world_size >= 2, f"world_size = {world_size}: use at least 2 (one rank has nobody to disagree with)"
 print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_seed}; lr = {lr}; "

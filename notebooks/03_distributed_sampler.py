@@ -35,7 +35,7 @@
 # | part | CPU only | with GPUs |
 # |---|---|---|
 # | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
-# | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.launch.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
+# | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.engine.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
 #
 # **New here:** how `DistributedSampler` shards indices (padding, `drop_last`, `set_epoch`),
 # why every rank must hold the *same* dataset, and a correct distributed evaluation
@@ -75,7 +75,7 @@ from torch import nn
 from torch.testing import assert_close
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from helpers.launch import launch
+from helpers.engine import launch
 from helpers.sampler import (  # tables and pictures of what the real sampler hands out
     accuracy_through,
     assignment_lists,

@@ -30,7 +30,7 @@
 # training loops are written in this notebook's cells: the single-process loop (section 3),
 # the same loop through `nn.DataParallel` (section 4) and the DDP worker with its
 # `DistributedSampler`, `set_epoch` and all-reduced evaluation (section 5), run on real ranks
-# with `helpers.launch.launch`. `helpers/` only provides the launcher and the MNIST tensors.
+# with `helpers.engine.launch`. `helpers/` only provides the launcher and the MNIST tensors.
 # Every claim below (in bold) is checked by the code cell after it.
 #
 # **What runs where**
@@ -89,7 +89,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
 from helpers.dataparallel import scatter_chunk_sizes  # items per replica call of nn.DataParallel
-from helpers.launch import launch, resolve_backend, worker_device
+from helpers.engine import launch, resolve_backend, worker_device
 from helpers.mnist_train import peak_rss_mib  # this process's peak resident memory, MiB
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -42,7 +42,7 @@
 # | 4. all-reduce bandwidth | `gloo` over loopback, against memory copy | `nccl` |
 # | 5. DDP buckets, profiler timeline | `gloo` threads | `nccl` kernels |
 # | 6. cost model, cluster prediction | arithmetic | arithmetic |
-# | 7. launch overhead | `helpers.launch` against `torch.multiprocessing.spawn` | same |
+# | 7. launch overhead | `helpers.engine.launch` against `torch.multiprocessing.spawn` | same |
 #
 # **New here:** samples/s, speed-up and scaling efficiency of [DDP](../docs/GLOSSARY.md#ddp)
 # (and why [DP](../docs/GLOSSARY.md#dp) cannot help on CPU); threads per
@@ -88,7 +88,6 @@ import torch
 from IPython.display import Code, Markdown, display
 
 from helpers import bench, costmodel
-from helpers.fork_server import environment  # os.environ as the next launch compares it
 
 T_START = time.perf_counter()
 cfg = bench.profile_config(profile)  # a copy: edit cfg["scaling"]["configs"] etc. to explore
@@ -215,7 +214,7 @@ plt.show()
 # * `torch.multiprocessing.spawn` and torch's `elastic_launch` (the engine behind torchrun,
 #   called from Python) set nothing: every rank takes torch's default, so `n` ranks run `n`
 #   times that many threads;
-# * our `helpers.launch` calls `torch.set_num_threads(cpu_count // world_size)` in every rank
+# * our `helpers.engine.launch` calls `torch.set_num_threads(cpu_count // world_size)` in every rank
 #   (at least 1) unless `OMP_NUM_THREADS` is set. Why: the ranks together then use every core
 #   once, neither oversubscribed (spawn's default) nor leaving cores idle when there are fewer
 #   ranks than cores (torchrun's 1).
@@ -223,17 +222,17 @@ plt.show()
 # **Claim:** with `OMP_NUM_THREADS` unset, 2 ranks started by `torchrun --nproc-per-node 2`
 # see `OMP_NUM_THREADS=1` and run 1 torch thread each (and torchrun prints the warning); under
 # `mp.spawn` and `elastic_launch` they see no `OMP_NUM_THREADS` and run as many threads as a
-# plain Python process; under `helpers.launch` they run `cpu_count // 2` threads each. Every
+# plain Python process; under `helpers.engine.launch` they run `cpu_count // 2` threads each. Every
 # launcher runs real processes here; this is the code (a benchmark helper, in a module because
 # `mp.spawn` and `torchrun` need importable code). The next cell starts five sets of fresh
 # processes, so it takes a while (longer on a busy machine).
 
 # %%
 display(Code(inspect.getsource(bench.bench_threads_by_launcher), language="python"))
-env_before = environment()
+env_before = dict(os.environ)
 th = bench.bench_threads_by_launcher(2)
 # elastic_launch writes TORCHELASTIC_SIGNALS_TO_HANDLE into the caller's os.environ; the benchmark puts it back
-assert environment() == env_before, "bench_threads_by_launcher changed this kernel's environment"
+assert dict(os.environ) == env_before, "bench_threads_by_launcher changed this kernel's environment"
 threads_df = pd.DataFrame(th["rows"])
 default_threads = threads_df.loc[threads_df["launcher"] == "plain python", "torch_threads"].iloc[0]
 by = {name: g for name, g in threads_df.groupby("launcher")}
@@ -242,8 +241,8 @@ assert "OMP_NUM_THREADS environment variable for each process to be 1" in th["to
 for name in ("torch.multiprocessing.spawn", "elastic_launch"):
     assert by[name]["OMP_NUM_THREADS"].isna().all(), by[name]
     assert list(by[name]["torch_threads"]) == [default_threads] * 2, by[name]
-assert by["helpers.launch"]["OMP_NUM_THREADS"].isna().all()
-assert list(by["helpers.launch"]["torch_threads"]) == [max(1, th["cpu_count"] // 2)] * 2, by["helpers.launch"]
+assert by["helpers.engine.launch"]["OMP_NUM_THREADS"].isna().all()
+assert list(by["helpers.engine.launch"]["torch_threads"]) == [max(1, th["cpu_count"] // 2)] * 2, by["helpers.engine.launch"]
 print("torchrun printed:", next(line for line in th["torchrun_stderr"].splitlines() if "OMP_NUM_THREADS" in line)[:110])
 print(f"a plain process here runs {default_threads} torch threads on {th['cpu_count']} logical CPUs; "
       f"2 ranks under mp.spawn or elastic_launch: {2 * default_threads} threads "
@@ -942,14 +941,14 @@ plt.show()
 #
 # Every launch needs processes that have imported torch and met at a rendezvous before `fn`
 # runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
-# call to the results: through `helpers.launch.launch` (torch's elastic agent, output relay,
+# call to the results: through `helpers.engine.launch` (torch's elastic agent, output relay,
 # error handling; ranks forked from a server process that imported torch once, notebook 00
 # section 2), once with the
 # server already running and once after stopping it (what the first launch in a kernel pays:
 # the server imports torch); through `torch.multiprocessing.spawn` with the hand-written setup
 # the tutorials use (every rank a fresh interpreter that imports torch); and, as the floor of
 # any launcher that starts fresh interpreters, one `python -c "import torch"`. With 2 ranks it
-# also times warm ranks (`helpers.ranks`). The smoke profile measures only the `import torch`
+# also times warm ranks (`helpers.engine.start_ranks`). The smoke profile measures only the `import torch`
 # floor; the full profile makes 18 launches.
 
 # %%
@@ -1131,7 +1130,7 @@ answer_4 = None  # your worker function here (define it in this cell, then answe
 
 # %% tags=["check"]
 # expected: the layout section 5 measured for a 1 MiB cap (bench.bucket_worker's hook), in bytes
-from helpers.launch import launch
+from helpers.engine import launch
 
 expected_4 = [round(b * 1e6) for b in bk[(bk["bucket_cap_mb"] == 1.0) & ~bk["gradient_as_bucket_view"]]["bucket_mb"].iloc[0]]
 if callable(answer_4):  # your worker, run on 2 real ranks: what rank 0 returned is your answer

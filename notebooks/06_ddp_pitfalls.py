@@ -90,6 +90,7 @@ from unittest import mock
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import psutil
 import torch
 import torch.distributed as dist
 from IPython.display import Markdown, display
@@ -100,8 +101,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
-from helpers.launch import LaunchTimeout, WorkerError, launch, worker_device
-from helpers.procs import free_port, leftover_children
+from helpers.engine import LaunchTimeout, WorkerError, free_port, launch, worker_device
 
 t_notebook = time.perf_counter()
 T = collective_timeout_s
@@ -539,7 +539,19 @@ assert set(range(1, world_size)) <= set(hang.ranks_not_finished), (
 
 
 # children of this kernel, less the two that live as long as it does: multiprocessing's resource
-# tracker and launch's fork server (the ranks forked from it do count)
+# tracker and launch's fork server, a direct child (the ranks forked from it do count)
+def leftover_children():
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd, direct = " ".join(p.cmdline()), p.ppid() == os.getpid()
+        except psutil.Error:  # ended meanwhile
+            continue
+        if "resource_tracker" not in cmd and not (direct and "multiprocessing.forkserver" in cmd):
+            found.append(p)
+    return found
+
+
 assert not leftover_children(), f"processes left behind: {leftover_children()}"
 print("no worker process left behind")
 
@@ -1701,7 +1713,7 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #
 # ## Going further
 #
-# Launch `helpers.faults.fail_at` with `moment="during"` and `helpers.faults.skip_collective`
+# Launch `helpers.engine.faults.fail_at` with `moment="during"` and `helpers.engine.faults.skip_collective`
 # (with a short `timeout`); for each, read `WorkerError.rank`, `.exc_type` and the last frame of
 # `.traceback` in your own code, or `LaunchTimeout.ranks_not_finished`, and say which rank was
 # the root cause.

@@ -28,7 +28,7 @@
 #
 # Everything here reuses notebook 04's MNIST recipe (`Linear(784, 10)`, SGD, `lr = 0.01`,
 # global batch 64) and its worker `helpers.mnist_train.ddp_train_worker`. New helper:
-# the package `helpers/cluster/` (the torchrun entry point `python -m helpers.cluster`, shown
+# the package `helpers/engine/cluster/` (the torchrun entry point `python -m helpers.engine.cluster`, shown
 # below, and the code that starts torchrun agents from a cell or a test). The communication hooks of part 5
 # and the DDP training that measures them are written in this notebook's cells;
 # `helpers/comm_hooks.py` keeps only the byte-count formulas they are checked against.
@@ -121,18 +121,18 @@ import torch
 from IPython.display import Code, display
 from torch.testing import assert_close
 
-import helpers.cluster as cluster
-from helpers.cluster import (
+import helpers.engine.cluster as cluster
+import helpers.mnist_torchrun as entry
+from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
+from helpers.engine import launch, loopback_interface, resolve_backend
+from helpers.engine.cluster import (
     TwoNodeNetwork,
     cluster_commands,
     failure_report,
     netns_available,
     run_job,
 )
-from helpers.comm_hooks import HookSpec, expected_bytes_per_step, powersgd_compresses
-from helpers.launch import launch, resolve_backend
 from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker
-from helpers.procs import loopback_interface
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 backend = resolve_backend(None if backend == "auto" else backend, world_size)
@@ -145,9 +145,9 @@ print(f"every torchrun / launch run trains {steps} steps of global batch {global
 # %% [markdown]
 # ## 1. The entry point: notebook 04's training under torchrun
 #
-# `python -m helpers.cluster` is a torchrun entry point: in each process torchrun starts, it
+# `python -m helpers.engine.cluster` is a torchrun entry point: in each process torchrun starts, it
 # reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` from the environment
-# (`helpers.launch.main_from_env`), initialises the process group and calls
+# (`helpers.engine.main_from_env`), initialises the process group and calls
 # `ddp_train_worker` -- the function notebook 04 hands to `launch`. Nothing about the training
 # changes; only who starts the processes. These are the commands, as the module docstring and
 # `docs/CLUSTER.md` state them (`HOST0` is the first node's address):
@@ -159,8 +159,8 @@ for title, text in commands.items():
 doc_lines = {line.strip() for line in cluster.__doc__.splitlines()}
 missing = [line for text in commands.values() for line in text.splitlines() if line.strip() not in doc_lines]
 assert not missing, f"the module docstring lacks these command lines: {missing}"
-# the entry point stays a module (torchrun runs `python -m helpers.cluster` in every process): its code
-display(Code(inspect.getsource(cluster.main) + "\n\n" + inspect.getsource(cluster.cluster_train_worker),
+# the entry point stays a module (torchrun runs `python -m helpers.engine.cluster` in every process): its code
+display(Code(inspect.getsource(entry.main) + "\n\n" + inspect.getsource(entry.cluster_train_worker),
              language="python"))
 
 # %% [markdown]
@@ -169,7 +169,7 @@ display(Code(inspect.getsource(cluster.main) + "\n\n" + inspect.getsource(cluste
 # what torchrun told it to `rank<R>.json`), a timeout, and kills anything left when it returns.
 #
 # **Claim:** for the same seed and configuration, `torchrun --standalone --nproc-per-node=2 -m
-# helpers.cluster` produces the same per-step loss history and test accuracy as notebook 04's
+# helpers.engine.cluster` produces the same per-step loss history and test accuracy as notebook 04's
 # `launch(ddp_train_worker, 2, config)`: `assert_close` on the loss curves.
 #
 # The next cell runs both, one after the other (most of its time is starting Python and
@@ -345,7 +345,7 @@ plt.show()
 #
 # We inject a failure: rank 1 (on node 1) raises `InjectedFailure` in the forward pass of
 # training step `fail_at_step` (`--fail-rank 1 --fail-at-step N`; a global forward pre-hook,
-# see `helpers/cluster/entry.py`). Rank 0 is then waiting in the gradient all-reduce of that step;
+# see `helpers/mnist_torchrun.py`). Rank 0 is then waiting in the gradient all-reduce of that step;
 # gloo sees the peer's socket close and raises "Connection closed by peer". Each agent sees
 # its worker exit with code 1, prints a failure report (the root cause with the worker's
 # traceback, which `@record` on the entry point writes to torchrun's error file), and exits
@@ -639,7 +639,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from helpers.data import load_mnist
-from helpers.launch import worker_device
+from helpers.engine import worker_device
 from helpers.mnist_train import distributed_accuracy
 
 
@@ -967,9 +967,9 @@ memory
 # ## What we saw
 #
 # * The same worker function runs from a notebook cell (`launch`) and under `torchrun`
-#   (`python -m helpers.cluster`), and for the same seed and configuration produces the same
+#   (`python -m helpers.engine.cluster`), and for the same seed and configuration produces the same
 #   loss history and accuracy: only who starts the processes changed. The commands for one
-#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/cluster`'s docstring
+#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/engine/cluster`'s docstring
 #   and `docs/CLUSTER.md`.
 # * Two torchrun agents on one host make a real two-node job: `WORLD_SIZE` 2, one rank per
 #   node (`GROUP_RANK` 0 and 1, each `LOCAL_RANK` 0), the same results as one node with two

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers.procs import leftover_children
+from helpers.engine import leftover_children
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent
@@ -14,7 +14,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 leftover_processes = leftover_children
 
 
-# ---- warm ranks (helpers.ranks): kernels and the processes they leave ---------------------------
+# ---- warm ranks (helpers.engine.warm_ranks): kernels and the processes they leave ---------------------------
 
 #: An environment variable a test sets to a fresh value for the processes it starts (a kernel,
 #: papermill), so it can find every process they started, even those re-parented after a kill.
@@ -27,7 +27,7 @@ def marked_warm_ranks(mark, timeout):
     variable put back, at the end."""
     import os
 
-    from helpers.ranks import start_ranks
+    from helpers.engine import start_ranks
 
     old = os.environ.get(RANKS_MARK)
     os.environ[RANKS_MARK] = mark

@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_launch.py (importable, so spawned workers can run them).
+"""Worker functions for tests/engine/test_launch.py (importable, so spawned workers can run them).
 
 Run directly under torchrun to check that a launch() worker runs unchanged there::
 
@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers.launch import main_from_env, worker_device
+from helpers.engine import main_from_env, worker_device
 
 
 def report(rank, world_size, offset=0.0):

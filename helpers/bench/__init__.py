@@ -27,7 +27,7 @@ helpers, ``cli`` the command line:
 ``allreduce`` ``dist.all_reduce`` time for message sizes 4 KiB .. 64 MiB: ``algbw = S / t`` and
               ``busbw = algbw * 2(n-1)/n`` (nccl-tests' definitions), against the memory-copy
               bandwidth of the same size on this machine.
-``launch``    Seconds from a call to results for a trivial worker: :func:`helpers.launch.launch`
+``launch``    Seconds from a call to results for a trivial worker: :func:`helpers.engine.launch`
               against ``torch.multiprocessing.spawn``, and the cost of ``import torch``.
 ``memory``    Peak RSS per rank when every rank holds its own copy of MNIST, against ranks that
               share one read-only memory map of the raw file.
@@ -120,7 +120,7 @@ from helpers.bench.threads import (
     threads_worker,
 )
 
-# the private names above are shown by notebook 05 (inspect.getsource) and used by tests/test_bench.py
+# the private names above are shown by notebook 05 (inspect.getsource) and used by tests/course/test_bench.py
 
 __all__ = [
     "BENCHMARKS",

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from helpers.bench.common import KIB, MIB, num_threads, sync_device
 from helpers.costmodel import algbw as _algbw
 from helpers.costmodel import busbw as _busbw
-from helpers.launch import launch, worker_device
+from helpers.engine import launch, worker_device
 
 
 def _iters_for(nbytes: int, target_bytes: int, min_iters: int, max_iters: int) -> int:

@@ -24,7 +24,7 @@ from helpers.bench.common import (
     timed_steps,
     train_step,
 )
-from helpers.launch import launch, worker_device
+from helpers.engine import launch, worker_device
 
 
 def _counting_hook(state: dict, bucket):

@@ -74,7 +74,7 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
         df = pd.DataFrame(result).groupby(["method", "world_size"])["seconds"].agg(["median", "min", "max", "count"])
         tables = [("launch overhead: seconds from call to results, trivial worker", df.reset_index())]
         med = df["median"].to_dict()
-        cold, warm = med.get(("helpers.launch", 2)), med.get((WARM_RUN, 2))
+        cold, warm = med.get(("helpers.engine.launch", 2)), med.get((WARM_RUN, 2))
         if cold and warm:
             tables.append(("warm ranks against a cold launch, 2 ranks (medians)", pd.DataFrame([{
                 "start_ranks_s": med.get((WARM_START, 2)), "cold_launch_s": cold, "warm_run_s": warm,

@@ -1,7 +1,7 @@
-"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.launch`` (with
+"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.engine.launch`` (with
 its fork server running, and the first launch that starts it) against
 ``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
-baseline) and warm ranks (``helpers.ranks``).
+baseline) and warm ranks (``helpers.engine.warm_ranks``).
 
 Units: seconds (s).
 """
@@ -18,9 +18,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.fork_server import stop_fork_server
-from helpers.launch import launch
-from helpers.procs import free_port
+from helpers.engine import free_port, launch, stop_fork_server
 
 
 def trivial_worker(rank: int, world_size: int) -> int:
@@ -30,7 +28,7 @@ def trivial_worker(rank: int, world_size: int) -> int:
 
 def _spawn_entry(local_rank: int, fn, world_size: int, port: int, queue, backend: str) -> None:
     """What each ``torch.multiprocessing.spawn`` process runs: the hand-written setup that
-    ``helpers.launch`` does for you (environment, process group, result back to the caller)."""
+    ``helpers.engine.launch`` does for you (environment, process group, result back to the caller)."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(local_rank),
                        "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)})
     dist.init_process_group(backend)
@@ -45,7 +43,7 @@ def spawn_launch(fn, world_size: int, backend: str = "gloo") -> list:
     """Run ``fn(rank, world_size)`` with ``torch.multiprocessing.spawn`` (the tutorials' way),
     with a process group, and collect the return values in rank order through a queue.
 
-    For comparison with :func:`helpers.launch.launch` only: no output relay, no timeout, and a
+    For comparison with :func:`helpers.engine.launch` only: no output relay, no timeout, and a
     port picked by binding port 0 first (another process may take it in between).
     """
     ctx = mp.get_context("spawn")
@@ -64,20 +62,20 @@ def import_torch_seconds() -> float:
 
 
 #: Method name of the launches that start the fork server first (:func:`bench_launch_overhead`).
-LAUNCH_FIRST = "helpers.launch, first in a kernel (starts the fork server)"
+LAUNCH_FIRST = "helpers.engine.launch, first in a kernel (starts the fork server)"
 
 
 def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3) -> list[dict[str, Any]]:
     """Seconds from the call to the results for :func:`trivial_worker`, per method and world size.
 
-    Methods: ``"helpers.launch"`` (:func:`helpers.launch.launch` with its fork server running:
+    Methods: ``"helpers.engine.launch"`` (:func:`helpers.engine.launch` with its fork server running:
     torch's elastic agent, ranks forked from a server that imported torch, output relay, error
-    handling), :data:`LAUNCH_FIRST` (the same after :func:`helpers.fork_server.stop_fork_server`:
+    handling), :data:`LAUNCH_FIRST` (the same after :func:`helpers.engine.stop_fork_server`:
     what the first launch in a kernel pays, the server's ``import torch`` included),
     ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`: every rank a fresh interpreter),
     ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1) and, when 2 is in
     ``world_sizes``, warm ranks (:func:`bench_warm_ranks`: start-up once, then warm calls).
-    Where :func:`helpers.fork_server.start_method` is ``"spawn"`` the two launch rows measure the
+    Where :func:`helpers.engine.fork_server.start_method` is ``"spawn"`` the two launch rows measure the
     same thing.
 
     Returns:
@@ -88,7 +86,7 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
         rows.append({"method": "python -c 'import torch'", "world_size": 1, "repeat": rep,
                      "seconds": import_torch_seconds()})
         for ws in world_sizes:
-            for method in (LAUNCH_FIRST, "helpers.launch"):
+            for method in (LAUNCH_FIRST, "helpers.engine.launch"):
                 if method == LAUNCH_FIRST:
                     stop_fork_server()
                 t0 = time.perf_counter()
@@ -107,17 +105,18 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
 
 
 #: Method names of the warm-rank rows (:func:`bench_warm_ranks`).
-WARM_START, WARM_RUN = "helpers.ranks start_ranks (engines, torch, group)", "helpers.ranks WarmRanks.run (warm)"
+WARM_START = "helpers.engine start_ranks (engines, torch, group)"
+WARM_RUN = "helpers.engine WarmRanks.run (warm)"
 
 
 def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, Any]]:
-    """Seconds to start warm ranks (:func:`helpers.ranks.start_ranks`: ipyparallel engines, each
+    """Seconds to start warm ranks (:func:`helpers.engine.start_ranks`: ipyparallel engines, each
     importing torch, and the process group) and for :func:`trivial_worker` through
     ``WarmRanks.run`` once they are warm (after one untimed call). Same rows as
     :func:`bench_launch_overhead`."""
-    # imported here, not at the top: helpers.ranks imports ipyparallel (about 1 s, measured with
+    # imported here, not at the top: helpers.engine.warm_ranks imports ipyparallel (about 1 s, measured with
     # python -X importtime), and every rank of every benchmark imports this package
-    from helpers.ranks import start_ranks
+    from helpers.engine import start_ranks
 
     t0 = time.perf_counter()
     ranks = start_ranks(world_size, activate=False)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from helpers.bench.common import MIB, build_bench_model, ddp_wrap, memory_now_mib, train_step
 from helpers.data import MNIST_FILES, MNIST_MEAN, MNIST_STD, ensure_mnist, load_mnist
-from helpers.launch import launch
+from helpers.engine import launch
 from helpers.mnist_train import peak_rss_mib
 
 

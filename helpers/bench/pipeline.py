@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from helpers.bench.common import build_bench_model, ddp_wrap, sync_device
 from helpers.data import load_mnist, mnist_datasets
-from helpers.launch import launch, worker_device
+from helpers.engine import launch, worker_device
 
 
 @torch.no_grad()
@@ -183,7 +183,7 @@ def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = No
         and wrapper), ``launch_seconds`` (the whole launch, s), ``timed_position`` (the order the epochs were timed in).
 
     Raises:
-        helpers.launch.WorkerError / LaunchTimeout: as :func:`helpers.launch.launch`.
+        helpers.engine.WorkerError / LaunchTimeout: as :func:`helpers.engine.launch`.
     """
     out = []
     for ws in world_sizes:

@@ -33,7 +33,7 @@ from helpers.bench.common import (
     timed_steps,
 )
 from helpers.data import load_mnist
-from helpers.launch import launch, worker_device
+from helpers.engine import launch, worker_device
 from helpers.mnist_train import peak_rss_mib
 
 #: The modes a scaling row can have: DDP over a (sub)group of ranks, one plain process, and

@@ -1,5 +1,5 @@
 """Threads per rank: what each launcher leaves a rank (torchrun, mp.spawn, elastic_launch,
-helpers.launch), measured in real processes (notebook 05)."""
+helpers.engine.launch), measured in real processes (notebook 05)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from helpers.bench.launch_overhead import spawn_launch
-from helpers.launch import QuietElastic, launch
+from helpers.engine import QuietElastic, launch
 
 #: What :func:`bench_threads_by_launcher` runs in each rank (and in the plain process): prints
 #: one JSON line with the rank, ``torch.get_num_threads()`` and ``OMP_NUM_THREADS`` as it found it.
@@ -56,7 +56,7 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
     * ``"torch.multiprocessing.spawn"``: :func:`spawn_launch` of :func:`threads_worker`;
     * ``"elastic_launch"``: ``torch.distributed.launcher.api.elastic_launch`` (the engine
       behind torchrun, called from Python) of :func:`threads_worker`;
-    * ``"helpers.launch"``: :func:`helpers.launch.launch` of :func:`threads_worker`.
+    * ``"helpers.engine.launch"``: :func:`helpers.engine.launch` of :func:`threads_worker`.
 
     Returns:
         ``{"rows": [{"launcher", "rank", "torch_threads", "OMP_NUM_THREADS"}, ...],
@@ -108,7 +108,8 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
                 for sig, h in handlers.items():
                     signal.signal(sig, h)
         rows += [{"launcher": "elastic_launch", **got[r]} for r in sorted(got)]
-        rows += [{"launcher": "helpers.launch", **r} for r in launch(threads_worker, world_size, timeout=timeout)]
+        got = launch(threads_worker, world_size, timeout=timeout)
+        rows += [{"launcher": "helpers.engine.launch", **r} for r in got]
     finally:
         if saved is not None:
             os.environ["OMP_NUM_THREADS"] = saved

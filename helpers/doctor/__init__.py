@@ -12,10 +12,10 @@ MNIST      :func:`helpers.data.ensure_mnist` (four files, SHA-256 verified, deco
            ``torchvision.datasets.MNIST(root, download=True)`` needs no network); torchvision reads them
 ports      the fixed ``MASTER_PORT`` of tutorial code (12355: the DDP tutorial; 29500: torchrun's
            default, dist_tuto) is free (``launch`` and warm ranks pick free ports themselves)
-launch     a 2-rank gloo ``all_reduce`` through :func:`helpers.launch.launch`
+launch     a 2-rank gloo ``all_reduce`` through :func:`helpers.engine.launch`
 mp         the DDP tutorial's form (``MASTER_ADDR``/``MASTER_PORT`` set in the rank, its own
            ``init_process_group``) through :func:`helpers.mp.spawn`
-warm ranks :func:`helpers.ranks.start_ranks` (2 ranks), an ``all_reduce``, ``stop``, nothing left
+warm ranks :func:`helpers.engine.start_ranks` (2 ranks), an ``all_reduce``, ``stop``, nothing left
 JupyterLab ``jupyterlab`` importable
 kernel     the notebooks' ``python3`` kernel (ipykernel) starts and imports torch and helpers
 cell code  a function defined in a kernel cell (``__main__``) runs on 2 ranks through ``launch``

@@ -191,19 +191,19 @@ def _expect_allreduce(got) -> None:
 
 
 def check_launch(doc: Doctor) -> str:
-    from helpers.launch import launch
+    from helpers.engine import launch
 
     try:
         got = launch(_allreduce, WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("launch"))
     except Exception as e:  # noqa: BLE001
         raise _helper_failure(e, "launch") from None
     _expect_allreduce(got)
-    return f"2-rank gloo all_reduce through helpers.launch.launch: {got}"
+    return f"2-rank gloo all_reduce through helpers.engine.launch: {got}"
 
 
 def check_mp(doc: Doctor) -> str:
     import helpers.mp as mp
-    from helpers.procs import free_port
+    from helpers.engine import free_port
 
     fixed = [p for p in doc.free_fixed_ports if port_is_free(p)]
     port, note = (fixed[0], "") if fixed else (free_port(), " (a free port: the fixed ones are held)")
@@ -217,8 +217,7 @@ def check_mp(doc: Doctor) -> str:
 
 
 def check_warm_ranks(doc: Doctor) -> str:
-    from helpers.procs import leftover_children
-    from helpers.ranks import start_ranks
+    from helpers.engine import leftover_children, start_ranks
 
     ranks = None
     try:
@@ -236,7 +235,7 @@ def check_warm_ranks(doc: Doctor) -> str:
         time.sleep(0.2)
     if left:
         raise Failed(f"stop() left {len(left)} ipyparallel process(es): {', '.join(str(p.pid) for p in left)}",
-                     "send this output to the instructor (a bug in helpers.ranks); kill those pids")
+                     "send this output to the instructor (a bug in helpers.engine.warm_ranks); kill those pids")
     return f"start_ranks({WORLD_SIZE}), all_reduce {got}, stop(), nothing left running"
 
 

@@ -22,7 +22,8 @@ def check_jupyterlab(doc: Doctor) -> str:
         import jupyterlab.labapp  # noqa: F401 - what `jupyter lab` runs
     except Exception as e:  # noqa: BLE001
         raise Failed(f"JupyterLab is not importable: {_error_line(e)}", REINSTALL) from None
-    return f"jupyterlab {jupyterlab.__version__} importable (`python3 -m jupyter lab notebooks/`)"
+    return (f"jupyterlab {jupyterlab.__version__} importable (the README's start command: "
+            "`python3 -m jupyter lab --config=jupyter_lab_config.json notebooks/00_processes_and_collectives.ipynb`)")
 
 
 # -- in a real kernel: what a notebook cell does ---------------------------------------------
@@ -38,7 +39,7 @@ print("TORCH", torch.__version__)
 CELL_WORKER = """
 import torch
 import torch.distributed as dist
-from helpers.launch import launch
+from helpers.engine import launch
 
 def doctor_allreduce(rank, world_size):       # defined in this cell, so in __main__
     t = torch.tensor([rank + 1.0])
@@ -52,7 +53,7 @@ CELL_DATALOADER = """
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from helpers.launch import launch
+from helpers.engine import launch
 
 class DoctorPoints(Dataset):                  # a learner's own Dataset, defined in a cell
     def __init__(self, n):

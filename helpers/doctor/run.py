@@ -130,7 +130,7 @@ class Doctor:
         with contextlib.suppress(Exception):
             import psutil
 
-            from helpers.procs import end_processes
+            from helpers.engine import end_processes
 
             end_processes(psutil.Process().children(recursive=True), terminate=False)
         os._exit(1)

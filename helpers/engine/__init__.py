@@ -1,0 +1,80 @@
+"""The notebook-safe engine: start DDP ranks from a notebook cell (or a script) and get their results back.
+
+Notebooks, the course's helpers, ``ci/`` and the docs use only this public surface
+(``tests/course/test_fence.py`` checks it)::
+
+    from helpers.engine import launch, worker_device    # fn(rank, world_size, ...) on N real ranks
+    import helpers.mp as mp                             # torch.multiprocessing's spawn/Process, notebook-safe
+    from helpers.engine import start_ranks              # warm ranks across cells (%%px)
+    import helpers.engine.cluster as cluster            # notebook 07: torchrun agents, two-node rehearsal
+
+Names (all loaded lazily, PEP 562: ``import helpers.engine`` or any engine submodule does not
+import torch; the first name used imports what it needs):
+
+- starting ranks: :func:`launch`, :func:`spawn` (``helpers.mp.spawn``), :func:`start_ranks`,
+  :func:`current_ranks`, :class:`WarmRanks`;
+- inside a rank: :func:`worker_device` (``cuda:<local_rank>`` under nccl, else ``cpu``);
+  :func:`main_from_env` (the torchrun entry for a worker written for :func:`launch`);
+- rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`),
+  :func:`threads_per_rank`, :data:`MAX_RANKS_PER_CPU`;
+- processes: :func:`free_port`, :func:`loopback_interface`, :func:`end_processes`,
+  :func:`leftover_children`, :func:`stop_fork_server`; :class:`QuietElastic` (torch's elastic
+  agent without its log lines, for code that calls the agent directly);
+- errors learners catch: :class:`LaunchError` (bad input, before any process starts),
+  :class:`WorkerError` (a rank raised; names the root-cause rank), :class:`LaunchTimeout`,
+  :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`;
+  :class:`OversubscriptionWarning` (more ranks than cores);
+- :mod:`faults`: deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons.
+
+The module map and the engine's guarantees are in docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: public name -> the engine submodule that defines it
+_WHERE = {
+    "launch": "launcher",
+    "resolve_backend": "launcher",
+    "threads_per_rank": "launcher",
+    "MAX_RANKS_PER_CPU": "launcher",
+    "BACKENDS": "launcher",
+    "QuietElastic": "launcher",
+    "worker_device": "rank_main",
+    "main_from_env": "processes",
+    "free_port": "processes",
+    "loopback_interface": "processes",
+    "end_processes": "processes",
+    "leftover_children": "processes",
+    "stop_fork_server": "fork_server",
+    "spawn": "mp",
+    "start_ranks": "warm_ranks",
+    "current_ranks": "warm_ranks",
+    "WarmRanks": "warm_ranks",
+    "RanksTimeout": "warm_ranks",
+    "NoRanks": "warm_ranks",
+    "LaunchError": "errors",
+    "WorkerError": "errors",
+    "LaunchTimeout": "errors",
+    "LaunchInterrupted": "errors",
+    "OversubscriptionWarning": "errors",
+}
+#: public submodules (``from helpers.engine import faults``)
+_MODULES = ("faults",)
+
+__all__ = sorted([*_WHERE, *_MODULES])
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # next time a plain attribute (and never the submodule of the same name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,397 @@
+"""What :func:`helpers.engine.launch` raises, and the rule that picks the root-cause rank.
+
+- :class:`LaunchError`: bad input, raised before any process starts (also by
+  :func:`helpers.engine.by_value.serialise_call` for what cannot be sent to another process).
+- :class:`WorkerError`: a rank raised, exited without a result, or was killed.
+- :class:`LaunchTimeout`: the launch ran past its ``timeout``.
+- :class:`OversubscriptionWarning`: more ranks than CPU cores.
+- :func:`worker_error`: turn what the ranks left behind (their error markers, the elastic
+  agent's failures) into one :class:`WorkerError` naming the rank that failed first.
+- :data:`HINTS`: the one table of (pattern, what to do) that adds a hint to a rank's error.
+
+All are importable from :mod:`helpers.engine.launcher`, where learners meet them. In IPython/Jupyter they
+show as a few lines (IPython's ``_render_traceback_`` hook, see :class:`Readable`): the cell's own
+frames, the message, the failing rank's own frames (the learner's code; the frames of helpers,
+torch, multiprocessing and other installed libraries are hidden) and what to do.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import traceback
+from typing import NamedTuple
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+__all__ = ["HINTS", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "OversubscriptionWarning", "Readable",
+           "WorkerError", "hint_for", "own_frames", "worker_error"]
+
+
+# ---- what to do: one table ------------------------------------------------------------------
+
+#: ``(pattern, hint)``: the first pattern found (``re.search``) in a failing rank's
+#: ``"<type>: <message>"`` adds ``"What to do: <hint>"`` to its :class:`WorkerError`.
+HINTS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"trying to initialize the default process group twice"),
+     "launch and warm ranks have already initialised the default process group for your code: remove "
+     "init_process_group and destroy_process_group from it (dist.all_reduce and DDP use that group), "
+     "or run code that sets up its own group with helpers.mp.spawn."),
+    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected"
+                r"|KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)'"),
+     "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
+     "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
+     "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
+     "helpers.engine.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does."),
+    (re.compile(r"environment variable MASTER_(ADDR|PORT) expected"),
+     "init_process_group's env:// rendezvous needs both: set os.environ['MASTER_ADDR'] = 'localhost' and "
+     "os.environ['MASTER_PORT'] = '12355' (any free port) before calling it, as the DDP tutorial's "
+     "setup() does, or use helpers.engine.launch, which sets them."),
+    (re.compile(r"^TypeError: \S+\(\) (takes|missing) .*positional argument"),
+     "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
+     "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
+     "parameters (e.g. def fn(rank, world_size): ...)."),
+    (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
+     "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
+     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
+     "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
+]
+
+
+def hint_for(text: str) -> str | None:
+    """The hint of the first :data:`HINTS` pattern found in ``text``, or ``None``."""
+    for pattern, hint in HINTS:
+        if pattern.search(text):
+            return hint
+    return None
+
+
+# ---- the learner's own frames ---------------------------------------------------------------
+
+class Frame(NamedTuple):
+    """One traceback frame: ``file``, ``line`` (int), ``name`` (function), ``source`` (the line's
+    code, ``""`` if unknown) and ``label`` (a ready-made location such as ``"Cell In[3], line 2"``
+    from an IPython-formatted traceback, else ``""``)."""
+
+    file: str
+    line: int
+    name: str
+    source: str
+    label: str = ""
+
+
+#: the ``helpers/`` folder (engine and course helpers): frames there are ours, not the learner's
+_HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {_HELPERS_DIR}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.realpath(path))
+            dirs.add(os.path.abspath(path))
+    return tuple(sorted(dirs))
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+def _is_hidden(file: str) -> bool:
+    """A frame of helpers, of Python's standard library (multiprocessing, threading, runpy) or of an
+    installed package (torch, cloudpickle, ipyparallel, IPython), not the learner's code."""
+    if file.startswith("<frozen ") or file == "<dynamic-code>":
+        return True
+    path = os.path.abspath(os.path.expanduser(file))
+    if any(part in path.split(os.sep) for part in ("site-packages", "dist-packages")):
+        return True
+    return any(path == d or path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+
+
+_PY_FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
+_IPY_FILE = re.compile(r"^File (?P<file>.+?):(?P<line>\d+)(?:, in (?P<name>.+))?$")
+_IPY_CELL = re.compile(r"^(?P<label>(?:Cell|Input) In ?\[\d+\], line (?P<line>\d+))(?:, in (?P<name>.+))?$")
+_IPY_ARROW = re.compile(r"^-*> ?\s*\d+ (?P<source>.*)$")
+_MARKS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11+'s ^^^^ and ~~~^~~~ under a line
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def parse_frames(tb: str) -> list[Frame]:
+    """The frames of the last exception in ``tb``, a formatted traceback: Python's own
+    (``traceback.format_exc()``, what launch ranks send) or IPython's (ipyparallel's, what warm
+    ranks send), ANSI colours allowed. Chained exceptions before the last are left out."""
+    lines = _ANSI.sub("", tb or "").splitlines()
+    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+    lines = lines[starts[-1] + 1:] if starts else lines
+    frames: list[Frame] = []
+    ipython = not any(_PY_FRAME.match(ln) for ln in lines)  # else Python's own format
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        m = _PY_FRAME.match(ln)
+        if m:
+            source = ""
+            if i + 1 < len(lines) and lines[i + 1].startswith("    ") and not _MARKS.match(lines[i + 1]):
+                source = lines[i + 1].strip()
+            frames.append(Frame(m["file"], int(m["line"]), m["name"], source))
+        elif ipython and (m := _IPY_FILE.match(ln) or _IPY_CELL.match(ln)):
+            source = ""
+            for nxt in lines[i + 1:]:
+                if not nxt.strip():
+                    break
+                arrow = _IPY_ARROW.match(nxt)
+                if arrow:
+                    source = arrow["source"].strip()
+                    break
+            file = m.groupdict().get("file") or m["label"]
+            name = (m["name"] or "").split("(")[0] or "<module>"
+            if file == "<string>" and not source:  # ipyparallel's own exec of the call
+                i += 1
+                continue
+            frames.append(Frame(file, int(m["line"]), name, source, m.groupdict().get("label") or ""))
+        i += 1
+    return frames
+
+
+def own_frames(frames: list[Frame]) -> list[Frame]:
+    """The learner's frames among ``frames``: those not inside helpers, the standard library or an
+    installed package (see :func:`_is_hidden`). ``[]`` when every frame is a library's."""
+    return [f for f in frames if f.label or not _is_hidden(f.file)]
+
+
+def _ipython():
+    """The running IPython shell, or ``None`` (a plain script)."""
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+        return get_ipython()
+    except Exception:  # noqa: BLE001 - a broken IPython: as in a script
+        return None
+
+
+def _location(frame: Frame, shell) -> str:
+    """``Cell In[3], line 2, in work`` for a notebook cell of ``shell``, else Python's
+    ``File "path", line 2, in work``."""
+    if frame.label:
+        return f"{frame.label}, in {frame.name}"
+    if shell is not None:
+        try:
+            label = shell.compile.format_code_name(frame.file)
+        except Exception:  # noqa: BLE001 - not IPython's compiler: Python's form
+            label = None
+        if label:
+            return f"{label[0]} {label[1]}, line {frame.line}, in {frame.name}"
+    return f'File "{frame.file}", line {frame.line}, in {frame.name}'
+
+
+def format_frames(frames: list[Frame], shell=None) -> list[str]:
+    """Two lines per frame, as Python prints them: where, and the line's code (looked up here when
+    the traceback lacks it, e.g. a cell of this kernel)."""
+    out = []
+    for f in frames:
+        out.append(f"  {_location(f, shell)}")
+        source = f.source or (linecache.getline(f.file, f.line).strip() if not f.label else "")
+        if source:
+            out.append(f"    {source}")
+    return out
+
+
+class Readable:
+    """Mixin for the project's exceptions: in IPython/Jupyter, :meth:`_render_traceback_` replaces
+    IPython's traceback (dozens of lines of helpers' frames) with a few lines: the caller's own
+    frames (the cell), ``Type: message`` and, for a :class:`WorkerError`, the failing rank's own
+    frames and what to do. IPython calls the hook when it shows the exception; a script prints
+    Python's traceback and ``str(e)`` as usual."""
+
+    def _rendered_message(self, shell) -> str:
+        return str(self)
+
+    def _render_traceback_(self) -> list[str]:
+        """The lines IPython shows instead of its traceback (IPython's hook). Never raises."""
+        name = type(self).__name__
+        try:
+            shell = _ipython()
+            red, normal = ("\x1b[0;31m", "\x1b[0m") if shell is not None and str(
+                getattr(shell, "colors", "nocolor")).lower() != "nocolor" else ("", "")
+            caller = own_frames([Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
+                                 for fs in traceback.extract_tb(self.__traceback__)])
+            lines = [f"{red}{name}{normal}".ljust(42 + len(red) + len(normal)) + "Traceback (most recent call last)"]
+            lines += format_frames(caller, shell)
+            message = self._rendered_message(shell).splitlines() or [""]
+            lines.append(f"{red}{name}{normal}: {message[0]}")
+            lines += message[1:]
+            return lines
+        except Exception:  # noqa: BLE001 - IPython would print our failure instead of the error
+            return [f"{name}: {super().__str__()}"]
+
+
+class LaunchInterrupted(Readable, KeyboardInterrupt):
+    """The caller was interrupted ("interrupt kernel", Ctrl-C) during a launch or a warm-rank call;
+    the message says which processes were ended. A ``KeyboardInterrupt``, shown in a few lines."""
+
+
+class LaunchError(Readable, ValueError):
+    """Bad input to :func:`launch`, raised before any process starts."""
+
+
+class WorkerError(Readable, RuntimeError):
+    """A worker raised, exited without a result, or was killed.
+
+    ``str(e)`` is short: which rank failed with what, that rank's own frames (the learner's code:
+    the frames of helpers, torch, multiprocessing and other installed libraries left out), the
+    other ranks in one line, and what to do where :data:`HINTS` knows. The whole traceback is in
+    ``e.traceback``.
+
+    Attributes:
+        rank: the rank that failed first (the root cause).
+        exc_type: the original exception's type name (e.g. ``"ZeroDivisionError"``), or a
+            description such as ``"killed by SIGKILL"``.
+        message: the original exception's message.
+        traceback: the worker's formatted traceback, complete (``""`` if the worker died without one).
+        other_ranks: ``{rank: summary}`` of the other ranks that failed or were ended.
+        notes: what the launcher adds (e.g. that the fork server died), one line each.
+        hint: what to do, from :data:`HINTS`, or ``None``.
+    """
+
+    def __init__(self, rank: int, exc_type: str, message: str, tb: str, other_ranks: dict | None = None,
+                 notes: tuple[str, ...] = ()):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.traceback = tb
+        self.other_ranks = dict(other_ranks or {})
+        self.notes = tuple(notes)
+        self.hint = hint_for(f"{exc_type}: {message}")
+        super().__init__(self._text(None))
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.exc_type, self.message, self.traceback, self.other_ranks, self.notes))
+
+    def __str__(self) -> str:
+        return self._text(None)
+
+    def _rendered_message(self, shell) -> str:
+        return self._text(shell, full="sys.last_value.traceback")
+
+    def _text(self, shell, full: str = "the error's .traceback") -> str:
+        """The message: in a script (``shell`` None) with Python's file paths, in IPython with its
+        cell names (``Cell In[3]``); ``full`` says where the whole traceback is."""
+        lines = [f"rank {self.rank} failed with {self.exc_type}: {self.message}"]
+        frames = parse_frames(self.traceback)
+        own = own_frames(frames)
+        if own:
+            how = "most recent call last" if len(own) == len(frames) else f"your code; the full one is in {full}"
+            lines.append(f"Traceback from rank {self.rank} ({how}):")
+            lines += format_frames(own, shell)
+        if self.other_ranks:
+            others = "; ".join(f"rank {r}: {s}" for r, s in sorted(self.other_ranks.items()))
+            lines.append(f"(other ranks: {others})")
+        lines += [f"({note})" for note in self.notes]
+        if self.hint:
+            lines.append(f"What to do: {self.hint}")
+        return "\n".join(lines)
+
+    def with_note(self, note: str | None) -> "WorkerError":
+        """A fresh WorkerError with the same fields and ``note`` appended to its message."""
+        return WorkerError(self.rank, self.exc_type, self.message, self.traceback, self.other_ranks,
+                           self.notes + ((note,) if note else ()))
+
+
+class LaunchTimeout(Readable, TimeoutError):
+    """The launch ran past its ``timeout``; every worker was ended.
+
+    Attributes:
+        timeout: the limit in seconds.
+        ranks_not_finished: ranks whose ``fn`` had not returned when time ran out.
+    """
+
+    def __init__(self, timeout: float, ranks_not_finished: list[int]):
+        self.timeout = timeout
+        self.ranks_not_finished = list(ranks_not_finished)
+        super().__init__(
+            f"launch timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
+            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+            "waiting forever: check that every rank makes the same collective calls in the same "
+            "order, or raise `timeout` if the work is simply long. All workers were ended."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.timeout, self.ranks_not_finished))
+
+
+class OversubscriptionWarning(UserWarning):
+    """More ranks than CPU cores: ranks share cores, so timings are not meaningful."""
+
+
+#: Errors a rank raises because *another* rank died (it lost its peer), never a root cause.
+_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote worker crashing", "NCCL communicator was aborted")
+
+
+def _is_secondary(err: dict) -> bool:
+    return any(s in err["message"] for s in _SECONDARY)
+
+
+def worker_error(error: BaseException, errors: dict[int, dict], started: set[int], done: set[int],
+                 world_size: int) -> BaseException:
+    """Turn what the ranks left behind into one :class:`WorkerError` naming the root-cause rank.
+
+    Args:
+        error: what the elastic agent raised (a ``ChildFailedError`` lists the ranks it saw die).
+        errors: ``{rank: error marker}`` the ranks wrote (``type``, ``message``, ``traceback``,
+            ``time``: seconds since the epoch).
+        started: ranks that wrote their pid marker (``fn`` was reached).
+        done: ranks that wrote their done marker (``fn`` returned).
+        world_size: number of ranks.
+
+    Root cause, in order: the earliest error a rank raised itself; else a rank the agent saw die
+    (signal or exit code) without raising; else a started rank that vanished without a word
+    while others lost their connection to it; else the earliest secondary error.
+
+    Returns:
+        the exception for the caller to raise: a :class:`WorkerError`, or ``error`` itself when
+        no rank left a word and the agent names none.
+    """
+    failures = error.failures if isinstance(error, ChildFailedError) else {}
+    primary = [e for e in errors.values() if not _is_secondary(e)]
+    silent_dead = {r: f for r, f in failures.items() if r not in errors}
+    vanished = sorted(r for r in started if r not in errors and r not in done)
+
+    def others_except(rank):
+        # a message's first line: a hint on the lines below is shown once, for the root-cause rank
+        others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200] for r, e in errors.items() if r != rank}
+        others.update({r: "ended by the launcher" for r in range(world_size) if r != rank and r not in others})
+        return others
+
+    if primary:
+        first = min(primary, key=lambda e: e["time"])
+        return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
+                           others_except(first["rank"]))
+    if silent_dead:
+        rank, failure = min(silent_dead.items(), key=lambda kv: kv[1].timestamp)
+        if failure.exitcode is not None and failure.exitcode < 0:
+            kind = f"killed by {failure.signal_name()}"
+            message = f"the process received {failure.signal_name()} (exit code {failure.exitcode})"
+        else:
+            kind = "exited"
+            message = f"the process exited with code {failure.exitcode} before fn returned"
+        if rank not in started:
+            message += (" while starting, before fn was called (its stderr above says why). From a "
+                        "script, put the launch under `if __name__ == '__main__':`: spawned processes "
+                        "re-import the main script.")
+        return WorkerError(rank, kind, message, "", others_except(rank))
+    if errors and vanished:
+        rank = vanished[0]
+        return WorkerError(rank, "exited without returning a result",
+                           "the process ended without returning or raising (killed by a signal such as "
+                           "SIGKILL, e.g. by the out-of-memory killer, or os._exit()); the other ranks "
+                           "lost their connection to it", "", others_except(rank))
+    if errors:
+        first = min(errors.values(), key=lambda e: e["time"])
+        return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
+                           others_except(first["rank"]))
+    return error

@@ -1,0 +1,246 @@
+"""Process plumbing, in one place: free ports, ending a process tree, the backend rule, and the
+torchrun entry point.
+
+Everything in the project that needs one of these calls this module: :mod:`helpers.engine.launcher` and
+:mod:`helpers.engine.rank_main` (and :mod:`helpers.mp` through them), :mod:`helpers.engine.warm_ranks`,
+:mod:`helpers.engine.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
+
+- :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
+  loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``).
+- :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
+  :func:`leftover_children`: this process's, less the resource tracker and the fork server.
+- :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
+  :func:`is_live`: the "still running" test it uses.
+- :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
+  ``gloo``; a requested backend checked against the machine.
+- :func:`init_process_group_from_env` / :func:`main_from_env`: the default process group from the
+  environment torchrun (or the elastic agent under :func:`helpers.engine.launch`) sets, and the
+  entry point that runs a ``launch`` worker unchanged under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Iterable
+
+import psutil
+
+from helpers.engine.fork_server import fork_server_pid
+
+__all__ = [
+    "BACKENDS",
+    "default_backend",
+    "descendants",
+    "end_processes",
+    "free_port",
+    "init_process_group_from_env",
+    "is_live",
+    "leftover_children",
+    "loopback_interface",
+    "main_from_env",
+    "resolve_backend",
+]
+
+#: Backends the project accepts (``None`` chooses one with :func:`default_backend`).
+BACKENDS = ("gloo", "nccl")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now: bind port 0, read the port the OS chose,
+    release it. Another process could take it before it is used (rare); whoever then listens on
+    it fails loudly. Prefer letting the listener bind port 0 itself where it can (``launch`` does).
+
+    Returns:
+        int: the port number.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def loopback_interface(system: str | None = None) -> str:
+    """The name of the loopback interface (the one holding ``127.0.0.1``) on ``system``
+    (``platform.system()``; default: this machine's): ``"lo0"`` on macOS and the BSDs, ``"lo"``
+    on Linux (and elsewhere). What ``GLOO_SOCKET_IFNAME`` must name for a job on ``127.0.0.1``:
+    gloo fails on a name the machine does not have.
+
+    Returns:
+        str: an interface name.
+    """
+    system = platform.system() if system is None else system
+    return "lo0" if system in ("Darwin", "FreeBSD", "OpenBSD", "NetBSD") else "lo"
+
+
+def _process(proc: int | psutil.Process) -> psutil.Process:
+    """``proc`` as a ``psutil.Process`` (a pid is looked up now; raises ``psutil.NoSuchProcess``)."""
+    return proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+
+
+def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
+    """Every descendant of ``proc`` (children, their children, ...), read now.
+
+    Args:
+        proc: a pid, or a ``psutil.Process`` (then a pid reused by another process since that
+            object was made counts as gone: psutil compares start times).
+
+    Returns:
+        ``psutil.Process`` objects; ``[]`` if the process no longer exists or cannot be read.
+    """
+    try:
+        return _process(proc).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def leftover_children() -> list[psutil.Process]:
+    """This process's descendants, except the two that live exactly as long as it does by
+    design: ``multiprocessing``'s resource tracker and the fork server :func:`helpers.engine.launch`
+    forks its ranks from (:mod:`helpers.engine.fork_server`; the ranks forked from it do count). What a
+    check for "no process left behind" after a launch looks at.
+
+    Returns:
+        ``psutil.Process`` objects, read now.
+    """
+    server = fork_server_pid()
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.pid != server and "resource_tracker" not in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+def is_live(proc: int | psutil.Process) -> bool:
+    """``True`` while ``proc`` (a pid or a ``psutil.Process``) runs: it exists and is not a zombie
+    (a zombie has ended; only its exit status waits to be read). For a ``psutil.Process``, a pid
+    reused by another process since that object was made counts as ended (psutil's start-time check)."""
+    try:
+        p = _process(proc)
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait(procs: list, timeout: float) -> list:
+    """Wait up to ``timeout`` seconds until none of ``procs`` runs (our own children are reaped;
+    a zombie whose parent is another process counts as ended). Returns the ones still running."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if is_live(p)]
+    while alive:
+        _, alive = psutil.wait_procs(alive, timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+        alive = [p for p in alive if is_live(p)]
+        if time.monotonic() >= deadline:
+            break
+    return alive
+
+
+def end_processes(procs: Iterable[psutil.Process], grace_s: float = 3.0, *, terminate: bool = True,
+                  timeout: float | None = None) -> list[psutil.Process]:
+    """End processes: SIGTERM each (unless ``terminate=False``), wait up to ``grace_s`` seconds,
+    SIGKILL the rest in the order given (parents before children, if so given), wait again.
+
+    psutil checks each process's start time, so a recycled pid is never signalled.
+
+    Args:
+        procs: ``psutil.Process`` objects (e.g. ``psutil.Process(pid).children(recursive=True)``).
+        grace_s: seconds between SIGTERM and SIGKILL.
+        terminate: ``False`` sends SIGKILL at once.
+        timeout: seconds to wait after SIGKILL (default ``grace_s``).
+
+    Returns:
+        the processes still running after all that (normally none).
+    """
+    alive = [p for p in procs if is_live(p)]
+    if terminate:
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        alive = _wait(alive, grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return _wait(alive, grace_s if timeout is None else timeout)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_backend(ranks_per_node: int) -> str:
+    """The backend rule: ``"nccl"`` when CUDA has at least ``ranks_per_node`` GPUs (one per rank
+    on this machine), else ``"gloo"`` (CPU)."""
+    return "nccl" if _gpu_count() >= ranks_per_node else "gloo"
+
+
+def resolve_backend(backend: str | None, world_size: int, error: type[Exception] = ValueError) -> str:
+    """Choose or check the process-group backend for ``world_size`` ranks on this machine.
+
+    ``None`` gives :func:`default_backend`; a name is checked.
+
+    Raises:
+        error (``ValueError`` unless given, :class:`helpers.engine.LaunchError` from ``launch``):
+            unknown backend, or ``"nccl"`` without one GPU per rank.
+    """
+    if backend is None:
+        return default_backend(world_size)
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise error(f"unknown backend {backend!r}; use one of {BACKENDS} or None to choose automatically.")
+    backend = backend.lower()
+    gpus = _gpu_count()
+    if backend == "nccl" and gpus < world_size:
+        raise error(
+            f"backend 'nccl' needs one CUDA GPU per rank: world_size={world_size} but this machine has "
+            f"{gpus} GPU(s). Use backend='gloo' (runs on CPU) or backend=None to choose automatically."
+        )
+    return backend
+
+
+def init_process_group_from_env(backend: str | None = None, timeout_s: float | None = None) -> str:
+    """Initialise the default process group from ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``
+    (set by torchrun or the elastic agent). ``backend=None`` applies :func:`default_backend` to the
+    ranks of this node (``LOCAL_WORLD_SIZE``); under nccl the rank's GPU is ``cuda:<LOCAL_RANK>``.
+
+    Returns:
+        str: the backend used.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    kw = {}
+    if timeout_s is not None:
+        kw["timeout"] = datetime.timedelta(seconds=max(1.0, float(timeout_s)))
+    dist.init_process_group(backend=backend, **kw)
+    return backend
+
+
+def main_from_env(fn: Callable, *args, backend: str | None = None, **kwargs):
+    """Run ``fn(rank, world_size, *args, **kwargs)`` in a process started by ``torchrun``.
+
+    Reads ``RANK`` and ``WORLD_SIZE`` set by torchrun, initialises the default process group
+    (``backend=None``: nccl with a GPU per local rank, else gloo), calls ``fn`` and destroys the
+    group. This is how a worker written for :func:`helpers.engine.launch` runs unchanged on a
+    cluster::
+
+        torchrun --standalone --nproc-per-node=2 -m helpers.some_module
+
+    Returns:
+        whatever ``fn`` returns on this rank.
+    """
+    import torch.distributed as dist
+
+    init_process_group_from_env(backend, None)
+    try:
+        return fn(dist.get_rank(), dist.get_world_size(), *args, **kwargs)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""What runs inside each rank that :func:`helpers.engine.launch` starts.
+
+The elastic agent starts ``world_size`` processes (forked from :mod:`helpers.engine.fork_server`'s
+server, or with ``spawn``); each imports this module and runs :func:`worker_entry`, which
+
+1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
+   fork server, which exits with the launching process, or the launcher itself under ``spawn``),
+   so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
+   is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
+   server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); points its stdout and
+   stderr at its files in the run folder (:func:`helpers.engine.run_dir.capture_output`);
+2. writes its ``pid`` marker, sets its thread count, unpickles ``fn, args, kwargs``;
+3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
+   calls ``fn(rank, world_size, *args, **kwargs)``;
+4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
+   markers, destroys the group and hands the cloudpickled result back to the agent.
+
+:func:`worker_device` is what ``fn`` calls to find its device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from helpers.engine import processes as procs
+from helpers.engine.fork_server import close_inherited_pipe
+from helpers.engine.run_dir import capture_output, write_marker
+from helpers.engine.start_method import with_hint
+
+__all__ = ["worker_device", "worker_entry"]
+
+
+def worker_device():
+    """The device this rank should use: ``cuda:<local_rank>`` under nccl, else ``cpu``.
+
+    Returns:
+        torch.device
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+#: Environment variables the elastic agent gives a worker that ``torch.multiprocessing.spawn``
+#: does not: cleared for :mod:`helpers.mp`'s drop-in, so code that calls ``init_process_group``
+#: itself with its own ``MASTER_PORT`` (the DDP tutorial's ``setup``) does not find the agent's
+#: store (``TORCHELASTIC_USE_AGENT_STORE`` makes env:// rendezvous connect to it as a client).
+_AGENT_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent (``parent_pid``) dies, then close the race.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that created this process exits. Under the fork
+    server that is the server's only thread, which lives until the launching process exits; under
+    ``spawn`` it is the launcher's agent thread (which starts the workers through torch's
+    ``start_processes``), which lives until every worker has ended. So only the death of the
+    launching process itself triggers it. If the parent already died before this call,
+    ``getppid()`` no longer names it: exit at once.
+    Elsewhere than Linux this is a no-op (the launcher's own clean-up still applies).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None:
+    """Return once every rank has written its ``done`` marker (or any rank its ``error`` marker).
+
+    Uses the run's marker files, not a collective, so it never pairs with a collective a rank's
+    own code left unmatched. A rank that never finishes is ended by the launcher's timeout.
+    """
+    while True:
+        if all(os.path.exists(os.path.join(run_dir, f"done.{r}")) for r in range(world_size)):
+            return
+        if glob.glob(os.path.join(run_dir, "error.*")):
+            return
+        time.sleep(poll_s)
+
+
+def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | None,
+                 timeout_s: float | None, threads: int, style: str) -> bytes:
+    """What each spawned process runs (via the elastic agent): set up, call ``fn``, report.
+
+    ``payload`` is ``cloudpickle.dumps((fn, args, kwargs))``. ``style`` is ``"launch"``
+    (initialise the default group, call ``fn(rank, world_size, *args, **kwargs)``) or ``"spawn"``
+    (``torch.multiprocessing.spawn``'s contract: no group, ``fn(rank, *args)``). Returns the
+    cloudpickled result, so a cell-defined class can come back too.
+    """
+    _die_with_parent(parent_pid)
+    close_inherited_pipe()
+    # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
+    # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
+    # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)
+    multiprocessing.set_start_method(None, force=True)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    capture_output(run_dir, rank)
+    write_marker(run_dir, "pid", rank, {"pid": os.getpid()})
+    try:
+        if threads and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(threads)
+        fn, args, kwargs = cloudpickle.loads(payload)
+        if style == "spawn":
+            for name in _AGENT_ENV:
+                os.environ.pop(name, None)
+            for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
+                os.environ.pop(name, None)
+            result = fn(rank, *args, **kwargs)
+        else:
+            procs.init_process_group_from_env(backend, timeout_s)
+            result = fn(rank, world_size, *args, **kwargs)
+        try:
+            data = cloudpickle.dumps(result)
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(
+                f"rank {rank} returned a {type(result).__name__} that cannot be pickled back to the "
+                f"caller ({type(e).__name__}: {e}); return plain data or CPU tensors."
+            ) from None
+        write_marker(run_dir, "done", rank, {"time": time.time()})
+        if dist.is_initialized():
+            if style != "spawn":
+                # no rank tears the group down while another is still in a collective. Not a
+                # dist.barrier(): that would pair with a collective the user's code left unmatched
+                # on another rank (`if rank == 0: dist.barrier()`) and turn a hang into a
+                # misleading "Connection closed by peer"; the launcher's timeout names the rank.
+                _wait_for_peers(run_dir, world_size)
+            dist.destroy_process_group()
+    except BaseException as e:
+        write_marker(run_dir, "error", rank, {
+            "rank": rank,
+            "type": type(e).__name__,
+            "message": with_hint(str(e)) if not isinstance(e, SystemExit) else f"sys.exit({e.code!r})",
+            "traceback": traceback.format_exc(),
+            "time": time.time(),
+        })
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if isinstance(e, Exception):
+            # reported above (the launcher reads the marker): exit 1 instead of raising on, since
+            # torch.multiprocessing's wrapper would pickle the traceback into a
+            # pytorch-errorfile-*.pickle in the launcher's temp directory that nobody removes
+            # (torch/multiprocessing/spawn.py, _wrap; ProcessContext.join reads it, keeps it)
+            raise SystemExit(1) from None
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return data

@@ -1,0 +1,491 @@
+"""Warm ranks: a process group that lives across notebook cells, on ipyparallel engines.
+
+:func:`launch` starts new processes for every call, and nothing of them survives it. Warm ranks
+start ``world_size`` persistent IPython engines once (``ipyparallel``) with a process group, and
+keep them: names defined in one cell are still there in the next (poke at weights, gradients,
+buckets step by step), and a call costs milliseconds::
+
+    from helpers.engine.warm_ranks import start_ranks
+    ranks = start_ranks(world_size=2)          # also activates %%px in this notebook
+
+    %%px
+    t = torch.tensor([float(rank)]); dist.all_reduce(t); print(t)
+
+    ranks.run(lambda rank, world_size: rank * 10)   # -> [0, 10]
+    ranks.push({"lr": 0.1})                          # a kernel value, as a name on every rank
+    ranks.pull("t")                                  # every rank's t, in rank order
+    ranks.stop()
+
+Predefined on every rank: ``rank`` (= engine id), ``world_size``, ``device`` (``cuda:<rank>``
+under nccl, else ``cpu``), ``torch``, ``dist`` (``torch.distributed``).
+
+What this module adds to ipyparallel (engines, ``%%px``, output labelled ``[stdout:<rank>]``
+and cloudpickle for cell-defined code are ipyparallel's own):
+
+- the input checks, backend rule and threads per rank of :func:`helpers.engine.launch`;
+- a process group on ``127.0.0.1`` through a ``TCPStore`` rank 0 opens on port 0 (the OS picks a
+  free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
+- a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
+  cannot restart engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
+  ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display,
+  but watches the ranks while it waits. A hung collective, a rank that raised while its peers
+  wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt kernel" (SIGINT is sent to the
+  ranks; if they do not stop within seconds, e.g. in a C++ collective) end the wait, **end all
+  ranks at once** (never a half-dead group) and raise ``WorkerError``, :class:`RanksTimeout` or
+  ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
+  before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
+  ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
+- one default group for good: a call after which a rank has none (user code ran
+  ``dist.destroy_process_group()``, a tutorial's ``cleanup()``) makes a new one on the same ranks
+  and says so; ``init_process_group`` on them gets a hint that they already have a group; a
+  ``%%px`` NameError for a name of the kernel says so and shows :meth:`WarmRanks.push`; a result
+  that cannot be pickled back gets ``launch``'s message;
+- a start without a port race left unhandled: ipyparallel's controller chooses its ports, then
+  binds them; when another process takes one in between, the controller dies, or lives on without
+  a scheduler (the start then hung for 180 s). Each wait of a start reads the controller's and
+  engines' output and watches their processes, ends that try at once and starts again with new
+  ports (up to 4 tries); a failed start says whether anything is left running, after checking;
+- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
+  at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
+  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`)
+  kills them if the kernel dies without ``atexit`` (SIGKILL).
+
+References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , ipyparallel's
+``client/magics.py`` (``parallel_execute``) and torch's ``distributed/distributed_c10d.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import logging.handlers
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipyparallel as ipp
+
+from helpers.engine import warm_ranks_remote as eng
+from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
+from helpers.engine.errors import LaunchInterrupted, Readable
+from helpers.engine.fork_server import environment
+from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
+from helpers.engine.warm_ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
+
+RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
+
+__all__ = ["RanksTimeout", "WarmRanks", "current_ranks", "start_ranks"]
+
+_POLL_S = 0.05  # how often a wait checks the ranks (seconds)
+_ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
+_INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
+_OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
+
+
+
+
+# ----------------------------------------------------------------------------------------------
+# in the kernel
+# ----------------------------------------------------------------------------------------------
+
+class NoRanks(Readable, RuntimeError):
+    """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
+
+
+_CURRENT: WarmRanks | None = None
+_ATEXIT_REGISTERED = False
+
+
+def current_ranks() -> WarmRanks | None:
+    """The running :class:`WarmRanks` started by :func:`start_ranks`, or ``None``."""
+    return _CURRENT if _CURRENT is not None and not _CURRENT.stopped else None
+
+
+def _atexit_stop() -> None:
+    if _CURRENT is not None:
+        _CURRENT.stop()
+
+
+def _check_timeout(timeout: Any, name: str = "timeout") -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise LaunchError(f"{name} must be a positive number of seconds, got {timeout!r}.")
+    return float(timeout)
+
+
+def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
+                env: dict[str, str] | None = None, activate: bool = True) -> WarmRanks:
+    """Start ``world_size`` warm ranks with a default process group, or return the running ones.
+
+    Calling it again with the same arguments (and the same ``os.environ``) returns the running
+    ranks unchanged (re-running the cell is cheap); any change (``world_size``, ``backend``,
+    ``timeout``, ``env`` or the kernel's environment) stops the old ranks first.
+
+    Args:
+        world_size: number of ranks (engines), a positive int; same limits as ``launch``.
+        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
+            least ``world_size`` GPUs, else gloo): :func:`helpers.engine.resolve_backend`.
+        timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
+            ``timeout=`` overrides it). The process group's collective timeout is this plus 5 s,
+            so gloo itself raises in a rank stuck in a collective if a call was given longer.
+        env: extra environment variables for the ranks (set before torch is imported there).
+        activate: register the ``%%px``/``%px`` magics in the calling IPython session.
+
+    Returns:
+        WarmRanks: rank ``r`` is engine ``r``; ``torch.set_num_threads(threads_per_rank(world_size))``
+        on each unless ``OMP_NUM_THREADS`` is set; ``device`` is ``cuda:<rank>`` under nccl.
+
+    Raises:
+        LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
+        RuntimeError: the controller, the engines or the process group did not come up (a process
+            exited, or 180 s passed); every process of the start was ended, and the message says
+            whether that was checked to hold. ipyparallel's controller chooses its ports, then binds
+            them: when another process takes one in between (``Address already in use``), the start
+            is tried again with new ports, up to 4 times (``WarmRanks.start_attempts``).
+    """
+    global _CURRENT, _ATEXIT_REGISTERED
+    world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
+    backend = resolve_backend(backend, world_size)
+    timeout = _check_timeout(timeout)
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    key = (world_size, backend, timeout, tuple(sorted(env.items())), environment())
+    if _CURRENT is not None and not _CURRENT.stopped:
+        if _CURRENT._key == key and not _CURRENT.dead_ranks():
+            if _CURRENT._restart_pending:
+                _CURRENT.restart()
+            if activate:
+                _CURRENT._activate()
+            return _CURRENT
+        _CURRENT.stop()
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_atexit_stop)
+        _ATEXIT_REGISTERED = True
+    ranks = WarmRanks(world_size, backend, timeout, env, activate, key)
+    _CURRENT = ranks
+    ranks._start()
+    return ranks
+
+
+class WarmRanks(RanksLifeCycle):
+    """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
+
+    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
+    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (engine process
+    ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
+    all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
+    after a fault), ``startup_seconds`` (the last start: engines, torch import, group) and
+    ``startup_phases`` (``{"engines": s, "torch and group": s}``: controller and engines up, then
+    each engine importing torch and joining the group), ``start_attempts`` (tries the last start took,
+    see :func:`start_ranks`), ``regroups`` (default groups made again after user code destroyed one).
+    """
+
+    def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self.env = env
+        self._activate_magics = activate
+        self._key = key
+        self.cluster = self.client = self.view = None
+        self.pids: list[int] = []
+        self.devices: list[str] = []
+        self.stopped = False
+        self.restarts = 0
+        self.startup_seconds = None
+        self.startup_phases: dict[str, float] = {}
+        self._profile_dir = None
+        self._watchdog = None
+        self._ipp_px = None
+        self._restart_pending = False
+        self._started: list = []  # the process trees as they were once started
+        self.start_attempts = 0
+        self.regroups = 0
+        self._ipp_log: logging.Logger | None = None
+        self._ipp_held: logging.handlers.BufferingHandler | None = None
+
+    def __repr__(self):
+        state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
+                 else f"pids {self.pids}")
+        return f"<WarmRanks world_size={self.world_size} backend={self.backend!r} timeout={self.timeout:g} s, {state}>"
+
+    def _activate(self) -> None:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None or self.view is None:
+            return
+        self.view.activate()  # ipyparallel's %px, %%px, %autopx, %pxresult, %pxconfig
+        self._ipp_px = ip.magics_manager.magics["cell"].get("px")
+        ip.register_magic_function(_px_magic, magic_kind="line_cell", magic_name="px")
+
+    # -- health ------------------------------------------------------------------------------
+
+    def _check_alive(self, what: str) -> None:
+        if self.stopped:
+            raise RuntimeError("these warm ranks were stopped; call start_ranks(...) again")
+        if self._restart_pending:
+            print(f"(starting fresh warm ranks after the last fault: about "
+                  f"{self.startup_seconds or 0:.0f} s)", file=sys.stderr, flush=True)
+            self.restart()
+            return
+        dead = self.dead_ranks()
+        if dead:
+            raise self._restart_with(self._dead_error(dead, what, before=True))
+
+    def _dead_error(self, dead: dict[int, str], what: str, before: bool = False) -> WorkerError:
+        rank = min(dead)
+        others = {r: "ended" for r in range(self.world_size) if r != rank}
+        others.update({r: d for r, d in dead.items() if r != rank})
+        return WorkerError(rank, dead[rank],
+                           f"the engine process of rank {rank} (pid {self.pids[rank]}) "
+                           + (f"was found dead when {what} started" if before else f"died before {what} finished")
+                           + " (a signal such as SIGKILL, e.g. from the out-of-memory killer, or os._exit()). "
+                           + eng.RESTART_NOTE, "", others)
+
+    def _restart_with(self, error: BaseException) -> BaseException:
+        """End the ranks now (no half-dead group survives) and start fresh ones on the next call
+        (``run``, ``%%px``), so the fault is reported at once; return ``error`` to raise."""
+        self._shutdown()
+        self._restart_pending = True
+        return error
+
+    # -- waiting for the ranks -----------------------------------------------------------------
+
+    def _supervise(self, ar, timeout: float | None, what: str) -> tuple[list[int], BaseException | None]:
+        """Wait for ``ar`` (one message per rank) while watching the ranks.
+
+        Returns ``(ranks_with_errors, fault)``; ``fault`` (to raise after a restart) is set when a
+        rank died, the time ran out, peers still ran after a rank raised, or the caller was
+        interrupted.
+        """
+        parts = ar.split() if self.world_size > 1 else [ar]
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        start = time.monotonic()
+        first_error = None
+        try:
+            while True:
+                ar.wait(_POLL_S)
+                done = [p.ready() for p in parts]
+                errors = [r for r, p in enumerate(parts) if done[r] and not p.successful()]
+                if all(done):  # an engine that died mid-task ends as an EngineError: report the death
+                    dead = self.dead_ranks() if errors else {}
+                    return errors, (self._dead_error(dead, what) if dead else None)
+                dead = self.dead_ranks()
+                if dead:
+                    return errors, self._dead_error(dead, what)
+                if errors:
+                    first_error = first_error or time.monotonic()
+                    if time.monotonic() - first_error > _ERROR_GRACE_S:
+                        err = eng.worker_error(parts, errors[0])
+                        err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
+                                                for r, d in enumerate(done) if not d})
+                        return errors, err.with_note(eng.RESTART_NOTE)
+                if time.monotonic() - start > limit:
+                    return errors, eng.RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
+        except KeyboardInterrupt:
+            running = [r for r, p in enumerate(parts) if not p.ready()]
+            eng.interrupt([self.pids[r] for r in running])
+            stopped = ar.wait(_INTERRUPT_GRACE_S)
+            if stopped:
+                return [], LaunchInterrupted(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
+            still = [r for r, p in enumerate(parts) if not p.ready()]
+            return [], LaunchInterrupted(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
+                                         "in a collective). " + eng.RESTART_NOTE)
+
+    def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
+                   has_group: list[bool] | None = None, kernel_names=None) -> None:
+        """After :meth:`_supervise`: on a fault restart and raise it; else make a new default group
+        if the call left a rank without one (:meth:`_check_group`; ``has_group``: per rank, if
+        known); on rank errors raise WorkerError (a NameError for a name of ``kernel_names``, the
+        kernel's namespace, says so: :func:`helpers.engine.warm_ranks_remote.kernel_name_error`)."""
+        if fault is not None:
+            if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
+                raise fault
+            raise self._restart_with(fault)
+        err = None
+        if errors:
+            parts = ar.split() if self.world_size > 1 else [ar]
+            err = eng.worker_error(parts, errors[0])
+            for r in errors[1:]:
+                other = eng.worker_error(parts, r)
+                same = (other.exc_type, other.message.replace(f"rank {r} ", f"rank {err.rank} ")) == \
+                    (err.exc_type, err.message)
+                first_line = other.message.partition("\n")[0][:200]  # a hint once, in err itself
+                err.other_ranks[r] = f"the same {other.exc_type}" if same else first_line
+            if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
+                # a collective failed: the group's state is unknown, start afresh
+                raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))
+        self._check_group(what, has_group)
+        if err is None:
+            return
+        err = eng.kernel_name_error(err, kernel_names or {}) or err
+        raise err.with_note(eng.INIT_TWICE_NOTE if "initialize the default process group twice" in err.message
+                            else None)
+
+    def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
+        """After a call that ended normally: if a rank has no default group (user code called
+        ``dist.destroy_process_group()``, e.g. a tutorial's ``cleanup()``), make a new one on the same
+        ranks (names on them are kept) and say so on stderr; if that fails, fresh ranks start on the
+        next call. ``has_group``: each rank's ``dist.is_initialized()``, asked now if not given."""
+        deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
+        if has_group is None:
+            try:
+                has_group = self._await(self.view.apply_async(eng.has_group), "the ranks' group check", deadline)
+            except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
+                self._restart_with(None)
+                return
+        lost = [r for r, ok in enumerate(has_group) if not ok]
+        if not lost:
+            return
+        try:
+            self._await(self.view.apply_async(eng.leave_group), "the ranks leaving the old group", deadline)
+            self._join_group(deadline)
+            self.regroups += 1
+            outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
+                       "old group (a DDP model)")
+        except Exception as e:  # noqa: BLE001 - then fresh ranks
+            self._restart_with(None)
+            outcome = f"and making a new one failed ({type(e).__name__}): fresh ranks start on the next call"
+        who = f"rank {lost[0]} has" if len(lost) == 1 else "ranks " + ", ".join(map(str, lost)) + " have"
+        print(f"(warm ranks: {who} no default process group after this {what} (`dist.destroy_process_group()`, "
+              f"e.g. a tutorial's `cleanup()`), {outcome}. Warm ranks keep one group: leave `init_process_group` "
+              "and `destroy_process_group` (`setup()`, `cleanup()`) out of code you run on them.)",
+              file=sys.stderr, flush=True)
+
+    # -- public calls --------------------------------------------------------------------------
+
+    def run(self, fn: Callable, *args, timeout: float | None = None, **kwargs) -> list:
+        """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank; return the results in rank order.
+
+        ``fn`` may be defined in a notebook cell (a function, lambda or closure: sent by value with
+        cloudpickle). Arguments and results travel pickled.
+
+        Args:
+            timeout: seconds for this call (default: the ranks' ``timeout``).
+
+        Returns:
+            list: ``results[r]`` is rank ``r``'s return value.
+
+        Raises:
+            LaunchError: ``fn``, an argument, a global it uses or a closure variable cannot be sent
+                (an open file, a lock, a socket, a generator, a CUDA tensor), as for ``launch``.
+            WorkerError: a rank raised (names the rank, its traceback), returned what cannot be
+                pickled back (a generator, a lock: ``launch``'s message), or its process died. When a
+                rank died, peers were left waiting or a collective failed, all ranks were ended
+                first; fresh ones start before the next call. A rank that destroyed its default
+                group (``dist.destroy_process_group()``) gets a new one, with a note on stderr.
+            RanksTimeout: past ``timeout``; names the ranks not finished; all ranks were ended.
+            KeyboardInterrupt: interrupted; SIGINT was sent to the ranks (all ended if they did not stop).
+        """
+        if not callable(fn):
+            raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
+        # LaunchError naming the variable, before the ranks are touched; the payload keeps a cell's
+        # file name and lines, so a rank's traceback shows the cell's line
+        payload = serialise_call(fn, args, kwargs)
+        self._check_alive("run")
+        ar = self.view.apply_async(eng.call_payload, payload)
+        errors, fault = self._supervise(ar, timeout, "run")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "run")
+        pairs = ar.get(0)  # (result, has a default group) per rank: warm_ranks_remote.call
+        self._raise_for(ar, [], None, "run", has_group=[g for _, g in pairs])
+        return [result for result, _ in pairs]
+
+    def push(self, values: dict[str, Any], timeout: float | None = None) -> None:
+        """Define names on every rank: ``ranks.push({"lr": lr})`` sends the kernel's ``lr`` so that
+        ``%%px`` cells can use it (a ``%%px`` cell sees only the ranks' own variables).
+
+        Args:
+            values: ``{name: value}``; each value is pickled (cloudpickle) and sent to every rank.
+            timeout: seconds for this call (default: the ranks' ``timeout``).
+
+        Raises:
+            LaunchError: a name is not an identifier, or a value cannot be sent (named, as ``run`` does).
+            WorkerError, RanksTimeout: as :meth:`run`.
+        """
+        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
+            raise LaunchError(f"push takes a dict of variable names to values, e.g. ranks.push({{'lr': lr}}); "
+                              f"got {values!r:.200}.")
+        serialise_call(dict, (), values)  # LaunchError naming the value, before the ranks are touched
+        self._check_alive("push")
+        ar = self.view.push(values, block=False)
+        errors, fault = self._supervise(ar, timeout, "push")
+        if errors or fault:
+            self._raise_for(ar, errors, fault, "push")
+
+    def pull(self, name: str, timeout: float | None = None) -> list:
+        """Every rank's value of the variable ``name`` (defined by ``%%px`` cells or :meth:`push`), in rank order.
+
+        Raises:
+            WorkerError: a rank has no such name (NameError), or as :meth:`run`.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise LaunchError(f"pull takes one variable name, e.g. ranks.pull('loss'); got {name!r:.200}.")
+        self._check_alive("pull")
+        ar = self.view.pull(name, block=False)
+        errors, fault = self._supervise(ar, timeout, "pull")
+        if errors or fault:
+            try:
+                self._raise_for(ar, errors, fault, "pull")
+            except WorkerError as e:
+                if e.exc_type != "NameError":
+                    raise
+                raise e.with_note(f"no rank has a variable {name!r}: define it in a %%px cell, or send "
+                                  f"it from the kernel with ranks.push({{{name!r}: value}})") from None
+        return ar.get(0)
+
+    def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:
+        """Run ``code`` on every rank, as ``%%px`` does, showing each rank's output labelled by rank.
+
+        Same errors as :meth:`run` (``what`` = ``"%%px cell"``).
+        """
+        self._check_alive("the %%px cell")
+        if stream is None:
+            stream = not ipp._NONINTERACTIVE
+        ar = self.view.execute(code, silent=False, block=False)
+        ar._fname = "%px"
+        eng.stream_per_rank(ar)
+        with ar.stream_output() if stream else contextlib.nullcontext():
+            finished = False
+            try:
+                errors, fault = self._supervise(ar, timeout, "%%px cell")
+                finished = fault is None
+            finally:
+                # every rank's output of a finished cell follows its result on ipyparallel's iopub
+                # channel, seconds later on a loaded machine (rank 1's line was lost at 1 s); a rank
+                # that faulted never sends it, so then wait only briefly
+                ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
+        if not stream:
+            ar.display_outputs()
+        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=_kernel_namespace())
+
+
+def _kernel_namespace() -> dict:
+    """The calling IPython session's user namespace (the notebook's variables), or ``{}``."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip.user_ns if ip is not None else {}
+
+
+def _px_magic(line: str, cell: str | None = None):
+    """``%%px [--timeout S]``: run the cell on every warm rank (see :meth:`WarmRanks.execute`).
+
+    Other ipyparallel options (``--targets``, ``--noblock``, ``--local`` ...) are passed to
+    ipyparallel's own magic, which has no time limit and no restart.
+    """
+    ranks = current_ranks()
+    if ranks is None:
+        raise NoRanks("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
+    code, opts = (line, "") if cell is None else (cell, line.strip())
+    timeout = None
+    m = re.fullmatch(r"--timeout[ =](\S+)", opts)
+    if m:
+        timeout, opts = float(m.group(1)), ""
+    if opts:
+        if ranks._ipp_px is None:
+            raise RuntimeError(f"unsupported %%px options {opts!r}")
+        return ranks._ipp_px(line, cell)
+    ranks.execute(code, timeout=timeout)

@@ -1,0 +1,293 @@
+"""Warm ranks' life cycle: start the ipyparallel controller, engines and process group, retry a
+start whose port another process took, stop everything and check that nothing is left.
+
+:class:`RanksLifeCycle` is a base of :class:`helpers.engine.WarmRanks`; learners use that module.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import logging.handlers
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import ipyparallel as ipp
+import psutil
+
+from helpers.engine import warm_ranks_remote as eng
+from helpers.engine.launcher import threads_per_rank
+from helpers.engine.processes import descendants, end_processes, is_live
+
+_GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
+_START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
+_START_ATTEMPTS = 4  # starts tried when another process took a port ipyparallel's controller had chosen
+_START_POLL_S = 0.1  # how often a start checks the controller's and engines' output and processes (seconds)
+
+
+def _output_of(launcher) -> str:
+    """What an ipyparallel launcher's process has written so far (its output file). Not
+    ``launcher.get_output()``: that caches the text at its first call, and removes the file on stop."""
+    if getattr(launcher, "_output", None) is not None:
+        return launcher._output
+    try:
+        with open(launcher.output_file, errors="replace") as f:
+            return f.read()
+    except (OSError, AttributeError, TypeError):
+        return ""
+
+
+def _left_message(left: list) -> str:
+    """The end of a failed start's message: what was checked to be left running."""
+    if not left:
+        return "its controller and engines were ended, and none is left running (checked)"
+    pids = ", ".join(str(p.pid) for p in left)
+    return f"these of its processes could not be ended: pids {pids}; end them with `kill -9 {pids.replace(',', '')}`"
+
+
+
+class RanksLifeCycle:
+    """Starting and stopping the controller, engines and group of :class:`helpers.engine.WarmRanks`."""
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        t0 = time.perf_counter()
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self.start_attempts = attempt
+            try:
+                t_engines = self._start_once()
+                self._release_ipp_log(show=True)
+                break
+            except BaseException as e:
+                taken = None if isinstance(e, KeyboardInterrupt) else self._port_taken()
+                self._release_ipp_log(show=not taken)
+                left = self._shutdown()
+                if taken and not left and attempt < _START_ATTEMPTS:
+                    continue  # a port was taken between ipyparallel choosing it and binding it: new ports
+                self.stopped = True
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                if taken:
+                    why = (f"on {attempt} tries, another process took a port ipyparallel's controller had "
+                           f"chosen before it could bind it ({taken}: Address already in use)")
+                else:
+                    why = f"{type(e).__name__}: {eng.ANSI.sub('', str(e))}"
+                raise RuntimeError(f"warm ranks did not start ({why}); {_left_message(left)}") from e
+        self.startup_seconds = time.perf_counter() - t0
+        self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
+        if self._activate_magics:
+            self._activate()
+
+    def _start_once(self) -> float:
+        """One try at starting the controller, the engines and the group; returns the
+        ``perf_counter()`` at which the engines were up. Every wait watches the processes and the
+        controller's output (:meth:`_await`), so a port taken or a process gone ends it at once."""
+        # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
+        # while starting (a try that lost a port is retried without a word), then to stderr
+        self._ipp_log = logging.Logger("helpers.engine.warm_ranks ipyparallel", logging.WARNING)
+        self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
+        self._ipp_log.addHandler(self._ipp_held)
+        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        self.cluster = ipp.Cluster(
+            controller_args=eng.CONTROLLER_ARGS,
+            n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
+            controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
+            log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
+        self.cluster.start_cluster_sync(n=self.world_size)
+        self.client = self.cluster.connect_client_sync()
+        # interactive=False: no progress bar in the cell
+        self._await(self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
+                                                 block=False), "the engines registering", deadline)
+        ids = sorted(self.client.ids)
+        assert ids == list(range(self.world_size)), f"engine ids {ids}"
+        self.view = self.client[ids]
+        self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
+        self.pids = self._await(self.view.apply_async(os.getpid), "the engines answering", deadline)
+        t_engines = time.perf_counter()
+        self._started = self._processes()
+        self._start_watchdog()
+        self._join_group(deadline)
+        for r in ids:
+            self._await(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
+                        "setting rank and world_size", deadline)
+        self._await(self.view.execute(eng.PRELUDE, block=False), "the prelude (import torch)", deadline)
+        return t_engines
+
+    def _join_group(self, deadline: float) -> None:
+        """Every rank joins a new default group, through a TCPStore rank 0 opens on port 0."""
+        group_timeout = self.timeout + _GROUP_MARGIN_S
+        port = self._await(self.client[0].apply_async(eng.open_store, self.world_size, group_timeout),
+                           "rank 0 opening the group's store", deadline)
+        joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
+                                            threads_per_rank(self.world_size))
+                 for r in range(self.world_size)]
+        self.devices = [self._await(j, "the ranks joining the process group", deadline) for j in joins]
+
+    def _await(self, waiting, what: str, deadline: float):
+        """The result of ``waiting`` (an ipyparallel AsyncResult or a Future), checking every
+        :data:`_START_POLL_S` that no port was taken and the controller and engines still run.
+
+        Raises:
+            RuntimeError: a port was taken, or the controller or an engine exited.
+            TimeoutError: not done by ``deadline`` (``time.monotonic()``).
+        """
+        while True:
+            if isinstance(waiting, ipp.AsyncResult):
+                if waiting.wait(_START_POLL_S):
+                    return waiting.get(0)
+            else:
+                concurrent.futures.wait([waiting], timeout=_START_POLL_S)
+                if waiting.done():
+                    return waiting.result()
+            taken = self._port_taken()
+            if taken:
+                raise RuntimeError(f"{taken}: Address already in use")
+            gone = self._gone_while_starting()
+            if gone:
+                raise RuntimeError(f"{gone} while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} took longer than {_START_TIMEOUT_S:g} s")
+
+    def _release_ipp_log(self, show: bool) -> None:
+        """Send what ipyparallel logged during the start to stderr (``show``) or drop it; from now
+        on its reports go to stderr directly."""
+        held = self._ipp_held
+        if self._ipp_log is None or held is None:
+            return
+        self._ipp_log.removeHandler(held)
+        stderr = logging.StreamHandler(sys.stderr)
+        if show:
+            for record in held.buffer:
+                stderr.handle(record)
+        held.close()
+        self._ipp_held = None
+        self._ipp_log.addHandler(stderr)
+
+    def _launchers(self) -> list:
+        """ipyparallel's launchers of the controller and every engine (none once stopped)."""
+        if self.cluster is None:
+            return []
+        launchers = [self.cluster.controller] if self.cluster.controller is not None else []
+        for es in self.cluster.engines.values():
+            launchers += list(es.launchers.values())
+        return launchers
+
+    def _port_taken(self) -> str | None:
+        """The address (``tcp://127.0.0.1:PORT``) the controller or an engine could not bind because
+        another process had taken it, read from their output files; ``None`` if none."""
+        for launcher in self._launchers():
+            m = eng.PORT_TAKEN.search(_output_of(launcher))
+            if m:
+                return m.group(1) or "a port"
+        return None
+
+    def _gone_while_starting(self) -> str | None:
+        """"the ipyparallel controller exited (...)" when a process of the start has ended, else None."""
+        for launcher in self._launchers():
+            proc = getattr(launcher, "process", None)
+            if proc is not None and not is_live(proc):
+                who = "the ipyparallel controller" if launcher is self.cluster.controller else "an engine"
+                last = [line for line in _output_of(launcher).splitlines() if line.strip()][-1:]
+                return f"{who} (pid {proc.pid}) exited" + (f" ({last[0].strip()[:300]})" if last else "")
+        return None
+
+    def _start_watchdog(self) -> None:
+        roots = [*self.pids, *(p.pid for p in self._launched())]
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
+
+    def _launched(self) -> list:
+        """The controller's and every engine's process as ipyparallel's launchers started them
+        (psutil.Process; none once stopped)."""
+        return [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
+
+    def _marked(self) -> list:
+        """This process's descendants that ipyparallel started for this set of ranks: their
+        environment names its profile folder (``IPP_PROFILE_DIR``, ipyparallel's launchers set it)."""
+        found = []
+        if not self._profile_dir:
+            return found
+        for p in descendants(os.getpid()):
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("IPP_PROFILE_DIR") == self._profile_dir:
+                    found.append(p)
+        return found
+
+    def _processes(self) -> list:
+        """The controller and engine process trees (psutil.Process), found from the launchers."""
+        roots = self._launched()
+        roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
+        procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
+
+        for p in roots:
+            with contextlib.suppress(psutil.Error):
+                procs[p.pid] = p
+                for c in p.children(recursive=True):
+                    procs[c.pid] = c
+        return list(procs.values())
+
+    def _shutdown(self) -> list:
+        """Kill the controller, the engines and the watchdog; remove ipyparallel's folder. Returns the
+        processes of these ranks still running afterwards, looked for again (normally none)."""
+        procs = self._processes()
+        procs += [p for p in self._marked() if p.pid not in {q.pid for q in procs}]
+        # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
+        if self._ipp_log is not None:
+            self._ipp_log.disabled = True
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close(linger=0)
+        left = end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
+        left += [p for p in self._marked() if is_live(p) and p.pid not in {q.pid for q in left}]
+        if self.cluster is not None:
+            self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
+            self.cluster.engines = {}
+        if self._watchdog is not None:
+            with contextlib.suppress(Exception):
+                self._watchdog.kill()
+                self._watchdog.wait(5)
+        if self._profile_dir:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+        self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
+        self.pids, self._started = [], []
+        return left
+
+    def stop(self) -> None:
+        """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self._shutdown()
+
+    def restart(self) -> None:
+        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
+
+        After a fault the ranks are ended at once and this runs by itself before the next
+        ``run`` or ``%%px`` cell."""
+        self._shutdown()
+        self.stopped = False
+        self._restart_pending = False
+        self.restarts += 1
+        self._start()
+
+    def dead_ranks(self) -> dict[int, str]:
+        """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""
+        dead = {}
+        for rank, pid in enumerate(self.pids):
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                pass
+            dead[rank] = eng.exit_description(self.cluster, pid)
+        return dead

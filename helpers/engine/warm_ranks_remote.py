@@ -1,0 +1,307 @@
+"""The process side of warm ranks (:mod:`helpers.engine.warm_ranks`): the options the controller and engines
+start with, what runs on each engine, how a rank's errors are read, and the watchdog that ends
+the engines if the kernel dies.
+
+Functions here are sent to the engines by reference (every engine imports ``helpers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+import signal
+import time
+
+import ipyparallel as ipp
+from traitlets.config import Config
+
+from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
+from helpers.engine.start_method import with_hint
+
+#: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
+#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
+#: warnings and errors only in its log (traitlets spells the level WARN: WARNING is refused and it exits 1).
+CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
+                    "--log-level=WARN"]
+#: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
+#: its log of every request. No KernelNanny (``IPEngine.enable_nanny``, ipyparallel/engine/app.py): it is one more
+#: process per rank (about 1 CPU-s to start, measured) that relays signals and reports an engine's exit to the hub;
+#: the engines are children of this kernel, so :meth:`WarmRanks._supervise` signals their pids itself and finds a
+#: dead rank by its pid.
+ENGINE_ARGS = ["--log-level=WARN", "--IPEngine.enable_nanny=False"]
+
+
+def engine_config(env: dict[str, str]) -> Config:
+    """The engines' launcher options: :data:`ENGINE_ARGS`, and ``env`` (the caller's extra variables)
+    in the environment each engine process starts with (``BaseLauncher.environment``,
+    ipyparallel/cluster/launcher.py), so that they are set before anything is imported there."""
+    return Config({"LocalEngineSetLauncher": {"engine_args": list(ENGINE_ARGS), "environment": dict(env)}})
+
+RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
+                 "(names defined on the ranks are gone: run your set-up cells again).")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+#: What the controller (or an engine) prints when a port it had chosen was taken by another process
+#: before it bound it: pyzmq's ``ZMQError: Address already in use (addr='tcp://127.0.0.1:PORT')``.
+PORT_TAKEN = re.compile(r"Address already in use(?: \(addr='([^']*)'\))?")
+
+#: The hint for torch's "trying to initialize the default process group twice!" on warm ranks.
+INIT_TWICE_NOTE = ("warm ranks already have a default process group: `rank`, `world_size` and `dist` are ready "
+                   "on every rank. Leave `dist.init_process_group(...)` (a tutorial's `setup()`) and "
+                   "`dist.destroy_process_group()` (its `cleanup()`) out of code you run on them")
+
+#: Errors that leave the process group unusable (a peer gone, a collective timed out).
+GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
+                 "timed out", "DistBackendError", "DistNetworkError", "NCCL")
+
+
+class RanksTimeout(LaunchTimeout):
+    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
+
+    Attributes:
+        timeout: the limit in seconds.
+        ranks_not_finished: ranks that had not finished when time ran out.
+    """
+
+    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run"):
+        super().__init__(timeout, ranks_not_finished)
+        self.what = what
+        self.args = (
+            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
+            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+            "waiting forever: check that every rank makes the same collective calls in the same "
+            "order, or pass a larger timeout. " + RESTART_NOTE,
+        )
+
+    def __str__(self):
+        return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.timeout, self.ranks_not_finished, self.what))
+
+
+# ----------------------------------------------------------------------------------------------
+# on the engines (sent by reference: every engine imports helpers)
+# ----------------------------------------------------------------------------------------------
+
+_STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
+
+
+def open_store(world_size: int, timeout_s: float) -> int:
+    """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
+    global _STORE
+    import torch.distributed as dist
+
+    _STORE = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    return _STORE.port
+
+
+def join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int) -> str:
+    """Every rank: set the torchrun variables, threads and device, join the default group."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = _STORE if rank == 0 else dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return str(worker_device())
+
+
+PRELUDE = (
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "from helpers.engine.launcher import worker_device as _ddp_lab_device\n"
+    "device = _ddp_lab_device()\n"
+    "del _ddp_lab_device\n"
+)
+
+
+def call(fn, args, kwargs):
+    """Every rank: ``(fn(rank, world_size, *args, **kwargs), whether the rank still has its default group)``.
+
+    Raises:
+        TypeError: the result holds what cannot be pickled back to the kernel (a generator, a
+            lock, an open file, a socket), with the message ``launch`` gives for the same.
+    """
+    rank = int(os.environ["RANK"])
+    result = fn(rank, int(os.environ["WORLD_SIZE"]), *args, **kwargs)
+    check_result(rank, result)
+    return result, has_group()
+
+
+def check_result(rank: int, result) -> None:
+    """Refuse a result that belongs to this process (:func:`helpers.engine.by_value`'s kinds, CUDA tensors
+    aside: those pickle), before ipyparallel's pickler fails on it with a bare TypeError."""
+    import cloudpickle
+
+    from helpers.engine.by_value import _kind_of, _walk
+
+    for where, value in _walk("the result", result):
+        kind = _kind_of(value)
+        if kind is None or "tensor" in kind or "nn.Module" in kind:
+            continue
+        try:
+            cloudpickle.dumps(value)
+            continue
+        except Exception as e:  # noqa: BLE001 - what pickling says, as launch reports it
+            why = f"{type(e).__name__}: {e}"
+        inside = "" if where == "the result" else f"{where} is {kind}; "
+        raise TypeError(f"rank {rank} returned a {type(result).__name__} that cannot be pickled back to the "
+                        f"caller ({inside}{why}); return plain data or CPU tensors.")
+
+
+def has_group() -> bool:
+    """Every rank: whether the default process group is still there (user code may destroy it)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def leave_group() -> None:
+    """Every rank: destroy what is left of the default group, before :func:`open_store` and
+    :func:`join_group` make a new one on the same ranks."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def call_payload(payload: bytes):
+    """Every rank: :func:`call` of ``(fn, args, kwargs)`` from :func:`helpers.engine.by_value.serialise_call`'s
+    payload (code sent by value keeps its cell's file name and lines, for the traceback)."""
+    import cloudpickle
+
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return call(fn, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# the watchdog: kills the engines and controller, and removes their folder, if the kernel dies without atexit
+# ----------------------------------------------------------------------------------------------
+
+WATCHDOG = r"""
+import os, shutil, sys, time, psutil
+parent, profile_dir, roots = int(sys.argv[1]), sys.argv[2], [int(a) for a in sys.argv[3:]]
+known = {}
+while True:
+    for pid in roots:
+        try:
+            p = psutil.Process(pid)
+            known.setdefault(p.pid, p)
+            for c in p.children(recursive=True):
+                known.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+    if os.getppid() != parent:  # the kernel died: we were re-parented
+        for p in known.values():
+            try:
+                p.kill()  # psutil refuses if the pid was reused by another process
+            except psutil.Error:
+                pass
+        shutil.rmtree(profile_dir, ignore_errors=True)  # ipyparallel's files (connection info, logs)
+        sys.exit(0)
+    if not any(p.is_running() for p in known.values()):
+        sys.exit(0)
+    time.sleep(0.5)
+"""
+
+
+def worker_error(parts, rank: int) -> WorkerError:
+    """Rank ``rank``'s failure in ``parts`` (one ipyparallel AsyncResult per rank) as a WorkerError."""
+    try:
+        parts[rank].get(0)
+    except ipp.RemoteError as e:
+        tb = e.traceback
+        tb = ANSI.sub("", "\n".join(tb) if isinstance(tb, list) else (tb or ""))
+        message = with_hint(ANSI.sub("", str(e.evalue)))
+        if "cannot be pickled back to the caller" in message:
+            tb = ""  # check_result's own frames: nothing of the learner's code
+        elif "serialize_object" in tb and e.ename in ("TypeError", "PicklingError", "AttributeError"):
+            # ipyparallel could not pickle the result: say so as launch does, without its frames
+            message = (f"rank {rank} returned a value that cannot be pickled back to the caller "
+                       f"({e.ename}: {message}); return plain data or CPU tensors.")
+            tb = ""
+        return WorkerError(rank, e.ename, message, tb)
+    except Exception as e:  # noqa: BLE001 - e.g. an EngineError from the controller
+        return WorkerError(rank, type(e).__name__, ANSI.sub("", str(e)), "")
+    return WorkerError(rank, "unknown", "no error recorded", "")
+
+
+def kernel_name_error(err: WorkerError, kernel_names) -> WorkerError | None:
+    """``err`` (a ``%%px`` cell's) rewritten when it is a NameError for a name that exists in the
+    kernel (``kernel_names``: the kernel's user namespace): say where the name lives and how to send
+    it; ``None`` otherwise."""
+    m = re.match(r"name '(\w+)' is not defined", err.message) if err.exc_type == "NameError" else None
+    if m is None or m.group(1) not in kernel_names:
+        return None
+    name = m.group(1)
+    message = (f"name {name!r} is not defined on the ranks. `{name}` is a variable of this notebook's kernel; "
+               f"a %%px cell runs on the ranks, which have their own variables. Send it to every rank first: "
+               f"ranks.push({{{name!r}: {name}}})")
+    return WorkerError(err.rank, "NameError", message, err.traceback, err.other_ranks)
+
+
+def interrupt(pids: list[int]) -> None:
+    """Send SIGINT to each engine in ``pids``, what "interrupt kernel" does to a kernel (an engine without a
+    KernelNanny, see :data:`ENGINE_ARGS`, is signalled directly); a pid already gone is skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+
+
+def exit_description(cluster, pid: int) -> str:
+    """How engine ``pid`` of ``cluster`` (an ``ipp.Cluster``) ended: "killed by SIGKILL", "exited with code 0"."""
+    code = None
+    deadline = time.monotonic() + 3.0  # ipyparallel's waiter thread reaps the engine (slow on busy cores)
+    while code is None and time.monotonic() < deadline and cluster is not None:
+        for es in cluster.engines.values():
+            for el in es.launchers.values():  # still listed: psutil caches what wait() reaped
+                got = getattr(el.process, "_exitcode", None)
+                if el.pid == pid and isinstance(got, int):
+                    code = got
+            for data in (es.stop_data or {}).get("engines", {}).values():  # already noticed
+                if data.get("pid") == pid and isinstance(data.get("exit_code"), int):
+                    code = data["exit_code"]
+        if code is None:
+            time.sleep(0.05)
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    if code is not None:
+        return f"exited with code {code}"
+    return "exited"
+
+
+def stream_per_rank(ar) -> None:
+    """Make ``ar.stream_output()`` (``ar``: the ipyparallel AsyncResult of a ``%%px`` cell) keep
+    one display per rank when the ranks' output arrived before streaming began.
+
+    In a kernel, ipyparallel 9 shows each rank's stream as a display whose id is made of the
+    request's ``msg_id``, read from the iopub message's ``parent_header``. The output it had
+    already received when ``stream_output()`` starts, it replays as messages without a
+    ``parent_header``, so every rank's replay gets the same id and the last rank's display
+    *replaces* the others: on a loaded machine a ``%%px`` cell showed ``[stdout:1]`` and lost
+    ``[stdout:0]``. Here each replay gets its own rank's ``msg_id``, the id its later messages carry.
+    A rank's error is not shown here (ipyparallel would print each rank's traceback): the cell's
+    ``WorkerError`` reports it once.
+    """
+    callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
+
+    def with_parent(eid, msg_future, msg):
+        if msg["header"]["msg_type"] == "error":
+            return  # a rank's error is shown once, in the WorkerError the cell raises, not per rank here too
+        if not msg.get("parent_header"):
+            msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
+        return callback(eid, msg_future, msg)
+
+    ar._iopub_streaming_output_callback = with_parent

@@ -1,0 +1,172 @@
+"""What every rank runs: ``python -m helpers.engine.cluster`` under torchrun (notebook 07).
+
+:func:`main` parses the training options, initialises the default process group from the
+environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs
+:func:`cluster_train_worker`, which calls :func:`helpers.mnist_train.ddp_train_worker` -- the
+very worker notebook 04 starts with ``launch(ddp_train_worker, world_size, config)`` -- and
+records what torchrun told this process (:data:`ENV_KEYS`) and where it ran. With ``--output
+DIR`` each rank writes that to ``DIR/rank<RANK>.json``.
+
+Fault injection for teaching (never on by default): ``--fail-rank R --fail-at-step S`` makes
+global rank ``R`` raise :class:`InjectedFailure` in the forward pass of training step ``S``
+(1-based) while ``TORCHELASTIC_RESTART_COUNT < --fail-attempts`` (default: always).
+
+References: torchrun https://pytorch.org/docs/stable/elastic/run.html; errors and ``@record``
+https://pytorch.org/docs/stable/elastic/errors.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers.engine import BACKENDS, main_from_env, resolve_backend
+from helpers.mnist_train import MODELS, TrainConfig, ddp_train_worker
+
+__all__ = ["ENV_KEYS", "InjectedFailure", "cluster_train_worker", "main"]
+
+#: Environment variables torchrun sets in every worker, reported in each rank's output.
+ENV_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
+
+
+class InjectedFailure(RuntimeError):
+    """The failure ``--fail-rank/--fail-at-step`` injects (teaching only)."""
+
+
+def _install_failure(rank: int, fail_rank: int | None, fail_at_step: int, fail_attempts: int):
+    """Make rank ``fail_rank`` raise in the forward of training step ``fail_at_step`` while
+    ``TORCHELASTIC_RESTART_COUNT < fail_attempts``. Uses torch's global module forward
+    pre-hook and counts only forwards through the DDP wrapper (training steps, not evaluation,
+    which uses ``ddp.module``). Returns the hook handle, or ``None`` when nothing is injected."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if fail_rank is None or rank != fail_rank or restart >= fail_attempts:
+        return None
+    steps = [0]
+
+    def hook(module, inputs):
+        if isinstance(module, DistributedDataParallel):
+            steps[0] += 1
+            if steps[0] == fail_at_step:
+                raise InjectedFailure(f"injected failure: rank {rank}, training step {fail_at_step}, "
+                                      f"restart count {restart} (--fail-rank/--fail-at-step)")
+
+    return register_module_forward_pre_hook(hook)
+
+
+def _net_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/net")  # e.g. "net:[4026531840]": one id per namespace
+    except OSError:
+        return "unknown"
+
+
+def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | None = None,
+                         fail_rank: int | None = None, fail_at_step: int = 1,
+                         fail_attempts: int = 10**9) -> dict[str, Any]:
+    """One rank of notebook 04's DDP training, as started by torchrun (or :func:`helpers.engine.launch`).
+
+    Runs :func:`helpers.mnist_train.ddp_train_worker` unchanged and adds to its history
+    ``"node"``: what this process was told and where it ran (``{key: value}`` for
+    :data:`ENV_KEYS`, ``hostname``, ``pid``, ``net_namespace``). With ``output_dir`` it writes the
+    history (without ``snapshot``) as JSON to ``output_dir/rank<rank>.json``.
+
+    Args:
+        rank, world_size: this process's place in the default process group.
+        config: a :class:`helpers.mnist_train.TrainConfig`.
+        output_dir: folder for the JSON (created if missing); ``None``: write nothing.
+        fail_rank, fail_at_step, fail_attempts: fault injection (see the module docstring).
+
+    Returns:
+        the history dict of :func:`ddp_train_worker` plus ``"node"``.
+
+    Raises:
+        InjectedFailure: on ``fail_rank`` at ``fail_at_step``, when injection is on.
+    """
+    handle = _install_failure(rank, fail_rank, fail_at_step, fail_attempts)
+    try:
+        history = ddp_train_worker(rank, world_size, config)
+    finally:
+        if handle is not None:
+            handle.remove()
+    history["node"] = {
+        **{k: os.environ.get(k) for k in ENV_KEYS},
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "net_namespace": _net_namespace(),
+    }
+    if output_dir is not None:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {k: v for k, v in history.items() if k != "snapshot"}
+        tmp = out / f".rank{rank}.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, out / f"rank{rank}.json")
+    return history
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.engine.cluster",
+        description="Notebook 04's MNIST DDP training as a torchrun entry point "
+                    "(torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster --epochs 1).")
+    p.add_argument("--global-batch-size", type=int, default=64, help="samples per optimizer step, all ranks")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps; 0: full epochs")
+    p.add_argument("--model", choices=MODELS, default="linear")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    p.add_argument("--output", default=None, help="folder for rank<R>.json (history and torchrun env)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="default: nccl when this node has a GPU per local rank, else gloo")
+    p.add_argument("--fail-rank", type=int, default=None, help="(teaching) global rank that raises")
+    p.add_argument("--fail-at-step", type=int, default=1, help="(teaching) 1-based training step to fail in")
+    p.add_argument("--fail-attempts", type=int, default=10**9,
+                   help="(teaching) fail only while TORCHELASTIC_RESTART_COUNT is below this")
+    return p.parse_args(argv)
+
+
+# torchelastic's ``@record``: an uncaught exception in a worker is written to the error file
+# torchrun reads, so the agent's failure summary shows the worker's traceback.
+@record
+def main(argv: list[str] | None = None) -> None:
+    """``python -m helpers.engine.cluster ...`` under torchrun: one rank of the MNIST training.
+
+    Raises:
+        SystemExit: when not started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` or
+            ``MASTER_PORT`` missing from the environment), saying how to start it.
+        ValueError: ``--backend nccl`` without one CUDA GPU per local rank
+            (:func:`helpers.engine.resolve_backend`).
+    """
+    a = _parse(argv)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise SystemExit(f"python -m helpers.engine.cluster runs under torchrun, which sets {', '.join(missing)}. "
+                         "Start it with e.g. `torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster "
+                         "--epochs 1`, or "
+                         "from a notebook with helpers.engine.launch(ddp_train_worker, 2, TrainConfig()).")
+    config = TrainConfig(global_batch_size=a.global_batch_size, lr=a.lr, epochs=a.epochs,
+                         max_steps=a.max_steps, model=a.model, seed=a.seed, progress=not a.no_progress)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except Exception:  # noqa: BLE001 - not a TextIOWrapper
+            pass
+    backend = resolve_backend(a.backend, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
+    h = main_from_env(cluster_train_worker, config, a.output, a.fail_rank, a.fail_at_step, a.fail_attempts,
+                      backend=backend)
+    n = h["node"]
+    print(f"[rank {h['rank']}/{h['world_size']}, node {n['GROUP_RANK']}, local rank {n['LOCAL_RANK']}] "
+          f"{h['steps']} steps, final loss {h['losses'][-1]:.4f}, test accuracy {h['test_accuracy']:.4f}, "
+          f"restart count {n['TORCHELASTIC_RESTART_COUNT']}")

@@ -1,0 +1,154 @@
+"""The fence between the two rooms of ``helpers/``: the course (lessons, their helpers) and the engine.
+
+1. Every notebook twin, every course module (``helpers/*.py`` outside ``engine/``,
+   ``helpers/bench``, ``helpers/doctor``) and ``ci/`` imports from the engine only its public
+   surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and notebook 07's torchrun tools
+   ``helpers.engine.cluster`` (names in its ``__all__``). A forbidden import fails naming the file,
+   the line and the module.
+2. No engine module imports a course module (the engine runs the course's torchrun worker by name:
+   ``helpers/engine/cluster/__main__.py``).
+3. Code in the learner's docs (README, docs/ except ARCHITECTURE.md, the engine's own) imports the
+   surface only.
+
+Read with ``ast`` (imports inside functions count too); nothing is executed but ``import
+helpers.engine``, which imports no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import helpers.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = "helpers.engine"
+
+
+def _all_of(path: Path) -> set[str]:
+    """``__all__`` of a module, read from its source (importing the cluster package would import torch)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{path} has no __all__")
+
+
+#: public module -> the names one may import from it (``None``: the module itself only)
+PUBLIC = {
+    ENGINE: set(helpers.engine.__all__),
+    f"{ENGINE}.cluster": _all_of(ROOT / "helpers/engine/cluster/__init__.py"),
+    "helpers.mp": _all_of(ROOT / "helpers/engine/mp.py"),
+}
+#: the runner's clean-up ends what a cut-short launch left (reapers, socket folders): it reads the
+#: engine's own records of those, so it may import these two engine modules (it is tested in tests/engine)
+ALLOWED_INTERNALS = {"ci/cleanup.py": {f"{ENGINE}.processes", f"{ENGINE}.run_dir"}}
+
+
+def _module_name(path: Path) -> str:
+    rel = (path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path(path.name)).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path):
+    """``(line, module, names)`` of every import in ``path``: ``names`` is ``None`` for ``import m``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: from .common import x
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            yield node.lineno, module, [a.name for a in node.names]
+
+
+def fence_violations(path: Path, rel: str | None = None) -> list[str]:
+    """Each import in ``path`` that reaches into the engine past its public surface, as
+    ``file:line: text``. ``from helpers import engine`` / ``mp`` count as the modules they name."""
+    rel = rel or str(path.relative_to(ROOT))
+    found = []
+    for line, module, names in sorted(_imports(path), key=lambda i: i[0]):
+        targets = [(module, names)]
+        if module == "helpers" and names:  # from helpers import engine, mp, data
+            targets = [(f"helpers.{n}", None) for n in names if n in ("engine", "mp")]
+        for mod, imported in targets:
+            if not (mod == ENGINE or mod.startswith(ENGINE + ".") or mod == "helpers.mp"):
+                continue
+            if mod in ALLOWED_INTERNALS.get(rel, ()):
+                continue
+            if mod not in PUBLIC:
+                found.append(f"{rel}:{line}: imports {mod}, inside the engine: use the surface "
+                             f"(from helpers.engine import ...; names in helpers.engine.__all__)")
+                continue
+            bad = sorted(set(imported or ()) - PUBLIC[mod])
+            if bad:
+                found.append(f"{rel}:{line}: imports {', '.join(bad)} from {mod}, not in its __all__")
+    return found
+
+
+def _course_files() -> list[Path]:
+    helpers_dir = ROOT / "helpers"
+    files = [*sorted((ROOT / "notebooks").glob("*.py")), *sorted(helpers_dir.glob("*.py")),
+             *sorted((helpers_dir / "bench").rglob("*.py")), *sorted((helpers_dir / "doctor").rglob("*.py")),
+             *sorted((ROOT / "ci").rglob("*.py"))]
+    return [p for p in files if p.name != "mp.py" or p.parent != helpers_dir]  # helpers/mp.py is the alias
+
+
+def test_course_imports_only_the_engines_surface():
+    files = _course_files()
+    assert len(files) > 30 and any(p.parent.name == "notebooks" for p in files), files
+    found = [v for p in files for v in fence_violations(p)]
+    assert not found, "imports past the engine's public surface:\n" + "\n".join(found)
+
+
+def test_the_fence_names_file_line_and_module_of_a_planted_bad_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\nfrom helpers.engine import launch, worker_device\n"
+                       "def f():\n    from helpers.engine.processes import descendants\n"
+                       "from helpers.engine import fork_server\nimport helpers.engine.warm_ranks\n"
+                       "from helpers.engine.cluster import run_job, agents\nimport helpers.mp as mp\n")
+    found = fence_violations(planted, "planted.py")
+    assert [v.split(": ", 1)[0] for v in found] == ["planted.py:4", "planted.py:5", "planted.py:6", "planted.py:7"]
+    assert "helpers.engine.processes" in found[0] and "fork_server from helpers.engine" in found[1], found
+    assert "helpers.engine.warm_ranks" in found[2] and "agents from helpers.engine.cluster" in found[3], found
+
+
+def test_no_engine_module_imports_a_course_module():
+    """The import graph of helpers/ has two rooms: engine modules import the standard library,
+    packages, ``helpers`` itself (``REPO_ROOT``) and other engine modules, never a course module."""
+    engine_files = sorted((ROOT / "helpers" / "engine").rglob("*.py"))
+    assert len(engine_files) > 10, engine_files
+    course = {p.stem for p in (ROOT / "helpers").glob("*.py")} | {p.name for p in (ROOT / "helpers").iterdir()
+                                                                  if (p / "__init__.py").exists()}
+    course -= {"__init__", "engine", "mp"}  # the package root, the engine, the alias of helpers.engine.mp
+    found = []
+    for path in engine_files:
+        for line, module, names in _imports(path):
+            parts = module.split(".")
+            hits = [parts[1]] if parts[0] == "helpers" and len(parts) > 1 else []
+            if module == "helpers":
+                hits = [n for n in names or () if n in course]
+            found += [f"{path.relative_to(ROOT)}:{line}: imports helpers.{h}" for h in hits if h in course]
+    assert not found, "engine modules importing course modules:\n" + "\n".join(found)
+
+
+#: an import of the engine written in Markdown (a code block or inline code)
+_DOC_IMPORT = re.compile(r"(?:from (helpers\.engine[\w.]*) import ([\w, ]+)|import (helpers\.engine\.[\w.]+))")
+
+
+def test_learner_docs_import_only_the_surface():
+    docs = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "ARCHITECTURE.md")]
+    found = []
+    for path in docs:
+        for n, text in enumerate(path.read_text().splitlines(), 1):
+            for m in _DOC_IMPORT.finditer(text):
+                module = m.group(1) or m.group(3)
+                names = {x.strip() for x in (m.group(2) or "").split(",") if x.strip()}
+                if module not in PUBLIC or names - PUBLIC[module]:
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert not found, "docs importing past the engine's surface:\n" + "\n".join(found)

@@ -1,0 +1,77 @@
+"""A course an instructor can hand out (issue 29, part 6): the JupyterLab config the README starts,
+its pre-save hook, and docs/TEACHING.md's agendas generated from the measured run times."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+
+from ci import agenda, path_table
+from helpers import jupyter_hooks
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "jupyter_lab_config.json"
+
+
+def test_readme_starts_jupyterlab_at_the_root_with_the_config():
+    """Served root = the repository root (so ../docs/GLOSSARY.md resolves), lesson 00 opened,
+    the pre-save hook loaded."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"^python3 -m jupyter lab (.+)$", readme, re.M)
+    assert command, "README: no `python3 -m jupyter lab ...` line"
+    args = command.group(1).split()
+    assert f"--config={CONFIG.name}" in args, args
+    assert args[-1] == f"notebooks/{path_table.lessons()[0]}.ipynb", "it opens the first lesson"
+    config = json.loads(CONFIG.read_text())
+    assert config["ServerApp"]["root_dir"] == ".", "the folder it starts in, not the notebook's folder"
+    assert config["ContentsManager"]["pre_save_hook"] == "helpers.jupyter_hooks.pre_save"
+
+
+class _Manager:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _get_os_path(self, path: str) -> str:
+        return str(self.root / path)
+
+
+def test_pre_save_drops_the_python_version_and_keeps_the_twins_jupytext_version(tmp_path):
+    committed = ROOT / "notebooks" / f"{path_table.lessons()[0]}.ipynb"
+    nb = nbformat.read(str(committed), as_version=4)
+    nb.metadata["language_info"] = {**jupyter_hooks.LANGUAGE_INFO, "version": "3.12.1"}  # what JupyterLab sends
+    model = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
+    jupyter_hooks.pre_save(model=model, path="notebooks/x.ipynb", contents_manager=None)
+    saved = nbformat.writes(nbformat.from_dict(model["content"])) + "\n"
+    assert saved == committed.read_text(encoding="utf-8"), "a save must write the committed bytes"
+
+    twin = committed.with_suffix(".py").read_text(encoding="utf-8")
+    (tmp_path / "t.py").write_text(twin, encoding="utf-8")
+    other = re.sub(r"jupytext_version: .*", "jupytext_version: 1.16.0", twin, count=1)
+    assert other != twin
+    model = {"type": "file", "format": "text", "content": other}
+    jupyter_hooks.pre_save(model=model, path="t.py", contents_manager=_Manager(tmp_path))
+    assert model["content"] == twin
+
+
+def test_teaching_agendas_are_generated_from_the_recorded_times(capsys):
+    assert agenda.main(["--check"]) == 0, capsys.readouterr().err
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    block = text.split(agenda.START, 1)[1].split(agenda.END, 1)[0]
+    assert "**3 hours**" in block and "**A full day**" in block
+    for stem in path_table.lessons():
+        assert f"| {stem} |" in block, stem
+    assert "python3 -m helpers.doctor" in text and "python3 -m ci.student_copies" in text
+
+
+def test_agenda_takes_the_measured_minutes(tmp_path):
+    """A recorded time changes the slot: the table is computed, not typed."""
+    stem = path_table.lessons()[0]
+    times = {"profile": "full", "notebooks": {stem: {"seconds": 600, "date": "d", "machine": "m"}}}
+    (row,) = agenda.slots([stem], times, ROOT / "notebooks")
+    assert row["run_min"] == 10
+    assert row["slot_min"] == 5 * -(-(10 + row["read_min"] + row["exercise_min"]) // 5)
+    (row0,) = agenda.slots([stem], {"notebooks": {}}, ROOT / "notebooks")
+    assert row0["run_min"] is None and row0["slot_min"] < row["slot_min"]

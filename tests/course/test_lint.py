@@ -1,0 +1,94 @@
+"""Lint as a habit: ruff (configured in pyproject.toml) on the code and the notebooks' .py twins,
+and the dependencies declared once for pip (pyproject.toml) and once for the README (requirements.txt)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *LINTED], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (
+        f"`ruff check {' '.join(LINTED)}` found problems (many are fixed by `ruff check --fix ...`):\n"
+        + proc.stdout + proc.stderr)
+
+
+def test_ruff_lints_the_notebook_twins():
+    """The twins must be linted at all: they exist, and ruff does not exclude them."""
+    twins = [p for p in LINTED if p.startswith("notebooks/")]
+    assert twins, "no notebooks/*.py twins found"
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--show-files", *twins],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    listed = {Path(line.strip()).name for line in proc.stdout.splitlines() if line.strip()}
+    assert {Path(t).name for t in twins} <= listed, proc.stdout + proc.stderr
+
+
+def _requirement_names_and_pins(lines: list[str]) -> list[str]:
+    return sorted(re.sub(r"\s+", "", line) for line in lines)
+
+
+def test_pyproject_dependencies_mirror_requirements_txt():
+    """`pip install -e .` alone gives the same install as `pip install -r requirements.txt`."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    required = [line for line in required if line and not line.startswith("-e")]
+    assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
+
+
+def test_requires_python_is_the_tested_range():
+    """pyproject.toml admits exactly the Pythons that ci/matrix.py tests (docs/MATRIX.md): no untested newer one."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    from ci.matrix import VERSIONS
+
+    minors = [int(v.split(".")[1]) for v in VERSIONS]
+    assert minors == list(range(minors[0], minors[-1] + 1)), f"the matrix skips a version: {VERSIONS}"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert declared == f">=3.{minors[0]},<3.{minors[-1] + 1}", (
+        f"requires-python is {declared!r} but ci/matrix.py tests {VERSIONS}: change one of them")
+
+
+MAX_LINES = 500
+#: BASELINE, to empty: modules other branches are splitting along their seams (issue 14, section 5).
+OVER_THE_LIMIT_FOR_NOW: set[str] = set()
+
+
+def test_no_module_in_helpers_or_ci_passes_500_lines():
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+               for folder in ("helpers", "ci") for p in sorted((ROOT / folder).rglob("*.py"))}
+    over = {path for path, n in lengths.items() if n > MAX_LINES}
+    new = sorted(over - OVER_THE_LIMIT_FOR_NOW)
+    assert not new, f"past {MAX_LINES} lines, split along its seams: " + ", ".join(f"{p} ({lengths[p]})" for p in new)
+    fixed = sorted(p for p in OVER_THE_LIMIT_FOR_NOW if lengths.get(p, 0) <= MAX_LINES)
+    assert not fixed, f"no longer past {MAX_LINES} lines (or gone): remove from OVER_THE_LIMIT_FOR_NOW: {fixed}"
+
+
+#: the last commit before the habit (issue 32): subjects after it are at most 72 characters
+HABIT_START = "ab4f5da"
+MAX_SUBJECT = 72
+
+
+def test_commit_subjects_after_the_habit_began_fit_72_characters():
+    """Commit subjects from HABIT_START (exclusive) to HEAD: at most 72 characters, the why in the body."""
+    try:
+        known = subprocess.run(["git", "cat-file", "-e", f"{HABIT_START}^{{commit}}"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"no git here to read the history ({e})")
+    if known.returncode != 0:
+        pytest.skip(f"commit {HABIT_START} is not in this clone's history (a shallow clone, or no .git): "
+                    "nothing to check the subjects from")
+    log = subprocess.run(["git", "log", "--format=%h %s", f"{HABIT_START}..HEAD"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    long = [line for line in log.splitlines() if len(line.split(" ", 1)[1]) > MAX_SUBJECT]
+    assert not long, (f"commit subjects over {MAX_SUBJECT} characters (reword them, the why goes in the body):\n"
+                      + "\n".join(long))

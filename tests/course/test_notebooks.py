@@ -1,0 +1,81 @@
+"""Execute every notebooks/*.ipynb through the CI runner, in the smoke profile.
+
+The full profile (ci/profiles.json, the learner's parameters) is not run here: CI's main job
+runs it once, after the tests (``.ci/run``: ``python3 ci/run_notebooks.py --profile full``).
+So that no notebook runs twice with the same parameters in one CI run, ``.ci/run`` passes
+``--full-profile-follows``: then a notebook whose smoke parameters equal its full ones is
+skipped here (the main job runs it next, with exactly these parameters), with that reason in
+pytest's summary. Without the option (a contributor's ``python3 -m pytest``) every notebook runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ci.planning import effective_parameters, notebook_parameters, plan_run
+from ci.run_notebooks import run_notebooks
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+# rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
+# order of the tests is all they are used for)
+SMOKE_SECONDS = {"00": 45, "05": 85, "06": 70, "07": 110}
+#: the notebook of the Python matrix (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
+MATRIX_NOTEBOOK = "00"
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOKS_DIR}: nothing to execute"
+
+
+def test_effective_parameters_sees_profile_overrides():
+    """The skip rule below compares real values: a notebook whose full profile overrides a
+    parameter must differ, and smoke must equal the notebook's own defaults."""
+    overridden = [p for p in NOTEBOOKS if plan_run([str(p)], profile="full").jobs[0].params]
+    assert overridden, "no notebook has full-profile overrides: check ci/profiles.json"
+    for path in NOTEBOOKS:
+        smoke, full = effective_parameters(path, "smoke"), effective_parameters(path, "full")
+        assert set(smoke) == set(full) == set(notebook_parameters(path)), path.stem
+    for path in overridden:
+        assert effective_parameters(path, "smoke") != effective_parameters(path, "full"), path.stem
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.stem, marks=[pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))]
+                 + ([pytest.mark.matrix] if p.stem[:2] == MATRIX_NOTEBOOK else [])) for p in NOTEBOOKS])
+def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
+    if request.config.getoption("full_profile_follows") and (
+            effective_parameters(path, "smoke") == effective_parameters(path, "full")):
+        pytest.skip(f"{path.stem}: smoke and full parameters are equal; the main job "
+                    "(ci/run_notebooks.py --profile full) runs it after the tests")
+    (row,) = run_notebooks([str(path)], profile="smoke", output_dir=tmp_path)
+    assert row["status"] == "ok", (
+        f"{row['notebook']} {row['status']} after {row['seconds']:.1f} s: {row['error']}\n"
+        f"executed notebook: {row['output']}"
+    )
+
+
+@pytest.mark.slow(4)
+@pytest.mark.matrix
+def test_kernel_is_the_interpreter_running_the_tests(tmp_path: Path):
+    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py, which
+    runs the tests under each venv's python, tests that Python's kernels and not another's.
+    (jupyter_client starts ipykernel's own spec, or a spec whose argv[0] is ``python``, with
+    ``sys.executable``; a ``python3`` kernelspec with another interpreter, e.g. in ``JUPYTER_PATH``,
+    would win.)"""
+    import sys
+
+    import nbformat
+    import papermill
+
+    from ci.execution import KERNEL_NAME
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\nprint(sys.prefix, sys.version)")])
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name=KERNEL_NAME,
+                               progress_bar=False, execution_timeout=120)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[0].outputs[0]["text"].strip() == f"{sys.prefix} {sys.version}"

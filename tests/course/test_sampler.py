@@ -1,0 +1,125 @@
+"""helpers.sampler (notebook 03's tables, pictures and the evaluation counts helpers.mnist_train
+uses) against the issue's cases, including the counts all-reduced on real ranks (notebook 03 itself,
+whose worker code lives in its cells, is executed by tests/course/test_notebooks.py)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from helpers.engine import launch
+from helpers.sampler import (
+    accuracy_through,
+    all_reduce_counts,
+    assignment_lists,
+    distributed_eval_counts,
+    epoch_assignment,
+    plot_assignment,
+    sampler_assignment,
+    sampler_indices,
+    times_seen,
+    unpadded_shard_indices,
+)
+from launch_workers import eval_counts_odd
+
+RIGHT_0_TO_4 = [i < 5 for i in range(10)]
+
+
+def test_seed_case_8_items_4_ranks():
+    df = sampler_assignment(8, 4, shuffle=False)
+    assert list(df.columns) == ["rank", "position", "index"]
+    assert all(str(t) == "int64" for t in df.dtypes)
+    assert assignment_lists(df) == [[r, r + 4] for r in range(4)]
+    assert (times_seen(df, 8) == 1).all()
+
+
+def test_padded_10_items_3_ranks():
+    df = sampler_assignment(10, 3, shuffle=False)
+    assert assignment_lists(df) == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+    seen = times_seen(df, 10)
+    assert seen.tolist() == [2, 2] + [1] * 8
+
+
+def test_drop_last_10_items_3_ranks():
+    df = sampler_assignment(10, 3, shuffle=False, drop_last=True)
+    assert assignment_lists(df) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert times_seen(df, 10).tolist() == [1] * 9 + [0]
+
+
+def test_evaluation_skew_values():
+    assert accuracy_through(sampler_assignment(10, 3), RIGHT_0_TO_4) == Fraction(7, 12)
+    assert accuracy_through(sampler_assignment(10, 3, drop_last=True), RIGHT_0_TO_4) == Fraction(5, 9)
+    shards = [unpadded_shard_indices(10, r, 3) for r in range(3)]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert sorted(i for s in shards for i in s) == list(range(10))
+
+
+def test_set_epoch_case_8_items_2_ranks_seed_0():
+    without = epoch_assignment(8, 2, 2, call_set_epoch=False, seed=0)
+    with_set = epoch_assignment(8, 2, 2, call_set_epoch=True, seed=0)
+    per = {name: [assignment_lists(df[df["epoch"] == e]) for e in (0, 1)]
+           for name, df in (("no", without), ("yes", with_set))}
+    assert per["no"][0] == per["no"][1]
+    for r in range(2):
+        assert per["yes"][0][r] != per["yes"][1][r]
+    for name in per:
+        for e in (0, 1):
+            assert sorted(per[name][e][0] + per[name][e][1]) == list(range(8))
+    # the helper really asks torch's sampler: same as a fresh sampler with set_epoch(1)
+    assert per["yes"][1][0] == sampler_indices(8, 2, 0, shuffle=True, seed=0, epoch=1)
+
+
+def test_sampler_indices_errors():
+    with pytest.raises(ValueError):
+        sampler_indices(8, 2, 2)  # the sampler's own check: rank outside [0, num_replicas)
+    with pytest.raises(ValueError):
+        sampler_indices(0, 2, 0)
+    with pytest.raises(ValueError):
+        sampler_assignment(8, 0)
+    with pytest.raises(ValueError):
+        epoch_assignment(8, 2, 0, call_set_epoch=True)
+
+
+def test_unpadded_shards_partition_and_errors():
+    for n in (0, 1, 7, 10, 13):
+        for w in (1, 2, 3, 4):
+            shards = [unpadded_shard_indices(n, r, w) for r in range(w)]
+            assert sorted(i for s in shards for i in s) == list(range(n))
+    with pytest.raises(ValueError):
+        unpadded_shard_indices(10, 3, 3)
+    with pytest.raises(ValueError):
+        unpadded_shard_indices(10, 0, 0)
+    with pytest.raises(ValueError):
+        unpadded_shard_indices(-1, 0, 1)
+
+
+def test_counts_without_process_group():
+    assert all_reduce_counts(3, 7) == (3, 7)
+    assert distributed_eval_counts(lambda idx: sum(i < 5 for i in idx), 10, 0, 1) == (5, 10)
+    with pytest.raises(ValueError):
+        distributed_eval_counts(lambda idx: len(idx) + 1, 10, 0, 1)
+
+
+def test_plot_assignment_draws_every_cell():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = plot_assignment(sampler_assignment(10, 3), 10, title="t")
+    assert ax.get_title() == "t" and ax.get_xlabel() == "dataset index" and ax.get_ylabel() == "rank"
+    assert len(ax.texts) == 12
+    assert ax.get_legend() is not None
+    plt.close(ax.figure)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore::helpers.engine.OversubscriptionWarning")
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_distributed_eval_counts_on_three_ranks():
+    """10 items on 3 real ranks: every rank gets the all-reduced count of all items, each once
+    (5 odd items of 10), where the padded sampler would hand out 12."""
+    results = launch(eval_counts_odd, 3, 10, timeout=200)
+    assert results == [(5, 10)] * 3
+    assert len(sampler_assignment(10, 3)) == 12

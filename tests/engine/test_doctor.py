@@ -1,0 +1,131 @@
+"""``python3 -m helpers.doctor``, run as a learner runs it (a subprocess): every check ok on this
+machine, and a fix line, never a traceback, for each failure injected here for real: no MNIST
+(an empty data root), a fixed ``MASTER_PORT`` held by another process, a broken ``import torch``
+(a fake ``torch`` package first on ``PYTHONPATH``), a check that hangs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from _support import REPO_ROOT
+from helpers.doctor import CHECKS
+from helpers.engine import free_port
+
+TORCH_NEEDED = [c.name for c in CHECKS if "torch" in c.needs]
+
+
+def doctor(*args: str, pythonpath_first: str | None = None) -> subprocess.CompletedProcess:
+    path = [p for p in (pythonpath_first, str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.run([sys.executable, "-m", "helpers.doctor", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def table(out: str) -> dict[str, tuple[str, str, str]]:
+    """``{check name: (status, detail, fix)}`` from the doctor's table (fixed-width columns)."""
+    rows: dict[str, tuple[str, str, str]] = {}
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("ok  ", "FAIL")):
+            status, name, detail = line[:4].strip(), line[6:16].strip(), line[18:]
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            fix = nxt.strip()[len("fix: "):] if nxt.strip().startswith("fix: ") else ""
+            rows[name] = (status, detail, fix)
+    return rows
+
+
+def report(run: subprocess.CompletedProcess) -> str:
+    return f"exit {run.returncode}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr[-3000:]}"
+
+
+def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in run.stdout + run.stderr, report(run)
+
+
+@pytest.fixture(scope="module")
+def full_run():
+    # A free port instead of the tutorials' 12355 / 29500: other tests may hold those meanwhile.
+    return doctor("--port", str(free_port()))
+
+
+@pytest.mark.slow(90)
+def test_doctor_exits_0_here(full_run):
+    rows = table(full_run.stdout)
+    assert set(rows) == {c.name for c in CHECKS}, report(full_run)
+    assert full_run.returncode == 0 and all(r[0] == "ok" for r in rows.values()), report(full_run)
+    assert "this machine can run every notebook" in full_run.stdout
+    assert_no_traceback(full_run)
+    for word in ("platform", "CPU cores", "GiB memory"):
+        assert word in full_run.stdout
+    assert "gloo yes" in rows["torch"][1] and "nccl" in rows["torch"][1]
+
+
+def test_no_mnist_gives_the_fix(tmp_path):
+    run = doctor("--data-root", str(tmp_path), "--only", "mnist")
+    assert run.returncode == 1, report(run)
+    status, detail, fix = table(run.stdout)["MNIST"]
+    assert status == "FAIL" and "4 of 4 MNIST files missing" in detail and str(tmp_path) in detail, report(run)
+    # a root of one's own: the fix is to copy the files there (git checkout restores only the repository's)
+    assert "does not exist" in detail, report(run)
+    assert f"copy the repository's data/MNIST/raw/*.gz into {tmp_path}" in fix, report(run)
+    assert_no_traceback(run)
+    assert list(tmp_path.iterdir()) == []  # nothing written where nothing can be made
+
+
+def test_held_port_is_reported_with_its_holder():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        run = doctor("--port", str(port), "--only", "ports,mp")
+    assert run.returncode == 1, report(run)
+    rows = table(run.stdout)
+    status, detail, fix = rows["ports"]
+    assert status == "FAIL" and f"port {port}" in detail and f"pid {os.getpid()}" in detail, report(run)
+    assert "MASTER_PORT" in fix, report(run)
+    # the mp check still runs the tutorial's code, on a free port instead
+    assert rows["mp"][0] == "ok" and "a free port" in rows["mp"][1], report(run)
+    assert_no_traceback(run)
+
+
+def test_broken_torch_gives_fix_lines_not_a_traceback(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text('raise ImportError("a broken torch, for the doctor test")\n')
+    run = doctor(pythonpath_first=str(fake))
+    assert run.returncode == 1, report(run)
+    rows = table(run.stdout)
+    status, detail, fix = rows["torch"]
+    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.txt" in fix, report(run)
+    for name in TORCH_NEEDED:
+        assert rows[name][0] == "FAIL" and "needs torch" in rows[name][1] and rows[name][2], report(run)
+    # the kernel inherits the broken torch: its line says so, with a fix
+    assert rows["kernel"][0] == "FAIL" and "a broken torch" in rows["kernel"][1] and rows["kernel"][2], report(run)
+    assert rows["python"][0] == rows["ports"][0] == rows["JupyterLab"][0] == "ok", report(run)
+    assert_no_traceback(run)
+
+
+@pytest.mark.parametrize("ignores_sigint", [False, True], ids=["interrupted", "ignores-interrupt"])
+def test_a_hanging_check_is_cut_at_its_time_limit(tmp_path, ignores_sigint):
+    """A fake ``jupyterlab`` whose import never returns: the check is interrupted at its time
+    limit and reported; one that ignores the interrupt ends the doctor (exit 1) soon after."""
+    fake = tmp_path / "fake"
+    (fake / "jupyterlab").mkdir(parents=True)
+    (fake / "jupyterlab" / "__init__.py").write_text(
+        "import signal, time\n"
+        + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignores_sigint else "")
+        + "time.sleep(600)\n")
+    run = doctor("--only", "jupyterlab,ports", "--time-limit", "3", pythonpath_first=str(fake))
+    assert run.returncode == 1, report(run)
+    status, detail, fix = table(run.stdout)["JupyterLab"]
+    assert status == "FAIL" and fix, report(run)
+    if ignores_sigint:
+        assert "the doctor stopped here" in detail and "checks FAILED" not in run.stdout, report(run)
+    else:  # the doctor goes on to its summary
+        assert "no answer within 3 s" in detail and "1 of 2 checks FAILED" in run.stdout, report(run)
+    assert_no_traceback(run)

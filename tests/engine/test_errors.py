@@ -1,0 +1,228 @@
+"""Errors a learner can read (issue 28, part 3): what a real IPython kernel shows for the project's
+exceptions (IPython's ``_render_traceback_`` hook), the hints of ``helpers.engine.errors.HINTS``,
+each triggered for real, and scripts piped on stdin or given with ``-c``."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+import torch.distributed as dist
+
+import helpers.mp as hmp
+from _support import REPO_ROOT, Kernel
+from helpers.engine import WorkerError, launch
+
+# slow: kernels or warm ranks in (nearly) every test
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+HELPERS_PATH = re.compile(r"helpers/(?:\w+/)*\w+\.py")  # a frame of helpers (the hints may name helpers.mp.spawn)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel(uuid.uuid4().hex)
+    yield k
+    k.close()
+
+
+def shown(kernel, code):
+    """Run ``code`` in the kernel; the lines of the error output the learner sees (the error
+    message's ``traceback``, which IPython fills from ``_render_traceback_`` when the exception has
+    one), without colours."""
+    reply, _ = kernel.cell(code)
+    assert reply["status"] == "error", reply
+    return ANSI.sub("", "\n".join(reply["traceback"])).splitlines(), reply
+
+
+def test_one_line_mistake_in_a_worker_is_a_few_lines_in_a_kernel(kernel):
+    """``1/0`` in a cell-defined worker, under launch and helpers.mp: at most 12 lines, naming the
+    rank, showing the worker's line, and no frame of helpers; the full traceback stays on ``.traceback``."""
+    kernel.cell("from helpers.engine import launch\nimport helpers.mp as mp\n"
+                "def work(rank, world_size):\n    return 1/0\n"
+                "def spawned(i):\n    return 1/0\n")
+    for call in ("launch(work, 2)", "mp.spawn(spawned, nprocs=2)"):
+        lines, reply = shown(kernel, call)
+        text = "\n".join(lines)
+        assert reply["ename"] == "WorkerError", text
+        assert len(lines) <= 12, f"{len(lines)} lines:\n{text}"
+        assert "return 1/0" in text and re.search(r"rank [01] failed with ZeroDivisionError", text), text
+        assert re.search(r"Cell In\[\d+\], line 4, in work|Cell In\[\d+\], line 6, in spawned", text), text
+        assert call in text, "the cell's own call is shown"
+        assert not HELPERS_PATH.search(text), text
+        _, out = kernel.cell("import sys\nprint(sys.last_value.traceback)")
+        assert "rank_main.py" in out and "1/0" in out, f"the full traceback is kept: {out}"
+
+
+def test_launch_error_and_timeout_are_a_few_lines_in_a_kernel(kernel):
+    kernel.cell("from helpers.engine import launch\nimport time\ndef sleeper(rank, world_size):\n    time.sleep(60)\n")
+    lines, reply = shown(kernel, "launch(sleeper, 0)")
+    text = "\n".join(lines)
+    assert reply["ename"] == "LaunchError" and len(lines) <= 5 and "world_size must be >= 1" in text, text
+    assert not HELPERS_PATH.search(text), text
+    lines, reply = shown(kernel, "launch(sleeper, 2, timeout=3)")
+    text = "\n".join(lines)
+    assert reply["ename"] == "LaunchTimeout" and len(lines) <= 5 and "ranks not finished" in text, text
+    assert not HELPERS_PATH.search(text), text
+
+
+def test_warm_ranks_worker_error_is_a_few_lines_in_a_kernel(kernel):
+    """The same rendering for the WorkerError warm ranks raise, from ``run`` and from ``%%px``."""
+    kernel.cell("from helpers.engine import start_ranks\nr = start_ranks(2, timeout=60)\n"
+                "def warm_work(rank, world_size):\n    return 1/0\n")
+    try:
+        for call, line in (("r.run(warm_work)", "return 1/0"), ("%%px\n1/0", "1/0")):
+            lines, reply = shown(kernel, call)
+            text = "\n".join(lines)
+            assert reply["ename"] == "WorkerError" and len(lines) <= 12, f"{len(lines)} lines:\n{text}"
+            assert re.search(r"rank [01] failed with ZeroDivisionError", text), text
+            assert any(ln.strip() == line for ln in lines), text
+            assert not HELPERS_PATH.search(text), text
+    finally:
+        kernel.cell("r.stop()")
+
+
+
+def test_interrupt_and_no_ranks_are_a_few_lines_in_a_kernel(kernel):
+    """"Interrupt kernel" during a launch, and a %%px cell after ranks.stop(): a few lines each (they
+    were 30 and 22 lines of helpers' and IPython's frames), and the interrupt is still a KeyboardInterrupt."""
+    import signal
+    import threading
+
+    kernel.cell("from helpers.engine import launch\nimport time\n"
+                "def nap(rank, world_size):\n    time.sleep(60)\n")
+    timer = threading.Timer(15.0, os.kill, (kernel.pid, signal.SIGINT))
+    timer.start()
+    try:
+        lines, reply = shown(kernel, "launch(nap, 2, timeout=120)")
+    finally:
+        timer.cancel()
+    text = "\n".join(lines)
+    assert reply["ename"] == "LaunchInterrupted" and len(lines) <= 5, text
+    assert "workers were ended" in text and not HELPERS_PATH.search(text), text
+    _, out = kernel.cell("import sys\nprint(isinstance(sys.last_value, KeyboardInterrupt))")
+    assert "True" in out, out
+    kernel.cell("from helpers.engine import start_ranks\nr = start_ranks(2, timeout=60)\nr.stop()")
+    lines, reply = shown(kernel, "%%px\nprint(rank)")
+    text = "\n".join(lines)
+    assert reply["ename"] == "NoRanks" and len(lines) <= 5 and "start_ranks(world_size=2)" in text, text
+    assert not HELPERS_PATH.search(text), text
+
+
+# ---- hints, each triggered for real ----------------------------------------------------------
+
+def init_again(rank, world_size):
+    dist.init_process_group("gloo")
+
+
+def torchrun_style(i):
+    dist.init_process_group("gloo")  # reads RANK, WORLD_SIZE, MASTER_* from the environment
+
+
+def reads_rank(i):
+    return int(os.environ["RANK"])  # torchrun-style code reads its rank before any group exists
+
+
+def one_parameter(rank):
+    return rank
+
+
+def fixed_port(i, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    dist.destroy_process_group()
+
+
+def returns(rank, world_size, what):
+    import threading
+    return (i for i in range(3)) if what == "generator" else threading.Lock()
+
+
+def short(err):
+    text = str(err)
+    assert len(text.splitlines()) <= 8, text
+    return text
+
+
+def test_hint_init_twice_under_launch():
+    with pytest.raises(WorkerError) as info:
+        launch(init_again, 2, timeout=120)
+    text = short(info.value)
+    assert "initialize the default process group twice" in text
+    assert "What to do:" in text and "remove init_process_group" in text and "helpers.mp.spawn" in text, text
+    assert 'dist.init_process_group("gloo")' in text, "the worker's own line"
+
+
+def test_hint_rank_expected_under_mp():
+    with pytest.raises(WorkerError) as info:
+        hmp.spawn(torchrun_style, nprocs=2, timeout=120)
+    text = short(info.value)
+    assert "RANK expected, but not set" in text
+    assert "What to do:" in text and "rank as fn's first argument" in text and "helpers.engine.launch" in text, text
+
+
+def test_hint_rank_read_from_the_environment_under_mp():
+    with pytest.raises(WorkerError) as info:
+        hmp.spawn(reads_rank, nprocs=2, timeout=120)
+    text = short(info.value)
+    assert "KeyError: 'RANK'" in text and "What to do:" in text and "rank as fn's first argument" in text, text
+
+
+def test_hint_worker_with_the_wrong_parameters_under_launch():
+    with pytest.raises(WorkerError) as info:
+        launch(one_parameter, 2, timeout=120)
+    text = short(info.value)
+    assert "takes 1 positional argument but 2 were given" in text, text
+    assert "What to do:" in text and "fn(rank, world_size, *args, **kwargs)" in text, text
+
+
+def test_hint_port_held_by_another_program_under_mp():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        with pytest.raises(WorkerError) as info:
+            hmp.spawn(fixed_port, args=(held.getsockname()[1],), nprocs=2, timeout=120)
+    text = short(info.value)
+    assert info.value.rank == 0 and "EADDRINUSE" in text, text
+    assert "What to do:" in text and "MASTER_PORT" in text and "free_port" in text, text
+
+
+@pytest.mark.parametrize("what", ["generator", "lock"])
+def test_generator_or_lock_returned_from_launch(what):
+    with pytest.raises(WorkerError) as info:
+        launch(returns, 2, what, timeout=120)
+    text = short(info.value)
+    assert f"returned a {what} that cannot be pickled back" in text and "return plain data" in text, text
+
+
+# ---- scripts without a file: stdin and -c ------------------------------------------------------
+
+SCRIPT = textwrap.dedent("""\
+    from helpers.engine import launch
+    import helpers.mp as mp
+
+    def work(rank, world_size):
+        return rank * 10
+
+    def spawned(i):
+        return i + 1
+
+    if __name__ == "__main__":
+        print("results", launch(work, 2, timeout=120), mp.spawn(spawned, nprocs=2, timeout=120))
+""")
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_script_without_a_file_launches(how, tmp_path):
+    """``python3 - <<EOF`` and ``python3 -c``: Python's preparation data asked every rank to re-run
+    ``<cwd>/<stdin>`` as the main module, and each died with FileNotFoundError."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    args, stdin = ([sys.executable, "-"], SCRIPT) if how == "stdin" else ([sys.executable, "-c", SCRIPT], "")
+    done = subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
+    assert done.returncode == 0 and "results [0, 10] [1, 2]" in done.stdout, done.stderr[-3000:]
