@@ -107,6 +107,7 @@ def ranks():
 
 def test_same_error_on_every_rank(launched):
     assert launched[0] == launched[1]
+    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 8
 
 
 def test_synced_ddp_passes_in_launch(launched):
