@@ -171,3 +171,10 @@ def test_warm_ranks_synced_and_cost(ranks):
     rows = ranks.run(cost_worker, width=8, depth=2, batch=4, repeats=2)
     assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step"}
     assert rows[0]["world_size"] == 2 and rows[0]["parameters"] == 2 * (8 * 8 + 8) + 8 + 1
+
+
+def test_without_a_process_group_says_where_to_call_it():
+    from helpers.replicas import assert_in_sync
+
+    with pytest.raises(RuntimeError, match="needs a process group: call it inside the ranks"):
+        assert_in_sync(torch.nn.Linear(1, 1))
