@@ -1,0 +1,180 @@
+"""helpers.replicas.assert_in_sync on real gloo groups of 2 ranks: one launch runs every scenario
+(each rank returns what each check raised), warm ranks run the synced check and the cost
+benchmark. Tiny models with integer-friendly inputs, so the values in the messages are worked by hand.
+"""
+
+import uuid
+
+import pytest
+import torch
+
+from _support import marked_warm_ranks
+from helpers.launch import launch
+
+pytestmark = pytest.mark.timeout(300)
+
+MARK = uuid.uuid4().hex
+
+
+def _check(model, **kwargs):
+    """What assert_in_sync raised (``type: message``), or ``"ok"``."""
+    from helpers.replicas import assert_in_sync
+
+    try:
+        assert_in_sync(model, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- the test reads the type
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def _one_by_one(weight=1.0):
+    lin = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(weight)
+    return lin
+
+
+def synced_steps(rank, world_size, steps=3):
+    """A DDP MLP (with BatchNorm buffers) after a few synced steps: checked with everything on."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 1)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)  # each rank its own data, as under a sampler
+    for _ in range(steps):
+        opt.zero_grad()
+        ddp(torch.randn(5, 4, generator=g)).pow(2).mean().backward()
+        opt.step()
+    trained = _check(ddp, buffers=True)  # each rank's BatchNorm statistics of its own last batch
+    ddp.eval()
+    ddp(torch.randn(5, 4, generator=g))  # DDP sends rank 0's buffers; eval mode keeps them
+    return {"trained": trained, "after_eval": _check(ddp, grads=True, buffers=True)}
+
+
+def scenarios(rank, world_size):
+    """Every scenario on both ranks, in one launch; returns {name: what the check raised}."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {"synced": synced_steps(rank, world_size)}
+    x = torch.tensor([[1.0 if rank == 0 else 3.0]])
+
+    # the silent bug: one step through ddp.module(x) bypasses the gradient all-reduce
+    ddp = DDP(_one_by_one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ddp.module(x).sum().backward()  # grad = x: 1 on rank 0, 3 on rank 1
+    out["bypass_grads_before_step"] = _check(ddp, grads=True)
+    out["bypass_params_before_step"] = _check(ddp)
+    opt.step()  # weight 1 - 0.1 * 1 = 0.9 on rank 0, 1 - 0.1 * 3 = 0.7 on rank 1
+    out["bypass"] = _check(ddp)
+    out["bypass_atol"] = [_check(ddp, atol=a) for a in (0.25, 0.35)]  # sums 0.2 apart, squares 0.32
+
+    # a None grad on one rank only (rank 1 ran backward, rank 0 did not)
+    lin = _one_by_one()
+    if rank == 1:
+        lin(x).sum().backward()
+    out["none_grad"] = _check(lin, grads=True)
+
+    # a different model on rank 1 (shapes), then different names: an error, no hang
+    out["shape"] = _check(torch.nn.Linear(2, 2 + rank))
+    seq = torch.nn.Sequential(torch.nn.Linear(1, 1)) if rank == 0 else torch.nn.ModuleDict({"a": torch.nn.Linear(1, 1)})
+    out["names"] = _check(seq)
+    out["options"] = _check(_one_by_one(), grads=rank == 1)
+    out["after_errors"] = _check(_one_by_one())  # the group still works
+
+    # changed after the wrap: frozen, replaced
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)))
+    ddp.module[0].weight.requires_grad_(False)
+    out["frozen"] = _check(ddp)
+    ddp = DDP(torch.nn.Linear(1, 1))
+    with torch.no_grad():
+        w = ddp.module.weight.detach().clone()
+    ddp.module.weight = torch.nn.Parameter(w)
+    out["replaced"] = _check(ddp)
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched():
+    return launch(scenarios, 2, backend="gloo", timeout=240)
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    yield from marked_warm_ranks(MARK, timeout=120)
+
+
+def test_same_error_on_every_rank(launched):
+    assert launched[0] == launched[1]
+    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 8
+
+
+def test_synced_ddp_passes_in_launch(launched):
+    r = launched[0]
+    assert r["synced"]["after_eval"] == "ok" and r["after_errors"] == "ok", r
+    trained = r["synced"]["trained"]
+    assert "buffer '1.running_mean' (8,)" in trained and "SyncBatchNorm" in trained, trained
+    assert "parameter" not in trained.split("Buffers:")[0], trained
+    assert r["bypass_params_before_step"] == "ok", "parameters still agree before the step"
+
+
+def test_bypass_names_weight_ranks_and_values(launched):
+    msg = launched[0]["bypass"]
+    assert msg.startswith("ReplicasDiverged: "), msg
+    assert "parameter 'weight' (1, 1)" in msg and "rank 1 differs from rank 0" in msg, msg
+    assert "rank 0 sum=0.9 sumsq=0.81" in msg and "rank 1 sum=0.7 sumsq=0.49" in msg, msg
+    assert "ddp.module(x)" in msg, msg  # the usual causes
+    assert len(msg.splitlines()) <= 6, msg
+    below, above = launched[0]["bypass_atol"]
+    assert below.startswith("ReplicasDiverged") and above == "ok", (below, above)
+
+
+def test_grads_differ_while_params_agree(launched):
+    msg = launched[0]["bypass_grads_before_step"]
+    assert msg.startswith("ReplicasDiverged: "), msg
+    assert "gradient 'weight' (1, 1): rank 0 sum=1 sumsq=1; rank 1 sum=3 sumsq=9" in msg, msg
+    assert "parameter 'weight'" not in msg, msg
+
+
+def test_none_grad_on_one_rank(launched):
+    msg = launched[0]["none_grad"]
+    assert "gradient 'weight' (1, 1): rank 0 None; rank 1 sum=3 sumsq=9" in msg, msg
+
+
+def test_different_model_is_named(launched):
+    shape, names, options = launched[0]["shape"], launched[0]["names"], launched[0]["options"]
+    assert "rank 1 holds a different model than rank 0" in shape, shape
+    assert "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1" in shape, shape
+    assert "'a.weight' only on rank 1" in names and "'0.weight' only on rank 0" in names, names
+    assert "rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False" in options, options
+
+
+def test_changed_after_wrap_is_reported(launched):
+    frozen, replaced = launched[0]["frozen"], launched[0]["replaced"]
+    assert "'0.weight': requires_grad set False after the wrap" in frozen and "(ranks 0, 1)" in frozen, frozen
+    assert "'weight' was added or replaced after the wrap" in replaced, replaced
+
+
+def test_warm_ranks_synced_and_cost(ranks):
+    import sys
+
+    import cloudpickle
+
+    from helpers.bench.replicas_cost import cost_worker
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the engines cannot import tests/
+    try:
+        assert [r["after_eval"] for r in ranks.run(synced_steps)] == ["ok", "ok"]
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    rows = ranks.run(cost_worker, width=8, depth=2, batch=4, repeats=2)
+    assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step"}
+    assert rows[0]["world_size"] == 2 and rows[0]["parameters"] == 2 * (8 * 8 + 8) + 8 + 1
+
+
+def test_without_a_process_group_says_where_to_call_it():
+    from helpers.replicas import assert_in_sync
+
+    with pytest.raises(RuntimeError, match="needs a process group: call it inside the ranks"):
+        assert_in_sync(torch.nn.Linear(1, 1))
