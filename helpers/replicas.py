@@ -2,7 +2,7 @@
 holds the same parameters (optionally gradients and buffers) and, for a DDP model, that nothing
 DDP wrapped has changed since the wrap.
 
-Usable wherever a process group is initialised: a :func:`helpers.launch.launch` worker, a
+Usable wherever a process group is initialised: a :func:`helpers.engine.launch` worker, a
 :mod:`helpers.mp` worker, warm ranks (``ranks.run(...)``, ``%%px``) and a script under torchrun::
 
     from helpers.replicas import assert_in_sync

@@ -32,7 +32,7 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers.launch import worker_device
+    from helpers.engine import worker_device
     from helpers.replicas import assert_in_sync
 
     device = worker_device()
@@ -70,8 +70,8 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
 
 
 def bench_replicas_cost(world_size: int = 2, **kwargs) -> dict:
-    """:func:`cost_worker` in ``world_size`` fresh ranks (:func:`helpers.launch.launch`); rank 0's row."""
-    from helpers.launch import launch
+    """:func:`cost_worker` in ``world_size`` fresh ranks (:func:`helpers.engine.launch`); rank 0's row."""
+    from helpers.engine import launch
 
     return launch(cost_worker, world_size, **kwargs)[0]
 

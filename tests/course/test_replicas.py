@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from _support import marked_warm_ranks
-from helpers.launch import launch
+from helpers.engine import launch
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 MARK = uuid.uuid4().hex
 
