@@ -59,14 +59,16 @@
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
 timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
+hang_timeout = 3.0  # seconds section 5.7's deliberate hang waits before RanksTimeout ends it
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
 from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), timeout=(timeout, float))
+check_parameters(world_size=(world_size, int), timeout=(timeout, float), hang_timeout=(hang_timeout, float))
 check_value("world_size", world_size, world_size == 2, "2 (every value this notebook asserts is worked out for two ranks, as the reports it reproduces were)")
 check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
+check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seconds")
 
 # %%
 import os
@@ -760,8 +762,8 @@ assert all(s.startswith("AssertionError") for s in twice["second destroy"])
 # so it waits for ever (gloo's default timeout is 30 minutes). The warm ranks watch every call:
 # past its `timeout` they raise `RanksTimeout` naming the ranks that had not finished, end
 # **all** ranks (a group with a rank stuck in a collective cannot be trusted), and start fresh
-# ones by themselves before the next call. We give this call a 5 s limit, so the next cell
-# waits those 5 s before it raises.
+# ones by themselves before the next call. We give this call a limit of `hang_timeout`
+# seconds (a parameter), so the next cell waits that long before it raises.
 #
 # **Claim:** the call raises `RanksTimeout` naming rank 0 (rank 1 skipped the collective and
 # returned at once) as not finished.
@@ -780,7 +782,7 @@ def only_rank_0_reduces(rank, world_size):
 
 
 try:
-    ranks.run(only_rank_0_reduces, timeout=5)
+    ranks.run(only_rank_0_reduces, timeout=hang_timeout)
     hang = None
 except RanksTimeout as e:
     hang = e

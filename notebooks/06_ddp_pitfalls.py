@@ -63,7 +63,7 @@ seed = 0  # seeds every model and data set
 accum_steps = 4  # k, micro-batches per optimizer step in section 1
 seed_steps = 30  # SGD steps of the seeds experiment in section 8
 collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
-hang_timeout_s = 10.0  # launch timeout of section 2's hang, which the launcher itself ends
+hang_timeout_s = 5.0  # launch timeout of section 2's hang, which the launcher itself ends
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value

@@ -46,7 +46,8 @@ def _threads_lines(text: str) -> list[dict[str, Any]]:
 def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> dict[str, Any]:
     """Threads per rank as four launchers leave them, each measured in real processes.
 
-    With ``OMP_NUM_THREADS`` removed from the environment the children inherit (restored after):
+    With ``OMP_NUM_THREADS`` removed from the environment the children inherit (restored after);
+    the two command-line runs (plain python, torchrun) run while the other three launch:
 
     * ``"plain python"``: one fresh ``python -c`` (torch's own default, no launcher);
     * ``"torchrun"``: ``python -m torch.distributed.run --standalone --nproc-per-node
@@ -68,49 +69,82 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
     saved = os.environ.pop("OMP_NUM_THREADS", None)
     env = dict(os.environ)
     rows: list[dict[str, Any]] = []
+    children: list[subprocess.Popen] = []
     try:
-        plain = subprocess.run([sys.executable, "-c", THREADS_REPORT_CODE], env=env, capture_output=True,
-                               text=True, timeout=timeout, check=True)
-        rows += [{"launcher": "plain python", **r} for r in _threads_lines(plain.stdout)]
         with tempfile.TemporaryDirectory(prefix="ddp-lab-threads-") as log_dir:
+            # the two command-line runs start first and import torch while this process runs the
+            # three in-process launchers below (no launcher's result depends on another's)
+            plain = _start([sys.executable, "-c", THREADS_REPORT_CODE], env, children)
             # --redirects 3: each rank's stdout/stderr go to its own file under --log-dir
             # (<log_dir>/<run id>/attempt_0/<rank>/stdout.log), so no two ranks share a stream
-            tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 f"--nproc-per-node={world_size}", f"--log-dir={log_dir}", "--redirects=3",
-                                 "--no-python", sys.executable, "-c", THREADS_REPORT_CODE],
-                                env=env, capture_output=True, text=True, timeout=timeout, check=True)
+            tr = _start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         f"--nproc-per-node={world_size}", f"--log-dir={log_dir}", "--redirects=3",
+                         "--no-python", sys.executable, "-c", THREADS_REPORT_CODE], env, children)
+            spawned = spawn_launch(threads_worker, world_size)
+            # without a log_dir the agent makes a torchelastic_* folder in the temp directory and
+            # leaves it there: this one is removed with the TemporaryDirectory
+            with tempfile.TemporaryDirectory(prefix="ddp-lab-threads-") as elastic_logs:
+                config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
+                                      run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
+                                      rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
+                                      monitor_interval=0.1, start_method="spawn",
+                                      logs_specs=DefaultLogsSpecs(log_dir=elastic_logs))
+
+                # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
+                # process (a notebook kernel here); put the caller's back afterwards
+                sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
+
+                in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
+                handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
+                try:
+                    with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
+                        got = elastic_launch(config, threads_worker)()
+                finally:
+                    for sig, h in handlers.items():
+                        signal.signal(sig, h)
+            launched = launch(threads_worker, world_size, timeout=timeout)
+            plain_out = _finish(plain, timeout)
+            tr_out = _finish(tr, timeout)
+            rows += [{"launcher": "plain python", **r} for r in _threads_lines(plain_out.stdout)]
             logs = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stdout.log")))
             if len(logs) != world_size:
                 raise RuntimeError(f"torchrun left {len(logs)} rank stdout logs for world_size={world_size}: {logs}")
             for path in logs:
                 with open(path) as f:
                     rows += [{"launcher": "torchrun", **r} for r in _threads_lines(f.read())]
-        rows += [{"launcher": "torch.multiprocessing.spawn", **r} for r in spawn_launch(threads_worker, world_size)]
-        # without a log_dir the agent makes a torchelastic_* folder in the temp directory and
-        # leaves it there: this one is removed with the TemporaryDirectory
-        with tempfile.TemporaryDirectory(prefix="ddp-lab-threads-") as elastic_logs:
-            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
-                                  run_id=f"threads-{os.getpid()}-{time.monotonic_ns()}", rdzv_backend="c10d",
-                                  rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
-                                  monitor_interval=0.1, start_method="spawn",
-                                  logs_specs=DefaultLogsSpecs(log_dir=elastic_logs))
-
-            # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
-            # process (a notebook kernel here); put the caller's back afterwards
-            sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
-
-            in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
-            handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
-            try:
-                with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
-                    got = elastic_launch(config, threads_worker)()
-            finally:
-                for sig, h in handlers.items():
-                    signal.signal(sig, h)
+        rows += [{"launcher": "torch.multiprocessing.spawn", **r} for r in spawned]
         rows += [{"launcher": "elastic_launch", **got[r]} for r in sorted(got)]
-        got = launch(threads_worker, world_size, timeout=timeout)
-        rows += [{"launcher": "helpers.engine.launch", **r} for r in got]
+        rows += [{"launcher": "helpers.engine.launch", **r} for r in launched]
     finally:
+        for child in children:  # only after an error: a child still running is killed
+            if child.poll() is None:
+                child.kill()
+                child.wait()
         if saved is not None:
             os.environ["OMP_NUM_THREADS"] = saved
-    return {"rows": rows, "torchrun_stderr": tr.stderr if "tr" in locals() else "", "cpu_count": os.cpu_count()}
+    return {"rows": rows, "torchrun_stderr": tr_out.stderr, "cpu_count": os.cpu_count()}
+
+
+def _start(cmd: list[str], env: dict[str, str], children: list[subprocess.Popen]) -> subprocess.Popen:
+    """Start ``cmd`` with its stdout and stderr captured as text; remember it in ``children``."""
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children.append(child)
+    return child
+
+
+def _finish(child: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for a child of :func:`_start`, as ``subprocess.run(..., check=True)`` would.
+
+    Raises:
+        subprocess.TimeoutExpired: still running after ``timeout`` seconds (it is killed).
+        subprocess.CalledProcessError: it exited non-zero.
+    """
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, child.args, out, err)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)

@@ -374,7 +374,7 @@ def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
         raise subprocess.CalledProcessError(1, cmd)
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.setattr(threads.subprocess, "run", first_child_fails)
+    monkeypatch.setattr(threads.subprocess, "Popen", first_child_fails)
     with pytest.raises(subprocess.CalledProcessError):
         bench.bench_threads_by_launcher(2)
     assert seen and "OMP_NUM_THREADS" not in seen[0]
