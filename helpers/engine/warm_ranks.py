@@ -27,14 +27,15 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
 - a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
   cannot restart engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
-  ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display,
-  but watches the ranks while it waits. A hung collective, a rank that raised while its peers
-  wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt kernel" (SIGINT is sent to the
-  ranks; if they do not stop within seconds, e.g. in a C++ collective) end the wait, **end all
-  ranks at once** (never a half-dead group) and raise ``WorkerError``, :class:`RanksTimeout` or
-  ``KeyboardInterrupt`` naming the ranks, within seconds; fresh ranks start by themselves
-  before the next ``run`` or ``%%px`` cell. ``%%px`` with ipyparallel options (``--targets``,
-  ``--noblock`` ...) goes to ipyparallel's magic, without these guarantees;
+  ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display (in
+  rank order once the cell ends), but watches the ranks while it waits. A hung collective, a
+  rank that raised while its peers wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt
+  kernel" (SIGINT is sent to the ranks; if they do not stop within seconds, e.g. in a C++
+  collective) end the wait, **end all ranks at once** (never a half-dead group) and raise
+  ``WorkerError``, :class:`RanksTimeout` or ``KeyboardInterrupt`` naming the ranks, within
+  seconds; fresh ranks start by themselves before the next ``run`` or ``%%px`` cell. ``%%px``
+  with ipyparallel options (``--targets``, ``--noblock`` ...) goes to ipyparallel's magic,
+  without these guarantees;
 - one default group for good: a call after which a rank has none (user code ran
   ``dist.destroy_process_group()``, a tutorial's ``cleanup()``) makes a new one on the same ranks
   and says so; ``init_process_group`` on them gets a hint that they already have a group; a
@@ -226,8 +227,9 @@ class WarmRanks(RanksLifeCycle):
         if self.stopped:
             raise RuntimeError("these warm ranks were stopped; call start_ranks(...) again")
         if self._restart_pending:
+            # a notice, not an error: stdout (stderr shows as a red box in a notebook)
             print(f"(starting fresh warm ranks after the last fault: about "
-                  f"{self.startup_seconds or 0:.0f} s)", file=sys.stderr, flush=True)
+                  f"{self.startup_seconds or 0:.0f} s)", flush=True)
             self.restart()
             return
         dead = self.dead_ranks()
@@ -439,14 +441,16 @@ class WarmRanks(RanksLifeCycle):
     def execute(self, code: str, timeout: float | None = None, stream: bool | None = None) -> None:
         """Run ``code`` on every rank, as ``%%px`` does, showing each rank's output labelled by rank.
 
-        Same errors as :meth:`run` (``what`` = ``"%%px cell"``).
+        Output reads in rank order. ``stream`` (default: on unless ``IPP_NONINTERACTIVE``): output
+        shows as it arrives and, once the cell ends (also by a fault), is put in rank order; else it
+        shows at the end (``display_outputs(groupby="engine")``). Errors: as :meth:`run`.
         """
         self._check_alive("the %%px cell")
         if stream is None:
             stream = not ipp._NONINTERACTIVE
         ar = self.view.execute(code, silent=False, block=False)
         ar._fname = "%px"
-        eng.stream_per_rank(ar)
+        in_rank_order = eng.stream_per_rank(ar)
         with ar.stream_output() if stream else contextlib.nullcontext():
             finished = False
             try:
@@ -457,8 +461,10 @@ class WarmRanks(RanksLifeCycle):
                 # channel, seconds later on a loaded machine (rank 1's line was lost at 1 s); a rank
                 # that faulted never sends it, so then wait only briefly
                 ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
-        if not stream:
-            ar.display_outputs()
+        if stream:
+            in_rank_order()
+        else:
+            eng.display_in_rank_order(ar)
         self._raise_for(ar, errors, fault, "%%px cell", kernel_names=_kernel_namespace())
 
 

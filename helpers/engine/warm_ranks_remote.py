@@ -12,7 +12,9 @@ import datetime
 import os
 import re
 import signal
+import sys
 import time
+from collections.abc import Callable
 
 import ipyparallel as ipp
 from traitlets.config import Config
@@ -282,9 +284,10 @@ def exit_description(cluster, pid: int) -> str:
     return "exited"
 
 
-def stream_per_rank(ar) -> None:
+def stream_per_rank(ar) -> Callable[[], None]:
     """Make ``ar.stream_output()`` (``ar``: the ipyparallel AsyncResult of a ``%%px`` cell) keep
-    one display per rank when the ranks' output arrived before streaming began.
+    one display per rank when the ranks' output arrived before streaming began; return a function
+    that, called after streaming ended, shows the streamed output in rank order.
 
     In a kernel, ipyparallel 9 shows each rank's stream as a display whose id is made of the
     request's ``msg_id``, read from the iopub message's ``parent_header``. The output it had
@@ -294,14 +297,50 @@ def stream_per_rank(ar) -> None:
     ``[stdout:0]``. Here each replay gets its own rank's ``msg_id``, the id its later messages carry.
     A rank's error is not shown here (ipyparallel would print each rank's traceback): the cell's
     ``WorkerError`` reports it once.
+
+    The displays appear in the order the ranks' first output arrived (``[stdout:1]`` above
+    ``[stdout:0]`` when rank 1 printed first). The returned function updates them, in that order,
+    with the ranks' output in rank order (``[stdout:0]``, ``[stderr:0]``, ``[stdout:1]`` ...,
+    ipyparallel's ``display_outputs(groupby="engine")`` order): a long cell streams as it runs,
+    and the finished (or timed-out, or interrupted) cell reads rank 0 first.
     """
     callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
+    shown: dict[str, tuple] = {}  # display id -> (rank, stream name, msg future), in order of creation
 
     def with_parent(eid, msg_future, msg):
         if msg["header"]["msg_type"] == "error":
             return  # a rank's error is shown once, in the WorkerError the cell raises, not per rank here too
         if not msg.get("parent_header"):
             msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
+        if msg["header"]["msg_type"] == "stream":  # the display id ipyparallel's callback gives it
+            name = msg["content"]["name"]
+            shown.setdefault(f"{msg['parent_header'].get('msg_id', '')}-{name}", (eid, name, msg_future))
         return callback(eid, msg_future, msg)
 
+    def in_rank_order() -> None:
+        from IPython import get_ipython
+        from IPython.display import publish_display_data
+
+        ip = get_ipython()
+        if ip is None or getattr(ip, "kernel", None) is None:
+            return  # outside a kernel ipyparallel printed the streams: nothing to update
+        wanted = sorted(shown.values(), key=lambda s: (s[0], s[1] != "stdout"))
+        for display_id, now, (eid, name, msg_future) in zip(list(shown), list(shown.values()), wanted):
+            if now != (eid, name, msg_future):
+                publish_display_data({"text/plain": f"[{name}:{eid}] " + msg_future.output.metadata[name]},
+                                     transient={"display_id": display_id}, update=True)
+
     ar._iopub_streaming_output_callback = with_parent
+    return in_rank_order
+
+
+def display_in_rank_order(ar) -> None:
+    """Show what each rank of ``ar`` (a ``%%px`` cell's AsyncResult, not streamed) printed, rank 0
+    first: ipyparallel's ``display_outputs(groupby="engine")``, which refuses a result not ready
+    (a timeout, an interrupt), so then each rank's stdout and stderr so far."""
+    if ar.ready():
+        ar.display_outputs(groupby="engine")
+        return
+    for eid, child in zip(ar._targets, ar._children):
+        for name in ("stdout", "stderr"):
+            ar._display_stream(child.output.metadata[name], f"[{name}:{eid}] ", file=getattr(sys, name))
