@@ -96,18 +96,20 @@ def test_fresh_ranks_notice_on_stdout(kernel):
     assert rank_lines(outputs) == ["[stdout:0]", "[stdout:1]"], outputs
 
 
-def test_not_streamed_timeout_shows_output_so_far_in_rank_order(capsys, no_leftover_processes):
+def test_not_streamed_timeout_shows_output_so_far_in_rank_order(capsys):
     """``execute(stream=False)`` (no kernel, ``IPP_NONINTERACTIVE``) of a cell that prints and then
     hangs: RanksTimeout (ipyparallel's ``display_outputs`` refuses a result not ready: it raised its
     TimeoutError instead), and each rank's output so far, rank 0 first."""
     from helpers.engine import RanksTimeout, start_ranks
 
     ranks = start_ranks(2, timeout=60, activate=False)
+    started = list(ranks._processes())  # controller, engines, watchdog (this module's kernel is not ours)
     try:
         with pytest.raises(RanksTimeout):
             ranks.execute(RANK_1_FIRST + "time.sleep(120)\n", timeout=8, stream=False)
     finally:
         ranks.stop()
+    assert started and not [p for p in started if p.is_running() and p.status() != "zombie"], started
     out = capsys.readouterr().out
     assert "[stdout:0] \nline of rank 0" in out and "[stdout:1] \nline of rank 1" in out, out
     assert out.index("[stdout:0]") < out.index("[stdout:1]"), out
