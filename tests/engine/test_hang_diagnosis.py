@@ -55,7 +55,7 @@ def _assert_names_both_lines(err):
     assert "dist.barrier(group=group)" in rank1, text
     assert "rank_main.py" not in text and "distributed_c10d.py" not in text, f"library frames hidden:\n{text}"
     assert "distributed_c10d.py" in err.stacks[0], "the full dump stays on the exception"
-    assert len(text.splitlines()) <= 10, text
+    assert len(text.splitlines()) <= 12, f"a few lines per rank (at most 2 frames each):\n{text}"
 
 
 def test_timeout_names_each_ranks_line():
