@@ -54,6 +54,11 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
      "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
      "parameters (e.g. def fn(rank, world_size): ...)."),
+    (re.compile(r"Detected mismatch between collectives on ranks"),
+     "TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives (the OpType of each above, "
+     "e.g. ALLREDUCE on one rank, BARRIER on another): every rank must call the same collectives in the "
+     "same order; look for a collective inside `if rank == ...:` or a loop that runs a different number "
+     "of times on some rank."),
     (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
      "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "

@@ -152,6 +152,6 @@ def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks
         if not own:
             lines.append(f"  rank {rank}: not in your code{where}")
             continue
-        lines.append(f"  rank {rank}{where}, called from:")
+        lines.append(f"  rank {rank}{where}, called from:" if call else f"  rank {rank}, at:")
         lines += [f"  {line}" for line in format_frames(own[-most:], shell)]
     return lines

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import helpers.mp as hmp
-from helpers.engine import LaunchInterrupted, LaunchTimeout, launch
+from helpers.engine import LaunchInterrupted, LaunchTimeout, WorkerError, launch
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -108,3 +108,14 @@ def test_interrupt_names_each_ranks_line(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert "workers were ended" in str(info.value)
     _assert_names_both_lines(info.value)
+
+
+def test_debug_detail_names_the_mismatch(monkeypatch):
+    """With TORCH_DISTRIBUTED_DEBUG=DETAIL torch compares the collectives first: no hang, a
+    WorkerError at once naming both collectives, with what to do."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    with pytest.raises(WorkerError) as info:
+        launch(mismatched, 2, timeout=120)
+    text = str(info.value)
+    assert "Detected mismatch between collectives" in text and "ALLREDUCE" in text and "BARRIER" in text, text
+    assert "What to do: TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives" in text, text
