@@ -54,6 +54,11 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
      "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
      "parameters (e.g. def fn(rank, world_size): ...)."),
+    (re.compile(r"Detected mismatch between collectives on ranks"),
+     "TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives (the OpType of each above, "
+     "e.g. ALLREDUCE on one rank, BARRIER on another): every rank must call the same collectives in the "
+     "same order; look for a collective inside `if rank == ...:` or a loop that runs a different number "
+     "of times on some rank."),
     (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
      "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
@@ -229,9 +234,39 @@ class Readable:
             return [f"{name}: {super().__str__()}"]
 
 
-class LaunchInterrupted(Readable, KeyboardInterrupt):
+class _Stuck:
+    """Mixin: a message followed by where each unfinished rank was stuck (a few lines per rank,
+    :func:`helpers.engine.stacks.summary`); ``stacks`` holds each rank's full Python stack dump."""
+
+    stacks: dict[int, str] = {}
+
+    def _stuck_text(self, shell, full: str = "the error's .stacks") -> str:
+        from helpers.engine.stacks import summary  # stacks imports this module
+
+        base = self.args[0] if self.args else ""
+        try:
+            return "\n".join([base, *summary(self.stacks, shell, full)])
+        except Exception:  # noqa: BLE001 - a dump we cannot read: the message alone
+            return base
+
+    def __str__(self) -> str:
+        return self._stuck_text(None)
+
+    def _rendered_message(self, shell) -> str:
+        return self._stuck_text(shell, "sys.last_value.stacks")
+
+
+class LaunchInterrupted(_Stuck, Readable, KeyboardInterrupt):
     """The caller was interrupted ("interrupt kernel", Ctrl-C) during a launch or a warm-rank call;
-    the message says which processes were ended. A ``KeyboardInterrupt``, shown in a few lines."""
+    the message says which processes were ended and, for a launch, where each unfinished rank was
+    (``stacks``: ``{rank: Python stack dump}``). A ``KeyboardInterrupt``, shown in a few lines."""
+
+    def __init__(self, message: str = "", stacks: dict[int, str] | None = None):
+        super().__init__(message)
+        self.stacks = dict(stacks or {})
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.stacks))
 
 
 class LaunchError(Readable, ValueError):
@@ -301,17 +336,23 @@ class WorkerError(Readable, RuntimeError):
                            self.notes + ((note,) if note else ()))
 
 
-class LaunchTimeout(Readable, TimeoutError):
+class LaunchTimeout(_Stuck, Readable, TimeoutError):
     """The launch ran past its ``timeout``; every worker was ended.
+
+    ``str(e)`` names the unfinished ranks and, a few lines each, where each was stuck in your
+    code and in which library call (e.g. ``torch.distributed.all_reduce``).
 
     Attributes:
         timeout: the limit in seconds.
         ranks_not_finished: ranks whose ``fn`` had not returned when time ran out.
+        stacks: ``{rank: Python stack dump}`` (faulthandler's, every thread) of those ranks, taken
+            before they were ended; ``{}`` where none came.
     """
 
-    def __init__(self, timeout: float, ranks_not_finished: list[int]):
+    def __init__(self, timeout: float, ranks_not_finished: list[int], stacks: dict[int, str] | None = None):
         self.timeout = timeout
         self.ranks_not_finished = list(ranks_not_finished)
+        self.stacks = dict(stacks or {})
         super().__init__(
             f"launch timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
             "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
@@ -320,7 +361,7 @@ class LaunchTimeout(Readable, TimeoutError):
         )
 
     def __reduce__(self):
-        return (type(self), (self.timeout, self.ranks_not_finished))
+        return (type(self), (self.timeout, self.ranks_not_finished, self.stacks))
 
 
 class OversubscriptionWarning(UserWarning):

@@ -41,6 +41,7 @@ The same worker function, once moved into a module, runs unchanged under ``torch
   ``fn``, markers), and :func:`worker_device`;
 - :mod:`helpers.engine.run_dir`: the run folder the launcher and its ranks share (markers, each rank's
   captured stdout/stderr and their relay), removed even when the launcher is SIGKILLed;
+- :mod:`helpers.engine.stacks`: where each rank is stuck on a timeout or an interrupt (faulthandler);
 - :mod:`helpers.engine.processes`: free ports, ending process trees, the backend rule, the torchrun entry.
 
 Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/run.html,
@@ -64,6 +65,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher import api as elastic_api  # looked up at call time (tests wrap it)
 
 from helpers.engine import processes as procs
+from helpers.engine import stacks
 from helpers.engine.by_value import serialise_call
 from helpers.engine.errors import (
     _HELPERS_DIR,
@@ -141,8 +143,10 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             names the variable and says what to do instead.
         WorkerError: a rank raised, exited without returning, or was killed; the other ranks
             are ended. Names the rank and carries its traceback.
-        LaunchTimeout: the launch ran past ``timeout``; names the ranks that had not finished.
-        KeyboardInterrupt: the caller was interrupted; every worker was ended first.
+        LaunchTimeout: the launch ran past ``timeout``; names the ranks that had not finished and
+            where each was stuck in your code (``e.stacks``: each rank's full Python stack).
+        LaunchInterrupted: (a ``KeyboardInterrupt``) the caller was interrupted; every worker was
+            ended first; shows where each unfinished rank was, as ``LaunchTimeout`` does.
 
     Worker stdout and stderr appear in the caller's streams line by line, prefixed ``[rank r]``.
     Calls from several threads of one process run one after another.
@@ -359,6 +363,8 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     except KeyboardInterrupt:
         reason = ("interrupt",)
     finally:
+        if reason in (("timeout",), ("interrupt",)):
+            outcome["stacks"] = _stacks_of_unfinished(run_dir)
         if reason is not None or not finished.is_set():
             _end(_worker_processes(run_dir))
         finished.wait(30.0)
@@ -366,6 +372,17 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
         _end(_worker_processes(run_dir) + _spawned_since(before))
         relay.poll(final=True)
     return outcome, reason
+
+
+def _stacks_of_unfinished(run_dir: str) -> dict[int, str]:
+    """``{rank: Python stack dump}`` of the ranks without a done or error marker, asked for
+    before they are ended (:func:`helpers.engine.stacks.collect`); ``{}`` if interrupted again."""
+    finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
+    pids = {r: info["pid"] for r, info in read_markers(run_dir, "pid").items() if r not in finished}
+    try:
+        return stacks.collect(run_dir, pids)
+    except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
+        return {}
 
 
 def _vanished_ranks(run_dir: str) -> list[int]:
@@ -427,9 +444,11 @@ def _raise_failure(outcome: dict, reason: tuple | None, run_dir: str, world_size
     """Raise the caller's exception for whatever went wrong (nothing if every rank returned)."""
     done = read_markers(run_dir, "done")
     if reason == ("interrupt",):
-        raise LaunchInterrupted(f"launch interrupted; all {world_size} workers were ended")
+        raise LaunchInterrupted(f"launch interrupted; all {world_size} workers were ended",
+                                stacks=outcome.get("stacks"))
     if reason == ("timeout",):
-        raise LaunchTimeout(float(timeout), [r for r in range(world_size) if r not in done])
+        raise LaunchTimeout(float(timeout), [r for r in range(world_size) if r not in done],
+                            stacks=outcome.get("stacks"))
     if reason is not None:  # a worker exited without a result or an error
         rank = reason[1]
         raise WorkerError(rank, "exited without returning a result",

@@ -9,7 +9,9 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
    server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); points its stdout and
    stderr at its files in the run folder (:func:`helpers.engine.run_dir.capture_output`);
-2. writes its ``pid`` marker, sets its thread count, unpickles ``fn, args, kwargs``;
+2. registers its stack dump on SIGUSR1 (:func:`helpers.engine.stacks.register`, read by the
+   launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
+   unpickles ``fn, args, kwargs``;
 3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
    calls ``fn(rank, world_size, *args, **kwargs)``;
 4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.engine import processes as procs
+from helpers.engine import stacks
 from helpers.engine.fork_server import close_inherited_pipe
 from helpers.engine.run_dir import capture_output, write_marker
 from helpers.engine.start_method import with_hint
@@ -115,6 +118,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     capture_output(run_dir, rank)
+    stacks.register(run_dir, rank)  # before the pid marker: the launcher signals only registered ranks
     write_marker(run_dir, "pid", rank, {"pid": os.getpid()})
     try:
         if threads and "OMP_NUM_THREADS" not in os.environ:

@@ -103,8 +103,10 @@ def test_interrupt_and_no_ranks_are_a_few_lines_in_a_kernel(kernel):
     finally:
         timer.cancel()
     text = "\n".join(lines)
-    assert reply["ename"] == "LaunchInterrupted" and len(lines) <= 5, text
+    # 5 lines, then where each rank was (issue 30, part 3): a heading, and per rank its line in the cell
+    assert reply["ename"] == "LaunchInterrupted" and len(lines) <= 5 + 1 + 2 * 3, text
     assert "workers were ended" in text and not HELPERS_PATH.search(text), text
+    assert re.search(r"rank 0, at:\n\s+Cell In ?\[\d+\], line 4, in nap\n\s+time\.sleep\(60\)", text), text
     _, out = kernel.cell("import sys\nprint(isinstance(sys.last_value, KeyboardInterrupt))")
     assert "True" in out, out
     kernel.cell("from helpers.engine import start_ranks\nr = start_ranks(2, timeout=60)\nr.stop()")

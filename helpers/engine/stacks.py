@@ -1,0 +1,157 @@
+"""Where each rank is stuck: its Python stack, dumped on a signal, summarised to the learner's code.
+
+When a launch times out or is interrupted, the ranks that had not finished are usually waiting in
+a collective (``dist.all_reduce`` on one rank, ``dist.barrier`` on another). Before the launcher
+ends them it asks each for its Python stack with the standard library's :mod:`faulthandler`:
+
+- in each rank, first thing, :func:`register`: ``faulthandler.register(SIGUSR1, file=...,
+  all_threads=True)``, writing to ``stacks/<rank>.txt`` in the launch's run folder (not the relayed
+  stdout). faulthandler's handler is C code that needs no GIL, so it dumps even while the rank's
+  main thread is blocked inside gloo or NCCL;
+- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps;
+- :func:`summary`: a few lines per rank: the innermost frames in the learner's code (a notebook
+  cell, their files; frames of helpers, torch and the standard library hidden, as in a
+  :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
+  ``torch.distributed.all_reduce``. faulthandler writes ``file, line, function`` without source;
+  the caller looks the line up (a cell's code sent by value keeps its cell's file name, see
+  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines).
+
+Reference: https://docs.python.org/3/library/faulthandler.html
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import signal
+import time
+
+from helpers.engine.errors import Frame, _is_hidden, format_frames
+
+__all__ = ["SIGNAL", "collect", "register", "stuck_frames", "summary"]
+
+#: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
+SIGNAL = getattr(signal, "SIGUSR1", None)
+STACKS_DIR = "stacks"  # below the run folder: stacks/<rank>.txt
+_WAIT_S = 3.0  # how long collect waits for the dumps (seconds; a loaded machine can be slow)
+_STEADY_S = 0.2  # a dump unchanged for this long is complete (seconds)
+_FILE = None  # this rank's open dump file: faulthandler writes to its descriptor until the rank ends
+
+
+def _path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, STACKS_DIR, f"{rank}.txt")
+
+
+def register(run_dir: str, rank: int) -> None:
+    """In a rank, before its pid marker is written: dump every thread's Python stack to
+    ``run_dir/stacks/<rank>.txt`` on :data:`SIGNAL` (a no-op without one)."""
+    global _FILE
+    if SIGNAL is None:
+        return
+    os.makedirs(os.path.join(run_dir, STACKS_DIR), exist_ok=True)
+    _FILE = open(_path(run_dir, rank), "w")  # noqa: SIM115 - open for the life of the rank
+    faulthandler.register(SIGNAL, file=_FILE, all_threads=True)
+
+
+def collect(run_dir: str, pids: dict[int, int], wait_s: float = _WAIT_S) -> dict[int, str]:
+    """In the launcher: send :data:`SIGNAL` to each ``{rank: pid}`` (ranks that registered) and
+    return ``{rank: dump text}`` of the dumps complete within ``wait_s`` seconds."""
+    if SIGNAL is None or not pids:
+        return {}
+    asked = {}
+    for rank, pid in pids.items():
+        try:
+            os.kill(pid, SIGNAL)
+            asked[rank] = _path(run_dir, rank)
+        except OSError:
+            pass
+    texts: dict[int, str] = {}
+    sizes: dict[int, tuple[int, float]] = {}  # rank -> (size, since when)
+    deadline = time.monotonic() + wait_s
+    while asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for rank, path in list(asked.items()):
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            now = time.monotonic()
+            if size == 0 or sizes.get(rank, (-1, now))[0] != size:
+                sizes[rank] = (size, now)
+            elif now - sizes[rank][1] >= _STEADY_S:
+                with open(path, errors="replace") as f:
+                    texts[rank] = f.read()
+                del asked[rank]
+    for rank, path in asked.items():  # late: whatever is there
+        try:
+            with open(path, errors="replace") as f:
+                if text := f.read():
+                    texts[rank] = text
+        except OSError:
+            pass
+    return texts
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+)$')
+#: Library frames that only pass a call on (decorators): the call's name is the next frame's.
+_PASS_ON = {"wrapper", "inner", "decorate_context", "_fn", "fn", "<lambda>"}
+#: Where a library function lives -> the name learners call it by.
+_PUBLIC = {"torch.distributed.distributed_c10d": "torch.distributed",
+           "torch.distributed.c10d_logger": "torch.distributed"}
+
+
+def _threads(dump: str) -> list[list[Frame]]:
+    """Each thread's frames in a faulthandler dump, outermost first (the dump lists innermost first)."""
+    threads: list[list[Frame]] = []
+    for line in dump.splitlines():
+        if _THREAD.match(line):
+            threads.append([])
+        elif threads and (m := _FRAME.match(line)):
+            threads[-1].insert(0, Frame(m["file"], int(m["line"]), m["name"], ""))
+    return threads
+
+
+def _module(file: str) -> str:
+    """``torch.distributed`` for ``.../site-packages/torch/distributed/distributed_c10d.py``."""
+    parts = os.path.abspath(file).split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            parts = parts[len(parts) - parts[::-1].index(marker):]
+            break
+    else:
+        parts = parts[-1:]
+    dotted = ".".join(parts).removesuffix(".py").removesuffix(".__init__")
+    return _PUBLIC.get(dotted, dotted)
+
+
+def stuck_frames(dump: str) -> tuple[list[Frame], str]:
+    """``(own frames, library call)`` of the rank's main thread (the one running ``fn``): the
+    learner's frames, outermost first, and ``"torch.distributed.all_reduce"`` for the library
+    call the innermost of them is in (``""`` if none: the rank is in its own code, e.g. a sleep)."""
+    threads = _threads(dump)
+    main = next((t for t in threads if any(f.name == "worker_entry" for f in t)), threads[0] if threads else [])
+    start = max((i + 1 for i, f in enumerate(main) if f.name == "worker_entry"), default=0)
+    frames = main[start:]
+    own = [i for i, f in enumerate(frames) if not _is_hidden(f.file)]
+    below = frames[own[-1] + 1:] if own else frames
+    call = next((f for f in below if f.name not in _PASS_ON and not f.name.startswith("_")), None)
+    return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
+
+
+def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks", most: int = 2) -> list[str]:
+    """A few lines per rank: where it is stuck, its ``most`` innermost own frames (cell names in
+    IPython when ``shell`` is given) with their source lines. ``[]`` without dumps."""
+    if not stacks:
+        return []
+    lines = [f"Where each rank was stuck (your code, most recent call last; all frames in {full}):"]
+    for rank in sorted(stacks):
+        own, call = stuck_frames(stacks[rank])
+        where = f" in {call}" if call else ""
+        if not own:
+            lines.append(f"  rank {rank}: not in your code{where}")
+            continue
+        lines.append(f"  rank {rank}{where}, called from:" if call else f"  rank {rank}, at:")
+        lines += [f"  {line}" for line in format_frames(own[-most:], shell)]
+    return lines

@@ -1,0 +1,121 @@
+"""Hang diagnosis (issue 30, part 3): a launch that times out or is interrupted says where each
+unfinished rank was stuck, in the learner's code (helpers/engine/stacks.py), with real ranks on a
+real gloo group: rank 0 in ``dist.all_reduce``, rank 1 in ``dist.barrier`` (a mismatched pair of
+collectives that never completes)."""
+
+import _thread
+import datetime
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import helpers.mp as hmp
+from helpers.engine import LaunchInterrupted, LaunchTimeout, WorkerError, launch
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
+
+HERE = os.path.abspath(__file__)
+
+
+def mismatched(rank, world_size, flag_dir=None):
+    """Rank 0 all-reduces while rank 1 waits in a barrier: both wait forever (a group timeout of
+    10 minutes, far beyond the launch's)."""
+    group = dist.new_group(timeout=datetime.timedelta(minutes=10))
+    t = torch.ones(1)
+    if flag_dir:
+        open(os.path.join(flag_dir, f"in.{rank}"), "w").close()
+    if rank == 0:
+        dist.all_reduce(t, group=group)  # rank 0 is stuck here
+    else:
+        dist.barrier(group=group)  # rank 1 is stuck here
+    return t.item()
+
+
+def _line_of(text: str) -> int:
+    with open(HERE) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+ALL_REDUCE_LINE = _line_of("# rank 0 is stuck here")
+BARRIER_LINE = _line_of("# rank 1 is stuck here")
+
+
+def _assert_names_both_lines(err):
+    text = str(err)
+    assert set(err.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(err.stacks)}\n{text}"
+    rank0, rank1 = text.split("  rank 0")[1].split("  rank 1")
+    assert "in torch.distributed.all_reduce" in rank0 and f'line {ALL_REDUCE_LINE}, in mismatched' in rank0, text
+    assert "dist.all_reduce(t, group=group)" in rank0, text
+    assert "in torch.distributed.barrier" in rank1 and f'line {BARRIER_LINE}, in mismatched' in rank1, text
+    assert "dist.barrier(group=group)" in rank1, text
+    assert "rank_main.py" not in text and "distributed_c10d.py" not in text, f"library frames hidden:\n{text}"
+    assert "distributed_c10d.py" in err.stacks[0], "the full dump stays on the exception"
+    assert len(text.splitlines()) <= 12, f"a few lines per rank (at most 2 frames each):\n{text}"
+
+
+def test_timeout_names_each_ranks_line():
+    with pytest.raises(LaunchTimeout) as info:
+        launch(mismatched, 2, timeout=15)
+    err = info.value
+    assert err.ranks_not_finished == [0, 1], err.ranks_not_finished
+    _assert_names_both_lines(err)
+
+
+def test_spawn_timeout_names_each_ranks_line():
+    """helpers.mp.spawn runs on the same launcher: the same diagnosis, for code that sets up its own group."""
+    with pytest.raises(LaunchTimeout) as info:
+        hmp.spawn(_own_group, args=(2,), nprocs=2, timeout=15)
+    _assert_names_both_lines(info.value)
+    assert "in _own_group" in str(info.value), "the caller's frame too"
+
+
+def _own_group(rank, world_size):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["DDP_LAB_TEST_PORT"])
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    return mismatched(rank, world_size)
+
+
+@pytest.fixture(autouse=True)
+def test_port(monkeypatch):
+    from helpers.engine import free_port
+    monkeypatch.setenv("DDP_LAB_TEST_PORT", str(free_port()))
+
+
+def test_interrupt_names_each_ranks_line(tmp_path):
+    """Ctrl-C ("interrupt kernel") once both ranks are in their collective."""
+    def interrupt_when_both_wait():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all((tmp_path / f"in.{r}").exists() for r in range(2)):
+                time.sleep(1.0)  # into the collective
+                _thread.interrupt_main()
+                return
+            time.sleep(0.05)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # what a kernel has
+    watcher = threading.Thread(target=interrupt_when_both_wait, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(LaunchInterrupted) as info:
+            launch(mismatched, 2, flag_dir=str(tmp_path), timeout=200)
+    finally:
+        watcher.join(130)
+        signal.signal(signal.SIGINT, previous)
+    assert "workers were ended" in str(info.value)
+    _assert_names_both_lines(info.value)
+
+
+def test_debug_detail_names_the_mismatch(monkeypatch):
+    """With TORCH_DISTRIBUTED_DEBUG=DETAIL torch compares the collectives first: no hang, a
+    WorkerError at once naming both collectives, with what to do."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    with pytest.raises(WorkerError) as info:
+        launch(mismatched, 2, timeout=120)
+    text = str(info.value)
+    assert "Detected mismatch between collectives" in text and "ALLREDUCE" in text and "BARRIER" in text, text
+    assert "What to do: TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives" in text, text
