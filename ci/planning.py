@@ -2,7 +2,8 @@
 before anything runs.
 
 Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``), a lesson label
-(``06a``, the stem's part before ``_``) or a path to an ``.ipynb`` file. Parameters, lowest priority first: the notebook's cell tagged ``parameters``;
+(``06a``, the stem's part before ``_``) or a path to an ``.ipynb`` file. Parameters, lowest priority
+first: the notebook's cell tagged ``parameters``;
 ``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
 starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
 notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule

@@ -9,7 +9,8 @@ Usage (from the repository root)::
                                [--list] [NOTEBOOK ...]
 
 ``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``), a lesson label
-(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every ``notebooks/*.ipynb`` runs, sorted by name. Each
+(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every
+``notebooks/*.ipynb`` runs, sorted by name. Each
 executed notebook is written to ``<output-dir>/<profile>/<stem>.ipynb`` (outputs included, so
 a failure can be read there). The kernel runs with the notebook's own folder as working
 directory.
