@@ -1,8 +1,9 @@
 """Planning a notebook run: which notebooks, which profile, which parameters, all checked
 before anything runs.
 
-Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``) or a path to an
-``.ipynb`` file. Parameters, lowest priority first: the notebook's cell tagged ``parameters``;
+Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``), a lesson label
+(``06a``, the stem's part before ``_``) or a path to an ``.ipynb`` file. Parameters, lowest priority
+first: the notebook's cell tagged ``parameters``;
 ``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
 starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
 notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule
@@ -68,7 +69,7 @@ def _number_prefix(stem: str) -> int | None:
 def resolve_notebooks(
     names: Iterable[str] | None, notebooks_dir: str | os.PathLike | None = None
 ) -> list[Path]:
-    """Map notebook names (stem, number prefix or path) to absolute paths.
+    """Map notebook names (stem, number prefix, lesson label such as ``06a``, or path) to absolute paths.
 
     Raises :class:`ConfigError` listing the available notebooks when a name matches none, or
     a number prefix matches several.
@@ -106,6 +107,11 @@ def resolve_notebooks(
         if exact:
             chosen.append(exact[0])
             continue
+        if re.fullmatch(r"\d+[a-z]", name):  # a lesson label: 06a matches 06a_training_loop_pitfalls
+            labelled = [p for p in available if p.stem.split("_", 1)[0] == name]
+            if len(labelled) == 1:
+                chosen.append(labelled[0])
+                continue
         if name.isdigit():
             matches = [p for p in available if _number_prefix(p.stem) == int(name)]
             if len(matches) == 1:

@@ -8,8 +8,9 @@ Usage (from the repository root)::
                                [--fail-fast] [--notebooks-dir DIR] [--profiles FILE]
                                [--list] [NOTEBOOK ...]
 
-``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``) or a path to
-an ``.ipynb`` file; without any, every ``notebooks/*.ipynb`` runs, sorted by name. Each
+``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``), a lesson label
+(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every
+``notebooks/*.ipynb`` runs, sorted by name. Each
 executed notebook is written to ``<output-dir>/<profile>/<stem>.ipynb`` (outputs included, so
 a failure can be read there). The kernel runs with the notebook's own folder as working
 directory.
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "2 bad invocation or configuration (nothing ran).",
     )
     parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                        help="stem, number prefix (01) or path; default: all notebooks/*.ipynb")
+                        help="stem, number prefix (01), lesson label (06a) or path; default: all notebooks/*.ipynb")
     parser.add_argument("--profile", default="smoke",
                         help=f"parameter profile: {' | '.join(PROFILES)} (default smoke)")
     parser.add_argument("--output-dir", default="build",

@@ -4,7 +4,7 @@
 Usage (from the repository root)::
 
     python3 -m ci.student_copies                       # every lesson -> student/ (git-ignored)
-    python3 -m ci.student_copies 04 06 --output-dir /tmp/workshop
+    python3 -m ci.student_copies 04 06a --output-dir /tmp/workshop
 
 The lessons are the README's path table (``ci.path_table.lessons``), in path order: a scratch
 notebook in ``notebooks/`` is never copied. Each lesson is written to

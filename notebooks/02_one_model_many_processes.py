@@ -321,8 +321,8 @@ pd.DataFrame(sync_rows).set_index(["stage", "rank"])
 # `forward_sync_buffers` is on (the default; the deprecated `broadcast_buffers` sets it) **and**
 # `require_forward_param_sync` is true. That flag starts true and `_post_forward` sets it after
 # every forward: true when the forward ran with gradients enabled and outside `no_sync()`,
-# false otherwise. `model.train()` / `model.eval()` plays no part. Notebook 06 shows what this
-# does to BatchNorm statistics.
+# false otherwise. `model.train()` / `model.eval()` plays no part. Lesson
+# [06b](06b_state_across_ranks.ipynb), section 1, shows what this does to BatchNorm statistics.
 #
 # The experiment: after wrapping, each rank overwrites its buffer with `value + rank` (a
 # rank-local change, as a BatchNorm forward makes), runs one forward (and backward, when

@@ -113,7 +113,7 @@ def environment() -> tuple:
     Also without ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's own default: ``import
     torch._dynamo`` (which ``DistributedDataParallel(...)`` triggers) writes that into
     ``os.environ`` (``torch/_inductor/runtime/cache_dir_utils.py``, ``cache_dir()``), and a fresh
-    process computes the same value itself, so it is no change (seen in notebooks 01 and 06: one
+    process computes the same value itself, so it is no change (seen in notebooks 01 and 06a: one
     more server, a fresh ``import torch``, per kernel).
     """
     env = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV}

@@ -38,7 +38,9 @@ LEARNER_NOTEBOOKS = [
     "03_distributed_sampler",
     "04_mnist_single_dp_ddp",
     "05_where_the_time_goes",
-    "06_ddp_pitfalls",
+    "06a_training_loop_pitfalls",
+    "06b_state_across_ranks",
+    "06c_seeds_and_debugging",
     "07_from_notebook_to_cluster",
 ]
 

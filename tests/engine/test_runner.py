@@ -370,6 +370,11 @@ def test_name_resolution(nbdir, tmp_path):
         nbdir / "03_sleep.ipynb", nbdir / "01_ok.ipynb"]
     with pytest.raises(rn.ConfigError, match="ambiguous: 06_a, 06_b"):
         resolve(["06"], nbdir)
+    make_notebook(nbdir / "07a_first.ipynb", OK_CELLS)  # a lesson label: the stem's part before "_"
+    make_notebook(nbdir / "07b_second.ipynb", OK_CELLS)
+    assert resolve(["07b", "07a"], nbdir) == [nbdir / "07b_second.ipynb", nbdir / "07a_first.ipynb"]
+    with pytest.raises(rn.ConfigError, match="unknown notebook '07c'"):
+        resolve(["07c"], nbdir)
     with pytest.raises(rn.ConfigError, match="no such notebook file"):
         resolve([str(tmp_path / "missing.ipynb")], nbdir)
 

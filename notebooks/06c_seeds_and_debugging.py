@@ -1,0 +1,575 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06c · DDP seeds and debugging
+#
+# <!-- run-time:start -->
+# **Run time**: not measured yet. **Reading time** (estimate: about 1,700 words of prose at 200 words/min): about 8 min.
+# <!-- run-time:end -->
+#
+# **You will be able to** seed a DDP run so that ranks agree where they must and differ where
+# they should, say what "reproducible" can mean across world sizes, catch a collective mismatch
+# with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and know where DETAIL itself breaks), and read a relayed
+# worker traceback down to the rank and the line that caused it. **You need**
+# [03](03_distributed_sampler.ipynb) (how the sampler deals items) and
+# [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls).
+#
+# **The question:** a DDP run gives a different number than yesterday's, or stops: is it the
+# seeds, the order of float additions, or a rank that does something else — and how do we find
+# out which, with proof?
+#
+# Two sections in 06a's shape: the experiment's code, run on real ranks with `launch`; the
+# symptom; the fix, each claim (in bold, "Claim:") asserted in the code cell right after it,
+# tagged `check`.
+#
+# 1. seeds and determinism · 2. debugging
+#
+# **What runs where:** every section is one short launch of `world_size` processes per
+# experiment, backend `gloo`, on CPU, with or without GPUs (pinned: the debug demonstrations
+# need gloo's catchable timeout and its debug wrapper).
+#
+# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
+# [process group](../docs/GLOSSARY.md#process-group), [all-reduce](../docs/GLOSSARY.md#all-reduce),
+# [DDP](../docs/GLOSSARY.md#ddp).
+#
+# **New here:** per-rank seeds, the order of float32 additions across ranks,
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, init timeouts. Every claim was checked against torch 2.14.1;
+# where it differs from folklore, the lesson says what really happens. The lesson prints the
+# seconds of each launch at the end of section 2.
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+world_size = 2  # DDP ranks (processes) of every launch; 2 or more
+seed = 0  # seeds every model and data set
+seed_steps = 30  # SGD steps of the seeds experiment in section 1
+collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
+
+# %%
+from helpers.notebook import check_answer, check_parameters, check_value
+
+check_parameters(world_size=(world_size, int), seed=(seed, int), seed_steps=(seed_steps, int),
+                 collective_timeout_s=(collective_timeout_s, float))
+check_value("world_size", world_size, world_size >= 2 and 64 % world_size == 0, "2, 4 or 8 (64 samples split evenly)")
+
+# %%
+import datetime
+import linecache
+import os
+import re
+import time
+from unittest import mock
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.testing import assert_close
+
+from helpers.captured import captured_output, show_folded
+from helpers.engine import WorkerError, free_port, launch, worker_device
+
+t_notebook = time.perf_counter()
+T = collective_timeout_s
+n_gpus = torch.cuda.device_count()
+mse = nn.functional.mse_loss
+launch_s = {}  # seconds of every launch, by section (printed at the end)
+lr = 0.1  # the SGD learning rate of every model here
+print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {world_size}")
+
+# %% [markdown]
+# ## 0. Tools every section uses
+#
+# Every experiment below is a function `fn(rank, world_size, ...)` defined in a cell and run
+# with `launch(fn, world_size, ..., backend="gloo")`, which starts `world_size` new processes,
+# initialises the default process group in each, and returns `[result of rank 0, result of
+# rank 1, ...]` to the cell. Worker prints appear under the cell prefixed `[rank r]`.
+#
+# **How a hang is shown without hanging the notebook.** A section that demonstrates a hang
+# builds its DDP model on a fresh process group, `dist.new_group(timeout=...)` with
+# `collective_timeout_s` seconds: the rank left waiting in a collective gets gloo's timeout
+# error after those seconds (in a real job: after gloo's default 30 minutes), catches it and
+# returns it as text. With NCCL a timed-out collective is handled by a watchdog that tears the
+# process down instead of raising (the `timeout` argument of
+# [`init_process_group`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)),
+# so this lesson pins `backend="gloo"`. These are the tools of
+# [06a](06a_training_loop_pitfalls.ipynb)'s section 0, less what this lesson does not use.
+
+# %%
+def wrap(model, **ddp_kwargs):
+    """DDP(model) on this rank's device (cuda:<local_rank> under nccl, else cpu)."""
+    device = worker_device()
+    model = model.to(device)
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_kwargs)
+
+
+def short_timeout_group(seconds):
+    """A new process group of all ranks whose collectives raise after `seconds` (gloo)."""
+    dist.barrier()  # a rank still finishing a previous timed-out demonstration catches up first
+    return dist.new_group(timeout=datetime.timedelta(seconds=seconds))
+
+
+def cpu(t):
+    return t.detach().cpu().clone()
+
+
+def params(module):
+    return {n: cpu(p) for n, p in module.named_parameters()}
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {e}"
+
+# %% [markdown]
+# ## 1. Seeds and determinism
+#
+# `seeded_training` trains `Linear(16, 1)` for `seed_steps` SGD steps on a fixed global batch
+# of 64 samples split into contiguous blocks over the ranks (rank `r` takes rows
+# `r 64 / world_size ...`), initialised from `torch.manual_seed(seed)` on every rank. With
+# `augment=True` each rank adds Gaussian noise to its inputs, drawn from its own generator
+# seeded with `seed + 1000 + rank` (per-rank augmentation seeds). With `world_size == 1` it
+# trains the plain model in this kernel: the single-process run to compare with.
+
+# %%
+seed_batch, seed_features, aug_std = 64, 16, 0.5
+
+
+def seeds_data():
+    """The fixed global batch: x (64, 16) float32, y (64, 1)."""
+    x = torch.randn(seed_batch, seed_features, generator=torch.Generator().manual_seed(seed + 2024))
+    return x, x @ torch.linspace(-1.0, 1.0, seed_features).reshape(-1, 1) + 0.5
+
+
+def seed_model(s):
+    torch.manual_seed(s)
+    return nn.Linear(seed_features, 1)
+
+
+def seeded_training(rank, world_size, augment):
+    """{"init", "final": {name: tensor}, "loss": [clean full-batch MSE before each step and after the last]}."""
+    device = worker_device()
+    x, y = (t.to(device) for t in seeds_data())
+    per = seed_batch // world_size
+    xr, yr = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    model = seed_model(seed).to(device)
+    init = params(model)
+    net = wrap(model) if world_size > 1 else model
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed + 1000 + rank)
+    losses = []
+    for _ in range(seed_steps):
+        with torch.no_grad():
+            losses.append(float(mse(model(x), y)))
+        inp = xr + aug_std * torch.randn(xr.shape, generator=gen).to(device) if augment else xr
+        opt.zero_grad(set_to_none=True)
+        mse(net(inp), yr).backward()
+        opt.step()
+    with torch.no_grad():
+        losses.append(float(mse(model(x), y)))
+    return {"init": init, "final": params(model), "loss": losses}
+
+
+# %%
+def seeds_worker(rank, world_size):
+    out = {"init_same_seed": params(seed_model(seed))}
+    model = seed_model(seed + rank)
+    out["init_rank_seed"] = params(model)
+    wrap(model)  # DDP's constructor broadcasts rank 0's parameters and buffers
+    out["init_rank_seed_after_ddp"] = params(model)
+    shape = (2, seed_features)
+    out["noise_rank_seed"] = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 1000 + rank))
+    out["noise_same_seed"] = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 1000))
+    out["plain"] = seeded_training(rank, world_size, augment=False)
+    out["augmented"] = seeded_training(rank, world_size, augment=True)
+    return out
+
+# %% [markdown]
+# One launch; then the same training in this kernel with
+# `world_size = 1`.
+
+# %%
+t0 = time.perf_counter()
+S = launch(seeds_worker, world_size, backend="gloo", timeout=120)
+launch_s["1 seeds"] = time.perf_counter() - t0
+one = {aug: seeded_training(0, 1, augment=aug) for aug in (False, True)}  # world size 1, in this kernel
+pnames = list(one[False]["init"])
+
+# %% [markdown]
+# **Claim:** model initialisation from the **same** seed is bit-identical on every rank and at
+# every world size (the kernel's world-size-1 run included). It does not even matter for DDP's
+# parameters: initialised from `seed + rank` they differ before wrapping, and `DDP(model)`
+# broadcasts rank 0's parameters (and buffers) at construction, so afterwards every rank holds
+# rank 0's. Data augmentation is the opposite: with the same generator seed on every rank,
+# every rank draws the **same** noise (ranks apply identical "random" perturbations); seed it
+# with `seed + rank`.
+
+# %% tags=["check"]
+for r, s in enumerate(S):
+    for n in pnames:
+        assert torch.equal(s["init_same_seed"][n], one[False]["init"][n]), f"rank {r}: same seed should give the same {n}"
+        assert torch.equal(s["init_rank_seed_after_ddp"][n], S[0]["init_rank_seed"][n]), f"rank {r}: after DDP {n} should be rank 0's"
+    assert torch.equal(s["noise_same_seed"], S[0]["noise_same_seed"]), f"rank {r}: same-seed noise should be identical"
+    if r > 0:
+        assert not torch.equal(s["init_rank_seed"]["weight"], S[0]["init_rank_seed"]["weight"]), "per-rank seeds: different init"
+        assert not torch.equal(s["noise_rank_seed"], S[0]["noise_rank_seed"]), "per-rank seeds: different noise"
+print(f"same seed: identical init on {world_size} ranks and in this kernel; after DDP(seed + rank init) every rank holds rank 0's")
+
+# %% [markdown]
+# **Claim:** float32 addition is not associative, so the same numbers summed in a different
+# order can differ. `[1e8, 1, -1e8, 1]` (float32 has a 24-bit significand: `1e8 + 1` rounds
+# back to `1e8`) sums to **1** left to right. Split over 2 ranks, each
+# summing its part before the all-reduce adds the parts, the result depends on the split:
+# **strided** parts (rank `r` takes items `r, r + 2`, as `DistributedSampler` deals them:
+# `indices[rank::num_replicas]` in `torch/utils/data/distributed.py`) give
+# `0 + 2 = 2`; **contiguous** halves (rank 0 items 0-1, rank 1 items 2-3, as this section
+# splits its batch) give `1e8 + (-1e8) = 0`. The cell checks torch's float32 sums against
+# numpy's float32 arithmetic, one addition at a time.
+
+# %% tags=["check"]
+v = torch.tensor([1e8, 1.0, -1e8, 1.0], dtype=torch.float32)
+orders = {"left to right (one process)": float(v[0] + v[1] + v[2] + v[3]),
+          "strided pairs (items r, r+2)": float(v[0::2].sum() + v[1::2].sum()),
+          "contiguous halves (items 0-1, 2-3)": float(v[:2].sum() + v[2:].sum())}
+f = np.float32
+by_hand = {"left to right (one process)": ((f(1e8) + f(1)) + f(-1e8)) + f(1),
+           "strided pairs (items r, r+2)": (f(1e8) + f(-1e8)) + (f(1) + f(1)),
+           "contiguous halves (items 0-1, 2-3)": (f(1e8) + f(1)) + (f(-1e8) + f(1))}
+assert orders == {k: float(x) for k, x in by_hand.items()}, (orders, by_hand)
+assert list(orders.values()) == [1.0, 2.0, 0.0], orders
+pd.Series(orders, name="float32 sum of [1e8, 1, -1e8, 1]").to_frame()
+
+# %% [markdown]
+# **Claim:** without augmentation, training on the fixed global batch split over `world_size`
+# ranks ends bit-identical **across ranks** (they all apply the same all-reduced gradient) and
+# equal to one process **up to float32 rounding**; bit-identical across world sizes is not
+# guaranteed, because each rank sums its part first and the all-reduce adds the parts (above).
+# With per-rank augmentation seeds the noise a sample gets depends on which rank holds it, so
+# the run at `world_size` ranks and the run in one process follow different trajectories
+# (parameters differ far beyond rounding): they are only **statistically** equivalent — both
+# reach a similarly low loss.
+
+# %% tags=["check"]
+rows = []
+for key, aug in (("plain", False), ("augmented", True)):
+    for r, s in enumerate(S):
+        for n in pnames:
+            assert torch.equal(s[key]["final"][n], S[0][key]["final"][n]), f"{key}: rank {r} not bit-identical to rank 0 ({n})"
+    diff = max(float((S[0][key]["final"][n] - one[aug]["final"][n]).abs().max()) for n in pnames)
+    n_diff = sum(int((S[0][key]["final"][n] != one[aug]["final"][n]).sum()) for n in pnames)
+    n_all = sum(one[aug]["final"][n].numel() for n in pnames)
+    l0, l_ddp, l_one = one[aug]["loss"][0], S[0][key]["loss"][-1], one[aug]["loss"][-1]
+    if not aug:
+        for n in pnames:
+            assert_close(S[0][key]["final"][n], one[aug]["final"][n], msg=f"no augmentation: {n} should equal one process up to rounding")
+    else:
+        assert diff > 1e-3, f"per-rank augmentation: trajectories should differ beyond rounding (max diff {diff:g})"
+        assert l_ddp < 0.2 * l0 and l_one < 0.2 * l0, f"both runs should learn: {l0:.3g} -> {l_ddp:.3g} / {l_one:.3g}"
+        assert 0.5 < l_ddp / l_one < 2.0, f"final losses should be comparable: {l_ddp:.3g} vs {l_one:.3g}"
+    rows.append({"augmentation": key, "ranks bit-identical": True,
+                 f"max |Δparam| world_size {world_size} vs 1": diff, "elements that differ": f"{n_diff} of {n_all}",
+                 "loss at start": l0, f"final loss, world_size {world_size}": l_ddp, "final loss, world_size 1": l_one})
+pd.DataFrame(rows).set_index("augmentation")
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+for key, aug, color in (("plain", False, "tab:blue"), ("augmented", True, "tab:orange")):
+    ax.plot(S[0][key]["loss"], color=color, label=f"{key}, world_size {world_size} (DDP)")
+    ax.plot(one[aug]["loss"], color=color, linestyle="--", label=f"{key}, world_size 1")
+ax.set_yscale("log")
+ax.set_xlabel("SGD step")
+ax.set_ylabel("MSE on the clean global batch\n(squared target units, log scale)")
+ax.set_title("Same seeds, different world sizes: equal up to rounding without augmentation,\n"
+             "only statistically equivalent with per-rank augmentation", fontsize=10)
+fig.legend(loc="outside lower center", ncol=2, fontsize=8)  # below the axes: the curves fill the upper right
+plt.show()
+
+# %% [markdown]
+# ## 2. Debugging
+#
+# ### Collective mismatches and `TORCH_DISTRIBUTED_DEBUG=DETAIL`
+#
+# Rank `r` all-reduces a tensor of `2 + r` elements (ranks disagree about a length: a classic
+# desynchronisation). `TORCH_DISTRIBUTED_DEBUG=DETAIL` (read when `torch.distributed` is
+# imported, so it must be set before the processes start;
+# [docs](https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications))
+# wraps every process group in a checker that compares the collectives' "fingerprints"
+# (operation, shapes, dtypes) across ranks before running them. The worker switches the same
+# checker on for one group with `dist.set_debug_level(DebugLevel.DETAIL)` before
+# `dist.new_group()`, and runs the mismatch on it and on a plain short-timeout group. One
+# launch: worker start-up plus up to `collective_timeout_s`.
+
+# %%
+def debug_worker(rank, world_size, timeout_s):
+    plain = short_timeout_group(timeout_s)
+    previous = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        checked = dist.new_group()  # created under DETAIL: wrapped in the fingerprint checker
+    finally:
+        dist.set_debug_level(previous)
+    out = {}
+    for case, group in (("detail", checked), ("off", plain)):
+        t = torch.ones(2 + rank, device=worker_device())
+        try:
+            dist.all_reduce(t, group=group)
+            out[case] = f"no error; result {t.tolist()}"
+        except RuntimeError as e:
+            out[case] = error_text(e)
+    return out
+
+
+t0 = time.perf_counter()
+D = launch(debug_worker, world_size, T, backend="gloo", timeout=120)
+launch_s["2 mismatch"] = time.perf_counter() - t0
+
+# %% [markdown]
+# **Claim:** with the checker every rank raises `Detected mismatch between collectives on
+# ranks`, naming its own shape. Without it nothing diagnoses the problem: gloo does not compare
+# shapes, so rank 0 (2 elements) may return a result while another rank waits for elements
+# that never come and times out.
+
+# %% tags=["check"]
+for r, d in enumerate(D):
+    assert "Detected mismatch between collectives on ranks" in d["detail"], f"rank {r}: {d['detail'][:200]}"
+    assert f"TensorShape=[{2 + r}]" in d["detail"], f"rank {r}: its own shape should be named: {d['detail'][:300]}"
+    assert "Detected mismatch" not in d["off"], f"rank {r}: without DETAIL nothing should diagnose the mismatch"
+print("with DETAIL, rank 0 says:\n" + D[0]["detail"].replace("TensorDeviceTypes", "\n  TensorDeviceTypes")[:600] + " ...")
+pd.DataFrame([{"rank": r, "tensor elements": 2 + r, "without DETAIL": d["off"].split("] ")[-1],
+               "with DETAIL": d["detail"].split("Collectives differ in the following aspects:")[-1].strip()}
+              for r, d in enumerate(D)]).set_index("rank")
+
+# %% [markdown]
+# ### A surprise: DETAIL breaks DDP's constructor (gloo, torch 2.14.1)
+#
+# DDP's constructor logs its set-up: `DistributedDataParallel._ddp_init_helper` calls
+# `self.logger.set_construction_data_and_log(...)`. For gloo, `c10d::Logger::set_env_variables`
+# (`torch/csrc/distributed/c10d/logger.cpp` in the torch source) reads gloo's thread count by
+# `static_cast`-ing the group's gloo backend to `ProcessGroupGloo`. Started with
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the default group's gloo backend is the debug wrapper
+# instead (`_ProcessGroupWrapper`, which checks every collective), so the cast is wrong:
+# **undefined behaviour**. What happens then depends on the process's memory layout, not on
+# anything in your code: we have seen the rank killed by SIGSEGV (the same worker run from a
+# Python script, and in this notebook with earlier versions of our launcher), and DDP built with
+# a nonsense thread count in its log (in this notebook's kernel since then).
+#
+# **Claim:** without DETAIL, every rank's gloo backend is a `ProcessGroupGloo` and DDP logs
+# gloo's real thread count (`ddp._get_ddp_logging_data()["gloo_num_threads"]`). With DETAIL,
+# every rank's backend is a `_ProcessGroupWrapper`, and DDP's constructor either kills the rank
+# with SIGSEGV (a `WorkerError` with `exc_type` `killed by SIGSEGV`, an empty Python traceback,
+# and Python's fault handler's stack, relayed with the `[rank r]` prefix, in the line that calls
+# `set_construction_data_and_log`; the cell folds that output under one line) or logs a thread count that is not the real one. Either way
+# the DETAIL run is broken, so on CPU use DETAIL for collective checks (as above) and
+# `TORCH_DISTRIBUTED_DEBUG=INFO` ([06a](06a_training_loop_pitfalls.ipynb) section 3) for DDP's
+# unused-parameter names. Two launches.
+
+# %% tags=["check"]
+def detail_ddp_worker(rank, world_size):
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    print(f"debug level: {dist.get_debug_level()}; the group's gloo backend: {type(backend).__name__}")
+    ddp = wrap(nn.Linear(2, 2))
+    return {"backend": type(backend).__name__, "gloo_num_threads": ddp._get_ddp_logging_data().get("gloo_num_threads")}
+
+
+t0 = time.perf_counter()
+reference = launch(detail_ddp_worker, world_size, backend="gloo", timeout=120)  # DETAIL off: the real values
+before = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+detail_error, detail_result = None, None
+with mock.patch.dict(os.environ, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}), captured_output() as relayed:
+    try:  # workers inherit this kernel's environment; the launcher relays their output: keep it to read it
+        detail_result = launch(detail_ddp_worker, world_size, backend="gloo", timeout=120)
+    except WorkerError as e:
+        detail_error = e
+launch_s["2 DETAIL"] = time.perf_counter() - t0
+show_folded(f"the DETAIL launch: {f'rank {detail_error.rank} {detail_error.exc_type}' if detail_error else 'DDP was built'}; "
+            f"'Segmentation fault' in its output: {'Segmentation fault' in relayed.getvalue()}", relayed.getvalue())
+print(f"without DETAIL: {reference}")
+assert os.environ.get("TORCH_DISTRIBUTED_DEBUG") == before, "the environment variable should be restored"
+if torch.__version__.split("+")[0] == "2.14.1":
+    real = reference[0]["gloo_num_threads"]
+    assert all(r == {"backend": "ProcessGroupGloo", "gloo_num_threads": real} for r in reference), reference
+    assert relayed.getvalue().count("the group's gloo backend: _ProcessGroupWrapper") == world_size, relayed.getvalue()
+    if detail_error is not None:
+        assert detail_error.exc_type == "killed by SIGSEGV", detail_error.exc_type
+        assert detail_error.traceback == "", "a rank killed by a signal has no Python traceback"
+        print(f"WorkerError: rank {detail_error.rank}, exc_type {detail_error.exc_type!r}, "
+              f"traceback {detail_error.traceback!r}")
+        frames = re.findall(r'File "([^"]+distributed\.py)", line (\d+) in _ddp_init_helper', relayed.getvalue())
+        assert "Segmentation fault" in relayed.getvalue() and frames, "the fault handler's stack should be relayed"
+        path, line = frames[0][0], int(frames[0][1])
+        source = "".join(linecache.getline(path, n) for n in range(line - 1, line + 2))
+        assert "set_construction_data_and_log" in source, source
+        print(f"this run: the rank crashed in {os.path.basename(path)}:{line}: {linecache.getline(path, line).strip()}")
+    else:
+        assert all(r["backend"] == "_ProcessGroupWrapper" for r in detail_result), detail_result
+        logged = [r["gloo_num_threads"] for r in detail_result]
+        assert any(n != real for n in logged), (logged, real)
+        print(f"this run: DDP was built, logging gloo_num_threads {logged} per rank; gloo really runs {real}")
+else:  # another torch version: report what happened instead of asserting 2.14.1's behaviour
+    print(f"torch {torch.__version__}: DETAIL + DDP gave {detail_error or detail_result!r}")
+
+# %% [markdown]
+# ### Init timeouts, and reading a worker traceback
+#
+# `init_process_group` blocks until `world_size` processes have joined the rendezvous. A job
+# whose `WORLD_SIZE` counts one process more than were started (a typo, a node that never
+# came up) waits there, by default for 30 minutes (gloo). `init_alone_worker` is that process:
+# started alone, it asks for a world of 2 with `timeout=collective_timeout_s`.
+#
+# **Claim:** the launcher relays the worker's exception as `WorkerError` with `rank = 0`,
+# `exc_type = "DistStoreError"` and a message saying `1/2 clients joined` (the store reports one
+# second more than `timeout`: "Timed out after 4 seconds" for 3). The relayed traceback shows
+# where: a frame of `init_alone_worker`, then torch's rendezvous (`TCPStore`). Read a relayed
+# traceback from the bottom (the exception) up to the **last frame in your own code**. A
+# function defined in a cell travels to the worker with its cell's file name and source lines,
+# so that frame names this kernel's cell file and shows our call to `init_process_group`, the
+# same line this kernel's `linecache` holds. (Shown in a cell, the `WorkerError` lists only
+# such frames of your own; `.traceback` keeps every frame.) The launch takes one worker's
+# start-up plus the timeout.
+
+# %% tags=["check"]
+def init_alone_worker(rank, world_size, timeout_s):
+    dist.destroy_process_group()  # the launcher's group; now a job of world_size + 1 processes
+    port = free_port()
+    print(f"init_process_group(world_size={world_size + 1}, rank={rank}, timeout={timeout_s} s) at port {port} ...")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size + 1, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+t0 = time.perf_counter()
+init_error = None
+try:
+    launch(init_alone_worker, 1, T, backend="gloo", timeout=120)
+except WorkerError as e:
+    init_error = e
+launch_s["2 init timeout"] = time.perf_counter() - t0
+assert init_error is not None, "init_process_group with a missing rank should have failed"
+assert (init_error.rank, init_error.exc_type) == (0, "DistStoreError"), (init_error.rank, init_error.exc_type)
+assert "waiting for clients" in init_error.message and "1/2 clients joined" in init_error.message, init_error.message
+reported_s = int(init_error.message.split("Timed out after ")[1].split(" seconds")[0])
+assert reported_s == round(T) + 1, f"the store reports {reported_s} s for a {T:g} s timeout"
+tb = init_error.traceback
+cell_file = init_alone_worker.__code__.co_filename
+# the worker names this kernel's cell file, and shows the cell's line from the source sent with it
+ours = re.findall(rf'File "{re.escape(cell_file)}", line (\d+), in init_alone_worker', tb)
+assert ours and "TCPStore" in tb.split("in init_alone_worker")[-1], tb[-1500:]
+relayed_next = tb.split(f'line {ours[-1]}, in init_alone_worker\n')[1].splitlines()[0].strip()
+assert relayed_next.startswith("dist.init_process_group("), f"the worker's line for the cell's frame: {relayed_next}"
+our_line = linecache.getline(cell_file, int(ours[-1])).strip()  # this kernel has the cell's source
+assert our_line == relayed_next, (our_line, relayed_next)
+print(f"launch -> WorkerError after {launch_s['2 init timeout']:.1f} s (timeout {T:g} s): rank {init_error.rank}, "
+      f"{init_error.exc_type}: {init_error.message}")
+print("last line of the relayed traceback:", tb.strip().splitlines()[-1])
+print(f"last frame in our code, as relayed: line {ours[-1]}, in init_alone_worker; next line: {relayed_next}")
+print(f"line {ours[-1]} of that cell, from this kernel's linecache: {our_line}")
+
+# %%
+total_s = time.perf_counter() - t_notebook
+print(f"lesson 06c ran in {total_s:.0f} s; seconds per launch (start-up included; the hang demonstrations include "
+      f"their deliberate timeouts, collective_timeout_s = {T:g} s):")
+pd.Series(launch_s, name="seconds").round(1).to_frame()
+
+# %% [markdown]
+# ## What we saw
+#
+# * **Seeds:** same-seed init is bit-identical everywhere (and DDP broadcasts rank 0's anyway);
+#   augmentation needs per-rank seeds; results are bit-identical across ranks, equal up to
+#   rounding across world sizes (the order of float32 additions depends on how the batch is
+#   split), and only statistically equivalent once per-rank randomness enters.
+# * **Debugging:** DETAIL catches collective mismatches — and, with gloo in torch 2.14.1,
+#   breaks DDP's constructor (undefined behaviour: a crash or a wrong log); short `timeout`s
+#   turn hangs into errors you can read; read a relayed traceback from the bottom up to your
+#   own code.
+#
+# ## Going further
+#
+# Launch `helpers.engine.faults.fail_at` with `moment="during"` and `helpers.engine.faults.skip_collective`
+# (with a short `timeout`); for each, read `WorkerError.rank`, `.exc_type` and the last frame of
+# `.traceback` in your own code, or `LaunchTimeout.ranks_not_finished`, and say which rank was
+# the root cause.
+#
+# ## Exercises
+#
+# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
+# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
+# solution follows each check, collapsed (click the "…" or the bar on its left to open it);
+# student copies leave the solutions out. Every solution runs when the full lesson runs, so
+# each is known to pass its check.
+
+# %% [markdown]
+# ### Exercise 1: another order of float32 additions
+#
+# Section 1's sum with the items in another order, `[1, 1e8, 1, -1e8]` in float32. What does
+# each of the three orders give: left to right in one process, strided over 2 ranks (rank `r`
+# takes items `r, r + 2`) and contiguous halves over 2 ranks? Answer with a list of three numbers.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+# %% tags=["check"]
+# expected: torch's float32 sums in the three orders of section 1
+v1 = torch.tensor([1.0, 1e8, 1.0, -1e8], dtype=torch.float32)
+expected_1 = [float(v1[0] + v1[1] + v1[2] + v1[3]), float(v1[0::2].sum() + v1[1::2].sum()), float(v1[:2].sum() + v1[2:].sum())]
+check_answer("ex1", answer_1, expected_1,
+             hint="1e8 + 1 rounds back to 1e8 in float32; which pairs meet first in each order?")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+# left to right: 1 + 1e8 = 1e8 (rounded), + 1 = 1e8 again, - 1e8 = 0. Strided: (1 + 1) + (1e8 - 1e8) = 2.
+# Contiguous: (1 + 1e8) + (1 - 1e8) = 1e8 - 1e8 = 0.
+f = np.float32
+solution_1 = [float(((f(1) + f(1e8)) + f(1)) + f(-1e8)), float((f(1) + f(1)) + (f(1e8) + f(-1e8))),
+              float((f(1) + f(1e8)) + (f(1) + f(-1e8)))]
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: which rank is the root cause?
+#
+# In `corrupt_batch_worker` below, the last rank raises before the all-reduce that every other
+# rank waits in. `launch` raises one `WorkerError` and lists the other ranks' fates under it.
+# Which rank does the `WorkerError` name, and with which `exc_type`? Answer with a list
+# `[rank, exc_type]` for this run's `world_size` (the check cell runs it on real ranks).
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+# %% tags=["check"]
+def corrupt_batch_worker(rank, world_size):
+    t = torch.ones(1)
+    if rank == world_size - 1:
+        raise ValueError(f"rank {rank}: a corrupt batch")
+    dist.all_reduce(t)  # the other ranks wait here for the last rank
+    return t.item()
+
+
+# expected: what launch reports, read from a real launch
+try:
+    launch(corrupt_batch_worker, world_size, backend="gloo", timeout=120)
+    root_cause = None
+except WorkerError as e:
+    root_cause = e
+    print(f"{e}"[:600])
+expected_2 = [root_cause.rank, root_cause.exc_type]
+check_answer("ex2", answer_2, expected_2,
+             hint="the ranks that waited fail too (their peer closed the connection): which one raised first, and what?")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+# Only the last rank reaches the `raise`; the others fail afterwards, in the all-reduce whose peer went away.
+solution_2 = [world_size - 1, "ValueError"]
+check_answer("ex2", solution_2, expected_2, strict=True)
