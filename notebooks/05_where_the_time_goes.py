@@ -426,6 +426,8 @@ for row, model in enumerate(models):
             continue
         xs = np.array([ws for ws, _ in got])
         med, lo, hi = (np.array([r[k] for _, r in got]) for k in range(3))
+        lo, hi = np.where(xs == 1, med, lo), np.where(xs == 1, med, hi)  # the baseline is 1 by definition
+        xs = xs + 0.04 * (j - (len(gbs_all) - 1) / 2)  # side by side, so the error bars do not hide each other
         ax_s.errorbar(xs, med, yerr=[med - lo, hi - med], fmt="-o", color=f"C{j}", capsize=3,
                       label=f"global batch {gb}" if row == 0 else None)
     ax_s.plot(ws_all, ws_all, "--", color="gray", label="ideal: speed-up = world size" if row == 0 else None)
@@ -853,6 +855,7 @@ for ax, (name, t), o in zip(axes, runs.items(), ovs.values()):
     ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label, _ in lanes], fontsize=8)
     ax.invert_yaxis()
     ax.set_ylabel("rank 0 (thread)")
+    ax.tick_params(labelbottom=True)  # both panels keep their time axis
     ax.set_xlabel("time since the run's first recorded event (ms); dotted lines: step starts")
     ax.set_title(f"{name}: median step {np.median(o['step_ms']):.1f} ms; all-reduce still running after "
                  f"backward: {o['busy_after_backward_ms'] / o['steps']:.1f} ms per step", fontsize=10)
