@@ -1068,7 +1068,9 @@ pd.DataFrame(summary).set_index("measure")
 #   describe it (section 6 prints how well they fit this run). On one machine every byte is
 #   copied through memory; section 4's figure puts the measured busbw next to memory copy.
 # * **DDP hides communication behind backward** by all-reducing buckets as soon as they are
-#   ready: the profiler showed launches inside backward; the bucket size trades latency
+#   ready: the profiler showed launches inside backward, and the same buckets all-reduced
+#   only after backward, profiled over the same steps, show what the overlap takes off the step
+#   (both step times are printed; a short run, not a conclusion); the bucket size trades latency
 #   (many buckets) against overlap (one bucket starts only after backward). A bucket closes
 #   once it reaches the cap, so it can exceed it by one tensor, and a tensor larger than the
 #   cap closes the bucket it joins; the 1 MiB first bucket exists only when `bucket_cap_mb` is
