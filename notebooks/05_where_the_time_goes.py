@@ -812,7 +812,9 @@ plt.show()
 # comparison run launches none of them before backward's last operator, so its all-reduce
 # runs entirely after backward. What the overlap buys is the difference of the two runs' step
 # times and of the all-reduce time left after backward, over the same window: a timing,
-# printed, not asserted (on a CPU the gloo threads and backward compete for the same cores).
+# printed, not asserted (on a CPU the gloo threads and backward compete for the same cores;
+# the comparison also flattens and copies back each bucket itself, a little work DDP's flat
+# buckets do not need).
 
 # %%
 display(Code(inspect.getsource(bench._allreduce_after_backward_step), language="python"))  # the comparison
