@@ -199,7 +199,8 @@ plt.show()
 #
 # * **speed-up** `S(n)` = samples/s with `n` ranks / samples/s with **1 rank and 1 thread**
 #   (same model, same global batch);
-# * **scaling efficiency** = `S(n) / n` (1 is perfect).
+# * **scaling efficiency** = `S(n) / n` (1 is perfect), quoted for 1 thread per rank only (a
+#   rank with more threads uses more cores; see the figure below).
 #
 # **Threads per rank.** PyTorch runs CPU operators on `torch.get_num_threads()` threads (set by
 # `torch.set_num_threads` or `OMP_NUM_THREADS`; the default is measured in the next cell). Each
@@ -369,58 +370,92 @@ for (model, gb), _ in scal[scal["mode"] == "ddp"].groupby(["model", "global_batc
             print(f"{model}, global batch {gb}, {ws} ranks x 1 thread: speed-up {got[0]:.2f}x (medians; "
                   f"from the step spreads {got[1]:.2f}x to {got[2]:.2f}x): {verdict(got[1], got[2])}")
 
-# %%
-from matplotlib.lines import Line2D
+# %% [markdown]
+# **Two views, two panels per model.** Left: the **speed-up** of DDP with 1 thread per rank over
+# 1 rank × 1 thread, against the ideal (`S(n) = n`, the dashed line); the dotted line marks the
+# cores of this machine, past which ranks share cores. Right: the throughput of every
+# configuration at one global batch, the single process and DP included, as bars from zero.
+# No efficiency is plotted: the speed-up against the ideal line shows the same ratio.
+#
+# **Why the efficiency is quoted for 1 thread per rank only.** `S(n) / n` counts ranks, not
+# cores: 2 ranks × 2 threads use 4 threads, and dividing their speed-up by 2 can give an
+# "efficiency" above 1 that only means more cores (or more threads than cores). An efficiency
+# above 1 with 1 thread per rank would mean each rank does better than the whole 1-rank
+# process, per sample (possible when a smaller per-rank batch fits the caches better; more
+# often noise); the next cell says, for every such row, whether the step ranges put it above 1.
+#
+# **Claim:** every speed-up is against a baseline timed in the same launch and the same
+# rounds: the 1-rank × 1-thread blocks ran in every round, alternating with the blocks of every
+# other configuration (so the baseline was not measured under different conditions), and
+# `efficiency` is reported only where the speed-up is over that baseline.
 
+# %%
+for (model, gb), g in scal.groupby(["model", "global_batch_size"]):
+    order = g["timed_order"].iloc[0]
+    rounds = [order[i * n_modes:(i + 1) * n_modes] for i in range(c["rounds"])]
+    assert all("ddp 1x1" in r for r in rounds), f"{model}, batch {gb}: the baseline is missing from a round"
+    for other in g["label"]:
+        assert all(other in r for r in rounds), f"{model}, batch {gb}: {other} is missing from a round"
+    assert g.loc[g["label"] == "ddp 1x1", "speedup"].iloc[0] == 1.0
+print(f"the 1-rank x 1-thread baseline ran in each of the {c['rounds']} rounds, beside every configuration")
+one_thread = scal[(scal["mode"] == "ddp") & (scal["threads_per_rank"] == 1) & (scal["world_size"] > 1)]
+above = [(r, speedup_range(r.model, r.global_batch_size, r.world_size)) for r in one_thread.itertuples()
+         if r.efficiency > 1]
+for r, (_med, lo, hi) in above:
+    print(f"{r.model}, batch {r.global_batch_size}, {r.world_size} ranks x 1 thread: efficiency {r.efficiency:.2f} "
+          f"(from the step spreads {lo / r.world_size:.2f} to {hi / r.world_size:.2f}): "
+          + ("above 1 in every step pair of this run" if lo > r.world_size else
+             "within this run's spread of 1: noise, not a super-linear speed-up"))
+if not above:
+    print("no configuration with 1 thread per rank reached an efficiency above 1 in this run")
+
+# %%
 models = list(dict.fromkeys(scal["model"]))
 gbs_all = sorted(scal["global_batch_size"].unique())
-colors = {gb: f"C{j}" for j, gb in enumerate(gbs_all)}
-styles = {("ddp", 1): dict(marker="o", ls="-"), ("ddp", 2): dict(marker="s", ls="--"),
-          ("single", 1): dict(marker="*", ls=""), ("single", CPUS): dict(marker="P", ls=""),
-          ("dp", 1): dict(marker="x", ls=""), ("dp", CPUS): dict(marker="X", ls="")}
-fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.4 * len(models)), squeeze=False, layout="constrained")
+ws_all = sorted(scal["world_size"].unique())
+mode_colors = {"ddp": "C0", "single": "C2", "dp": "C7"}
+fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False, layout="constrained")
 for row, model in enumerate(models):
-    ax_t, ax_e = axes[row]
+    ax_s, ax_t = axes[row]
     d = scal[scal["model"] == model]
-    for gb in gbs_all:
-        for (mode, threads), st in styles.items():
-            dd = d[(d["mode"] == mode) & (d["threads_per_rank"] == threads)
-                   & (d["global_batch_size"] == gb)].sort_values("world_size")
-            if dd.empty:
-                continue
-            x = dd["world_size"] + {"ddp": 0.0, "single": -0.07, "dp": 0.07}[mode]
-            ax_t.errorbar(x, dd["samples_per_s"], yerr=[dd["samples_per_s"] - dd["samples_per_s_min"],
-                                                        dd["samples_per_s_max"] - dd["samples_per_s"]],
-                          color=colors[gb], ms=7, capsize=3, **st)
-            base = d[(d["mode"] == "ddp") & (d["world_size"] == 1) & (d["threads_per_rank"] == 1)
-                     & (d["global_batch_size"] == gb)]
-            if mode == "ddp" and len(base):
-                b = base.iloc[0]  # efficiency range from the step spreads of both rows
-                lo = dd["samples_per_s_min"] / b["samples_per_s_max"] / dd["world_size"]
-                hi = dd["samples_per_s_max"] / b["samples_per_s_min"] / dd["world_size"]
-                ax_e.errorbar(dd["world_size"], dd["efficiency"], yerr=[dd["efficiency"] - lo, hi - dd["efficiency"]],
-                              color=colors[gb], capsize=3, **st)
-            over = dd[dd["oversubscribed"]]
-            ax_t.scatter(over["world_size"], over["samples_per_s"], s=170, facecolors="none",
-                         edgecolors="red", linewidths=1.5, zorder=3)
-    ax_e.axhline(1.0, color="gray", lw=0.8, ls=":")
-    for ax in (ax_t, ax_e):
-        ax.set_xlabel("world size (processes)")
-        ax.set_xticks(sorted(scal["world_size"].unique()))
-        ax.set_ylim(bottom=0)  # points from zero: the axis is never truncated
-    ax_t.set_ylabel("throughput\n(samples/s, all ranks)")
-    ax_e.set_ylabel("efficiency (1 = perfect)\nspeed-up / world size")
-    ax_t.set_title(f"{model}: throughput\n(points: median; error bars: min–max of the steps)", fontsize=10)
-    ax_e.set_title(f"{model}: DDP efficiency against 1 rank x 1 thread\n(error bars: from the step ranges)",
-                   fontsize=10)
-dp_name = "DP (CPU: no parallelism)" if N_GPUS == 0 else "DP"
-handles = [Line2D([], [], color=c, lw=3, label=f"global batch {gb}") for gb, c in colors.items()]
-handles += [Line2D([], [], color="gray", label=label, **styles[key]) for key, label in [
-    (("ddp", 1), "DDP, 1 thread per rank"), (("ddp", 2), "DDP, 2 threads per rank"),
-    (("single", 1), "single process, 1 thread"), (("single", CPUS), f"single process, {CPUS} threads"),
-    (("dp", 1), f"{dp_name}, 1 thread"), (("dp", CPUS), f"{dp_name}, {CPUS} threads")]]
-handles.append(Line2D([], [], marker="o", ms=12, ls="", mfc="none", mec="red", label="oversubscribed (threads > cores)"))
-fig.legend(handles=handles, loc="outside right center", fontsize=8)
+    for j, gb in enumerate(gbs_all):
+        dd = d[(d["mode"] == "ddp") & (d["threads_per_rank"] == 1) & (d["global_batch_size"] == gb)]
+        got = [(ws, speedup_range(model, gb, ws)) for ws in sorted(dd["world_size"])]
+        got = [(ws, r) for ws, r in got if r]
+        if not got:
+            continue
+        xs = np.array([ws for ws, _ in got])
+        med, lo, hi = (np.array([r[k] for _, r in got]) for k in range(3))
+        lo, hi = np.where(xs == 1, med, lo), np.where(xs == 1, med, hi)  # the baseline is 1 by definition
+        xs = xs + 0.04 * (j - (len(gbs_all) - 1) / 2)  # side by side, so the error bars do not hide each other
+        ax_s.errorbar(xs, med, yerr=[med - lo, hi - med], fmt="-o", color=f"C{j}", capsize=3,
+                      label=f"global batch {gb}" if row == 0 else None)
+    ax_s.plot(ws_all, ws_all, "--", color="gray", label="ideal: speed-up = world size" if row == 0 else None)
+    ax_s.axvline(CPUS, color="black", ls=":", lw=1, label=f"{CPUS} cores on this machine" if row == 0 else None)
+    ax_s.set_xticks(ws_all)
+    ax_s.set_ylim(bottom=0)
+    ax_s.set_xlabel("world size (DDP ranks, 1 thread each)")
+    ax_s.set_ylabel("speed-up over 1 rank x 1 thread\n(ratio of samples/s)")
+    ax_s.set_title(f"{model}: DDP speed-up (points: medians; bars: from the step spreads)", fontsize=10)
+    gb = min(gbs_all, key=lambda g: abs(g - 256))
+    dt = d[d["global_batch_size"] == gb].sort_values(["mode", "world_size", "threads_per_rank"])
+    names = [(f"DDP, {r.world_size} rank{'s' if r.world_size > 1 else ''} x {r.threads_per_rank} thread"
+              f"{'s' if r.threads_per_rank > 1 else ''}" if r.mode == "ddp" else
+              f"{'single process' if r.mode == 'single' else 'DP (CPU: no parallelism)' if N_GPUS == 0 else 'DP'}, "
+              f"{r.threads_per_rank} thread{'s' if r.threads_per_rank > 1 else ''}")
+             + (" (oversubscribed)" if r.oversubscribed else "") for r in dt.itertuples()]
+    y = np.arange(len(dt))
+    ax_t.barh(y, dt["samples_per_s"], color=[mode_colors[m] for m in dt["mode"]],
+              hatch=["//" if o else "" for o in dt["oversubscribed"]],
+              xerr=[dt["samples_per_s"] - dt["samples_per_s_min"], dt["samples_per_s_max"] - dt["samples_per_s"]],
+              capsize=3, error_kw={"ecolor": "black", "lw": 1})
+    ax_t.set_yticks(y, names, fontsize=8)
+    ax_t.invert_yaxis()
+    ax_t.set_xlabel("training throughput (samples/s, all ranks)")
+    ax_t.set_ylabel("configuration")
+    ax_t.set_title(f"{model}, global batch {gb}: every configuration\n(bars: median; error bars: min–max of the steps;"
+                   " hatched: more threads than cores)", fontsize=10)
+fig.legend(loc="outside lower center", ncol=5, fontsize=8)
 plt.show()
 
 # %% [markdown]
@@ -521,8 +556,10 @@ assert vms_mapped >= 64 and rss_mapped < 8 and rss_touched >= 56, (vms_mapped, r
 
 # %% [markdown]
 # **Claim:** the `float32` training images alone are `60000 x 784 x 4` bytes = 179.4 MiB per
-# rank, and each scaling rank held at least that much (its images plus the `int64` labels;
-# the test split and the parsed `uint8` files come on top).
+# rank, and each scaling rank held at least that much: measured in every rank, the storages
+# of its training tensors (images plus the `int64` labels) hold at least 179.4 MiB, and its
+# resident memory (RSS) grew by at least 179.4 MiB while it loaded them (the parsed `uint8`
+# file comes on top).
 #
 # Sharing one copy would save `(world_size - 1)` copies. `bench.bench_memory` measures it: the
 # `private` variant is the project's path; the `mmap` variant maps the raw `uint8` IDX file
@@ -532,13 +569,19 @@ assert vms_mapped >= 64 and rss_mapped < 8 and rss_touched >= 56, (vms_mapped, r
 
 # %%
 mem_from_scaling = (ddp.groupby("world_size")[["peak_rss_mib_per_rank", "dataset_mib_per_rank"]].max()
+                    .join(ddp.groupby("world_size")[["dataset_storage_mib_per_rank",
+                                                     "dataset_rss_growth_mib_per_rank"]].min())
                     .assign(dataset_copies_mib=lambda d: d.index * d["dataset_mib_per_rank"],
                             sharing_would_save_mib=lambda d: (d.index - 1) * d["dataset_mib_per_rank"]))
 display(Markdown("**From the scaling runs** (every rank loaded the training set; MiB):"))
 display(mem_from_scaling)
 images_mib = 60000 * 784 * 4 / 2**20
 assert round(images_mib, 1) == 179.4
-assert (mem_from_scaling["dataset_mib_per_rank"] >= images_mib).all(), mem_from_scaling
+assert np.isclose(images_mib, ddp["dataset_mib_per_rank"].iloc[0] - 60000 * 8 / 2**20)  # the shapes loaded
+held = mem_from_scaling[["dataset_storage_mib_per_rank", "dataset_rss_growth_mib_per_rank"]]
+assert (held >= images_mib).all().all(), mem_from_scaling
+print(f"every rank: training tensors' storages {held.iloc[:, 0].min():.1f} MiB, RSS grew by at least "
+      f"{held.iloc[:, 1].min():.1f} MiB while loading them (the images alone: {images_mib:.1f} MiB)")
 c = cfg["memory"]
 if c["world_sizes"]:
     mem = pd.DataFrame(bench.bench_memory(c["world_sizes"], c["variants"], c["steps"]))
@@ -752,57 +795,73 @@ fig.legend(loc="outside lower center", ncol=2, fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ### A profiler timeline: all-reduce overlapping backward
+# ### A profiler timeline: all-reduce during backward, against all-reduce after it
 #
 # Rank 0 ran two training steps under `torch.profiler` (bucket cap as in
-# `cfg["buckets"]["profile_cap_mb"]`). Each bar is a recorded event: the forward pass,
-# every backward operator on the main thread, the optimizer step, the moment DDP **launches**
-# each bucket's all-reduce (`c10d::allreduce_`, from inside backward), and the all-reduce
-# itself running on the backend's own threads (`gloo:all_reduce`; on GPUs the NCCL kernels).
+# `cfg["buckets"]["profile_cap_mb"]`), **twice, on the same model, buckets and batch**: once as
+# DDP runs them (each bucket's all-reduce launched from inside backward as soon as its
+# gradients are ready), and once with the overlap taken away (`bench._allreduce_after_backward_step`:
+# backward inside `ddp.no_sync()`, then the same buckets all-reduced one after another). Each
+# bar is a recorded event: the forward pass, every backward operator on the main thread, the
+# optimizer step, the moment each all-reduce is **launched** (`c10d::allreduce_`), and the
+# all-reduce running on the backend's own threads (`gloo:all_reduce`; on GPUs the NCCL
+# kernels). A running all-reduce includes any wait for the other rank.
 #
 # **Claim:** in every step DDP launches all buckets but the last while backward still has
-# gradients of earlier layers to compute, which is what lets communication overlap it.
-# (How much overlap that buys is a timing; it is printed, not asserted. On a CPU the gloo
-# threads and backward compete for the same cores.)
+# gradients of earlier layers to compute, which is what lets communication overlap it; the
+# comparison run launches none of them before backward's last operator, so its all-reduce
+# runs entirely after backward. What the overlap buys is the difference of the two runs' step
+# times and of the all-reduce time left after backward, over the same window: a timing,
+# printed, not asserted (on a CPU the gloo threads and backward compete for the same cores;
+# the comparison also flattens and copies back each bucket itself, a little work DDP's flat
+# buckets do not need).
 
 # %%
-tl = pd.DataFrame(bk_out["timeline"])
-ov = bench.timeline_overlap(bk_out["timeline"])
+display(Code(inspect.getsource(bench._allreduce_after_backward_step), language="python"))  # the comparison
 n_prof = len(bk_out["profile_bucket_mb"])
+runs = {"DDP: all-reduce during backward": bk_out["timeline"],
+        "same buckets, all-reduce after backward": bk_out["timeline_after_backward"]}
+ovs = {name: bench.timeline_overlap(t) for name, t in runs.items()}
+ov, ov_after = ovs.values()
 print(f"profiled model: {n_prof} buckets of", ", ".join(f"{b:.2f}" for b in bk_out["profile_bucket_mb"]), "MB")
-print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ov.items()})
-assert ov["launches"] == ov["steps"] * n_prof, (ov, n_prof)
+assert ov["launches"] == ov["steps"] * n_prof and ov_after["launches"] == ov_after["steps"] * n_prof, (ov, ov_after)
 assert ov["launched_early"] == ov["steps"] * (n_prof - 1), ov
+assert ov_after["launched_early"] == 0 and ov_after["busy_in_backward_ms"] == 0, ov_after
+for name, o in ovs.items():
+    print(f"{name}: steps {', '.join(f'{t:.1f}' for t in o['step_ms'])} ms; all-reduce running "
+          f"{o['busy_ms'] / o['steps']:.1f} ms per step, of which {o['busy_in_backward_ms'] / o['steps']:.1f} ms "
+          f"during backward and {o['busy_after_backward_ms'] / o['steps']:.1f} ms after it")
+saved = np.median(ov_after["step_ms"]) - np.median(ov["step_ms"])
+print(f"median step: {np.median(ov['step_ms']):.1f} ms with overlap, {np.median(ov_after['step_ms']):.1f} ms "
+      f"without: the overlap {'saved' if saved > 0 else 'did not save'} {abs(saved):.1f} ms per step in these "
+      f"{ov['steps']} profiled steps (one short run: within its noise, not a conclusion)")
 
-main_tid = tl[tl["kind"] == "forward"]["thread"].iloc[0]
+# %%
+comm_threads = sorted({e["thread"] for t in runs.values() for e in t if e["kind"] == "allreduce"})
 lanes = [("forward", "forward (main thread)", "C0"), ("backward", "backward ops (main thread)", "C1"),
          ("optimizer", "optimizer step (main thread)", "C2"),
-         ("allreduce launched", "all-reduce launched (c10d::allreduce_)", "C3")]
-comm_threads = sorted(tl[tl["kind"] == "allreduce"]["thread"].unique())
+         ("allreduce launched", "all-reduce launched", "C3")]
 lanes += [(("allreduce", t), f"all-reduce running (thread {t})", "C4") for t in comm_threads]
-fig, ax = plt.subplots(figsize=(11, 0.55 * len(lanes) + 1.6), layout="constrained")
-for y, (key, _lane_label, color) in enumerate(lanes):
-    if isinstance(key, tuple):
-        ev = tl[(tl["kind"] == key[0]) & (tl["thread"] == key[1])]
-    else:
-        ev = tl[tl["kind"] == key]
-    if key == "allreduce launched":  # the moment of each launch, drawn as a tick
-        span = tl["start_ms"].max() + tl["dur_ms"].max()
-        ax.broken_barh([(t, span / 300) for t in ev["start_ms"]], (y - 0.35, 0.7), facecolors=color,
-                       label="all-reduce launched")
-    else:
-        first_comm = isinstance(key, tuple) and key[1] == comm_threads[0]
-        ax.broken_barh(list(zip(ev["start_ms"], ev["dur_ms"])), (y - 0.35, 0.7), facecolors=color,
-                       label=key if isinstance(key, str) else "all-reduce running" if first_comm else None)
-for s in tl[tl["kind"] == "step"].itertuples():
-    ax.axvline(s.start_ms, color="gray", ls=":", lw=0.8)
-ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label, _ in lanes], fontsize=8)
-ax.invert_yaxis()
-ax.set_xlabel("time since the first recorded event (ms); dotted lines: step starts")
-ax.set_ylabel("activity on rank 0 (thread)")
-fig.legend(loc="outside lower center", fontsize=7, ncol=5)
-ax.set_title(f"Rank 0, two DDP steps, {n_prof} buckets (cap {c['profile_cap_mb']} MiB): "
-             f"{ov['overlap_fraction'] or 0:.0%} of all-reduce time inside backward")
+span = max(e["start_ms"] + e["dur_ms"] for t in runs.values() for e in t)
+fig, axes = plt.subplots(2, 1, figsize=(11, 1.1 * len(lanes) + 2.6), sharex=True, layout="constrained")
+for ax, (name, t), o in zip(axes, runs.items(), ovs.values()):
+    tl = pd.DataFrame(t)
+    for y, (key, _lane_label, color) in enumerate(lanes):
+        ev = tl[(tl["kind"] == key[0]) & (tl["thread"] == key[1])] if isinstance(key, tuple) else tl[tl["kind"] == key]
+        if key == "allreduce launched":  # the moment of each launch, drawn as a tick
+            ax.broken_barh([(s, span / 300) for s in ev["start_ms"]], (y - 0.35, 0.7), facecolors=color)
+        else:
+            ax.broken_barh(list(zip(ev["start_ms"], ev["dur_ms"])), (y - 0.35, 0.7), facecolors=color)
+    for s in tl[tl["kind"] == "step"].itertuples():
+        ax.axvline(s.start_ms, color="gray", ls=":", lw=0.8)
+    ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label, _ in lanes], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_ylabel("rank 0 (thread)")
+    ax.tick_params(labelbottom=True)  # both panels keep their time axis
+    ax.set_xlabel("time since the run's first recorded event (ms); dotted lines: step starts")
+    ax.set_title(f"{name}: median step {np.median(o['step_ms']):.1f} ms; all-reduce still running after "
+                 f"backward: {o['busy_after_backward_ms'] / o['steps']:.1f} ms per step", fontsize=10)
+fig.suptitle(f"Rank 0, two steps each, same {n_prof} buckets (cap {c['profile_cap_mb']} MiB), same model and batch")
 plt.show()
 
 # %% [markdown]
@@ -1011,7 +1070,9 @@ pd.DataFrame(summary).set_index("measure")
 #   describe it (section 6 prints how well they fit this run). On one machine every byte is
 #   copied through memory; section 4's figure puts the measured busbw next to memory copy.
 # * **DDP hides communication behind backward** by all-reducing buckets as soon as they are
-#   ready: the profiler showed launches inside backward; the bucket size trades latency
+#   ready: the profiler showed launches inside backward, and the same buckets all-reduced
+#   only after backward, profiled over the same steps, show what the overlap takes off the step
+#   (both step times are printed; a short run, not a conclusion); the bucket size trades latency
 #   (many buckets) against overlap (one bucket starts only after backward). A bucket closes
 #   once it reaches the cap, so it can exceed it by one tensor, and a tensor larger than the
 #   cap closes the bucket it joins; the 1 MiB first bucket exists only when `bucket_cap_mb` is

@@ -50,6 +50,9 @@ from helpers.bench.allreduce import (
     memcpy_bandwidth,
 )
 from helpers.bench.buckets import (
+    _allreduce_after_backward_step as _allreduce_after_backward_step,
+)
+from helpers.bench.buckets import (
     _bucket_layout as _bucket_layout,
 )
 from helpers.bench.buckets import (

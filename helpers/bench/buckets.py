@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -63,6 +64,34 @@ def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool,
     return _bucket_layout_steps(model_name, seed, cap_mb, view, x, y, device)[1]["bytes"]
 
 
+def _allreduce_after_backward_step(ddp, opt, x, y, bucket_tensor_bytes: Sequence[Sequence[int]]) -> None:
+    """One step **without overlap**, for comparison with DDP's: forward and backward inside
+    ``ddp.no_sync()`` (no all-reduce during backward), then the same buckets (``bucket_tensor_bytes``,
+    DDP's rebuilt layout: tensors in gradient-arrival order) flattened, divided by the world size
+    and all-reduced one after another, copied back, then the optimizer step.
+
+    Raises:
+        ValueError: the layout does not match the model's gradients (sizes in bytes)."""
+    opt.zero_grad(set_to_none=True)
+    with ddp.no_sync():
+        F.cross_entropy(ddp(x), y).backward()
+    grads = [p.grad for p in reversed(list(ddp.module.parameters()))]  # arrival order: last layer first
+    i = 0
+    for bucket in bucket_tensor_bytes:
+        gs = grads[i:i + len(bucket)]
+        i += len(bucket)
+        if [g.numel() * g.element_size() for g in gs] != list(bucket):
+            raise ValueError(f"bucket layout {list(bucket)} does not match the gradients "
+                             f"{[g.numel() * g.element_size() for g in gs]}")
+        flat = torch.cat([g.reshape(-1) for g in gs]).div_(dist.get_world_size())
+        dist.all_reduce(flat)
+        off = 0
+        for g in gs:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+    opt.step()
+
+
 _COMM_MARKERS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
 
 
@@ -101,47 +130,69 @@ def _timeline_from_profile(prof) -> list[dict[str, Any]]:
     return rows
 
 
-def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """How much all-reduce time falls inside backward, from :func:`bucket_worker`'s timeline.
+def _union_ms(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length (ms) of the union of ``(start, end)`` intervals, clipped to ``[lo, hi]``."""
+    total, reach = 0.0, lo
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b > a and b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
-    For each profiled step (``kind == "step"`` windows), backward spans from its first to its
-    last backward op; the overlap is the all-reduce time (``kind == "allreduce"``) inside that
-    span.
+
+def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the all-reduce did relative to backward, per profiled step of :func:`bucket_worker`.
+
+    For each step (``kind == "step"`` windows), backward spans from its first backward op's start
+    to its last one's end on the main thread. All-reduce events (``kind == "allreduce"``: a
+    backend thread busy with one call, **including any wait for the other ranks**) may run on
+    several threads at once, so times are of their union ("some all-reduce is running").
 
     Returns:
-        ``allreduce_ms`` (total), ``overlapped_ms``, ``overlap_fraction`` (in [0, 1]; ``None``
-        without all-reduce events), ``launches`` (all-reduce calls DDP made), ``launched_early``
-        (calls launched before the step's last backward op started: buckets whose all-reduce
-        began while gradients of earlier layers were still to be computed; with ``k`` buckets a
-        step has ``k - 1`` of them), ``backward_ms`` (summed backward spans), ``steps``.
+        ``allreduce_ms`` (summed event durations), ``overlapped_ms`` (summed, inside backward),
+        ``overlap_fraction`` (their ratio, in [0, 1]; ``None`` without all-reduce events),
+        ``busy_ms`` (union over the steps), ``busy_in_backward_ms``, ``busy_after_backward_ms``
+        (union after the last backward op ended: what the step waited for once its gradients
+        were computed), ``step_ms`` (list: each step window's duration), ``launches``
+        (all-reduce calls made), ``launched_early`` (calls launched before the step's last
+        backward op started: with ``k`` DDP buckets a step has ``k - 1``), ``backward_ms``
+        (summed backward spans), ``steps``. Times in ms.
     """
     steps = [r for r in timeline if r["kind"] == "step"]
     if not steps:
         steps = [{"start_ms": min((r["start_ms"] for r in timeline), default=0.0),
                   "dur_ms": max((r["start_ms"] + r["dur_ms"] for r in timeline), default=0.0)}]
-    total = overlapped = backward = 0.0
+    total = overlapped = backward = busy = busy_in = busy_after = 0.0
     early = launches = 0
+    step_ms = []
     for s in steps:
         lo, hi = s["start_ms"], s["start_ms"] + s["dur_ms"]
         inside = [r for r in timeline if lo <= r["start_ms"] < hi and r["kind"] != "step"]
         bw = [r for r in inside if r["kind"] == "backward"]
         if not bw:
             continue
+        step_ms.append(s["dur_ms"])
         b0 = min(r["start_ms"] for r in bw)
         b1 = max(r["start_ms"] + r["dur_ms"] for r in bw)
         last_start = max(r["start_ms"] for r in bw)
         backward += b1 - b0
+        comm = [(r["start_ms"], r["start_ms"] + r["dur_ms"]) for r in inside if r["kind"] == "allreduce"]
+        end = max([hi] + [c1 for _, c1 in comm])
+        busy += _union_ms(comm, lo, end)
+        busy_in += _union_ms(comm, b0, b1)
+        busy_after += _union_ms(comm, b1, end)
+        for a0, a1 in comm:
+            total += a1 - a0
+            overlapped += max(0.0, min(a1, b1) - max(a0, b0))
         for r in inside:
-            if r["kind"] == "allreduce":
-                a0, a1 = r["start_ms"], r["start_ms"] + r["dur_ms"]
-                total += a1 - a0
-                overlapped += max(0.0, min(a1, b1) - max(a0, b0))
-            elif r["kind"] == "allreduce launched":
+            if r["kind"] == "allreduce launched":
                 launches += 1
                 early += r["start_ms"] < last_start
     return {"allreduce_ms": total, "overlapped_ms": overlapped,
             "overlap_fraction": overlapped / total if total > 0 else None,
-            "launches": launches, "launched_early": early, "backward_ms": backward, "steps": len(steps)}
+            "busy_ms": busy, "busy_in_backward_ms": busy_in, "busy_after_backward_ms": busy_after,
+            "step_ms": step_ms, "launches": launches, "launched_early": early, "backward_ms": backward,
+            "steps": len(step_ms)}
 
 
 def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
@@ -159,10 +210,13 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     configuration), on a fixed random batch ``(batch_per_rank, 1, 28, 28)`` (the data does not
     change the step time), so a drift of the machine spreads over every cap. Then, if
     ``profile_cap_mb`` is set, profile ``profile_steps`` steps with ``torch.profiler`` on rank 0
-    (all ranks run them).
+    (all ranks run them), twice on the same model, buckets and batch: DDP's own steps (all-reduce
+    launched during backward: ``timeline``) and the same buckets all-reduced only after backward
+    (:func:`_allreduce_after_backward_step`: ``timeline_after_backward``).
 
     Returns:
-        ``{"rows": [...], "timeline": [...] or None, "profile_bucket_mb": [...] or None,
+        ``{"rows": [...], "timeline": [...] or None, "timeline_after_backward": [...] or None,
+        "profile_bucket_mb": [...] or None,
         "default_cap_bucket_mb": [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``
         (``profile_bucket_mb``: bucket sizes, MB, of the profiled model; ``default_cap_bucket_mb``
         and ``..._tensor_bytes``: the layout when ``bucket_cap_mb`` is not passed at all, DDP's
@@ -210,29 +264,36 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
                      "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
     blocks.clear()  # free the timed models before the profiled one
     default_layout = _bucket_layout_steps(model, seed, None, False, x, y, device)[1]
-    timeline = profile_layout = None
+    timeline = timeline_serial = profile_layout = None
     if profile_cap_mb:
-        profile_layout = _bucket_layout(model, seed, profile_cap_mb, False, x, y, device)
+        rebuilt = _bucket_layout_steps(model, seed, profile_cap_mb, False, x, y, device)[1]
+        profile_layout = rebuilt["bytes"]
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # silence the profiler library's own log lines
 
         ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=profile_cap_mb)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        for _ in range(warmup):
-            train_step(ddp, opt, x, y)
-        dist.barrier()
-        if rank == 0:
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            with profile(activities=acts) as prof:
-                for s in range(profile_steps):
-                    with record_function(f"step {s}"):
-                        train_step(ddp, opt, x, y)
-                    sync_device(device)
-            timeline = _timeline_from_profile(prof)
-        else:
-            for _ in range(profile_steps):
-                train_step(ddp, opt, x, y)
-            sync_device(device)
-    return {"rows": rows, "timeline": timeline,
+        variants = {"overlap": lambda: train_step(ddp, opt, x, y),
+                    "after_backward": lambda: _allreduce_after_backward_step(ddp, opt, x, y, rebuilt["tensor_bytes"])}
+        for step in variants.values():
+            for _ in range(warmup):
+                step()
+        timelines = {}
+        for name, step in variants.items():  # the same model, buckets and batch: with and without overlap
+            dist.barrier()
+            if rank == 0:
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+                with profile(activities=acts) as prof:
+                    for s in range(profile_steps):
+                        with record_function(f"step {s}"):
+                            step()
+                        sync_device(device)
+                timelines[name] = _timeline_from_profile(prof)
+            else:
+                for _ in range(profile_steps):
+                    step()
+                sync_device(device)
+        timeline, timeline_serial = timelines.get("overlap"), timelines.get("after_backward")
+    return {"rows": rows, "timeline": timeline, "timeline_after_backward": timeline_serial,
             "profile_bucket_mb": [b / 1e6 for b in profile_layout] if profile_layout is not None else None,
             "default_cap_bucket_mb": [b / 1e6 for b in default_layout["bytes"]],
             "default_cap_bucket_tensor_bytes": default_layout["tensor_bytes"]}
@@ -246,7 +307,8 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
     alternation (``rounds`` blocks each; see :func:`bucket_worker`).
 
     Returns:
-        ``{"rows": [...], "timeline": [...], "profile_bucket_mb": [...], "default_cap_bucket_mb":
+        ``{"rows": [...], "timeline": [...], "timeline_after_backward": [...], "profile_bucket_mb": [...],
+        "default_cap_bucket_mb":
         [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``: one row per (cap, view) with
         ``step_ms`` (slowest rank's median step, ms),
         ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed step on any rank, ms)
@@ -264,6 +326,8 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         r["step_ms_max"] = max(g["rows"][i]["step_s_max"] for g in got) * 1e3
         r["rank"] = "all"
         rows.append(r)
-    return {"rows": rows, "timeline": got[0]["timeline"], "profile_bucket_mb": got[0]["profile_bucket_mb"],
+    return {"rows": rows, "timeline": got[0]["timeline"],
+            "timeline_after_backward": got[0]["timeline_after_backward"],
+            "profile_bucket_mb": got[0]["profile_bucket_mb"],
             "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"],
             "default_cap_bucket_tensor_bytes": got[0]["default_cap_bucket_tensor_bytes"]}

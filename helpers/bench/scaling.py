@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -113,7 +114,9 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
         ``rounds``, ``step_s_median``/``_mean``/``_min``/``_max`` (this rank's timed steps, s;
         ``None`` where it did not take part), ``nosync_step_s_median``, ``solo_step_s_median``,
         ``timed_order`` (the labels of every timed block of this model and batch, in the order
-        they ran), ``dp_device_ids``, ``peak_rss_mib``, ``dataset_mib`` (MiB).
+        they ran), ``dp_device_ids``, ``peak_rss_mib``, ``dataset_mib`` (from the shapes),
+        ``dataset_storage_mib`` (the bytes of the tensors' storages), ``dataset_rss_growth_mib``
+        (how much this rank's RSS grew while it loaded the training set) (MiB).
 
     Raises:
         ValueError: a world size above this launch's, or a global batch size not divisible by one.
@@ -125,8 +128,11 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
             if gb % int(ws):
                 raise ValueError(f"global_batch_size={gb} is not divisible by world_size={ws}")
     device = worker_device()
+    rss_before = psutil.Process().memory_info().rss
     x, y = load_mnist(train=True, root=data_root)
+    rss_growth_mib = (psutil.Process().memory_info().rss - rss_before) / MIB  # resident pages it now holds
     dataset_mib = (x.numel() * x.element_size() + y.numel() * y.element_size()) / MIB
+    storage_mib = (x.untyped_storage().nbytes() + y.untyped_storage().nbytes()) / MIB  # what was allocated
     x, y = x.to(device), y.to(device)
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(device)
     # every rank creates every subgroup, in the same order (dist.new_group is collective)
@@ -177,6 +183,8 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
     for r in rows:
         r["peak_rss_mib"] = peak
         r["dataset_mib"] = dataset_mib
+        r["dataset_storage_mib"] = storage_mib
+        r["dataset_rss_growth_mib"] = rss_growth_mib
     return rows
 
 
@@ -248,7 +256,9 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
         ``efficiency`` (against DDP with 1 rank and 1 thread, same model and batch; efficiency =
         speedup / world_size), ``steps`` (per block), ``rounds``, ``timed_order`` (labels of the
         timed blocks, in order), ``dp_device_ids``, ``peak_rss_mib_per_rank``,
-        ``dataset_mib_per_rank`` (MiB) and ``launch_seconds`` (the one launch, s).
+        ``dataset_mib_per_rank``, ``dataset_storage_mib_per_rank`` and
+        ``dataset_rss_growth_mib_per_rank`` (the smallest over the ranks: measured, MiB) and
+        ``launch_seconds`` (the one launch, s).
 
     Raises:
         ValueError: a global batch size not divisible by a world size (before any launch).
@@ -287,7 +297,10 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
             "steps": r0["steps"], "rounds": r0["rounds"], "timed_order": r0["timed_order"],
             "dp_device_ids": r0["dp_device_ids"],
             "peak_rss_mib_per_rank": max(r["peak_rss_mib"] for r in ranks),
-            "dataset_mib_per_rank": r0["dataset_mib"], "launch_seconds": launch_s,
+            "dataset_mib_per_rank": r0["dataset_mib"],
+            "dataset_storage_mib_per_rank": min(r["dataset_storage_mib"] for r in ranks),
+            "dataset_rss_growth_mib_per_rank": min(r["dataset_rss_growth_mib"] for r in ranks),
+            "launch_seconds": launch_s,
         })
     base = {(r["model"], r["global_batch_size"]): r["samples_per_s"] for r in out
             if r["mode"] == "ddp" and r["world_size"] == 1 and r["threads_per_rank"] == 1}

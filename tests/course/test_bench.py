@@ -220,8 +220,15 @@ def test_timeline_overlap_on_a_synthetic_timeline():
     assert o["overlapped_ms"] == pytest.approx(2.0)
     assert o["overlap_fraction"] == pytest.approx(0.4)
     assert o["launches"] == 2 and o["launched_early"] == 0 and o["backward_ms"] == pytest.approx(4.0)
+    # busy times are of the union of the all-reduce events (two threads may run at once)
+    assert o["busy_ms"] == pytest.approx(4.0)  # 4..8; the 6..7 call runs beside it
+    assert o["busy_in_backward_ms"] == pytest.approx(2.0) and o["busy_after_backward_ms"] == pytest.approx(2.0)
+    assert o["step_ms"] == [10.0] and o["steps"] == 1
     tl[2]["start_ms"] = 3.0
     assert bench.timeline_overlap(tl)["launched_early"] == 1
+    after = [dict(e, start_ms=e["start_ms"] + 3.0) if e["kind"] == "allreduce" else e for e in tl]  # 7..11, 9..10
+    o = bench.timeline_overlap(after)
+    assert o["busy_in_backward_ms"] == 0 and o["busy_after_backward_ms"] == pytest.approx(4.0)
 
 
 @pytest.mark.slow(10)
@@ -298,6 +305,9 @@ def test_tiny_scaling(no_leftover_processes):
     assert r["nosync_step_ms"] > 0 and r["comm_exposed_ms"] == pytest.approx(r["step_ms"] - r["nosync_step_ms"])
     assert r["solo_step_ms"] > 0 and r["interference_ms"] == pytest.approx(r["nosync_step_ms"] - r["solo_step_ms"])
     assert r["dataset_mib_per_rank"] == pytest.approx((60000 * 784 * 4 + 60000 * 8) / 2**20)
+    # measured in the ranks: the storages allocated, and the resident memory the load added
+    assert r["dataset_storage_mib_per_rank"] == pytest.approx(r["dataset_mib_per_rank"])
+    assert r["dataset_rss_growth_mib_per_rank"] >= 60000 * 784 * 4 / 2**20
     assert r["speedup"] is None  # no 1-rank, 1-thread baseline in this run
     with pytest.raises(Exception, match="not divisible"):
         bench.bench_scaling([[2, 1]], ["linear"], [63], steps=1, warmup=0, local=False)
@@ -358,6 +368,10 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
     # DDP launches every bucket but the last while backward still has gradients to compute
     assert o["launches"] == 2 * small["n_buckets"]
     assert o["launched_early"] == 2 * (small["n_buckets"] - 1)
+    # the comparison run: the same buckets, all-reduced only after backward (no overlap)
+    after = bench.timeline_overlap(out["timeline_after_backward"])
+    assert after["launches"] == 2 * small["n_buckets"] and after["launched_early"] == 0
+    assert after["busy_in_backward_ms"] == 0 and after["busy_after_backward_ms"] > 0 and after["steps"] == 2
 
 
 def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
