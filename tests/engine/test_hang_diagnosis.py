@@ -7,6 +7,7 @@ import _thread
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -119,3 +120,65 @@ def test_debug_detail_names_the_mismatch(monkeypatch):
     text = str(info.value)
     assert "Detected mismatch between collectives" in text and "ALLREDUCE" in text and "BARRIER" in text, text
     assert "What to do: TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives" in text, text
+
+
+# ---- warm ranks: ranks.run and a %%px cell (ranks.execute) -------------------------------------
+
+def warm_mismatched(rank, world_size):
+    """On warm ranks (their default group): rank 0 all-reduces, rank 1 waits in a barrier."""
+    t = torch.ones(1)
+    if rank == 0:
+        dist.all_reduce(t)  # warm rank 0 is stuck here
+    else:
+        dist.barrier()  # warm rank 1 is stuck here
+    return t.item()
+
+
+PX_MISMATCHED = "t = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.barrier()\n"
+
+
+def _assert_warm_stuck(err, rank0: str, rank1: str, cell: bool = False):
+    """``err`` names rank 0 in all_reduce at ``rank0`` and rank 1 in barrier at ``rank1`` (location
+    and source text), a few lines, with the full dumps in ``err.stacks``."""
+    text = str(err)
+    assert set(err.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(err.stacks)}\n{text}"
+    where0, where1 = text.split("  rank 0")[1].split("  rank 1")
+    assert "in torch.distributed.all_reduce" in where0 and rank0 in where0, text
+    assert "in torch.distributed.barrier" in where1 and rank1 in where1, text
+    assert "ipykernel" not in text and "distributed_c10d.py" not in text, f"library frames hidden:\n{text}"
+    assert "distributed_c10d.py" in err.stacks[0], "the full dump stays on the exception"
+    assert len(text.splitlines()) <= 12, f"a few lines per rank:\n{text}"
+
+
+def test_warm_run_timeout_names_each_ranks_line():
+    from helpers.engine import RanksTimeout, start_ranks
+
+    import cloudpickle
+
+    module = sys.modules[warm_mismatched.__module__]  # not importable on the engines: sent by value, as a cell's
+    cloudpickle.register_pickle_by_value(module)
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(RanksTimeout) as info:
+            ranks.run(warm_mismatched, timeout=15)
+    finally:
+        ranks.stop()
+        cloudpickle.unregister_pickle_by_value(module)
+    line0, line1 = _line_of("# warm rank 0 is stuck here"), _line_of("# warm rank 1 is stuck here")
+    _assert_warm_stuck(info.value, f"line {line0}, in warm_mismatched\n      dist.all_reduce(t)",
+                       f"line {line1}, in warm_mismatched\n      dist.barrier()")
+
+
+def test_warm_px_timeout_names_each_ranks_cell_line():
+    """A %%px cell's frames on the ranks carry ipykernel's file name for the cell's code
+    (/tmp/ipykernel_<pid>/<hash>.py, no such file): the report gives the cell's line and its text."""
+    from helpers.engine import RanksTimeout, start_ranks
+
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(RanksTimeout) as info:
+            ranks.execute(PX_MISMATCHED, timeout=15, stream=False)
+    finally:
+        ranks.stop()
+    _assert_warm_stuck(info.value, "%%px code, line 3, in <module>\n      dist.all_reduce(t)",
+                       "%%px code, line 5, in <module>\n      dist.barrier()")
