@@ -239,7 +239,7 @@ class _Stuck:
     :func:`helpers.engine.stacks.summary`); ``stacks`` holds each rank's full Python stack dump."""
 
     stacks: dict[int, str] = {}
-    cells: dict[str, tuple[str, str]] = {}  # warm ranks' %%px cells: stacks.summary's ``cells``
+    cells: dict[str, tuple[str, str, int]] = {}  # warm ranks' %%px cells: stacks.summary's ``cells``
 
     def _stuck_text(self, shell, full: str = "the error's .stacks") -> str:
         from helpers.engine.stacks import summary  # stacks imports this module
@@ -263,7 +263,7 @@ class LaunchInterrupted(_Stuck, Readable, KeyboardInterrupt):
     (``stacks``: ``{rank: Python stack dump}``). A ``KeyboardInterrupt``, shown in a few lines."""
 
     def __init__(self, message: str = "", stacks: dict[int, str] | None = None,
-                 cells: dict[str, tuple[str, str]] | None = None):
+                 cells: dict[str, tuple[str, str, int]] | None = None):
         super().__init__(message)
         self.stacks = dict(stacks or {})
         self.cells = dict(cells or {})

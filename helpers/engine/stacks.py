@@ -159,19 +159,20 @@ def px_cell_name(code: str) -> str:
     return os.path.basename(get_file_name(code))
 
 
-def _in_cell(frame: Frame, cells: dict[str, tuple[str, str]]) -> Frame:
+def _in_cell(frame: Frame, cells: dict[str, tuple[str, str, int]]) -> Frame:
     """``frame`` with its cell's label and source line, when its file is one of ``cells``
-    (``{px_cell_name(code): (label, code)}``, e.g. ``("Cell In[4]", code)``)."""
-    label, code = cells.get(os.path.basename(frame.file), ("", ""))
+    (``{px_cell_name(code): (label, code, lines above the code)}``, e.g. ``("Cell In[4]", code, 1)``
+    for a notebook cell whose first line is ``%%px``: its line numbers count that line)."""
+    label, code, above = cells.get(os.path.basename(frame.file), ("", "", 0))
     if not label:
         return frame
     lines = code.splitlines()
     source = lines[frame.line - 1].strip() if 0 < frame.line <= len(lines) else ""
-    return frame._replace(source=source, label=f"{label}, line {frame.line}")
+    return frame._replace(source=source, label=f"{label}, line {frame.line + above}")
 
 
 def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks", most: int = 2,
-            cells: dict[str, tuple[str, str]] | None = None) -> list[str]:
+            cells: dict[str, tuple[str, str, int]] | None = None) -> list[str]:
     """A few lines per rank: where it is stuck, its ``most`` innermost own frames (cell names in
     IPython when ``shell`` is given; ``%%px`` cells' names and lines from ``cells``, see :func:`_in_cell`)
     with their source lines. ``[]`` without dumps."""

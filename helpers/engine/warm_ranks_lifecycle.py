@@ -286,18 +286,24 @@ class RanksLifeCycle:
 
     def _note_cell(self, code: str) -> None:
         """Remember a ``%%px`` cell's code under the file name its frames carry on the ranks
-        (:func:`helpers.engine.stacks.px_cell_name`), labelled ``Cell In[n]`` by the kernel's count."""
+        (:func:`helpers.engine.stacks.px_cell_name`): ``Cell In[n]`` (the kernel's count, lines counted
+        from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
         from IPython import get_ipython
 
         shell = get_ipython()
-        label = f"Cell In[{shell.execution_count}]" if shell is not None else "%%px code"
+        raw = shell.history_manager.input_hist_raw[-1] if shell is not None else ""  # stored before it runs
+        magic, _, body = raw.partition("\n")
+        if magic.startswith("%%px") and body.rstrip() == code.rstrip():
+            cell = (f"Cell In[{shell.execution_count}]", code, 1)
+        else:
+            cell = ("%%px code", code, 0)
         cells = self.__dict__.setdefault("px_cells", {})
         cells.pop(name := stacks.px_cell_name(code), None)
-        cells[name] = (label, code)
+        cells[name] = cell
         while len(cells) > _PX_CELLS_KEPT:
             del cells[next(iter(cells))]
 
-    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str]]]:
+    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str, int]]]:
         """``(stacks, cells)`` for a timed-out or interrupted call, before the ranks are ended: each of
         ``ranks``' Python stack (SIGUSR1, :func:`helpers.engine.stacks.collect`; ``{}`` if interrupted
         again) and the ``%%px`` cells' code (:meth:`_note_cell`)."""

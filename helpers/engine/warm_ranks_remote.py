@@ -67,11 +67,11 @@ class RanksTimeout(LaunchTimeout):
         ranks_not_finished: ranks that had not finished when time ran out.
         stacks: ``{rank: Python stack dump}`` of those ranks, taken before they were ended (``str(e)``
             says where each was stuck, as :class:`LaunchTimeout` does); ``{}`` where none came.
-        cells: ``{file name: (label, code)}`` of ``%%px`` cells, for the lines of their frames.
+        cells: ``{file name: (label, code, lines above it)}`` of ``%%px`` cells, for the lines of their frames.
     """
 
     def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run",
-                 stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str]] | None = None):
+                 stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str, int]] | None = None):
         super().__init__(timeout, ranks_not_finished, stacks)
         self.what = what
         self.cells = dict(cells or {})

@@ -10,13 +10,16 @@ import signal
 import sys
 import threading
 import time
+import uuid
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 import helpers.mp as hmp
-from helpers.engine import LaunchInterrupted, LaunchTimeout, WorkerError, launch
+from _support import Kernel, wait_until_gone
+from helpers.engine import LaunchInterrupted, LaunchTimeout, RanksTimeout, WorkerError, launch, start_ranks
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -151,10 +154,6 @@ def _assert_warm_stuck(err, rank0: str, rank1: str, cell: bool = False):
 
 
 def test_warm_run_timeout_names_each_ranks_line():
-    from helpers.engine import RanksTimeout, start_ranks
-
-    import cloudpickle
-
     module = sys.modules[warm_mismatched.__module__]  # not importable on the engines: sent by value, as a cell's
     cloudpickle.register_pickle_by_value(module)
     ranks = start_ranks(2, timeout=60, activate=False)
@@ -172,8 +171,6 @@ def test_warm_run_timeout_names_each_ranks_line():
 def test_warm_px_timeout_names_each_ranks_cell_line():
     """A %%px cell's frames on the ranks carry ipykernel's file name for the cell's code
     (/tmp/ipykernel_<pid>/<hash>.py, no such file): the report gives the cell's line and its text."""
-    from helpers.engine import RanksTimeout, start_ranks
-
     ranks = start_ranks(2, timeout=60, activate=False)
     try:
         with pytest.raises(RanksTimeout) as info:
@@ -182,3 +179,27 @@ def test_warm_px_timeout_names_each_ranks_cell_line():
         ranks.stop()
     _assert_warm_stuck(info.value, "%%px code, line 3, in <module>\n      dist.all_reduce(t)",
                        "%%px code, line 5, in <module>\n      dist.barrier()")
+
+
+def test_px_cell_in_a_kernel_names_each_ranks_cell_and_line():
+    """In a real kernel: a function defined in one %%px cell (In[2]) and called from the next (In[3])
+    hangs; the RanksTimeout shows each rank's line in both cells, by the kernel's cell numbers."""
+    mark = uuid.uuid4().hex
+    k = Kernel(mark)
+    try:
+        reply, text = k.cell("from helpers.engine import start_ranks\nranks = start_ranks(2, timeout=60)")
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px\ndef work():\n" + "".join(f"    {line}\n" for line in PX_MISMATCHED.splitlines()))
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px --timeout 15\nx = 1\nwork()")
+    finally:
+        k.close()
+        assert not wait_until_gone(mark)
+    assert reply["status"] == "error" and reply["ename"] == "RanksTimeout", text
+    where0, where1 = text.split("  rank 0")[1].split("  rank 1")
+    # line numbers as the notebook shows them: the %%px line is line 1
+    for where, line, source in ((where0, 5, "dist.all_reduce(t)"), (where1, 7, "dist.barrier()")):
+        assert "Cell In[3], line 3, in <module>\n      work()" in where, text
+        assert f"Cell In[2], line {line}, in work\n      {source}" in where, text
+    assert "in torch.distributed.all_reduce" in where0 and "in torch.distributed.barrier" in where1, text
+    assert "sys.last_value.stacks" in text, text
