@@ -127,9 +127,11 @@ def test_debug_detail_names_the_mismatch(monkeypatch):
 
 # ---- warm ranks: ranks.run and a %%px cell (ranks.execute) -------------------------------------
 
-def warm_mismatched(rank, world_size):
+def warm_mismatched(rank, world_size, flag_dir=None):
     """On warm ranks (their default group): rank 0 all-reduces, rank 1 waits in a barrier."""
     t = torch.ones(1)
+    if flag_dir:
+        open(os.path.join(flag_dir, f"in.{rank}"), "w").close()
     if rank == 0:
         dist.all_reduce(t)  # warm rank 0 is stuck here
     else:
@@ -153,19 +155,50 @@ def _assert_warm_stuck(err, rank0: str, rank1: str, cell: bool = False):
     assert len(text.splitlines()) <= 12, f"a few lines per rank:\n{text}"
 
 
-def test_warm_run_timeout_names_each_ranks_line():
+def _warm_run(expected, **kwargs):
+    """``ranks.run(warm_mismatched, **kwargs)`` on fresh warm ranks; the ``expected`` exception."""
     module = sys.modules[warm_mismatched.__module__]  # not importable on the engines: sent by value, as a cell's
     cloudpickle.register_pickle_by_value(module)
     ranks = start_ranks(2, timeout=60, activate=False)
     try:
-        with pytest.raises(RanksTimeout) as info:
-            ranks.run(warm_mismatched, timeout=15)
+        with pytest.raises(expected) as info:
+            ranks.run(warm_mismatched, **kwargs)
     finally:
         ranks.stop()
         cloudpickle.unregister_pickle_by_value(module)
     line0, line1 = _line_of("# warm rank 0 is stuck here"), _line_of("# warm rank 1 is stuck here")
     _assert_warm_stuck(info.value, f"line {line0}, in warm_mismatched\n      dist.all_reduce(t)",
                        f"line {line1}, in warm_mismatched\n      dist.barrier()")
+    return info.value
+
+
+def test_warm_run_timeout_names_each_ranks_line():
+    _warm_run(RanksTimeout, timeout=15)
+
+
+def test_warm_run_interrupt_names_each_ranks_line(tmp_path):
+    """Ctrl-C ("interrupt kernel") once both warm ranks are in their collective: SIGINT does not stop
+    them there, so they are ended, and the error says where each was."""
+    def interrupt_when_both_wait():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all((tmp_path / f"in.{r}").exists() for r in range(2)):
+                time.sleep(1.0)  # into the collective
+                _thread.interrupt_main()
+                return
+            time.sleep(0.05)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # what a kernel has
+    watcher = threading.Thread(target=interrupt_when_both_wait, daemon=True)
+    ranks = start_ranks(2, timeout=60, activate=False)  # up before the watcher starts: _warm_run reuses them
+    try:
+        watcher.start()
+        err = _warm_run(LaunchInterrupted, flag_dir=str(tmp_path), timeout=200)
+    finally:
+        watcher.join(130)
+        signal.signal(signal.SIGINT, previous)
+        ranks.stop()
+    assert "did not stop on SIGINT" in str(err), err
 
 
 def test_warm_px_timeout_names_each_ranks_cell_line():
