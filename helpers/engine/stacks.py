@@ -8,7 +8,9 @@ ends them it asks each for its Python stack with the standard library's :mod:`fa
   all_threads=True)``, writing to ``stacks/<rank>.txt`` in the launch's run folder (not the relayed
   stdout). faulthandler's handler is C code that needs no GIL, so it dumps even while the rank's
   main thread is blocked inside gloo or NCCL;
-- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps;
+- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps (warm
+  ranks too: each engine registers at start into its ipyparallel profile folder, and a timed-out
+  or interrupted ``run`` or ``%%px`` cell collects before the ranks are ended);
 - :func:`summary`: a few lines per rank: the innermost frames in the learner's code (a notebook
   cell, their files; frames of helpers, torch and the standard library hidden, as in a
   :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
