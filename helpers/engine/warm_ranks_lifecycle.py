@@ -290,15 +290,19 @@ class RanksLifeCycle:
         from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
         from IPython import get_ipython
 
-        shell = get_ipython()
-        raw = shell.history_manager.input_hist_raw[-1] if shell is not None else ""  # stored before it runs
-        magic, _, body = raw.partition("\n")
-        if magic.startswith("%%px") and body.rstrip() == code.rstrip():
-            cell = (f"Cell In[{shell.execution_count}]", code, 1)
-        else:
-            cell = ("%%px code", code, 0)
+        try:
+            shell = get_ipython()
+            raw = shell.history_manager.input_hist_raw[-1] if shell is not None else ""  # stored before it runs
+            magic, _, body = raw.partition("\n")
+            if magic.startswith("%%px") and body.rstrip() == code.rstrip():
+                cell = (f"Cell In[{shell.execution_count}]", code, 1)
+            else:
+                cell = ("%%px code", code, 0)
+            name = stacks.px_cell_name(code)
+        except Exception:  # noqa: BLE001 - only a report's labels: never in the way of the cell
+            return
         cells = self.__dict__.setdefault("px_cells", {})
-        cells.pop(name := stacks.px_cell_name(code), None)
+        cells.pop(name, None)
         cells[name] = cell
         while len(cells) > _PX_CELLS_KEPT:
             del cells[next(iter(cells))]
