@@ -239,13 +239,14 @@ class _Stuck:
     :func:`helpers.engine.stacks.summary`); ``stacks`` holds each rank's full Python stack dump."""
 
     stacks: dict[int, str] = {}
+    cells: dict[str, tuple[str, str, int]] = {}  # warm ranks' %%px cells: stacks.summary's ``cells``
 
     def _stuck_text(self, shell, full: str = "the error's .stacks") -> str:
         from helpers.engine.stacks import summary  # stacks imports this module
 
         base = self.args[0] if self.args else ""
         try:
-            return "\n".join([base, *summary(self.stacks, shell, full)])
+            return "\n".join([base, *summary(self.stacks, shell, full, cells=self.cells)])
         except Exception:  # noqa: BLE001 - a dump we cannot read: the message alone
             return base
 
@@ -261,12 +262,14 @@ class LaunchInterrupted(_Stuck, Readable, KeyboardInterrupt):
     the message says which processes were ended and, for a launch, where each unfinished rank was
     (``stacks``: ``{rank: Python stack dump}``). A ``KeyboardInterrupt``, shown in a few lines."""
 
-    def __init__(self, message: str = "", stacks: dict[int, str] | None = None):
+    def __init__(self, message: str = "", stacks: dict[int, str] | None = None,
+                 cells: dict[str, tuple[str, str, int]] | None = None):
         super().__init__(message)
         self.stacks = dict(stacks or {})
+        self.cells = dict(cells or {})
 
     def __reduce__(self):
-        return (type(self), (self.args[0] if self.args else "", self.stacks))
+        return (type(self), (self.args[0] if self.args else "", self.stacks, self.cells))
 
 
 class LaunchError(Readable, ValueError):

@@ -8,7 +8,9 @@ ends them it asks each for its Python stack with the standard library's :mod:`fa
   all_threads=True)``, writing to ``stacks/<rank>.txt`` in the launch's run folder (not the relayed
   stdout). faulthandler's handler is C code that needs no GIL, so it dumps even while the rank's
   main thread is blocked inside gloo or NCCL;
-- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps;
+- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps (warm
+  ranks too: each engine registers at start into its ipyparallel profile folder, and a timed-out
+  or interrupted ``run`` or ``%%px`` cell collects before the ranks are ended);
 - :func:`summary`: a few lines per rank: the innermost frames in the learner's code (a notebook
   cell, their files; frames of helpers, torch and the standard library hidden, as in a
   :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
@@ -29,7 +31,7 @@ import time
 
 from helpers.engine.errors import Frame, _is_hidden, format_frames
 
-__all__ = ["SIGNAL", "collect", "register", "stuck_frames", "summary"]
+__all__ = ["SIGNAL", "collect", "px_cell_name", "register", "stuck_frames", "summary"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -126,13 +128,22 @@ def _module(file: str) -> str:
     return _PUBLIC.get(dotted, dotted)
 
 
+#: ``(file name ending, function)`` of the frame that calls the learner's code: a launch's rank
+#: (rank_main.py), a warm rank's ``run`` (warm_ranks_remote.call) and ``%%px`` cell (IPython's run_code).
+_ENTRIES = (("rank_main.py", "worker_entry"), ("warm_ranks_remote.py", "call"), ("interactiveshell.py", "run_code"))
+
+
+def _is_entry(frame: Frame) -> bool:
+    return any(frame.name == name and frame.file.endswith(end) for end, name in _ENTRIES)
+
+
 def stuck_frames(dump: str) -> tuple[list[Frame], str]:
-    """``(own frames, library call)`` of the rank's main thread (the one running ``fn``): the
-    learner's frames, outermost first, and ``"torch.distributed.all_reduce"`` for the library
-    call the innermost of them is in (``""`` if none: the rank is in its own code, e.g. a sleep)."""
+    """``(own frames, library call)`` of the rank's thread running the learner's code (below an
+    :data:`_ENTRIES` frame): the learner's frames, outermost first, and ``"torch.distributed.all_reduce"``
+    for the library call the innermost of them is in (``""`` if none: the rank is in its own code, e.g. a sleep)."""
     threads = _threads(dump)
-    main = next((t for t in threads if any(f.name == "worker_entry" for f in t)), threads[0] if threads else [])
-    start = max((i + 1 for i, f in enumerate(main) if f.name == "worker_entry"), default=0)
+    main = next((t for t in threads if any(map(_is_entry, t))), threads[0] if threads else [])
+    start = max((i + 1 for i, f in enumerate(main) if _is_entry(f)), default=0)
     frames = main[start:]
     own = [i for i, f in enumerate(frames) if not _is_hidden(f.file)]
     below = frames[own[-1] + 1:] if own else frames
@@ -140,14 +151,39 @@ def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
 
 
-def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks", most: int = 2) -> list[str]:
+def px_cell_name(code: str) -> str:
+    """The base name of the file a warm rank's frames carry for a ``%%px`` cell of ``code``: ipyparallel's
+    engine runs it with IPython's ``run_cell``, whose compiler (ipykernel's ``XCachingCompiler``) names it
+    ``<tmp>/ipykernel_<engine pid>/<murmur2 hash of the code>.py`` (ipykernel/compiler.py); the engine writes
+    no such file, so :func:`summary` takes the line from ``code`` (see its ``cells``)."""
+    from ipykernel.compiler import get_file_name  # this process's pid in the folder: the base name only
+
+    return os.path.basename(get_file_name(code))
+
+
+def _in_cell(frame: Frame, cells: dict[str, tuple[str, str, int]]) -> Frame:
+    """``frame`` with its cell's label and source line, when its file is one of ``cells``
+    (``{px_cell_name(code): (label, code, lines above the code)}``, e.g. ``("Cell In[4]", code, 1)``
+    for a notebook cell whose first line is ``%%px``: its line numbers count that line)."""
+    label, code, above = cells.get(os.path.basename(frame.file), ("", "", 0))
+    if not label:
+        return frame
+    lines = code.splitlines()
+    source = lines[frame.line - 1].strip() if 0 < frame.line <= len(lines) else ""
+    return frame._replace(source=source, label=f"{label}, line {frame.line + above}")
+
+
+def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks", most: int = 2,
+            cells: dict[str, tuple[str, str, int]] | None = None) -> list[str]:
     """A few lines per rank: where it is stuck, its ``most`` innermost own frames (cell names in
-    IPython when ``shell`` is given) with their source lines. ``[]`` without dumps."""
+    IPython when ``shell`` is given; ``%%px`` cells' names and lines from ``cells``, see :func:`_in_cell`)
+    with their source lines. ``[]`` without dumps."""
     if not stacks:
         return []
     lines = [f"Where each rank was stuck (your code, most recent call last; all frames in {full}):"]
     for rank in sorted(stacks):
         own, call = stuck_frames(stacks[rank])
+        own = [_in_cell(f, cells or {}) for f in own]
         where = f" in {call}" if call else ""
         if not own:
             lines.append(f"  rank {rank}: not in your code{where}")

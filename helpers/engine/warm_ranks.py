@@ -86,8 +86,6 @@ _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (second
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # in the kernel
 # ----------------------------------------------------------------------------------------------
@@ -284,8 +282,9 @@ class WarmRanks(RanksLifeCycle):
                         err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
                                                 for r, d in enumerate(done) if not d})
                         return errors, err.with_note(eng.RESTART_NOTE)
-                if time.monotonic() - start > limit:
-                    return errors, eng.RanksTimeout(limit, [r for r, d in enumerate(done) if not d], what)
+                if time.monotonic() - start > limit:  # where each unfinished rank is stuck, before they end
+                    late = [r for r, d in enumerate(done) if not d]
+                    return errors, eng.RanksTimeout(limit, late, what, *self._stuck(late))
         except KeyboardInterrupt:
             running = [r for r, p in enumerate(parts) if not p.ready()]
             eng.interrupt([self.pids[r] for r in running])
@@ -294,7 +293,7 @@ class WarmRanks(RanksLifeCycle):
                 return [], LaunchInterrupted(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
             still = [r for r, p in enumerate(parts) if not p.ready()]
             return [], LaunchInterrupted(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
-                                         "in a collective). " + eng.RESTART_NOTE)
+                                         "in a collective). " + eng.RESTART_NOTE, *self._stuck(still))
 
     def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
                    has_group: list[bool] | None = None, kernel_names=None) -> None:
@@ -448,6 +447,7 @@ class WarmRanks(RanksLifeCycle):
         self._check_alive("the %%px cell")
         if stream is None:
             stream = not ipp._NONINTERACTIVE
+        self._note_cell(code)  # its frames on the ranks carry a file name made from the code
         ar = self.view.execute(code, silent=False, block=False)
         ar._fname = "%px"
         in_rank_order = eng.stream_per_rank(ar)

@@ -20,6 +20,7 @@ import time
 import ipyparallel as ipp
 import psutil
 
+from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as eng
 from helpers.engine.launcher import threads_per_rank
 from helpers.engine.processes import descendants, end_processes, is_live
@@ -27,6 +28,7 @@ from helpers.engine.processes import descendants, end_processes, is_live
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
 _START_ATTEMPTS = 4  # starts tried when another process took a port ipyparallel's controller had chosen
+_PX_CELLS_KEPT = 200  # %%px cells remembered for where-stuck reports (their code, by file name)
 _START_POLL_S = 0.1  # how often a start checks the controller's and engines' output and processes (seconds)
 
 
@@ -114,6 +116,7 @@ class RanksLifeCycle:
         self._started = self._processes()
         self._start_watchdog()
         self._join_group(deadline)
+        self._await(self.view.apply_async(eng.register_stacks, self._profile_dir), "the ranks' stack dumps", deadline)
         for r in ids:
             self._await(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
                         "setting rank and world_size", deadline)
@@ -278,6 +281,41 @@ class RanksLifeCycle:
         self._restart_pending = False
         self.restarts += 1
         self._start()
+
+    # -- where each rank is stuck -------------------------------------------------------------
+
+    def _note_cell(self, code: str) -> None:
+        """Remember a ``%%px`` cell's code under the file name its frames carry on the ranks
+        (:func:`helpers.engine.stacks.px_cell_name`): ``Cell In[n]`` (the kernel's count, lines counted
+        from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
+        from IPython import get_ipython
+
+        try:
+            shell = get_ipython()
+            raw = shell.history_manager.input_hist_raw[-1] if shell is not None else ""  # stored before it runs
+            magic, _, body = raw.partition("\n")
+            if magic.startswith("%%px") and body.rstrip() == code.rstrip():
+                cell = (f"Cell In[{shell.execution_count}]", code, 1)
+            else:
+                cell = ("%%px code", code, 0)
+            name = stacks.px_cell_name(code)
+        except Exception:  # noqa: BLE001 - only a report's labels: never in the way of the cell
+            return
+        cells = self.__dict__.setdefault("px_cells", {})
+        cells.pop(name, None)
+        cells[name] = cell
+        while len(cells) > _PX_CELLS_KEPT:
+            del cells[next(iter(cells))]
+
+    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str, int]]]:
+        """``(stacks, cells)`` for a timed-out or interrupted call, before the ranks are ended: each of
+        ``ranks``' Python stack (SIGUSR1, :func:`helpers.engine.stacks.collect`; ``{}`` if interrupted
+        again) and the ``%%px`` cells' code (:meth:`_note_cell`)."""
+        try:
+            dumps = stacks.collect(self._profile_dir, {r: self.pids[r] for r in ranks}) if self._profile_dir else {}
+        except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
+            dumps = {}
+        return dumps, dict(self.__dict__.get("px_cells", {}))
 
     def dead_ranks(self) -> dict[int, str]:
         """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""

@@ -65,11 +65,16 @@ class RanksTimeout(LaunchTimeout):
     Attributes:
         timeout: the limit in seconds.
         ranks_not_finished: ranks that had not finished when time ran out.
+        stacks: ``{rank: Python stack dump}`` of those ranks, taken before they were ended (``str(e)``
+            says where each was stuck, as :class:`LaunchTimeout` does); ``{}`` where none came.
+        cells: ``{file name: (label, code, lines above it)}`` of ``%%px`` cells, for the lines of their frames.
     """
 
-    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run"):
-        super().__init__(timeout, ranks_not_finished)
+    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run",
+                 stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str, int]] | None = None):
+        super().__init__(timeout, ranks_not_finished, stacks)
         self.what = what
+        self.cells = dict(cells or {})
         self.args = (
             f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
             "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
@@ -77,11 +82,8 @@ class RanksTimeout(LaunchTimeout):
             "order, or pass a larger timeout. " + RESTART_NOTE,
         )
 
-    def __str__(self):
-        return self.args[0]
-
     def __reduce__(self):
-        return (type(self), (self.timeout, self.ranks_not_finished, self.what))
+        return (type(self), (self.timeout, self.ranks_not_finished, self.what, self.stacks, self.cells))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -117,6 +119,15 @@ def join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: f
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return str(worker_device())
+
+
+def register_stacks(run_dir: str) -> None:
+    """Every rank, once at start: dump its Python stacks to ``run_dir/stacks/<rank>.txt`` on SIGUSR1
+    (:func:`helpers.engine.stacks.register`), so that a timed-out or interrupted call can say where
+    each rank is stuck (:func:`helpers.engine.stacks.collect`)."""
+    from helpers.engine import stacks
+
+    stacks.register(run_dir, int(os.environ["RANK"]))
 
 
 PRELUDE = (

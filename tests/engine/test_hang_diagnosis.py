@@ -7,15 +7,19 @@ import _thread
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
+import uuid
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 import helpers.mp as hmp
-from helpers.engine import LaunchInterrupted, LaunchTimeout, WorkerError, launch
+from _support import Kernel, wait_until_gone
+from helpers.engine import LaunchInterrupted, LaunchTimeout, RanksTimeout, WorkerError, launch, start_ranks
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -119,3 +123,116 @@ def test_debug_detail_names_the_mismatch(monkeypatch):
     text = str(info.value)
     assert "Detected mismatch between collectives" in text and "ALLREDUCE" in text and "BARRIER" in text, text
     assert "What to do: TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives" in text, text
+
+
+# ---- warm ranks: ranks.run and a %%px cell (ranks.execute) -------------------------------------
+
+def warm_mismatched(rank, world_size, flag_dir=None):
+    """On warm ranks (their default group): rank 0 all-reduces, rank 1 waits in a barrier."""
+    t = torch.ones(1)
+    if flag_dir:
+        open(os.path.join(flag_dir, f"in.{rank}"), "w").close()
+    if rank == 0:
+        dist.all_reduce(t)  # warm rank 0 is stuck here
+    else:
+        dist.barrier()  # warm rank 1 is stuck here
+    return t.item()
+
+
+PX_MISMATCHED = "t = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.barrier()\n"
+
+
+def _assert_warm_stuck(err, rank0: str, rank1: str, cell: bool = False):
+    """``err`` names rank 0 in all_reduce at ``rank0`` and rank 1 in barrier at ``rank1`` (location
+    and source text), a few lines, with the full dumps in ``err.stacks``."""
+    text = str(err)
+    assert set(err.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(err.stacks)}\n{text}"
+    where0, where1 = text.split("  rank 0")[1].split("  rank 1")
+    assert "in torch.distributed.all_reduce" in where0 and rank0 in where0, text
+    assert "in torch.distributed.barrier" in where1 and rank1 in where1, text
+    assert "ipykernel" not in text and "distributed_c10d.py" not in text, f"library frames hidden:\n{text}"
+    assert "distributed_c10d.py" in err.stacks[0], "the full dump stays on the exception"
+    assert len(text.splitlines()) <= 12, f"a few lines per rank:\n{text}"
+
+
+def _warm_run(expected, **kwargs):
+    """``ranks.run(warm_mismatched, **kwargs)`` on fresh warm ranks; the ``expected`` exception."""
+    module = sys.modules[warm_mismatched.__module__]  # not importable on the engines: sent by value, as a cell's
+    cloudpickle.register_pickle_by_value(module)
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(expected) as info:
+            ranks.run(warm_mismatched, **kwargs)
+    finally:
+        ranks.stop()
+        cloudpickle.unregister_pickle_by_value(module)
+    line0, line1 = _line_of("# warm rank 0 is stuck here"), _line_of("# warm rank 1 is stuck here")
+    _assert_warm_stuck(info.value, f"line {line0}, in warm_mismatched\n      dist.all_reduce(t)",
+                       f"line {line1}, in warm_mismatched\n      dist.barrier()")
+    return info.value
+
+
+def test_warm_run_timeout_names_each_ranks_line():
+    _warm_run(RanksTimeout, timeout=15)
+
+
+def test_warm_run_interrupt_names_each_ranks_line(tmp_path):
+    """Ctrl-C ("interrupt kernel") once both warm ranks are in their collective: SIGINT does not stop
+    them there, so they are ended, and the error says where each was."""
+    def interrupt_when_both_wait():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all((tmp_path / f"in.{r}").exists() for r in range(2)):
+                time.sleep(1.0)  # into the collective
+                _thread.interrupt_main()
+                return
+            time.sleep(0.05)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # what a kernel has
+    watcher = threading.Thread(target=interrupt_when_both_wait, daemon=True)
+    ranks = start_ranks(2, timeout=60, activate=False)  # up before the watcher starts: _warm_run reuses them
+    try:
+        watcher.start()
+        err = _warm_run(LaunchInterrupted, flag_dir=str(tmp_path), timeout=200)
+    finally:
+        watcher.join(130)
+        signal.signal(signal.SIGINT, previous)
+        ranks.stop()
+    assert "did not stop on SIGINT" in str(err), err
+
+
+def test_warm_px_timeout_names_each_ranks_cell_line():
+    """A %%px cell's frames on the ranks carry ipykernel's file name for the cell's code
+    (/tmp/ipykernel_<pid>/<hash>.py, no such file): the report gives the cell's line and its text."""
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(RanksTimeout) as info:
+            ranks.execute(PX_MISMATCHED, timeout=15, stream=False)
+    finally:
+        ranks.stop()
+    _assert_warm_stuck(info.value, "%%px code, line 3, in <module>\n      dist.all_reduce(t)",
+                       "%%px code, line 5, in <module>\n      dist.barrier()")
+
+
+def test_px_cell_in_a_kernel_names_each_ranks_cell_and_line():
+    """In a real kernel: a function defined in one %%px cell (In[2]) and called from the next (In[3])
+    hangs; the RanksTimeout shows each rank's line in both cells, by the kernel's cell numbers."""
+    mark = uuid.uuid4().hex
+    k = Kernel(mark)
+    try:
+        reply, text = k.cell("from helpers.engine import start_ranks\nranks = start_ranks(2, timeout=60)")
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px\ndef work():\n" + "".join(f"    {line}\n" for line in PX_MISMATCHED.splitlines()))
+        assert reply["status"] == "ok", text
+        reply, text = k.cell("%%px --timeout 15\nx = 1\nwork()")
+    finally:
+        k.close()
+        assert not wait_until_gone(mark)
+    assert reply["status"] == "error" and reply["ename"] == "RanksTimeout", text
+    where0, where1 = text.split("  rank 0")[1].split("  rank 1")
+    # line numbers as the notebook shows them: the %%px line is line 1
+    for where, line, source in ((where0, 5, "dist.all_reduce(t)"), (where1, 7, "dist.barrier()")):
+        assert "Cell In[3], line 3, in <module>\n      work()" in where, text
+        assert f"Cell In[2], line {line}, in work\n      {source}" in where, text
+    assert "in torch.distributed.all_reduce" in where0 and "in torch.distributed.barrier" in where1, text
+    assert "sys.last_value.stacks" in text, text
