@@ -32,6 +32,9 @@ The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/`
     comm_hooks     -- notebook 07: the bytes DDP communication hooks send, by formula
     notebook       -- the learner recipe every notebook follows: parameter checks, exercises
     param_types    -- the parameter-type rule shared by the notebooks' checks and the runner
+    replicas       -- assert_in_sync(model): are the replicas of the learner's own model the same on every rank
+    captured       -- notebook 06: a launch's warnings and dumps as one line, the full text folded under it
+    jupyter_hooks  -- JupyterLab's pre-save hook (jupyter_lab_config.json): saving leaves git clean
     bench          -- notebook 05 (a package): the benchmarks, python3 -m helpers.bench
     doctor         -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
                       JupyterLab and the kernel) that says ok or how to fix each line

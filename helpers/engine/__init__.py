@@ -8,8 +8,8 @@ Notebooks, the course's helpers, ``ci/`` and the docs use only this public surfa
     from helpers.engine import start_ranks              # warm ranks across cells (%%px)
     import helpers.engine.cluster as cluster            # notebook 07: torchrun agents, two-node rehearsal
 
-Names (all loaded lazily, PEP 562: ``import helpers.engine`` or any engine submodule does not
-import torch; the first name used imports what it needs):
+Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import torch, nor do its
+``fork_server``, ``run_dir`` and ``processes`` modules; the first name used imports what it needs):
 
 - starting ranks: :func:`launch`, :func:`spawn` (``helpers.mp.spawn``), :func:`start_ranks`,
   :func:`current_ranks`, :class:`WarmRanks`;

@@ -152,3 +152,39 @@ def test_learner_docs_import_only_the_surface():
                 if module not in PUBLIC or names - PUBLIC[module]:
                     found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
     assert not found, "docs importing past the engine's surface:\n" + "\n".join(found)
+
+
+#: a dotted name in backticks in the docs: ``helpers.engine.free_port``, ``helpers.mp.spawn``, ...
+_DOC_NAME = re.compile(r"`(helpers(?:\.[A-Za-z_]\w*)+)")
+
+
+def doc_name_problems(text: str) -> list[str]:
+    """The ``helpers.*`` names written in backticks in ``text`` that do not exist: the longest prefix
+    that is a module, then each attribute after it (a name only the lesson defines would be a false
+    alarm: the docs name helpers' own names only)."""
+    import importlib
+    problems = []
+    for name in sorted(set(_DOC_NAME.findall(text))):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                if not hasattr(obj, attr):
+                    problems.append(name)
+                    break
+                obj = getattr(obj, attr)
+            break
+    return problems
+
+
+def test_docs_name_only_helpers_that_exist():
+    """An inline ``helpers.x.y`` in README.md or docs/*.md names a module or attribute that exists
+    (a moved module left `helpers.procs.free_port` in the teaching notes once)."""
+    assert doc_name_problems("use `helpers.procs.free_port` or `helpers.engine.nope`") == [
+        "helpers.engine.nope", "helpers.procs.free_port"]
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    bad = {p.name: doc_name_problems(p.read_text()) for p in docs}
+    assert not {k: v for k, v in bad.items() if v}, bad
