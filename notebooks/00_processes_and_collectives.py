@@ -17,7 +17,7 @@
 # # 00 · Processes and collectives: DDP one cell at a time
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 36 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 3,200 words of prose at 200 words/min): about 16 min.
+# **Run time** (measured): 32 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 3,200 words of prose at 200 words/min): about 16 min.
 # <!-- run-time:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist, what does each

@@ -17,7 +17,7 @@
 # # 05 · Where the time goes
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 6 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 4,500 words of prose at 200 words/min): about 22 min.
+# **Run time** (measured): 5 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 4,500 words of prose at 200 words/min): about 22 min.
 # <!-- run-time:end -->
 #
 # **The question:** learners come to DDP for speed. On this machine, how many MNIST samples

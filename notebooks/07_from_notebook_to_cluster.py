@@ -17,7 +17,7 @@
 # # 07 · From the notebook to a cluster
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 2 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 3,500 words of prose at 200 words/min): about 18 min.
+# **Run time** (measured): 97 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 3,500 words of prose at 200 words/min): about 18 min.
 # <!-- run-time:end -->
 #
 # **The question:** the DDP training we started from a notebook cell in notebook 04 -- how do
