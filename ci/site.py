@@ -181,7 +181,7 @@ def build_site(executed: str | os.PathLike, out: str | os.PathLike | None = None
 
 
 def find_chromium() -> str | None:
-    """``$DDP_LAB_CHROMIUM``, else Debian's ``/usr/bin/chromium`` or one on PATH (as the JupyterLab test)."""
+    """``$DDP_LAB_CHROMIUM``, else Debian's ``/usr/bin/chromium`` or one on PATH (the JupyterLab test uses it too)."""
     override = os.environ.get(CHROMIUM_ENV)
     if override:
         return override if os.access(override, os.X_OK) else None

@@ -62,6 +62,7 @@ import psutil
 import pytest
 
 from _support import leftover_processes
+from ci.site import CHROMIUM_ENV, find_chromium
 from helpers.engine.processes import free_port, is_live
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,6 @@ SCREENSHOT = BUILD_DIR / "jupyterlab_nb01.png"
 SCREENSHOT_RANKS = BUILD_DIR / "jupyterlab_nb01_ranks.png"
 
 SKIP_ENV = "DDP_LAB_SKIP_BROWSER"
-CHROMIUM_ENV = "DDP_LAB_CHROMIUM"
 #: Flags for Chromium on a machine without a display, GPU or outside network.
 CHROMIUM_ARGS = [
     "--headless",
@@ -187,16 +187,6 @@ JS_NOTEBOOK_STATE = """() => {
 # --------------------------------------------------------------------------------------------
 
 
-def _chromium_executable() -> str | None:
-    override = os.environ.get(CHROMIUM_ENV)
-    if override:
-        return override if os.access(override, os.X_OK) else None
-    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def require_browser() -> str:
     """The Chromium executable. Where ``CI`` is set a missing browser fails the test; elsewhere
     it skips it (reason in pytest's summary), as does ``DDP_LAB_SKIP_BROWSER=1``."""
@@ -206,7 +196,7 @@ def require_browser() -> str:
             pytest.fail(f"{SKIP_ENV}=1 but CI is set: in CI the JupyterLab browser test is mandatory", pytrace=False)
         pytest.skip(f"{SKIP_ENV}=1: the JupyterLab browser test is skipped on purpose")
     problems = []
-    chromium = _chromium_executable()
+    chromium = find_chromium()
     if chromium is None:
         where = os.environ.get(CHROMIUM_ENV) or "/usr/bin/chromium (or `chromium` on PATH)"
         problems.append(
