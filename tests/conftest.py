@@ -19,6 +19,12 @@ def pytest_addoption(parser):
         "the smoke run of a notebook whose smoke and full parameters are equal (.ci/run passes this)")
 
 
+def _stress_selected(config) -> bool:
+    """Whether this run asked for the ``stress`` tests: ``-m`` names them (``-m stress``), or an
+    argument names one test by node id (``path::name``)."""
+    return "stress" in (config.getoption("markexpr") or "") or any("::" in str(a) for a in config.args)
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core plus one (``--maxprocesses`` in pyproject.toml caps it).
     About a fifth of the suite's worker time is spent waiting, not computing (hang and timeout
@@ -29,8 +35,8 @@ def pytest_xdist_auto_num_workers(config):
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(items):
-    """Longest tests first, so that no worker is left running a long one alone at the end, and
+def pytest_collection_modifyitems(config, items):
+    """``stress`` tests left out unless asked for (:func:`_stress_selected`); then longest tests first, so that no worker is left running a long one alone at the end, and
     the tests that share a module-scoped fixture in one worker, so that it is built once.
 
     ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a
@@ -41,6 +47,12 @@ def pytest_collection_modifyitems(items):
     spread such tests over every worker, which then each built the fixture. pytest-xdist hands
     work out in this order (``--dist loadgroup``; the groups go first, the largest first, as
     xdist orders work units by their number of tests)."""
+    if not _stress_selected(config):
+        stress = [item for item in items if item.get_closest_marker("stress")]
+        if stress:
+            config.hook.pytest_deselected(items=stress)
+            items[:] = [item for item in items if not item.get_closest_marker("stress")]
+
     def seconds(item):
         mark = item.get_closest_marker("slow")
         return mark.args[0] if mark and mark.args else 0

@@ -59,6 +59,7 @@ def test_bad_timeout(no_leftover_processes):
         start_ranks(2, timeout=0)
 
 
+@pytest.mark.stress
 @pytest.mark.slow(180)
 @pytest.mark.timeout(1800)
 def test_twenty_starts_while_a_core_is_busy():

@@ -55,7 +55,7 @@ SLEEP_CELLS = [
     "tempfile.tempdir = os.path.abspath('tmp')\n"
     "held = run_folder()\n"
     "open('run_folder.txt', 'w').write(held.__enter__())",
-    "time.sleep(60)",
+    "time.sleep(300)",
     'print("never reached")',
 ]
 LEAK_CELLS = [
@@ -214,15 +214,16 @@ def test_fail_fast_skips_the_rest(nbdir, profiles, tmp_path, capsys):
     assert not (tmp_path / "build" / "smoke" / "01_ok.ipynb").exists()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(360)
 def test_cli_timeout_names_cell_and_kills_kernel_tree(nbdir, profiles, tmp_path):
     t0 = time.monotonic()
     res = run_cli(["03", "--cell-timeout", "2", *common_args(nbdir, profiles, tmp_path)])
     elapsed = time.monotonic() - t0
     assert res.returncode == 1, res.stdout + res.stderr
     assert table_rows(res.stdout)["03_sleep"][0] == "TIMEOUT"
-    assert "03_sleep: cell 3: `time.sleep(60)`: timed out after 2 s (cell timeout)" in res.stdout
-    assert elapsed < 40, f"the timeout case took {elapsed:.0f} s"
+    assert "03_sleep: cell 3: `time.sleep(300)`: timed out after 2 s (cell timeout)" in res.stdout
+    # the run ended before the cell's sleep could have (no bound on a loaded machine's speed)
+    assert elapsed < 300, f"the runner waited for the cell: {elapsed:.0f} s"
     pids = [int(p) for p in (nbdir / "sleep_pids.txt").read_text().split()]
     assert len(pids) == 2
     assert_gone(pids)
@@ -415,7 +416,7 @@ def test_cli_sigterm_ends_the_run_like_ctrl_c(nbdir, profiles, tmp_path):
     deadline = time.monotonic() + 60
     while not pids_file.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-    time.sleep(0.5)  # the cell moves on to its time.sleep(60)
+    time.sleep(0.5)  # the cell moves on to its time.sleep(300)
     proc.terminate()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, out + err
