@@ -163,7 +163,7 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 # each rank's result in rank order. When there are more ranks than the machine has cores the launcher warns
 # `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
 # measured. The first `launch` in a kernel is the slowest: it also starts the process that
-# imports torch once for every later launch (notebook 00, section 2).
+# imports torch once for every later launch (lesson [00a](00a_processes_and_collectives.ipynb), section 2).
 
 # %%
 t0 = time.perf_counter()

@@ -23,7 +23,7 @@ def check_jupyterlab(doc: Doctor) -> str:
     except Exception as e:  # noqa: BLE001
         raise Failed(f"JupyterLab is not importable: {_error_line(e)}", REINSTALL) from None
     return (f"jupyterlab {jupyterlab.__version__} importable (the README's start command: "
-            "`python3 -m jupyter lab --config=jupyter_lab_config.json notebooks/00_processes_and_collectives.ipynb`)")
+            "`python3 -m jupyter lab --config=jupyter_lab_config.json notebooks/00a_processes_and_collectives.ipynb`)")
 
 
 # -- in a real kernel: what a notebook cell does ---------------------------------------------

@@ -32,7 +32,8 @@ GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
 # The notebooks held to the recipe in helpers/notebook.py: every notebooks/*.ipynb
 # (test_every_notebook_is_a_learner_notebook fails when a new one is missing here).
 LEARNER_NOTEBOOKS = [
-    "00_processes_and_collectives",
+    "00a_processes_and_collectives",
+    "00b_ddp_cell_by_cell",
     "01_gradients_dp_vs_ddp",
     "02_one_model_many_processes",
     "03_distributed_sampler",
@@ -433,7 +434,7 @@ def test_check_answer_reports_a_crashed_worker_as_a_crash(capsys):
 
 
 def test_assert_close_once_names_a_cell_run_twice():
-    """notebook 00's backward cell run again doubles .grad: the check says so and names the cell."""
+    """lesson 00b's backward cell run again doubles .grad: the check says so and names the cell."""
     import torch
 
     g = torch.tensor([[0.5, -1.0], [2.0, 0.25]])

@@ -22,8 +22,8 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 # rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
 # order of the tests is all they are used for)
 SMOKE_SECONDS = {"00": 45, "05": 85, "06": 35, "07": 110}
-#: the notebook of the Python matrix (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
-MATRIX_NOTEBOOK = "00"
+#: the lesson label of the Python matrix notebook (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
+MATRIX_NOTEBOOK = "00a"
 
 
 def test_there_are_notebooks():
@@ -45,7 +45,7 @@ def test_effective_parameters_sees_profile_overrides():
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", [
     pytest.param(p, id=p.stem, marks=[pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))]
-                 + ([pytest.mark.matrix] if p.stem[:2] == MATRIX_NOTEBOOK else [])) for p in NOTEBOOKS])
+                 + ([pytest.mark.matrix] if p.stem.split("_")[0] == MATRIX_NOTEBOOK else [])) for p in NOTEBOOKS])
 def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
     if request.config.getoption("full_profile_follows") and (
             effective_parameters(path, "smoke") == effective_parameters(path, "full")):

@@ -45,6 +45,20 @@ def test_ranks_are_forked_from_one_server_that_is_our_child():
     assert launch(_parent_and_probe, 2)[0]["ppid"] == server, "an unchanged environment reuses the server"
 
 
+def _main_has_caller_only(rank, world_size):
+    import sys
+    return hasattr(sys.modules["__main__"], "caller_only")
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_ranks_have_none_of_the_callers_main_names(monkeypatch):
+    """A notebook cell's names live in the kernel's ``__main__``; ranks forked from the server, which
+    never ran the caller's code, do not have them (a fork of the caller would)."""
+    import __main__
+    monkeypatch.setattr(__main__, "caller_only", "defined by the caller", raising=False)
+    assert launch(_main_has_caller_only, 2) == [False, False]
+
+
 @pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
 def test_ranks_see_the_environment_of_now(monkeypatch):
     """A variable set (or removed) after the server started reaches the next launch's ranks,

@@ -14,77 +14,68 @@
 # ---
 
 # %% [markdown]
-# # 00 · Processes and collectives: DDP one cell at a time
+# # 00a · Processes and collectives
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 32 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 3,200 words of prose at 200 words/min): about 16 min.
+# **Run time**: not measured yet. **Reading time** (estimate: about 2,100 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
-# **The question:** what *is* a DDP job, line by line? Which processes exist, what does each
+# **You will be able to** say which processes a DDP job is made of and how a notebook starts
+# them (and why never by forking the kernel), run the five collectives by hand on live ranks and
+# predict what each leaves in every rank's tensors, and recognise four collective behaviours
+# people report as bugs. **You need** PyTorch basics (tensors, `nn.Linear`); this is the first
+# lesson. The next: [00b](00b_ddp_cell_by_cell.ipynb) (DDP one cell at a time).
+#
+# **The question:** what *is* a DDP job, line by line? Which processes exist, and what does each
 # collective (`all_reduce`, `broadcast`, `reduce`, `all_gather`, `reduce_scatter`) leave in
-# each process's tensors, and what happens on every [rank](../docs/GLOSSARY.md#rank) when you
-# build, wrap, run and step a `DistributedDataParallel` model?
+# each process's tensors?
 #
 # Here the distributed code is not hidden in a helper: **every line of it is in the cells**.
 # We start `world_size` *warm ranks*: persistent Python processes (ipyparallel engines), each
 # with the default [process group](../docs/GLOSSARY.md#process-group) already initialised
 # (backend `gloo` on CPU, see [backend](../docs/GLOSSARY.md#backend)). A cell that starts with
-# `%%px` runs on **every** rank, each rank's output appears labelled `[stdout:0]`,
-# `[stdout:1]`, and the names a `%%px` cell defines are still there in the next `%%px` cell.
-# So you can build a [DDP](../docs/GLOSSARY.md#ddp) model in one cell, look at each
-# [replica](../docs/GLOSSARY.md#replica) in the next, run backward in a third and inspect the
-# [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) (an
-# [all-reduce](../docs/GLOSSARY.md#all-reduce)) on every rank. Cells without `%%px` run here,
-# in this notebook's own process (the *kernel*); that is where we check the ranks' values.
+# `%%px` runs on **every** [rank](../docs/GLOSSARY.md#rank), each rank's output appears labelled
+# `[stdout:0]`, `[stdout:1]`, and the names a `%%px` cell defines are still there in the next
+# `%%px` cell. Cells without `%%px` run here, in this notebook's own process (the *kernel*);
+# that is where we check the ranks' values. Each claim (in bold, "Claim:") is asserted in the
+# code cell after it, tagged `check`.
 #
 # **Names on every rank** (defined by `start_ranks`): `rank` (0 to `world_size - 1`),
 # [`world_size`](../docs/GLOSSARY.md#world-size), `device`, `torch`, `dist`
 # (`torch.distributed`). Every term is defined, with its Chinese name, in the
 # [glossary](../docs/GLOSSARY.md).
 #
-# **What runs where**
+# 1. processes and ranks · 2. why spawn (or a fork server), never fork · 3. the collectives by
+# hand · 4. behaviours people report, reproduced
 #
-# | part | CPU only | with GPUs |
-# |---|---|---|
-# | `%%px` cells | `world_size` ipyparallel engines, backend `gloo`, tensors on CPU | the same: this notebook is about *what* the collectives do, not speed; see the "On a GPU" note in section 2 for CUDA |
-# | checks, tables | this notebook's process | the same |
-#
-# **New here** (the first notebook): processes and ranks, the five collectives with their exact
-# values, DDP's construction broadcast and gradient averaging seen rank by rank, and seven
-# behaviours people report as bugs, each reproduced and explained. Most of the run time is
-# starting processes (the warm ranks twice, `launch` once). The notebook ends with exercises
-# whose answers you write as code that runs on the ranks.
+# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU, with or
+# without GPUs: this lesson is about *what* the collectives do, not speed; section 2's "On a
+# GPU" note covers CUDA.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
 timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
-hang_timeout = 3.0  # seconds section 5.7's deliberate hang waits before RanksTimeout ends it
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
-from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
+from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), timeout=(timeout, float), hang_timeout=(hang_timeout, float))
-check_value("world_size", world_size, world_size == 2, "2 (every value this notebook asserts is worked out for two ranks, as the reports it reproduces were)")
+check_parameters(world_size=(world_size, int), timeout=(timeout, float))
+check_value("world_size", world_size, world_size == 2, "2 (every value this lesson asserts is worked out for two ranks, as the reports it reproduces were)")
 check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
-check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seconds")
 
 # %%
 import os
 import pickle
-import socket
 import subprocess
 import sys
-import time
 
 import cloudpickle
 import pandas as pd
-import psutil
 import torch
 import torch.distributed as dist
 from IPython.display import display
-from torch.testing import assert_close
 
 from helpers.engine import launch, start_ranks
 
@@ -132,6 +123,8 @@ def who_am_i(rank, world_size):
 who = pd.DataFrame(ranks.run(who_am_i)).set_index("rank")
 display(who)
 pids = list(who["pid"])
+
+# %% tags=["check"]
 assert len(set(pids)) == world_size and os.getpid() not in pids, f"pids {pids}, kernel {os.getpid()}"
 assert list(who["group rank"]) == list(range(world_size)) and set(who["group size"]) == {world_size}
 if not torch.cuda.is_available():
@@ -145,8 +138,7 @@ if not torch.cuda.is_available():
 # starts a fresh Python interpreter that *imports* what it needs. **forkserver** starts one fresh
 # interpreter (a *server*) the first time, and then forks each new process from that server, not
 # from the notebook. The warm ranks are fresh interpreters (ipyparallel starts each engine as a
-# new `python -m ipyparallel.engine` process, not as a copy of this kernel); `launch` uses the
-# fork server, as section 2b shows.
+# new `python -m ipyparallel.engine` process, not as a copy of this kernel).
 #
 # **Claim:** the ranks are fresh interpreters: a name defined in this kernel does not exist in
 # a rank's `__main__`, and each engine was started by the ipyparallel engine command.
@@ -164,6 +156,8 @@ def inherited(rank, world_size):
 
 fresh = pd.DataFrame(ranks.run(inherited)).set_index("rank")
 display(fresh)
+
+# %% tags=["check"]
 assert not fresh["has kernel_only"].any(), fresh
 assert all(p.startswith("ipyparallel") for p in fresh["program"]), fresh["program"]
 
@@ -182,10 +176,12 @@ try:
     missing = None
 except WorkerError as e:
     missing = e
-assert missing is not None, "the line should have raised on the ranks"
-print(missing.message)
-assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message
+print(missing.message if missing else "no error")
 ranks.push({"kernel_only": kernel_only})
+
+# %% tags=["check"]
+assert missing is not None, "the line should have raised on the ranks"
+assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message
 assert ranks.pull("kernel_only") == [kernel_only] * world_size
 
 # %% [markdown]
@@ -216,6 +212,8 @@ by_reference = in_a_fresh_process(pickle.dumps(square))
 by_value = in_a_fresh_process(cloudpickle.dumps(square))
 print("plain pickle:", by_reference.stderr.decode().strip().splitlines()[-1])
 print("cloudpickle: ", by_value.stdout.decode().strip())
+
+# %% tags=["check"]
 assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'square'" in by_reference.stderr.decode()
 assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7))
 
@@ -251,26 +249,21 @@ import threading
 print(f"threads in this kernel: {threading.active_count()} ({', '.join(t.name for t in threading.enumerate())})")
 print(f"multiprocessing's default start method here: {multiprocessing.get_start_method()} "
       f"(Python {sys.version_info.major}.{sys.version_info.minor}, {sys.platform})")
+
+# %% tags=["check"]
 assert threading.active_count() > 1
 if sys.platform == "linux" and sys.version_info < (3, 14):
     assert multiprocessing.get_start_method() == "fork"
 
 # %% [markdown]
-# ### 2b. `launch`: a fork server, so torch is imported once
-#
-# spawn is safe but slow to start: every new interpreter pays `import torch` (seconds, printed
-# below). So `launch` uses Python's **forkserver** method: its first call in a kernel starts one
-# fresh server process that imports torch once, and every rank of every later `launch` is forked
-# from that server, never from this kernel (how, and the tests that prove it:
-# `docs/ARCHITECTURE.md`, "The fork server").
-#
-# The next cell is slower than later launches: it is this kernel's first `launch`, so it
-# starts the server, which imports torch.
+# The third way is the one `launch` uses (lesson [02](02_one_model_many_processes.ipynb) runs
+# DDP with it): its ranks are forked from a fork server, a fresh interpreter that imported torch
+# once, so later launches skip the import (how, and the tests that prove it:
+# [docs/ARCHITECTURE.md](../docs/ARCHITECTURE.md#the-fork-server-what-it-buys-and-what-it-costs)).
 #
 # **Claim:** a function defined in this cell runs on every rank through `launch`, and the
-# results come back in rank order; the ranks are new processes (not the warm ranks), forked
-# from one server process (the same parent for every rank) that is a child of this kernel,
-# runs Python's fork server and did not run this notebook.
+# results come back in rank order; the ranks are new processes (not the warm ranks), and, like
+# the warm ranks, they do not have the kernel's names.
 
 # %%
 def rank_report(rank, world_size):
@@ -281,43 +274,17 @@ def rank_report(rank, world_size):
     import torch.distributed as dist
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    return {"rank": rank, "pid": os.getpid(), "parent pid": os.getppid(), "all_reduce": t.item(),
+    return {"rank": rank, "pid": os.getpid(), "all_reduce": t.item(),
             "has kernel_only": "kernel_only" in vars(sys.modules["__main__"])}
 
 
 launched = launch(rank_report, world_size, timeout=timeout)
 display(pd.DataFrame(launched).set_index("rank"))
+
+# %% tags=["check"]
 assert [r["rank"] for r in launched] == list(range(world_size))
 assert all(r["all_reduce"] == sum(range(1, world_size + 1)) and not r["has kernel_only"] for r in launched)
 assert not set(r["pid"] for r in launched) & set(pids), "launch starts new processes, not the warm ranks"
-parents = {r["parent pid"] for r in launched}
-if sys.platform == "linux":
-    assert len(parents) == 1, f"one parent for every rank: {parents}"
-    server = psutil.Process(parents.pop())
-    print(f"every rank's parent: pid {server.pid}, a child of this kernel (pid {os.getpid()}): "
-          f"{' '.join(server.cmdline())[:90]}...")
-    assert server.ppid() == os.getpid(), (server.pid, server.ppid())
-    assert "multiprocessing.forkserver" in " ".join(server.cmdline())
-    assert "kernel_only" not in " ".join(server.cmdline())
-else:
-    print(f"SKIPPED the fork-server checks: Python's fork server is how launch starts ranks on Linux (this is "
-          f"{sys.platform})")
-
-# %% [markdown]
-# What that buys, measured here side by side and printed (the figures depend on the machine
-# and its load): one fresh `python -c "import torch"`, which each spawned rank pays before it
-# can do anything, and a whole second `launch` from the running server (fork, rendezvous,
-# process group, result back).
-
-# %%
-t0 = time.perf_counter()
-subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=120)
-import_s = time.perf_counter() - t0
-t0 = time.perf_counter()
-launch(rank_report, world_size, timeout=timeout)
-launch_s = time.perf_counter() - t0
-print(f"fresh interpreter, import torch: {import_s:.2f} s; a whole launch of {world_size} ranks "
-      f"from the fork server: {launch_s:.2f} s")
 
 # %% [markdown]
 # ## 3. The collectives by hand
@@ -337,11 +304,14 @@ print(f"fresh interpreter, import torch: {import_s:.2f} s; a whole launch of {wo
 t = torch.tensor([rank + 1.0])
 dist.all_reduce(t, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] all_reduce SUM -> {t.tolist()}")
+t_avg = torch.tensor([rank + 1.0])
+dist.all_reduce(t_avg, op=dist.ReduceOp.AVG)
+print(f"[rank {rank}] all_reduce AVG -> {t_avg.tolist()}")
+
+# %% tags=["check"]
+# %%px
 assert t.tolist() == [sum(r + 1.0 for r in range(world_size))]
-t = torch.tensor([rank + 1.0])
-dist.all_reduce(t, op=dist.ReduceOp.AVG)
-print(f"[rank {rank}] all_reduce AVG -> {t.tolist()}")
-assert t.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size]
+assert t_avg.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size]
 
 # %% [markdown]
 # **Claim:** `broadcast(t, src=1)` copies rank 1's tensor into every rank's `t`: all hold 2.
@@ -351,17 +321,23 @@ assert t.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size]
 t = torch.tensor([rank + 1.0])
 dist.broadcast(t, src=1)
 print(f"[rank {rank}] broadcast from rank 1 -> {t.tolist()}")
+
+# %% tags=["check"]
+# %%px
 assert t.tolist() == [2.0]
 
 # %% [markdown]
 # **Claim:** `reduce(t, dst=0)` leaves the sum on the destination, rank 0 (3). What it leaves on
-# the *other* ranks is not the sum; section 5 shows what.
+# the *other* ranks is not the sum; section 4 shows what.
 
 # %%
 # %%px
 t = torch.tensor([rank + 1.0])
 dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] reduce SUM to rank 0 -> {t.tolist()}")
+
+# %% tags=["check"]
+# %%px
 if rank == 0:
     assert t.tolist() == [3.0]
 
@@ -375,6 +351,9 @@ t = torch.tensor([rank + 1.0])
 gathered = [torch.zeros(1) for _ in range(world_size)]
 dist.all_gather(gathered, t)
 print(f"[rank {rank}] all_gather -> {[g.tolist() for g in gathered]}")
+
+# %% tags=["check"]
+# %%px
 assert [g.tolist() for g in gathered] == [[r + 1.0] for r in range(world_size)]
 
 # %% [markdown]
@@ -390,130 +369,19 @@ inputs = [torch.tensor([10.0 * rank + i]) for i in range(world_size)]
 out = torch.zeros(1)
 dist.reduce_scatter(out, inputs, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] reduce_scatter of {[x.item() for x in inputs]} -> {out.tolist()}")
+
+# %% tags=["check"]
+# %%px
 assert out.tolist() == [sum(10.0 * r + rank for r in range(world_size))]
 
 # %% [markdown]
-# ## 4. DDP, one cell at a time
-#
-# The seed's story (notebook 02 runs it in one go): every rank builds its own `Linear(5, 5)`
-# from its **own** seed, wraps it in `DistributedDataParallel`, runs a forward pass on its own
-# data, backward, and one SGD step. Here each stage is its own `%%px` cell, and after each we
-# fetch every rank's tensors into this kernel and check them against a computation done here,
-# in one process, without DDP. Each `%%px` cell keeps a copy of what we want to see in a name
-# (`weight`, `grad`); `ranks.view` is ipyparallel's `DirectView` over the ranks, in rank
-# order, and `ranks.view.pull("weight", block=True)` returns every rank's `weight`.
-#
-# First the model, built on every rank with `torch.manual_seed(rank)`.
-
-# %%
-# %%px
-torch.manual_seed(rank)  # a different seed on every rank, on purpose
-model = torch.nn.Linear(5, 5)
-weight = model.weight.detach().clone()  # a copy, for this kernel to pull
-print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
-
-
-# %% [markdown]
-# **Claim:** the ranks' weights differ, and each is exactly what `Linear(5, 5)` gives after
-# `torch.manual_seed(rank)`, rebuilt here.
-
-# %%
-def rebuilt(r):
-    torch.manual_seed(r)
-    return torch.nn.Linear(5, 5)
-
-
-weights_before = ranks.view.pull("weight", block=True)  # [rank 0's weight, rank 1's weight]
-for r in range(world_size):
-    assert_close(weights_before[r], rebuilt(r).weight.detach(), rtol=0, atol=0)
-assert not torch.equal(weights_before[0], weights_before[1]), "the ranks should start different"
-print("max |rank 1 - rank 0| before DDP:", (weights_before[1] - weights_before[0]).abs().max().item())
-
-# %% [markdown]
-# Now wrap it. `DistributedDataParallel(model)` is itself a collective: at construction it
-# broadcasts rank 0's parameters and buffers to every rank (in place, into `model`). The next
-# cell is slower the first time (the ranks import DDP's modules).
-
-# %%
-# %%px
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-ddp_model = DDP(model)
-weight = model.weight.detach().clone()
-print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
-
-# %% [markdown]
-# **Claim:** after wrapping, every rank holds rank 0's original weights, bit for bit.
-
-# %%
-weights_wrapped = ranks.view.pull("weight", block=True)
-for r in range(world_size):
-    assert_close(weights_wrapped[r], rebuilt(0).weight.detach(), rtol=0, atol=0)
-print("every rank now holds rank 0's weights")
-
-# %% [markdown]
-# Forward and backward, each rank on its **own** data (seeded with `100 + rank`), loss = mean
-# squared error. `loss.backward()` computes the local gradient and, during backward, DDP
-# all-reduces the gradients (averaging them) so every rank ends with the same `.grad`.
-
-# %%
-# %%px
-torch.manual_seed(100 + rank)
-x, y = torch.randn(4, 5), torch.randn(4, 5)  # 4 samples of this rank
-loss = torch.nn.functional.mse_loss(ddp_model(x), y)
-loss.backward()
-grad = model.weight.grad.clone()
-print(f"[rank {rank}] loss {loss.item():.4f}; weight.grad[0, :3] = {[round(v, 4) for v in grad[0, :3].tolist()]}")
-
-# %% [markdown]
-# **Claim:** the gradients are equal on every rank, and equal to the **mean of the local
-# gradients**: here, in the kernel, we compute each rank's gradient with a plain `Linear(5, 5)`
-# (rank 0's weights, rank `r`'s data, no DDP, no process group) and average them.
-
-# %%
-grads = ranks.view.pull("grad", block=True)
-local_grads = []
-for r in range(world_size):
-    plain = rebuilt(0)  # the weights every rank holds after the broadcast
-    torch.manual_seed(100 + r)
-    x_r, y_r = torch.randn(4, 5), torch.randn(4, 5)
-    torch.nn.functional.mse_loss(plain(x_r), y_r).backward()
-    local_grads.append(plain.weight.grad)
-mean_grad = sum(local_grads) / world_size
-assert torch.equal(grads[0], grads[1]), "DDP leaves the same gradient on every rank"
-assert_close_once(grads[0], mean_grad, what="rank 0's weight.grad",
-                  rerun_from="the first %%px cell of section 4 (`model = torch.nn.Linear(5, 5)`)")
-assert not torch.allclose(local_grads[0], local_grads[1]), "the local gradients differ (different data)"
-print("max |DDP grad - mean of local grads|:", (grads[0] - mean_grad).abs().max().item())
-
-# %% [markdown]
-# One SGD step with learning rate 0.1 on every rank.
-
-# %%
-# %%px
-opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
-opt.step()
-weight = model.weight.detach().clone()
-print(f"[rank {rank}] weight[0] after the step = {[round(v, 4) for v in weight[0].tolist()]}")
-
-# %% [markdown]
-# **Claim:** the weights are still equal on every rank (same start + same gradient + same
-# step), and equal to rank 0's initial weights minus 0.1 times the mean gradient.
-
-# %%
-weights_after = ranks.view.pull("weight", block=True)
-assert torch.equal(weights_after[0], weights_after[1])
-assert_close(weights_after[0], rebuilt(0).weight.detach() - 0.1 * mean_grad)
-print("replicas equal after the step:", torch.equal(weights_after[0], weights_after[1]))
-
-# %% [markdown]
-# ## 5. Behaviours people report, reproduced
+# ## 4. Behaviours people report, reproduced
 #
 # Each of these was reported as a bug or a surprise. All are measured on torch 2.14.1 with
 # `gloo` and two ranks; each cell asserts what happens, so if a future torch changes it, this
 # notebook fails and says so.
 #
-# ### 5.1 `all_gather` with tensors of different sizes
+# ### 4.1 `all_gather` with tensors of different sizes
 #
 # Rank 0 holds `[1.]`, rank 1 holds `[2., 3.]`. `all_gather` needs every rank's tensor to have
 # the same size.
@@ -532,14 +400,18 @@ try:
 except RuntimeError as e:
     error = str(e)
 print(f"[rank {rank}] RuntimeError: {error}")
-assert error is not None and "invalid tensor size" in error
 check = torch.ones(1)
-dist.all_reduce(check)
+dist.all_reduce(check)  # the group still works?
+
+# %% tags=["check"]
+# %%px
+assert error is not None and "invalid tensor size" in error
 assert check.item() == world_size, "the group still works after the refused all_gather"
 
 # %% [markdown]
 # (A failure that breaks the group, such as a collective one rank never joins, is another
-# matter: section 5.7 shows it, and how the warm ranks are restarted.)
+# matter: lesson [00b](00b_ddp_cell_by_cell.ipynb), section 4, shows it, and how the warm ranks are
+# restarted.)
 #
 # Two ways that work: (a) all-gather the sizes, pad every tensor to the largest, all-gather,
 # trim each slot back to its size; (b) `all_gather_object`, which pickles any Python object
@@ -561,11 +433,14 @@ trimmed = [slot[: int(s)].tolist() for slot, s in zip(slots, sizes)]
 objects = [None] * world_size
 dist.all_gather_object(objects, mine)
 print(f"[rank {rank}] padded then trimmed: {trimmed}; all_gather_object: {[o.tolist() for o in objects]}")
+
+# %% tags=["check"]
+# %%px
 assert trimmed == [[1.0], [2.0, 3.0]]
 assert [o.tolist() for o in objects] == [[1.0], [2.0, 3.0]]
 
 # %% [markdown]
-# ### 5.2 `ReduceOp.AVG` on gloo
+# ### 4.2 `ReduceOp.AVG` on gloo
 #
 # **Claim:** for floats 1.0 and 3.0, `all_reduce(AVG)` gives 2.0. For int64 1 and 3 it raises
 # `RuntimeError` ("result type Float can't be cast to the desired output type Long"), but only
@@ -584,6 +459,9 @@ try:
 except RuntimeError as e:
     error = str(e)
 print(f"[rank {rank}] float AVG -> {f.item()}; int64 AVG -> RuntimeError: {error}; the int tensor now holds {i.item()}")
+
+# %% tags=["check"]
+# %%px
 assert f.item() == 2.0
 assert error is not None and "can't be cast" in error and i.item() == 4
 
@@ -597,10 +475,13 @@ assert error is not None and "can't be cast" in error and i.item() == 4
 f = torch.tensor([1.0 + 2 * rank])
 dist.reduce(f, dst=0, op=dist.ReduceOp.AVG)
 print(f"[rank {rank}] reduce AVG to rank 0 -> {f.item()}")
+
+# %% tags=["check"]
+# %%px
 assert f.item() == (2.0 if rank == 0 else 3.0 / world_size)
 
 # %% [markdown]
-# ### 5.3 `reduce` changes the other ranks' buffers too
+# ### 4.3 `reduce` changes the other ranks' buffers too
 #
 # The docs say "Only the process with rank `dst` is going to receive the final result"
 # (`torch.distributed.reduce`, https://pytorch.org/docs/stable/distributed.html); they do not
@@ -616,10 +497,13 @@ assert f.item() == (2.0 if rank == 0 else 3.0 / world_size)
 m = torch.tensor([[1, 2], [3, 4]]) + 3 * rank
 dist.reduce(m, dst=0, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] after reduce to rank 0: {m.tolist()}")
+
+# %% tags=["check"]
+# %%px
 assert m.tolist() == ([[5, 7], [9, 11]] if rank == 0 else [[4, 5], [9, 11]])
 
 # %% [markdown]
-# ### 5.4 A non-contiguous view in a collective is silently wrong
+# ### 4.4 A non-contiguous view in a collective is silently wrong
 #
 # A column of a 2-D tensor is a *view* with a stride: its elements are not next to each other in
 # memory. Rank 0's column holds `[1, 2]`, rank 1's `[10, 20]`.
@@ -640,178 +524,11 @@ fixed = m[:, 0].contiguous()
 dist.all_reduce(fixed)
 m[:, 0].copy_(fixed)
 print(f"[rank {rank}] contiguous? {column.is_contiguous()}; view reduced -> {wrong}; copy reduced and copied back -> {m[:, 0].tolist()}")
+
+# %% tags=["check"]
+# %%px
 assert wrong == ([11.0, 2.0] if rank == 0 else [11.0, 20.0])
 assert m[:, 0].tolist() == [11.0, 22.0]
-
-# %% [markdown]
-# ### 5.5 `all_gather` cuts autograd
-#
-# `w = 1` (a parameter), rank 0 holds `x = 1`, rank 1 holds `x = 3`; every rank gathers all the
-# `w * x` and takes `loss = sum`. In one process, with both x's, `loss = w * 1 + w * 3` and
-# d loss / d w = 4. In DDP each rank computes the *same* loss and the gradients are then
-# averaged (as DDP's backward does), so the averaged gradient should be 4 too.
-#
-# **Claim:** with `dist.all_gather` (which returns no graph) and the rank's own slot put back
-# into the list (so at least the local term has a gradient), the gradient on rank `r` is only
-# its own x (1 and 3), averaged 2.0: half the right answer. With
-# `torch.distributed.nn.functional.all_gather` (autograd-aware: its backward sums each slot's
-# gradient over the ranks and returns it to the rank that owns the slot, a reduce_scatter) the per-rank gradients are 2 and 6, averaged 4.0, the
-# one-process gradient.
-
-# %%
-# %%px
-import warnings
-
-import torch.distributed.nn.functional as distnn
-
-x = torch.tensor(1.0 + 2 * rank)
-
-w = torch.tensor(1.0, requires_grad=True)
-slots = [torch.zeros(()) for _ in range(world_size)]
-dist.all_gather(slots, (w * x).detach())
-slots[rank] = w * x  # put the local term, with its graph, back
-torch.stack(slots).sum().backward()
-grad_plain = w.grad.clone()
-
-w = torch.tensor(1.0, requires_grad=True)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 suggests a private successor
-    gathered = distnn.all_gather(w * x)
-torch.stack(list(gathered)).sum().backward()
-grad_autograd = w.grad.clone()
-
-averaged = torch.stack([grad_plain, grad_autograd])
-dist.all_reduce(averaged, op=dist.ReduceOp.AVG)  # what DDP's backward does to gradients
-print(f"[rank {rank}] dist.all_gather: grad {grad_plain.item()} (averaged {averaged[0].item()}); "
-      f"nn.functional.all_gather: grad {grad_autograd.item()} (averaged {averaged[1].item()})")
-assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item()
-assert averaged.tolist() == [2.0, 4.0]
-
-# %% [markdown]
-# The one-process gradient, here in the kernel: **Claim:** it is 4.
-
-# %%
-w = torch.tensor(1.0, requires_grad=True)
-(w * torch.tensor([1.0, 3.0])).sum().backward()
-assert w.grad.item() == 4.0
-
-# %% [markdown]
-# ### 5.6 Initialising the process group twice
-#
-# Re-running the cell that calls `init_process_group` is the most common notebook accident.
-# The function below runs on the warm ranks (whose default group is already initialised) and
-# tries it, then destroys the group, initialises a new one (on a fresh port chosen here) and
-# destroys twice.
-#
-# **Claim:** the second `init_process_group` raises `ValueError` ("trying to initialize the
-# default process group twice!"); after `destroy_process_group()`, `is_initialized()` is False
-# and initialising again works (an `all_reduce` of ones gives `world_size`); destroying when
-# there is no group raises `AssertionError` ("Process group cannot be None") on torch 2.14.1.
-# The function leaves a working group behind for the rest of the notebook.
-
-# %%
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_twice(rank, world_size, port, port_after, timeout_s):
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-    seen = {"rank": rank}
-    url = f"tcp://127.0.0.1:{port}"
-    try:
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
-        seen["second init"] = "no error"
-    except ValueError as e:
-        seen["second init"] = f"ValueError: {e}"
-    dist.destroy_process_group()
-    seen["initialized after destroy"] = dist.is_initialized()
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    seen["all_reduce after re-init"] = t.item()
-    dist.destroy_process_group()
-    try:
-        dist.destroy_process_group()
-        seen["second destroy"] = "no error"
-    except Exception as e:  # noqa: BLE001 - we record whatever it raises
-        seen["second destroy"] = f"{type(e).__name__}: {e}"
-    # leave a working default group for the rest of the notebook, on another fresh port
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port_after}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
-    return seen
-
-
-twice = pd.DataFrame(ranks.run(init_twice, free_port(), free_port(), timeout)).set_index("rank")
-display(twice)
-assert all(s.startswith("ValueError: trying to initialize the default process group twice") for s in twice["second init"])
-assert not twice["initialized after destroy"].any()
-assert set(twice["all_reduce after re-init"]) == {float(world_size)}
-assert all(s.startswith("AssertionError") for s in twice["second destroy"])
-
-# %% [markdown]
-# ### 5.7 A collective that only one rank calls: a hang, ended by the timeout
-#
-# "My DDP job hangs" is usually this: one rank calls a collective (here `all_reduce`; in DDP,
-# a backward on one rank only, or a `barrier` inside `if rank == 0`) and the others never do,
-# so it waits for ever (gloo's default timeout is 30 minutes). The warm ranks watch every call:
-# past its `timeout` they raise `RanksTimeout` naming the ranks that had not finished, end
-# **all** ranks (a group with a rank stuck in a collective cannot be trusted), and start fresh
-# ones by themselves before the next call. We give this call a limit of `hang_timeout`
-# seconds (a parameter), so the next cell waits that long before it raises.
-#
-# **Claim:** the call raises `RanksTimeout` naming rank 0 (rank 1 skipped the collective and
-# returned at once) as not finished.
-
-# %%
-from helpers.engine import RanksTimeout
-
-
-def only_rank_0_reduces(rank, world_size):
-    import torch
-    import torch.distributed as dist
-    if rank == 0:  # the bug: rank 1 never joins this all_reduce
-        t = torch.ones(1)
-        dist.all_reduce(t)
-    return rank
-
-
-try:
-    ranks.run(only_rank_0_reduces, timeout=hang_timeout)
-    hang = None
-except RanksTimeout as e:
-    hang = e
-print(f"{type(hang).__name__}: {hang}")
-assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0]
-
-# %% [markdown]
-# **Claim:** the next call runs on fresh ranks: new processes (new pids), a working process
-# group, and none of the names earlier `%%px` cells defined (`model`, `weight` are gone: after
-# a restart, run your set-up cells again). The next cell is slow again: fresh engines start
-# and import torch.
-
-# %%
-def after_restart(rank, world_size):
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    import __main__
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return {"rank": rank, "pid": os.getpid(), "all_reduce": t.item(), "has model": hasattr(__main__, "model")}
-
-
-fresh_ranks = pd.DataFrame(ranks.run(after_restart)).set_index("rank")
-display(fresh_ranks)
-assert not set(fresh_ranks["pid"]) & set(pids), "fresh ranks are new processes"
-assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks["has model"].any()
 
 # %% [markdown]
 # ## What we saw
@@ -819,23 +536,21 @@ assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks
 # - A DDP job is `world_size` separate processes; each knows its `rank` and the group's size,
 #   and they talk only through collectives on the process group.
 # - Notebooks never fork the kernel: ranks are fresh interpreters (ipyparallel's engines) or forks
-#   of a fork server that imported torch once and never ran notebook code (`launch`). Neither
-#   can import a cell's function by name, so cell code is sent by value (`cloudpickle`); a fork
-#   of the kernel would copy it, and with it a CUDA context that the child cannot use.
+#   of a fork server that never ran notebook code (`launch`). Neither can import a cell's
+#   function by name, so cell code is sent by value (`cloudpickle`); a fork of the kernel would
+#   copy it, and with it a CUDA context that the child cannot use.
 # - The five collectives write their results in place: `all_reduce` (SUM, AVG), `broadcast`,
 #   `reduce` (the sum only on the destination), `all_gather`, `reduce_scatter`.
-# - DDP's construction broadcasts rank 0's weights; its backward averages the gradients, which
-#   equal the mean of the local gradients; so one step keeps the replicas identical.
-# - Seven reported behaviours, reproduced: unequal `all_gather` sizes (refused; pad or use
+# - Four reported behaviours, reproduced: unequal `all_gather` sizes (refused; pad or use
 #   `all_gather_object`), AVG on integers (fails after writing the sum), `reduce` clobbering the
-#   other ranks' buffers, non-contiguous views (silently wrong), `all_gather` cutting autograd
-#   (half the gradient), initialising the group twice, and a collective only one rank calls
-#   (a hang, ended by the warm ranks' timeout, which then restart).
+#   other ranks' buffers, non-contiguous views (silently wrong).
+#
+# Next: [00b](00b_ddp_cell_by_cell.ipynb), DDP one cell at a time.
 #
 # ## Exercises
 #
 # Write the answer in the cell after each task, run it, then run the check cell below it. In the
-# full notebook a solution follows each check, collapsed; student copies leave the solutions out.
+# full lesson a solution follows each check, collapsed; student copies leave the solutions out.
 
 # %% [markdown]
 # ### Exercise 1: average a tensor across the ranks
@@ -845,10 +560,10 @@ assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks
 # you like). Set `answer_1 = fn` (the function itself); the check cell runs it on the warm ranks
 # with `ranks.run(answer_1)` and compares every rank's result with the expected one.
 
-# %%
+# %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %%
+# %% tags=["check"]
 expected_1 = [[sum((r + 1.0) ** 2 for r in range(world_size)) / world_size]] * world_size
 if callable(answer_1):  # your function: run it on every warm rank; its results are your answer
     function_1 = answer_1
@@ -873,63 +588,30 @@ solution_1 = ranks.run(average_across_ranks)
 check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
-# ### Exercise 2: predict a DDP gradient
-#
-# Every rank builds `torch.nn.Linear(1, 1, bias=False)` with its weight set to 1, wraps it in
-# DDP, and runs `loss = (ddp_model(x) ** 2).sum()` on `x = torch.tensor([[rank + 1.0]])`, then
-# `loss.backward()`. What is `weight.grad` on rank 0 afterwards? Answer with a number, worked
-# out by hand (d/dw of (w x)² is 2 w x²). The check cell runs exactly this on the warm ranks.
-
-# %%
-answer_2 = None  # your answer here
-
-
-# %%
-def ddp_grad(rank, world_size):
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    model = torch.nn.Linear(1, 1, bias=False)
-    with torch.no_grad():
-        model.weight.fill_(1.0)
-    ddp_model = DDP(model)
-    (ddp_model(torch.tensor([[rank + 1.0]])) ** 2).sum().backward()
-    return model.weight.grad.item()
-
-
-expected_2 = ranks.run(ddp_grad)[0]
-check_answer("ex2", answer_2, expected_2, hint="DDP averages the ranks' local gradients")
-
-# %% jupyter={"source_hidden": true} tags=["solution"]
-# Solution of exercise 2 (try the exercise first)
-local = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # 2 w x^2 on each rank: 2 and 8
-solution_2 = sum(local) / world_size  # DDP averages them: 5
-check_answer("ex2", solution_2, expected_2, strict=True)
-
-# %% [markdown]
-# ### Exercise 3: all-gather tensors of different lengths
+# ### Exercise 2: all-gather tensors of different lengths
 #
 # Rank `r` holds `torch.arange(r + 1.0)` (rank 0 `[0.]`, rank 1 `[0., 1.]`). Write a function
 # `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in rank
 # order (`[[0.0], [0.0, 1.0]]`) using `dist.all_gather` on tensors (not `all_gather_object`):
-# section 5.1 showed why the sizes must be equal and how to get around it. Set
-# `answer_3 = fn`; the check cell runs it on the warm ranks.
+# section 4.1 showed why the sizes must be equal and how to get around it. Set
+# `answer_2 = fn`; the check cell runs it on the warm ranks.
 
-# %%
-answer_3 = None  # your answer here
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
 
-# %%
-expected_3 = [[[float(i) for i in range(r + 1)] for r in range(world_size)]] * world_size
-if callable(answer_3):  # your function: run it on every warm rank; its results are your answer
-    function_3 = answer_3
+# %% tags=["check"]
+expected_2 = [[[float(i) for i in range(r + 1)] for r in range(world_size)]] * world_size
+if callable(answer_2):  # your function: run it on every warm rank; its results are your answer
+    function_2 = answer_2
     try:
-        answer_3 = ranks.run(function_3)
+        answer_2 = ranks.run(function_2)
     except Exception as e:  # noqa: BLE001 - a learner's error is reported, not raised
-        answer_3 = f"your function raised {type(e).__name__}: {str(e).splitlines()[0]}"
-check_answer("ex3", answer_3, expected_3, hint="all-gather the lengths first, pad to the longest, trim")
+        answer_2 = f"your function raised {type(e).__name__}: {str(e).splitlines()[0]}"
+check_answer("ex2", answer_2, expected_2, hint="all-gather the lengths first, pad to the longest, trim")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# Solution of exercise 3 (try the exercise first)
+# Solution of exercise 2 (try the exercise first)
 def gather_uneven(rank, world_size):
     import torch
     import torch.distributed as dist
@@ -943,8 +625,8 @@ def gather_uneven(rank, world_size):
     return [slot[: int(n)].tolist() for slot, n in zip(slots, lengths)]
 
 
-solution_3 = ranks.run(gather_uneven)
-check_answer("ex3", solution_3, expected_3, strict=True)
+solution_2 = ranks.run(gather_uneven)
+check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).

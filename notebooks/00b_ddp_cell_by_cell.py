@@ -1,0 +1,492 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
+#
+# <!-- run-time:start -->
+# **Run time**: not measured yet. **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
+# <!-- run-time:end -->
+#
+# **You will be able to** step a `DistributedDataParallel` (DDP) model through construction,
+# forward, backward and one optimizer step on live ranks, predict every rank's weights and
+# gradients at each stage, see why `dist.all_gather` halves a gradient, and recover from the two
+# notebook accidents people meet first: initialising the process group twice and a collective
+# only one rank calls. **You need** [00a](00a_processes_and_collectives.ipynb) (warm ranks,
+# `%%px`, the collectives). The next lesson: [01](01_gradients_dp_vs_ddp.ipynb) (DP and DDP
+# gradients).
+#
+# **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,
+# run and step a [DDP](../docs/GLOSSARY.md#ddp) model, one cell at a time?
+#
+# As in 00a, a cell that starts with `%%px` runs on **every** warm rank (output labelled
+# `[stdout:0]`, `[stdout:1]`), and the names it defines are still there in the next `%%px` cell;
+# cells without `%%px` run in this notebook's own process (the *kernel*), where we check the
+# ranks' values. Each claim (in bold, "Claim:") is asserted in the code cell after it, tagged
+# `check`. **Names on every rank:** `rank`, [`world_size`](../docs/GLOSSARY.md#world-size),
+# `device`, `torch`, `dist` (`torch.distributed`).
+#
+# 1. DDP one cell at a time · 2. `all_gather` cuts autograd · 3. initialising twice · 4. a
+# collective only one rank calls
+#
+# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU, with or
+# without GPUs: this lesson is about *what* DDP does, not speed.
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
+timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
+hang_timeout = 3.0  # seconds section 4's deliberate hang waits before RanksTimeout ends it
+
+# %%
+# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
+
+check_parameters(world_size=(world_size, int), timeout=(timeout, float), hang_timeout=(hang_timeout, float))
+check_value("world_size", world_size, world_size == 2, "2 (every value this lesson asserts is worked out for two ranks)")
+check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
+check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seconds")
+
+# %%
+import os
+import socket
+
+import pandas as pd
+import torch
+from IPython.display import display
+from torch.testing import assert_close
+
+from helpers.engine import start_ranks
+
+print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_size = {world_size}")
+
+# %% [markdown]
+# Start the warm ranks (00a, section 1): `world_size` fresh Python processes with the default
+# process group initialised, and `%%px` pointed at them. The cell is slow the first time (the
+# engines start and import torch). Section 4 compares the ranks' pids with these.
+
+# %%
+# after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
+ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
+
+
+def pid_of(rank, world_size):
+    import os
+    return os.getpid()
+
+
+pids = ranks.run(pid_of)  # each rank's process id, in rank order
+print(f"warm ranks' pids: {pids}")
+
+# %% [markdown]
+# ## 1. DDP, one cell at a time
+#
+# The story (lesson [02](02_one_model_many_processes.ipynb) runs it in one go): every rank
+# builds its own `Linear(5, 5)` from its **own** seed, wraps it in `DistributedDataParallel`, runs a forward pass on its own
+# data, backward, and one SGD step. Here each stage is its own `%%px` cell, and after each we
+# fetch every rank's tensors into this kernel and check them against a computation done here,
+# in one process, without DDP. Each `%%px` cell keeps a copy of what we want to see in a name
+# (`weight`, `grad`); `ranks.view` is ipyparallel's `DirectView` over the ranks, in rank
+# order, and `ranks.view.pull("weight", block=True)` returns every rank's `weight`.
+#
+# First the model, built on every rank with `torch.manual_seed(rank)`.
+
+# %%
+# %%px
+torch.manual_seed(rank)  # a different seed on every rank, on purpose
+model = torch.nn.Linear(5, 5)
+weight = model.weight.detach().clone()  # a copy, for this kernel to pull
+print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
+
+
+# %% [markdown]
+# **Claim:** the ranks' weights differ, and each is exactly what `Linear(5, 5)` gives after
+# `torch.manual_seed(rank)`, rebuilt here.
+
+# %% tags=["check"]
+def rebuilt(r):
+    torch.manual_seed(r)
+    return torch.nn.Linear(5, 5)
+
+
+weights_before = ranks.view.pull("weight", block=True)  # [rank 0's weight, rank 1's weight]
+for r in range(world_size):
+    assert_close(weights_before[r], rebuilt(r).weight.detach(), rtol=0, atol=0)
+assert not torch.equal(weights_before[0], weights_before[1]), "the ranks should start different"
+print("max |rank 1 - rank 0| before DDP:", (weights_before[1] - weights_before[0]).abs().max().item())
+
+# %% [markdown]
+# Now wrap it. `DistributedDataParallel(model)` is itself a collective: at construction it
+# broadcasts rank 0's parameters and buffers to every rank (in place, into `model`). The next
+# cell is slower the first time (the ranks import DDP's modules).
+
+# %%
+# %%px
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ddp_model = DDP(model)
+weight = model.weight.detach().clone()
+print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
+
+# %% [markdown]
+# **Claim:** after wrapping, every rank holds rank 0's original weights, bit for bit.
+
+# %% tags=["check"]
+weights_wrapped = ranks.view.pull("weight", block=True)
+for r in range(world_size):
+    assert_close(weights_wrapped[r], rebuilt(0).weight.detach(), rtol=0, atol=0)
+print("every rank now holds rank 0's weights")
+
+# %% [markdown]
+# Forward and backward, each rank on its **own** data (seeded with `100 + rank`), loss = mean
+# squared error. `loss.backward()` computes the local gradient and, during backward, DDP
+# all-reduces the gradients (averaging them) so every rank ends with the same `.grad`.
+
+# %%
+# %%px
+torch.manual_seed(100 + rank)
+x, y = torch.randn(4, 5), torch.randn(4, 5)  # 4 samples of this rank
+loss = torch.nn.functional.mse_loss(ddp_model(x), y)
+loss.backward()
+grad = model.weight.grad.clone()
+print(f"[rank {rank}] loss {loss.item():.4f}; weight.grad[0, :3] = {[round(v, 4) for v in grad[0, :3].tolist()]}")
+
+# %% [markdown]
+# **Claim:** the gradients are equal on every rank, and equal to the **mean of the local
+# gradients**: here, in the kernel, we compute each rank's gradient with a plain `Linear(5, 5)`
+# (rank 0's weights, rank `r`'s data, no DDP, no process group) and average them.
+
+# %% tags=["check"]
+grads = ranks.view.pull("grad", block=True)
+local_grads = []
+for r in range(world_size):
+    plain = rebuilt(0)  # the weights every rank holds after the broadcast
+    torch.manual_seed(100 + r)
+    x_r, y_r = torch.randn(4, 5), torch.randn(4, 5)
+    torch.nn.functional.mse_loss(plain(x_r), y_r).backward()
+    local_grads.append(plain.weight.grad)
+mean_grad = sum(local_grads) / world_size
+assert torch.equal(grads[0], grads[1]), "DDP leaves the same gradient on every rank"
+assert_close_once(grads[0], mean_grad, what="rank 0's weight.grad",
+                  rerun_from="the first %%px cell of section 1 (`model = torch.nn.Linear(5, 5)`)")
+assert not torch.allclose(local_grads[0], local_grads[1]), "the local gradients differ (different data)"
+print("max |DDP grad - mean of local grads|:", (grads[0] - mean_grad).abs().max().item())
+
+# %% [markdown]
+# One SGD step with learning rate 0.1 on every rank.
+
+# %%
+# %%px
+opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+opt.step()
+weight = model.weight.detach().clone()
+print(f"[rank {rank}] weight[0] after the step = {[round(v, 4) for v in weight[0].tolist()]}")
+
+# %% [markdown]
+# **Claim:** the weights are still equal on every rank (same start + same gradient + same
+# step), and equal to rank 0's initial weights minus 0.1 times the mean gradient.
+
+# %% tags=["check"]
+weights_after = ranks.view.pull("weight", block=True)
+assert torch.equal(weights_after[0], weights_after[1])
+assert_close(weights_after[0], rebuilt(0).weight.detach() - 0.1 * mean_grad)
+print("replicas equal after the step:", torch.equal(weights_after[0], weights_after[1]))
+
+# %% [markdown]
+# ## 2. `all_gather` cuts autograd
+#
+# `w = 1` (a parameter), rank 0 holds `x = 1`, rank 1 holds `x = 3`; every rank gathers all the
+# `w * x` and takes `loss = sum`. In one process, with both x's, `loss = w * 1 + w * 3` and
+# d loss / d w = 4. In DDP each rank computes the *same* loss and the gradients are then
+# averaged (as DDP's backward does), so the averaged gradient should be 4 too.
+#
+# **Claim:** with `dist.all_gather` (which returns no graph) and the rank's own slot put back
+# into the list (so at least the local term has a gradient), the gradient on rank `r` is only
+# its own x (1 and 3), averaged 2.0: half the right answer. With
+# `torch.distributed.nn.functional.all_gather` (autograd-aware: its backward sums each slot's
+# gradient over the ranks and returns it to the rank that owns the slot, a reduce_scatter) the per-rank gradients are 2 and 6, averaged 4.0, the
+# one-process gradient.
+
+# %%
+# %%px
+import warnings
+
+import torch.distributed.nn.functional as distnn
+
+x = torch.tensor(1.0 + 2 * rank)
+
+w = torch.tensor(1.0, requires_grad=True)
+slots = [torch.zeros(()) for _ in range(world_size)]
+dist.all_gather(slots, (w * x).detach())
+slots[rank] = w * x  # put the local term, with its graph, back
+torch.stack(slots).sum().backward()
+grad_plain = w.grad.clone()
+
+w = torch.tensor(1.0, requires_grad=True)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 suggests a private successor
+    gathered = distnn.all_gather(w * x)
+torch.stack(list(gathered)).sum().backward()
+grad_autograd = w.grad.clone()
+
+averaged = torch.stack([grad_plain, grad_autograd])
+dist.all_reduce(averaged, op=dist.ReduceOp.AVG)  # what DDP's backward does to gradients
+print(f"[rank {rank}] dist.all_gather: grad {grad_plain.item()} (averaged {averaged[0].item()}); "
+      f"nn.functional.all_gather: grad {grad_autograd.item()} (averaged {averaged[1].item()})")
+
+# %% tags=["check"]
+# %%px
+assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item()
+assert averaged.tolist() == [2.0, 4.0]
+
+# %% [markdown]
+# The one-process gradient, here in the kernel: **Claim:** it is 4.
+
+# %% tags=["check"]
+w = torch.tensor(1.0, requires_grad=True)
+(w * torch.tensor([1.0, 3.0])).sum().backward()
+assert w.grad.item() == 4.0
+
+# %% [markdown]
+# ## 3. Initialising the process group twice
+#
+# Re-running the cell that calls `init_process_group` is the most common notebook accident.
+# The function below runs on the warm ranks (whose default group is already initialised) and
+# tries it, then destroys the group, initialises a new one (on a fresh port chosen here) and
+# destroys twice.
+#
+# **Claim:** the second `init_process_group` raises `ValueError` ("trying to initialize the
+# default process group twice!"); after `destroy_process_group()`, `is_initialized()` is False
+# and initialising again works (an `all_reduce` of ones gives `world_size`); destroying when
+# there is no group raises `AssertionError` ("Process group cannot be None") on torch 2.14.1.
+# The function leaves a working group behind for the rest of the lesson.
+
+# %%
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_twice(rank, world_size, port, port_after, timeout_s):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    seen = {"rank": rank}
+    url = f"tcp://127.0.0.1:{port}"
+    try:
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+        seen["second init"] = "no error"
+    except ValueError as e:
+        seen["second init"] = f"ValueError: {e}"
+    dist.destroy_process_group()
+    seen["initialized after destroy"] = dist.is_initialized()
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    seen["all_reduce after re-init"] = t.item()
+    dist.destroy_process_group()
+    try:
+        dist.destroy_process_group()
+        seen["second destroy"] = "no error"
+    except Exception as e:  # noqa: BLE001 - we record whatever it raises
+        seen["second destroy"] = f"{type(e).__name__}: {e}"
+    # leave a working default group for the rest of the lesson, on another fresh port
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port_after}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return seen
+
+
+twice = pd.DataFrame(ranks.run(init_twice, free_port(), free_port(), timeout)).set_index("rank")
+display(twice)
+
+# %% tags=["check"]
+assert all(s.startswith("ValueError: trying to initialize the default process group twice") for s in twice["second init"])
+assert not twice["initialized after destroy"].any()
+assert set(twice["all_reduce after re-init"]) == {float(world_size)}
+assert all(s.startswith("AssertionError") for s in twice["second destroy"])
+
+# %% [markdown]
+# ## 4. A collective that only one rank calls: a hang, ended by the timeout
+#
+# "My DDP job hangs" is usually this: one rank calls a collective (here `all_reduce`; in DDP,
+# a backward on one rank only, or a `barrier` inside `if rank == 0`) and the others never do,
+# so it waits for ever (gloo's default timeout is 30 minutes). The warm ranks watch every call:
+# past its `timeout` they raise `RanksTimeout` naming the ranks that had not finished, end
+# **all** ranks (a group with a rank stuck in a collective cannot be trusted), and start fresh
+# ones by themselves before the next call. We give this call a limit of `hang_timeout`
+# seconds (a parameter), so the next cell waits that long before it raises.
+#
+# **Claim:** the call raises `RanksTimeout` naming rank 0 (rank 1 skipped the collective and
+# returned at once) as not finished.
+
+# %%
+from helpers.engine import RanksTimeout
+
+
+def only_rank_0_reduces(rank, world_size):
+    import torch
+    import torch.distributed as dist
+    if rank == 0:  # the bug: rank 1 never joins this all_reduce
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    return rank
+
+
+try:
+    ranks.run(only_rank_0_reduces, timeout=hang_timeout)
+    hang = None
+except RanksTimeout as e:
+    hang = e
+print(f"{type(hang).__name__}: {hang}")
+
+# %% tags=["check"]
+assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0]
+
+# %% [markdown]
+# **Claim:** the next call runs on fresh ranks: new processes (new pids), a working process
+# group, and none of the names earlier `%%px` cells defined (`model`, `weight` are gone: after
+# a restart, run your set-up cells again). The next cell is slow again: fresh engines start
+# and import torch.
+
+# %%
+def after_restart(rank, world_size):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"rank": rank, "pid": os.getpid(), "all_reduce": t.item(), "has model": hasattr(__main__, "model")}
+
+
+fresh_ranks = pd.DataFrame(ranks.run(after_restart)).set_index("rank")
+display(fresh_ranks)
+
+# %% tags=["check"]
+assert not set(fresh_ranks["pid"]) & set(pids), "fresh ranks are new processes"
+assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks["has model"].any()
+
+# %% [markdown]
+# ## What we saw
+#
+# - DDP's construction is a collective: it broadcasts rank 0's parameters and buffers, so ranks
+#   that started from different seeds hold rank 0's weights, bit for bit.
+# - Its backward all-reduces the gradients and averages them: every rank ends with the same
+#   `.grad`, the mean of the local gradients; one optimizer step then keeps the replicas
+#   identical. Running the backward cell again adds to `.grad` (gradients accumulate): re-run
+#   from the cell that builds the model.
+# - `dist.all_gather` returns tensors without a graph: gradients through it miss the other
+#   ranks' terms (half the gradient here); `torch.distributed.nn.functional.all_gather` keeps them.
+# - Initialising the default group twice raises `ValueError`; destroy it first.
+# - A collective only one rank calls hangs; the warm ranks' timeout ends it, names the ranks that
+#   had not finished, and the next call runs on fresh ranks, with none of the old names.
+#
+# ## Exercises
+#
+# Write the answer in the cell after each task, run it, then run the check cell below it. In the
+# full lesson a solution follows each check, collapsed; student copies leave the solutions out.
+
+# %% [markdown]
+# ### Exercise 1: predict a DDP gradient
+#
+# Every rank builds `torch.nn.Linear(1, 1, bias=False)` with its weight set to 1, wraps it in
+# DDP, and runs `loss = (ddp_model(x) ** 2).sum()` on `x = torch.tensor([[rank + 1.0]])`, then
+# `loss.backward()`. What is `weight.grad` on rank 0 afterwards? Answer with a number, worked
+# out by hand (d/dw of (w x)² is 2 w x²). The check cell runs exactly this on the warm ranks.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+
+# %% tags=["check"]
+def ddp_grad(rank, world_size):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ddp_model = DDP(model)
+    (ddp_model(torch.tensor([[rank + 1.0]])) ** 2).sum().backward()
+    return model.weight.grad.item()
+
+
+expected_1 = ranks.run(ddp_grad)[0]
+check_answer("ex1", answer_1, expected_1, hint="DDP averages the ranks' local gradients")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+local = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # 2 w x^2 on each rank: 2 and 8
+solution_1 = sum(local) / world_size  # DDP averages them: 5
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: a squared loss through `all_gather`
+#
+# Section 2 again, with a squared loss: `w = 1`, rank `r` holds `x = r + 1` (1 and 2), every
+# rank gathers all the `w * x` and takes `loss = sum of their squares`, then the gradients are
+# averaged over the ranks. What averaged `w.grad` do you get (a) with `dist.all_gather` and the
+# rank's own slot put back, (b) with `torch.distributed.nn.functional.all_gather`? Work it out
+# by hand (d/dw of (w x)² is 2 w x²; the one-process gradient is 2 · (1 + 4) = 10) and answer
+# with a list of two numbers, `[a, b]`. The check cell runs both on the warm ranks.
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+
+# %% tags=["check"]
+def squared_through_gather(rank, world_size):
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as distnn
+    x = torch.tensor(rank + 1.0)
+    w = torch.tensor(1.0, requires_grad=True)
+    slots = [torch.zeros(()) for _ in range(world_size)]
+    dist.all_gather(slots, (w * x).detach())
+    slots[rank] = w * x
+    (torch.stack(slots) ** 2).sum().backward()
+    plain = w.grad.clone()
+    w = torch.tensor(1.0, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        gathered = distnn.all_gather(w * x)
+    (torch.stack(list(gathered)) ** 2).sum().backward()
+    grads = torch.stack([plain, w.grad])
+    dist.all_reduce(grads, op=dist.ReduceOp.AVG)
+    return grads.tolist()
+
+
+expected_2 = ranks.run(squared_through_gather)[0]
+check_answer("ex2", answer_2, expected_2,
+             hint="(a) each rank's gradient has only its own term, 2 x²; (b) every term reaches its owner")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+own = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # (a) rank r keeps only 2 w x_r^2: 2 and 8
+autograd = [world_size * g for g in own]  # (b) the backward sums slot r's gradient over the ranks: 4 and 16
+solution_2 = [sum(own) / world_size, sum(autograd) / world_size]  # averaged: 5 (half of 10) and 10
+check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).
+
+# %%
+ranks.stop()
