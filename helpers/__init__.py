@@ -7,7 +7,7 @@ Its whole public surface, what notebooks, course helpers, ``ci/`` and the docs i
     from helpers.engine import launch, worker_device   # fn(rank, world_size, ...) on N real ranks
     import helpers.mp as mp                            # torch.multiprocessing's spawn/Process, notebook-safe
     from helpers.engine import start_ranks             # warm ranks across cells (%%px)
-    import helpers.engine.cluster as cluster           # notebook 07: torchrun agents, two-node rehearsal
+    import helpers.engine.cluster as cluster           # notebook 07a: torchrun agents, two-node rehearsal
 
     helpers.engine: launch, spawn, start_ranks, current_ranks, WarmRanks, worker_device,
         main_from_env (the torchrun entry of a launch worker), resolve_backend, BACKENDS,
@@ -25,11 +25,11 @@ The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/`
     sampler        -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
     dataparallel   -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
     mnist_config   -- the MNIST models and TrainConfig
-    mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04 and 07 and bench
+    mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04, 07a, 07b and bench
     mnist_eval     -- distributed accuracy and peak memory
-    mnist_torchrun -- notebook 07: what every torchrun rank runs (MNIST training, failure injection)
+    mnist_torchrun -- notebook 07a: what every torchrun rank runs (MNIST training, failure injection)
     costmodel      -- notebook 05: the alpha-beta cost model of ring all-reduce
-    comm_hooks     -- notebook 07: the bytes DDP communication hooks send, by formula
+    comm_hooks     -- notebook 07b: the bytes DDP communication hooks send, by formula
     notebook       -- the learner recipe every notebook follows: parameter checks, exercises
     param_types    -- the parameter-type rule shared by the notebooks' checks and the runner
     replicas       -- assert_in_sync(model): are the replicas of the learner's own model the same on every rank

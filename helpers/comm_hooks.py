@@ -1,6 +1,6 @@
-"""DDP communication hooks: the byte-count formulas notebook 07 checks its measured counts against.
+"""DDP communication hooks: the byte-count formulas notebook 07b checks its measured counts against.
 
-Notebook 07 writes the hooks, the counting of bytes and the DDP training that measures them in
+Notebook 07b writes the hooks, the counting of bytes and the DDP training that measures them in
 its cells. What stays here is the arithmetic, independent of that code:
 
 - :class:`HookSpec`: which built-in hook (``torch.distributed.algorithms.ddp_comm_hooks``):
@@ -15,7 +15,7 @@ its cells. What stays here is the arithmetic, independent of that code:
 - :func:`powersgd_compresses` and :func:`expected_bytes_per_step`: the bytes each rank hands to
   ``all_reduce`` per step, by formula.
 
-Reference: https://pytorch.org/docs/stable/ddp_comm_hooks.html. Used by notebook 07.
+Reference: https://pytorch.org/docs/stable/ddp_comm_hooks.html. Used by notebook 07b.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class HookSpec:
                 "bf16": "bf16 compression"}.get(self.name, f"PowerSGD rank {self.rank}")
 
 
-#: The comparison of notebook 07: no compression, fp16, bf16, PowerSGD rank 1 and 4.
+#: The comparison of notebook 07b: no compression, fp16, bf16, PowerSGD rank 1 and 4.
 DEFAULT_SPECS = (HookSpec("allreduce"), HookSpec("fp16"), HookSpec("bf16"),
                  HookSpec("powersgd", rank=1), HookSpec("powersgd", rank=4))
 

@@ -1,4 +1,4 @@
-"""What every rank runs: ``python -m helpers.engine.cluster`` under torchrun (notebook 07).
+"""What every rank runs: ``python -m helpers.engine.cluster`` under torchrun (notebook 07a).
 
 :func:`main` parses the training options, initialises the default process group from the
 environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs

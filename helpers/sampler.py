@@ -19,7 +19,7 @@ accepts ``num_replicas`` and ``rank`` explicitly, so no process group is needed 
 The sampler splits **indices**; it assumes every rank holds the *same* dataset. Padding is fine
 for training and wrong for measuring: :func:`unpadded_shard_indices` and :func:`distributed_eval_counts` (all-reduced
 ``correct`` and ``total`` counts) count every item exactly once;
-``helpers.mnist_train.distributed_accuracy`` (used by notebook 07 and the benchmarks) is built
+``helpers.mnist_train.distributed_accuracy`` (used by notebook 07b and the benchmarks) is built
 on them.
 
 References: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler

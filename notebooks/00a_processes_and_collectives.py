@@ -359,7 +359,7 @@ assert [g.tolist() for g in gathered] == [[r + 1.0] for r in range(world_size)]
 # %% [markdown]
 # `reduce_scatter(out, inputs)` is a reduce followed by a scatter: every rank passes a list of
 # `world_size` tensors; slot `i` of all ranks is summed and lands on rank `i`. DDP does not
-# use it, but ZeRO / FSDP (notebook 07) are built on it. Rank `r` passes `[10 r + 0, 10 r + 1]`.
+# use it, but ZeRO / FSDP (lesson 07b) are built on it. Rank `r` passes `[10 r + 0, 10 r + 1]`.
 #
 # **Claim:** rank 0 receives 0 + 10 = 10 (everyone's slot 0), rank 1 receives 1 + 11 = 12.
 

@@ -6,7 +6,7 @@ Notebooks, the course's helpers, ``ci/`` and the docs use only this public surfa
     from helpers.engine import launch, worker_device    # fn(rank, world_size, ...) on N real ranks
     import helpers.mp as mp                             # torch.multiprocessing's spawn/Process, notebook-safe
     from helpers.engine import start_ranks              # warm ranks across cells (%%px)
-    import helpers.engine.cluster as cluster            # notebook 07: torchrun agents, two-node rehearsal
+    import helpers.engine.cluster as cluster            # notebook 07a: torchrun agents, two-node rehearsal
 
 Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import torch, nor do its
 ``fork_server``, ``run_dir`` and ``processes`` modules; the first name used imports what it needs):

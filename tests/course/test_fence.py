@@ -2,7 +2,7 @@
 
 1. Every notebook twin, every course module (``helpers/*.py`` outside ``engine/``,
    ``helpers/bench``, ``helpers/doctor``) and ``ci/`` imports from the engine only its public
-   surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and notebook 07's torchrun tools
+   surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and notebook 07a's torchrun tools
    ``helpers.engine.cluster`` (names in its ``__all__``). A forbidden import fails naming the file,
    the line and the module.
 2. No engine module imports a course module (the engine runs the course's torchrun worker by name:

@@ -42,7 +42,8 @@ LEARNER_NOTEBOOKS = [
     "06a_training_loop_pitfalls",
     "06b_state_across_ranks",
     "06c_seeds_and_debugging",
-    "07_from_notebook_to_cluster",
+    "07a_torchrun_and_many_nodes",
+    "07b_hooks_and_after_ddp",
 ]
 
 GLOSSARY_LINK = "../docs/GLOSSARY.md"

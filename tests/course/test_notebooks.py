@@ -21,7 +21,7 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 # rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
 # order of the tests is all they are used for)
-SMOKE_SECONDS = {"00": 45, "05": 85, "06": 35, "07": 110}
+SMOKE_SECONDS = {"00": 45, "05": 85, "06": 35, "07": 55}
 #: the lesson label of the Python matrix notebook (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
 MATRIX_NOTEBOOK = "00a"
 

@@ -1,9 +1,9 @@
-"""helpers.engine.cluster and helpers.comm_hooks' formulas (notebook 07; its cells count the real bytes):
+"""helpers.engine.cluster and helpers.comm_hooks' formulas (notebooks 07a, 07b; 07b counts the real bytes):
 torchrun commands and failure reports, network namespaces removed on error, a job's timeout,
 communication hook byte counts.
 
 The torchrun jobs themselves (one node against ``launch``, two nodes on loopback and in two
-network namespaces, a node failure, ``--max-restarts``) are asserted by notebook 07's cells,
+network namespaces, a node failure, ``--max-restarts``) are asserted by notebook 07a's cells,
 which the suite runs in the smoke profile (tests/course/test_notebooks.py): real agents as
 subprocesses, nothing left behind. They are not run a second time here. This file starts one
 real agent, whose rendezvous never completes, to check the timeout.
@@ -150,7 +150,7 @@ def netns_ok():
 
 def test_network_namespaces_refused_clearly_off_linux(monkeypatch):
     """On macOS or Windows the rehearsal says it needs Linux (no `ip` command run, no traceback
-    from subprocess); notebook 07 prints that reason and skips its part 3."""
+    from subprocess); notebook 07a prints that reason and skips its part 3."""
     monkeypatch.setattr(sys, "platform", "darwin")
     ok, why = netns_available()
     assert not ok and "Linux" in why and "darwin" in why, why

@@ -1,4 +1,4 @@
-r"""From the notebook to a cluster: notebook 04's MNIST training under ``torchrun`` (notebook 07).
+r"""From the notebook to a cluster: notebook 04's MNIST training under ``torchrun`` (notebook 07a).
 
 This package is the engine's side: an entry point and two modules, one job each; their public names are
 importable from here:
@@ -10,7 +10,7 @@ importable from here:
    (with ``--output DIR``) writes each rank's history and what torchrun told it (``RANK``,
    ``LOCAL_RANK``, ``GROUP_RANK`` = node rank, ``WORLD_SIZE``, restart count, network namespace)
    to ``DIR/rank<RANK>.json``; it can also inject a failure (below). For the same seed and
-   configuration the loss history equals the notebook's ``launch`` run (asserted in notebook 07
+   configuration the loss history equals the notebook's ``launch`` run (asserted in notebook 07a
    and ``tests/engine/test_cluster.py``).
 2. :mod:`helpers.engine.cluster.agents` -- **starting torchrun agents from Python** (a notebook cell or
    a test) as subprocesses, with a timeout, leaving no agent or worker behind:
@@ -64,7 +64,7 @@ https://pytorch.org/docs/stable/elastic/rendezvous.html; errors and ``@record``
 https://pytorch.org/docs/stable/elastic/errors.html.
 """
 
-# REPO_ROOT: notebook 07 shortens the command lines it prints with ``cluster.REPO_ROOT``
+# REPO_ROOT: notebook 07a shortens the command lines it prints with ``cluster.REPO_ROOT``
 from helpers import REPO_ROOT
 from helpers.engine.cluster.agents import (
     AgentRun,

@@ -1,4 +1,4 @@
-"""``python -m helpers.engine.cluster ...``: the torchrun entry point of notebook 07.
+"""``python -m helpers.engine.cluster ...``: the torchrun entry point of notebook 07a.
 
 What each rank runs is the course's MNIST training (:mod:`helpers.mnist_torchrun`), which the
 engine runs by name (:data:`ENTRY`), so no engine module imports a course module.

@@ -1,6 +1,6 @@
 """Two "nodes" on one Linux host: two network namespaces joined by a veth pair.
 
-A two-node torchrun rehearsal (notebook 07, :func:`helpers.engine.cluster.run_job` with
+A two-node torchrun rehearsal (notebook 07a, :func:`helpers.engine.cluster.run_job` with
 ``network=TwoNodeNetwork()``) runs each agent inside its own namespace, so every byte between
 the nodes really crosses a network interface, whose kernel counters :meth:`TwoNodeNetwork.counters`
 reads. Needs ``ip`` (iproute2) and root or ``CAP_SYS_ADMIN`` + ``CAP_NET_ADMIN``;
