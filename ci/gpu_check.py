@@ -5,7 +5,7 @@
 Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the others):
 
 1. the runner's ``gpu`` profile on every notebook with a GPU branch (01 real ``nn.DataParallel``,
-   04 real DP against DDP, 05 the benchmarks' CUDA device, 06b SyncBatchNorm on GPU, 07a and
+   04 real DP against DDP, 05a and 05b the benchmarks' CUDA device, 06b SyncBatchNorm on GPU, 07a and
    07b the ``nccl`` rows), executed notebooks under ``OUT_DIR/notebooks/gpu/``;
 2. :func:`helpers.engine.launch` with ``backend="nccl"`` at ``world_size`` 1 (an all-reduce of a
    CUDA tensor, checked);
@@ -50,7 +50,7 @@ except ModuleNotFoundError as e:  # run as a file without the repository install
              "or run `python3 -m ci.gpu_check ...` from the repository root")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-GPU_NOTEBOOKS = ["01", "04", "05", "06b", "07a", "07b"]
+GPU_NOTEBOOKS = ["01", "04", "05a", "05b", "06b", "07a", "07b"]
 EXIT_OK, EXIT_FAILED, EXIT_NO_CUDA = 0, 1, 2
 
 

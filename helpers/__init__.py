@@ -28,14 +28,14 @@ The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/`
     mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04, 07a, 07b and bench
     mnist_eval     -- distributed accuracy and peak memory
     mnist_torchrun -- notebook 07a: what every torchrun rank runs (MNIST training, failure injection)
-    costmodel      -- notebook 05: the alpha-beta cost model of ring all-reduce
+    costmodel      -- notebook 05b: the alpha-beta cost model of ring all-reduce
     comm_hooks     -- notebook 07b: the bytes DDP communication hooks send, by formula
     notebook       -- the learner recipe every notebook follows: parameter checks, exercises
     param_types    -- the parameter-type rule shared by the notebooks' checks and the runner
     replicas       -- assert_in_sync(model): are the replicas of the learner's own model the same on every rank
     captured       -- notebook 06: a launch's warnings and dumps as one line, the full text folded under it
     jupyter_hooks  -- JupyterLab's pre-save hook (jupyter_lab_config.json): saving leaves git clean
-    bench          -- notebook 05 (a package): the benchmarks, python3 -m helpers.bench
+    bench          -- notebooks 05a, 05b (a package): the benchmarks, python3 -m helpers.bench
     doctor         -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
                       JupyterLab and the kernel) that says ok or how to fix each line
 

@@ -1,6 +1,6 @@
 """The alpha-beta cost model of ring all-reduce, and what it predicts for data-parallel training.
 
-Introduced in notebook 05 ("where the time goes"). Pure arithmetic (numpy), no processes.
+Introduced in notebook 05b ("communication and cost model"). Pure arithmetic (numpy), no processes.
 
 **The model.** A ring all-reduce of ``S`` bytes over ``n`` processes is a reduce-scatter followed
 by an all-gather, ``2 (n - 1)`` steps in all; in every step each process sends one chunk of

@@ -224,7 +224,8 @@ pd.DataFrame(rows).set_index("rank")
 # ## 2b. The same averaging, written by hand
 #
 # What DDP's backward adds is one collective per gradient (DDP groups them into buckets and
-# overlaps them with the backward; see notebook 05): `dist.all_reduce(grad)` leaves the
+# overlaps them with the backward; see notebook
+# [05b](05b_communication_and_cost_model.ipynb)): `dist.all_reduce(grad)` leaves the
 # element-wise **sum** over ranks on every rank. DDP divides **first**: its reducer multiplies
 # each gradient by `1 / world_size` while copying it into its bucket, then all-reduces the
 # bucket with `SUM` (`torch/csrc/distributed/c10d/reducer.cpp`: "Divides while copying into the

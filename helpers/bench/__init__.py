@@ -1,9 +1,9 @@
-"""Benchmarks: where the time goes when DDP trains MNIST (notebook 05, and a command line).
+"""Benchmarks: where the time goes when DDP trains MNIST (notebooks 05a and 05b, and a command line).
 
 Run every benchmark from the repository root; each prints a table and writes JSON::
 
     python -m helpers.bench                       # all benchmarks, full profile, to build/bench/
-    python -m helpers.bench --profile smoke       # small and quick (notebook 05's CI sizes; no memory/launch runs)
+    python -m helpers.bench --profile smoke       # small and quick (05a and 05b CI sizes; no memory/launch runs)
     python -m helpers.bench pipeline allreduce    # only some: pipeline scaling allreduce launch memory buckets
     python -m helpers.bench --out /tmp/bench      # another output folder
 
@@ -123,7 +123,7 @@ from helpers.bench.threads import (
     threads_worker,
 )
 
-# the private names above are shown by notebook 05 (inspect.getsource) and used by tests/course/test_bench.py
+# the private names above are shown by notebooks 05a and 05b (inspect.getsource) and used by tests/course/test_bench.py
 
 __all__ = [
     "BENCHMARKS",

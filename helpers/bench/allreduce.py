@@ -37,7 +37,7 @@ def allreduce_worker(rank: int, world_size: int, sizes_bytes: Sequence[int], war
     It also counts the bytes each rank really **sent** during the timed calls: the kernel's
     ``wchar`` counter of ``/proc/self/io`` (bytes passed to ``write``-family system calls, which
     is how gloo sends over its TCP sockets; Linux only). That is a measurement, independent of
-    the ring formula ``2(n-1)/n * S`` that defines busbw (notebook 05 compares the two).
+    the ring formula ``2(n-1)/n * S`` that defines busbw (notebook 05b compares the two).
 
     Returns:
         rank 0: one row per size: ``bytes``, ``world_size``, ``iters``, ``seconds`` (one

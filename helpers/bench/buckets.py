@@ -1,5 +1,5 @@
 """DDP gradient buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) against step time, and a
-``torch.profiler`` timeline of all-reduce overlapping backward (notebook 05).
+``torch.profiler`` timeline of all-reduce overlapping backward (notebook 05b).
 
 Units: milliseconds (ms), seconds (s), MB (1e6 bytes), MiB (2**20 bytes).
 """

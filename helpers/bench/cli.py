@@ -23,7 +23,7 @@ from helpers.bench.pipeline import bench_pipeline
 from helpers.bench.scaling import bench_scaling
 
 #: The first line of ``--help``.
-DESCRIPTION = "Benchmarks: where the time goes when DDP trains MNIST (notebook 05, and a command line)."
+DESCRIPTION = "Benchmarks: where the time goes when DDP trains MNIST (notebooks 05a and 05b, and a command line)."
 
 # pandas is imported where the tables are made, not here: every rank of every benchmark imports
 # this package, and pandas adds about 0.3 s to each rank's start (python -X importtime).

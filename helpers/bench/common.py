@@ -38,7 +38,7 @@ MLP_WIDTH = 512
 MLP_HIDDEN = 12
 MLP_PARAMS = 784 * MLP_WIDTH + MLP_WIDTH + (MLP_HIDDEN - 1) * (MLP_WIDTH * MLP_WIDTH + MLP_WIDTH) + MLP_WIDTH * 10 + 10
 
-#: Sizes of each benchmark per profile. ``smoke`` is what notebook 05 runs in CI (small, no
+#: Sizes of each benchmark per profile. ``smoke`` is what notebooks 05a and 05b run in CI (small, no
 #: timing claims); ``full`` is the real measurement (a few minutes on 2 CPU cores).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {

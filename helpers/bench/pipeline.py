@@ -1,5 +1,5 @@
 """Input pipeline: the seed recipe (torchvision ``ToTensor`` + ``Normalize`` per item, a
-``DataLoader``) against the project's in-memory tensors, same model, same sampler order (notebook 05).
+``DataLoader``) against the project's in-memory tensors, same model, same sampler order (notebook 05a).
 
 Units: seconds (s), samples per second (samples/s).
 """

@@ -1,4 +1,4 @@
-"""Scaling: training samples/s by world size, threads per rank, model and global batch (notebook 05).
+"""Scaling: training samples/s by world size, threads per rank, model and global batch (notebook 05a).
 
 Every mode runs in **one** launch of ``max(world_size)`` ranks and the modes are timed in
 alternation (:func:`helpers.bench.common.run_interleaved`): after a warm-up of every mode, round

@@ -1,5 +1,5 @@
 """Threads per rank: what each launcher leaves a rank (torchrun, mp.spawn, elastic_launch,
-helpers.engine.launch), measured in real processes (notebook 05)."""
+helpers.engine.launch), measured in real processes (notebook 05a)."""
 
 from __future__ import annotations
 

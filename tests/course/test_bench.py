@@ -316,7 +316,7 @@ def test_tiny_scaling(no_leftover_processes):
 @pytest.mark.slow(4)
 @pytest.mark.timeout(180)
 def test_scaling_alternates_every_mode_in_one_launch(no_leftover_processes):
-    """Notebook 05's comparison: 1 and 2 ranks, the single process and DP, timed in alternation
+    """Notebook 05a's comparison: 1 and 2 ranks, the single process and DP, timed in alternation
     (round after round of one block per mode), each warmed up first; rows report median and min-max."""
     rows = bench.bench_scaling([[1, 1], [2, 1]], ["linear"], [64], steps=1, warmup=1, rounds=3, local=True)
     labels = [r["label"] for r in rows]
@@ -377,7 +377,7 @@ def test_tiny_buckets_and_timeline(no_leftover_processes):
 def test_threads_by_launcher_hides_omp_num_threads_and_restores_it(monkeypatch):
     """The children of ``bench_threads_by_launcher`` see no OMP_NUM_THREADS (each launcher's own
     default is what is measured) and the caller's value is back afterwards, even when a child
-    fails. Every row of the real run (five launchers, real processes) is asserted by notebook 05,
+    fails. Every row of the real run (five launchers, real processes) is asserted by notebook 05a,
     section 2, which the suite runs in the smoke profile (tests/course/test_notebooks.py)."""
     from helpers.bench import threads
 
