@@ -42,14 +42,16 @@ def marked_warm_ranks(mark, timeout):
 
 def marked_processes(mark, cmd_contains="ipyparallel"):
     """Processes (anywhere on the machine) whose environment has ``RANKS_MARK=mark`` and whose
-    command line contains ``cmd_contains`` (engines, nannies, the controller and its schedulers)."""
+    command line or name contains ``cmd_contains`` (engines, nannies, the controller and its schedulers)."""
     import os
 
     found = []
     for p in psutil.process_iter():
         try:
+            # the name too: a warm-rank engine forked from the fork server has the server's command
+            # line and the name helpers.engine.warm_ranks_forked.ENGINE_NAME ("ipyparallel-eng")
             if p.pid != os.getpid() and p.environ().get(RANKS_MARK) == mark \
-                    and cmd_contains in " ".join(p.cmdline()):
+                    and cmd_contains in " ".join([p.name(), *p.cmdline()]):
                 found.append(p)
         except psutil.Error:
             pass

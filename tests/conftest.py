@@ -36,7 +36,8 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """``stress`` tests left out unless asked for (:func:`_stress_selected`); then longest tests first, so that no worker is left running a long one alone at the end, and
+    """``stress`` tests left out unless asked for (:func:`_stress_selected`); then longest tests
+    first, so that no worker is left running a long one alone at the end, and
     the tests that share a module-scoped fixture in one worker, so that it is built once.
 
     ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a

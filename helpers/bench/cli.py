@@ -17,7 +17,7 @@ from typing import Any
 from helpers.bench.allreduce import bench_allreduce
 from helpers.bench.buckets import bench_buckets, timeline_overlap
 from helpers.bench.common import BENCHMARKS, DEFAULT_OUT, MLP_PARAMS, PROFILES, machine_info, profile_config
-from helpers.bench.launch_overhead import WARM_RUN, WARM_START, bench_launch_overhead
+from helpers.bench.launch_overhead import WARM_RUN, WARM_START, WARM_START_FRESH, bench_launch_overhead
 from helpers.bench.memory import bench_memory
 from helpers.bench.pipeline import bench_pipeline
 from helpers.bench.scaling import bench_scaling
@@ -77,7 +77,9 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
         cold, warm = med.get(("helpers.engine.launch", 2)), med.get((WARM_RUN, 2))
         if cold and warm:
             tables.append(("warm ranks against a cold launch, 2 ranks (medians)", pd.DataFrame([{
-                "start_ranks_s": med.get((WARM_START, 2)), "cold_launch_s": cold, "warm_run_s": warm,
+                "start_ranks_s": med.get((WARM_START, 2)),
+                "start_ranks_fresh_engines_s": med.get((WARM_START_FRESH, 2)),
+                "cold_launch_s": cold, "warm_run_s": warm,
                 "warm_speedup_x": cold / warm}])))
         return tables
     if name == "memory":

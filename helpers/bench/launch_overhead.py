@@ -107,13 +107,16 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
 #: Method names of the warm-rank rows (:func:`bench_warm_ranks`).
 WARM_START = "helpers.engine start_ranks (engines, torch, group)"
 WARM_RUN = "helpers.engine WarmRanks.run (warm)"
+#: The same start with ``env=`` set: the engines are fresh interpreters that import torch themselves
+#: (:mod:`helpers.engine.warm_ranks_forked` forks them from the fork server otherwise).
+WARM_START_FRESH = "helpers.engine start_ranks(env=...) (fresh engines, each imports torch)"
 
 
 def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, Any]]:
     """Seconds to start warm ranks (:func:`helpers.engine.start_ranks`: ipyparallel engines, each
     importing torch, and the process group) and for :func:`trivial_worker` through
-    ``WarmRanks.run`` once they are warm (after one untimed call). Same rows as
-    :func:`bench_launch_overhead`."""
+    ``WarmRanks.run`` once they are warm (after one untimed call), then one more start with ``env``
+    set (:data:`WARM_START_FRESH`), side by side. Same rows as :func:`bench_launch_overhead`."""
     # imported here, not at the top: helpers.engine.warm_ranks imports ipyparallel (about 1 s, measured with
     # python -X importtime), and every rank of every benchmark imports this package
     from helpers.engine import start_ranks
@@ -131,5 +134,13 @@ def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, A
             assert got == list(range(world_size)), got
     finally:
         ranks.stop()
+    t0 = time.perf_counter()
+    fresh = start_ranks(world_size, env={"DDP_LAB_BENCH_FRESH_ENGINES": "1"}, activate=False)
+    rows.append({"method": WARM_START_FRESH, "world_size": world_size, "repeat": 0,
+                 "seconds": time.perf_counter() - t0})
+    try:
+        assert fresh.run(trivial_worker) == list(range(world_size))
+    finally:
+        fresh.stop()
     return rows
 

@@ -22,8 +22,10 @@ import psutil
 
 from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as eng
+from helpers.engine.fork_server import start_method
 from helpers.engine.launcher import threads_per_rank
 from helpers.engine.processes import descendants, end_processes, is_live
+from helpers.engine.warm_ranks_forked import ForkedEngineSetLauncher
 
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
@@ -97,8 +99,11 @@ class RanksLifeCycle:
         self._ipp_log.addHandler(self._ipp_held)
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         deadline = time.monotonic() + _START_TIMEOUT_S
+        # engines forked from the fork server (torch imported there once) unless extra env must be set before torch
+        forked = not self.env and start_method() == "forkserver"
+        forked = {"engine_launcher_class": ForkedEngineSetLauncher} if forked else {}
         self.cluster = ipp.Cluster(
-            controller_args=eng.CONTROLLER_ARGS,
+            **forked, controller_args=eng.CONTROLLER_ARGS,
             n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
             controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
             log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))

@@ -405,9 +405,10 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     rows = bench.bench_launch_overhead(world_sizes=(2,), repeats=1)
     methods = {r["method"] for r in rows}
     assert {"helpers.engine.launch", bench.LAUNCH_FIRST, "torch.multiprocessing.spawn", bench.WARM_START,
-            bench.WARM_RUN} <= methods
+            bench.WARM_RUN, bench.WARM_START_FRESH} <= methods
     assert sum(r["method"] == bench.WARM_RUN for r in rows) == 10
     ((_, ratio),) = [t for t in bench._tables("launch", rows) if t[0].startswith("warm ranks")]
     warm_ratio = ratio["cold_launch_s"].iloc[0] / ratio["warm_run_s"].iloc[0]
-    assert list(ratio.columns) == ["start_ranks_s", "cold_launch_s", "warm_run_s", "warm_speedup_x"]
+    assert list(ratio.columns) == ["start_ranks_s", "start_ranks_fresh_engines_s", "cold_launch_s", "warm_run_s",
+                                   "warm_speedup_x"]
     assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(warm_ratio)

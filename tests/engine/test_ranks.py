@@ -177,6 +177,21 @@ def test_run_on_every_rank_with_its_group(ranks):
         assert {g["threads"] for g in got} == {threads_per_rank(2)}
 
 
+def test_engines_are_forked_from_the_fork_server_with_torch_imported(ranks):
+    """Each engine is a child of this process's fork server (helpers.engine.warm_ranks_forked), so
+    torch was imported there once, not again per rank; named so that ``ps`` tells it apart from the
+    server, whose command line it has; its multiprocessing start method is the platform's default."""
+    import multiprocessing
+
+    from helpers.engine.fork_server import fork_server_pid
+    from helpers.engine.warm_ranks_forked import ENGINE_NAME
+
+    got = ranks.run(lambda rank, world_size: (os.getppid(), psutil.Process().name(), os.getsid(0) == os.getpid(),
+                                              multiprocessing.get_start_method()))
+    server = fork_server_pid()
+    assert server is not None and got == [(server, ENGINE_NAME, True, multiprocessing.get_start_method())] * 2, got
+
+
 @pytest.mark.matrix
 def test_cell_defined_module_and_collective(ranks):
     class Scale(torch.nn.Module):  # a class defined in the caller, as in a notebook cell
@@ -299,6 +314,8 @@ def test_other_world_size_or_env_replaces_and_stop_is_idempotent(ranks, no_lefto
     assert one.run(lambda rank, world_size: (rank, world_size, os.environ["DDP_LAB_RANKS_TEST"])) == [(0, 1, "yes")]
     # in the environment the engine process started with (/proc/<pid>/environ), i.e. set before torch was imported
     assert [psutil.Process(p).environ().get("DDP_LAB_RANKS_TEST") for p in one.pids] == ["yes"]
+    # so a fresh interpreter of this process's, not a fork of the server (whose torch came before the variable)
+    assert [psutil.Process(p).ppid() for p in one.pids] == [os.getpid()]
     one.stop()
     one.stop()
     ranks.stop()

@@ -1,0 +1,106 @@
+"""Warm ranks' engines forked from the fork server: ``import torch`` is not paid again per rank.
+
+ipyparallel starts each engine as a fresh interpreter (``python -m ipyparallel.engine``), which
+then imports torch (seconds of CPU per rank, per start). :class:`ForkedEngineSetLauncher` starts
+each engine instead as a child of the fork server :func:`helpers.engine.launch` uses
+(:mod:`helpers.engine.fork_server`), which has torch imported already: a ``forkserver``
+``multiprocessing.Process`` whose target runs ipyparallel's engine app
+(``ipyparallel.engine.app.main``) with the arguments, environment, output file and new session
+ipyparallel's own :class:`~ipyparallel.cluster.launcher.LocalEngineLauncher` would have given the
+fresh interpreter. What it inherits from the server is what a launch's rank inherits: the modules
+in :data:`helpers.engine.fork_server.PRELOAD` and the caller's environment of now (the server
+is restarted when ``os.environ`` changed); none of the kernel's state.
+
+Used when no extra ``env`` is asked for (variables meant to be set before torch is imported, such
+as ``OMP_NUM_THREADS``, would come too late in a process that has torch already) and the fork
+server is available; otherwise the engines start as ipyparallel starts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.process
+import os
+import sys
+
+import psutil
+from ipyparallel.cluster import launcher
+
+from helpers.engine.fork_server import close_inherited_pipe, fork_server
+
+__all__ = ["ENGINE_NAME", "ForkedEngineLauncher", "ForkedEngineSetLauncher"]
+
+#: A forked engine's process name (``/proc/<pid>/comm``, what ``ps`` and ``psutil.Process.name()``
+#: show; at most 15 characters): its command line is the fork server's, so this tells it apart.
+ENGINE_NAME = "ipyparallel-eng"
+_PR_SET_NAME = 15  # from <linux/prctl.h>
+
+
+def _engine_main(args: list[str], env: dict[str, str], output_file: str, cwd: str | None) -> None:
+    """In the forked child: become what ipyparallel's ``Popen`` would have started, then run the engine."""
+    close_inherited_pipe()  # the server must notice its parent's death while engines live
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ENGINE_NAME.encode(), 0, 0, 0)
+    multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh interpreter
+    os.setsid()  # ipyparallel's start_new_session=True: no signal to the kernel's group reaches the engine
+    out = os.open(output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's own streams)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    sys.argv = ["ipengine", *args]
+    from ipyparallel.engine.app import main
+
+    main()
+
+
+class ForkedEngineLauncher(launcher.LocalEngineLauncher):
+    """One engine, forked from the fork server (see the module's docstring); stopped, signalled and
+    waited for by pid as ipyparallel's own launcher does, with the exit code the fork server reports."""
+
+    _mp = None
+
+    def start(self):
+        if self.state != "before":
+            raise launcher.ProcessStateError(f"The process was already started and has state: {self.state}")
+        env = os.environ.copy()
+        env.update(self.get_env())
+        args = list(self.args[len(self.engine_cmd):])
+        with fork_server():
+            proc = multiprocessing.get_context("forkserver").Process(
+                target=_engine_main, args=(args, env, self.output_file, self.work_dir), name=self.identifier)
+            proc.start()
+        # not joined at this process's exit by multiprocessing (the ranks' own stop ends it)
+        multiprocessing.process._children.discard(proc)
+        self._mp = proc
+        self.pid = proc.pid
+        self.process = psutil.Process(proc.pid)
+        self.notify_start(proc.pid)
+        self._start_waiting()
+
+    def _wait(self):
+        exit_code = None
+        while not self._stop_waiting.is_set() and self.state == "running":
+            if self._mp._popen.wait(timeout=1.0) is not None:
+                exit_code = self._mp.exitcode
+                break
+        self.process._exitcode = exit_code  # where helpers.engine.warm_ranks_remote.exit_description reads it
+        stop_data = dict(exit_code=exit_code, pid=self.pid, identifier=self.identifier)
+        self.loop.add_callback(lambda: self.notify_stop(stop_data))
+
+
+class ForkedEngineSetLauncher(launcher.LocalEngineSetLauncher):
+    """ipyparallel's local engine set, each engine a :class:`ForkedEngineLauncher`."""
+
+    launcher_class = ForkedEngineLauncher
