@@ -17,6 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- run-time:start -->
+# **Run time**: not measured yet. **Reading time** (estimate: about 2,000 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** recognise six DDP mistakes that raise no error, work out by hand the
