@@ -548,8 +548,9 @@ dropped = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=Fal
 # %% [markdown]
 # **Claim:** ranks 0 to 6 get items `0, 1, 2, 0, 1, 2, 0`: item 0 is trained on three times per
 # epoch, items 1 and 2 twice. With `drop_last=True` every rank gets nothing and a loop over the
-# loader runs zero steps, without an error. The replicas stay identical either way; the check is
-# the warning.
+# loader runs zero steps, without an error. The fix: no more ranks than items (3 items on 3
+# ranks: one distinct item each), or, for a tiny validation set, every rank evaluating all of
+# it. The replicas stay identical either way; the check is the warning.
 
 # %% tags=["check"]
 assert dealt == [[0], [1], [2], [0], [1], [2], [0]], dealt
@@ -557,7 +558,8 @@ assert [sum(d.count(i) for d in dealt) for i in range(3)] == [3, 2, 2]
 assert dropped == [[]] * 7, dropped
 assert small_data_warning(3, 7) == "3 items on 7 replicas: 4 of the 7 ranks get a repeated item"
 assert "every rank gets 0 items" in small_data_warning(3, 7, drop_last=True)
-assert small_data_warning(8, 2) is None
+assert [list(DistributedSampler(range(3), num_replicas=3, rank=r, shuffle=False)) for r in range(3)] == [[0], [1], [2]]
+assert small_data_warning(3, 3) is None and small_data_warning(8, 2) is None
 caught["6 few items"] = "not caught: the replicas stay identical"
 print(small_data_warning(3, 7))
 
