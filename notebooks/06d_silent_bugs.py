@@ -336,10 +336,15 @@ def reduce_worker(rank, world_size):
         dist.all_reduce(s)  # value: the sum over ranks; gradient: this rank's own
         s.backward()
         out["global: dist.all_reduce"] = (s.item(), ddp.module.weight.grad.item())
+        out["checker"] = [checked(ddp, grads=True)]
         ddp = DDP(one())
         s = dist_autograd.all_reduce(ddp(x).sum())  # FutureWarning in torch 2.14: still the public API
         s.backward()
         out["global: autograd all_reduce"] = (s.item(), ddp.module.weight.grad.item())
+        out["checker"].append(checked(ddp, grads=True))
+        plain = one()  # no DDP: this rank's own gradient of the global objective
+        dist_autograd.all_reduce(plain(x).sum()).backward()
+        out["autograd all_reduce, this rank's gradient"] = plain.weight.grad.item()
 
         ddp = DDP(one())
         loss = ddp(x).sum()
@@ -347,13 +352,14 @@ def reduce_worker(rank, world_size):
         loss /= world_size  # the mean over ranks: right for the log ...
         loss.backward()  # ... and the gradient is divided by world_size
         out["mean loss: in place"] = (loss.item(), ddp.module.weight.grad.item())
+        out["checker"].append(checked(ddp, grads=True))
         ddp = DDP(one())
         loss = ddp(x).sum()
         logged = loss.detach().clone()
         dist.all_reduce(logged)
         loss.backward()
         out["mean loss: detached copy"] = ((logged / world_size).item(), ddp.module.weight.grad.item())
-        out["checker"] = checked(ddp, grads=True)
+        out["checker"].append(checked(ddp, grads=True))
     out["warnings"] = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
 
     correct = torch.tensor(3 if rank == 0 else 5)  # int64 count of right answers on this rank
@@ -386,7 +392,8 @@ for r in range(WORLD):
     assert R[r]["global: autograd all_reduce"] == (4.0, 4.0), R[r]
     assert R[r]["mean loss: in place"] == (2.0, 1.0), R[r]
     assert R[r]["mean loss: detached copy"] == (2.0, 2.0), R[r]
-    assert R[r]["checker"] == "ok", R[r]["checker"]
+    assert R[r]["checker"] == ["ok"] * 4, R[r]["checker"]
+    assert R[r]["autograd all_reduce, this rank's gradient"] == 2 * x_of(r).item(), R[r]
     assert any("c10d::allreduce_: an autograd kernel was not registered" in w for w in R[r]["warnings"]), R[r]["warnings"]
 w = torch.ones(1, requires_grad=True)
 (w * (1.0 + 3.0)).sum().backward()  # the global objective in one process
@@ -430,6 +437,10 @@ def split_worker(rank, world_size, n_items, seed=0):
     train, val = random_split(data, sizes, generator=torch.Generator().manual_seed(seed))
     sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     out["same seed + DistributedSampler"] = {"train": [train[i] for i in sampler], "val": list(val)}
+    ddp = DDP(one())  # one step on this rank's first (per-rank seeded) item: the replicas still agree
+    ddp(torch.tensor([[float(out["per-rank seeds"]["train"][0])]])).sum().backward()
+    torch.optim.SGD(ddp.parameters(), lr=LR).step()
+    out["checker"] = checked(ddp, grads=True)
     every = [None] * world_size
     dist.all_gather_object(every, out)  # the check: gather every rank's shard
     return every
@@ -451,12 +462,12 @@ S = launch(split_worker, WORLD, n_items, backend="gloo", timeout=120)[0]
 # ranks, 4 items are validated on by one rank and trained on by the other, and 3 are never
 # trained on. With the same seed and `DistributedSampler` the shards are disjoint, no validation
 # item is trained on, and exactly the 2 validation items are never trained on. The replica
-# checker cannot see this (DDP keeps the replicas identical whatever data each rank reads); the
-# check is the gathered shards, `split_report`.
+# checker cannot see this: DDP keeps the replicas identical whatever data each rank reads (it
+# passes after a step on the per-rank shards). The check is the gathered shards, `split_report`.
 
 # %% tags=["check"]
 wrong, right = split_report(S, "per-rank seeds"), split_report(S, "same seed + DistributedSampler")
-assert all(e["randperm is the split"] for e in S)
+assert all(e["randperm is the split"] and e["checker"] == "ok" for e in S)
 assert wrong["trained by 2 ranks"] + wrong["validated and trained"] > 0, wrong
 if n_items == 10:
     assert list(wrong.values()) == [1, 4, 3], wrong
@@ -550,7 +561,7 @@ dropped = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=Fal
 # epoch, items 1 and 2 twice. With `drop_last=True` every rank gets nothing and a loop over the
 # loader runs zero steps, without an error. The fix: no more ranks than items (3 items on 3
 # ranks: one distinct item each), or, for a tiny validation set, every rank evaluating all of
-# it. The replicas stay identical either way; the check is the warning.
+# it. What finds it is a warning before training, `small_data_warning`.
 
 # %% tags=["check"]
 assert dealt == [[0], [1], [2], [0], [1], [2], [0]], dealt
