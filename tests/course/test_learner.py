@@ -43,6 +43,7 @@ LEARNER_NOTEBOOKS = [
     "06a_training_loop_pitfalls",
     "06b_state_across_ranks",
     "06c_seeds_and_debugging",
+    "06d_silent_bugs",
     "07a_torchrun_and_many_nodes",
     "07b_hooks_and_after_ddp",
 ]

@@ -1,0 +1,647 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06d · Silent DDP bugs
+#
+# <!-- run-time:start -->
+# **Run time**: not measured yet. **Reading time** (estimate: about 2,000 words of prose at 200 words/min): about 10 min.
+# <!-- run-time:end -->
+#
+# **You will be able to** recognise six DDP mistakes that raise no error, work out by hand the
+# wrong number each one gives, fix it, and put a check into your own loop that finds it:
+# `helpers.replicas.assert_in_sync` where the replicas drift apart, and a value check where they
+# stay identical but wrong. **You need** [00a](00a_processes_and_collectives.ipynb) and
+# [00b](00b_ddp_cell_by_cell.ipynb) (collectives, what DDP does in a step) and
+# [06a](06a_training_loop_pitfalls.ipynb) (`no_sync`, unused parameters).
+#
+# **The question:** my DDP run finished without an error: is it training the model I think it is?
+#
+# One section per mistake. Each runs a tiny model on 2 real ranks (`launch`, backend `gloo`, CPU)
+# with inputs chosen so every number can be worked by hand: `x = 1` on rank 0, `x = 3` on rank 1,
+# weights start at 1, the learning rate is 1/8 (so every weight is exact in float32). Each section
+# shows the wrong value, the right value and the fix, and says whether the replica checker
+# catches the mistake at its first wrong step. Each claim (in bold, "Claim:") is asserted in the
+# code cell right after it, tagged `check`.
+#
+# 1. bypassing the wrapper · 2. changing the model after wrapping · 3. all-reduce and autograd ·
+# 4. per-rank random splits · 5. clipping during accumulation · 6. fewer items than ranks
+#
+# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
+# [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+later_steps = 3  # wrapper steps after the bypassed step in section 1
+n_items = 10  # items of section 4's data set (2 of them for validation)
+
+# %%
+from helpers.notebook import check_answer, check_parameters, check_value
+
+check_parameters(later_steps=(later_steps, int), n_items=(n_items, int))
+check_value("later_steps", later_steps, 1 <= later_steps <= 20, "1 to 20")
+check_value("n_items", n_items, 6 <= n_items <= 1000, "6 to 1000 (8 or more for training, 2 for validation)")
+
+# %%
+import contextlib
+import time
+import warnings
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_autograd
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.testing import assert_close
+from torch.utils.data import DistributedSampler, random_split
+
+from helpers.engine import launch
+from helpers.replicas import ReplicasDiverged, assert_in_sync
+
+t_notebook = time.perf_counter()
+WORLD = 2  # every section's numbers are worked by hand for 2 ranks
+LR = 0.125  # SGD learning rate: 1/8, so the weights below are exact in float32
+caught = {}  # section -> at which step assert_in_sync raised, or why it could not
+print(f"torch {torch.__version__}")
+
+# %% [markdown]
+# ## 0. Tools every section uses
+#
+# `one()` is `Linear(1, 1, bias=False)` with weight 1: its output is `w x`, and with the output
+# itself as the loss the gradient is `x`, 1 on rank 0 and 3 on rank 1, so DDP's averaged
+# gradient is `(1 + 3) / 2 = 2`. `checked(model)` runs the replica checker in a training loop
+# and returns its message instead of raising, so that a section can show it. In your own loop
+# you call `assert_in_sync(ddp)` (every rank: it is a collective) and let it raise.
+
+# %%
+def one(w=1.0):
+    """Linear(1, 1, bias=False) with weight w."""
+    lin = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(w)
+    return lin
+
+
+def x_of(rank):
+    return torch.tensor([[1.0 if rank == 0 else 3.0]])
+
+
+def checked(model, **kwargs):
+    """assert_in_sync's message, or "ok" when every rank holds the same model."""
+    try:
+        assert_in_sync(model, **kwargs)
+    except ReplicasDiverged as e:
+        return str(e)
+    return "ok"
+
+
+def train(ddp, steps, params):
+    """Run steps (callables returning the loss); check after each. (weights per step, first failing check)."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    weights, first = [], None
+    for step, loss_of in enumerate(steps, start=1):
+        opt.zero_grad(set_to_none=True)
+        loss_of().backward()
+        opt.step()
+        weights.append([round(p.item(), 6) for p in params])
+        message = checked(ddp)
+        if message != "ok" and first is None:
+            first = (step, message)
+    return weights, first
+
+# %% [markdown]
+# ## 1. Bypassing the wrapper
+#
+# DDP all-reduces gradients only for a forward that went through `ddp(...)`: the wrapper's
+# `forward` prepares the reducer, whose hooks fire in `backward()`. `ddp.module(x)` calls the
+# inner model directly, and so does any other method of it, `ddp.module.score(x)`: the backward
+# then leaves each rank with its own gradient. `Scorer` has both a `forward` and a `score` method
+# (`score = 2 w x`); the fix for a second method is to route it through `forward`, so that it is
+# called as `ddp(x, score=True)`.
+
+# %%
+class Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = one()
+
+    def forward(self, x, score=False):
+        return self.score(x) if score else self.lin(x)
+
+    def score(self, x):
+        return 2 * self.lin(x)
+
+
+def loss_of(ddp, call, x):
+    """A step's loss, through the wrapper or around it."""
+    return {"ddp": lambda: ddp(x).sum(), "module": lambda: ddp.module(x).sum(),
+            "score": lambda: ddp.module.score(x).sum(), "ddp_score": lambda: ddp(x, score=True).sum()}[call]
+
+
+def bypass_worker(rank, world_size, later_steps):
+    x = x_of(rank)
+    out = {}
+    plans = {"wrapper": ["ddp"], "ddp.module(x)": ["module"], "ddp.module.score(x)": ["score"],
+             "fix: ddp(x, score=True)": ["ddp_score"],
+             "mixed": ["ddp", "module"] + ["ddp"] * later_steps,
+             "exercise": ["module", "ddp", "ddp"]}
+    for name, plan in plans.items():
+        ddp = DDP(Scorer())
+        weights, first = train(ddp, [loss_of(ddp, c, x) for c in plan], [ddp.module.lin.weight])
+        out[name] = {"weights": [w[0] for w in weights], "first": first}
+    return out
+
+
+B = launch(bypass_worker, WORLD, later_steps, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** one step through the wrapper moves the weight by `LR × 2 = 0.25` on both ranks, to
+# 0.75. Through `ddp.module(x)` each rank steps with its own gradient: `1 − 0.125 = 0.875` on
+# rank 0, `1 − 3 × 0.125 = 0.625` on rank 1. Through `ddp.module.score(x)` (gradient `2x`):
+# 0.75 and 0.25. The fix, `ddp(x, score=True)`, gives `1 − 0.125 × 4 = 0.5` on both. The checker,
+# called after each step, raises at step 1 in both bypass runs, naming the parameter
+# `lin.weight`, the rank that differs and both values, and passes in the two others.
+
+# %% tags=["check"]
+def weights_by_rank(results, name, step=-1):
+    return [r[name]["weights"][step] for r in results]
+
+
+assert weights_by_rank(B, "wrapper") == [0.75, 0.75], weights_by_rank(B, "wrapper")
+assert weights_by_rank(B, "ddp.module(x)") == [0.875, 0.625], weights_by_rank(B, "ddp.module(x)")
+assert weights_by_rank(B, "ddp.module.score(x)") == [0.75, 0.25], weights_by_rank(B, "ddp.module.score(x)")
+assert weights_by_rank(B, "fix: ddp(x, score=True)") == [0.5, 0.5], weights_by_rank(B, "fix: ddp(x, score=True)")
+for name in ("wrapper", "fix: ddp(x, score=True)"):
+    assert B[0][name]["first"] is None, B[0][name]["first"]
+for name in ("ddp.module(x)", "ddp.module.score(x)"):
+    step, message = B[0][name]["first"]
+    assert step == 1 and B[1][name]["first"] == (step, message), (name, step)
+    assert "parameter 'lin.weight' (1, 1)" in message and "rank 1 differs from rank 0" in message, message
+message = B[0]["ddp.module(x)"]["first"][1]
+assert "rank 0 sum=0.875" in message and "rank 1 sum=0.625" in message, message
+caught["1 bypass"] = "step 1"
+print(message)
+
+# %% [markdown]
+# **Claim:** mixing wrapper and bypass calls across steps: after one synced step (0.75 on both)
+# and one `ddp.module(x)` step (0.625 and 0.375), `later_steps` more steps through the wrapper do
+# not bring the ranks back together: each moves both weights by the same averaged `0.25`, so the
+# gap stays exactly `0.25`. DDP broadcasts parameters only in its constructor (buffers, at every
+# forward); afterwards it only averages gradients, and equal updates keep any difference. The
+# checker raises at step 2, the bypassed one.
+
+# %% tags=["check"]
+mixed = [B[r]["mixed"]["weights"] for r in range(WORLD)]
+assert mixed[0][:2] == [0.75, 0.625] and mixed[1][:2] == [0.75, 0.375], mixed
+expected_gap = [0.0] + [0.25] * (1 + later_steps)
+assert [a - b for a, b in zip(*mixed)] == expected_gap, mixed
+assert B[0]["mixed"]["first"][0] == 2, B[0]["mixed"]["first"]
+caught["1 mixed"] = "step 2 (the bypassed one)"
+pd.DataFrame({"step": range(1, len(mixed[0]) + 1), "call": ["ddp(x)", "ddp.module(x)"] + ["ddp(x)"] * later_steps,
+              "weight, rank 0": mixed[0], "weight, rank 1": mixed[1]}).set_index("step")
+
+# %% [markdown]
+# ## 2. Changing the model after wrapping
+#
+# `DDP(model)` registers, once, a hook on each parameter that requires a gradient and sorts them
+# into buckets; a bucket is all-reduced when every one of its parameters has its gradient. Two
+# changes after the wrap break that silently for one step: freezing a parameter
+# (`requires_grad_(False)`: its gradient never comes, so its bucket never fills) and assigning a
+# new `nn.Parameter` (DDP still waits for the old one, and has no hook on the new one). The model
+# is `Sequential(one(), one())`, output `w1 w0 x`: each weight's gradient is `x` at the start.
+
+# %%
+def changed_worker(rank, world_size, change):
+    x = x_of(rank)
+    model = nn.Sequential(one(), one())
+    if change == "fix: freeze, then wrap":
+        model[0].weight.requires_grad_(False)
+    ddp = DDP(model)
+    if change == "freeze after the wrap":
+        model[0].weight.requires_grad_(False)
+    elif change == "new nn.Parameter after the wrap":
+        model[1].weight = nn.Parameter(torch.ones(1, 1))
+    elif change == "fix: copy_ into the parameter":
+        with torch.no_grad():
+            model[1].weight.copy_(torch.ones(1, 1))
+    out = {"before step 1": checked(ddp)}
+    try:
+        out["weights"], out["first"] = train(ddp, [lambda: ddp(x).sum()] * 2, list(model.parameters()))
+    except RuntimeError as e:
+        out["error"] = str(e)  # raised by step 2's forward; the weights are step 1's
+        out["weights_step1"] = [round(p.item(), 6) for p in model.parameters()]
+    return out
+
+
+changes = ["freeze after the wrap", "new nn.Parameter after the wrap", "fix: freeze, then wrap",
+           "fix: copy_ into the parameter"]
+C = {c: launch(changed_worker, WORLD, c, backend="gloo", timeout=120) for c in changes}
+
+# %% [markdown]
+# **Claim:** frozen after the wrap, `0.weight` stays 1 and `1.weight` takes a rank-local step 1:
+# 0.875 on rank 0, 0.625 on rank 1 (synced it would be 0.75 on both). Step 2's forward raises on
+# every rank: "Expected to have finished reduction in the prior iteration", naming parameter
+# **index** 0, not its name. A new `nn.Parameter` after the wrap leaves **both** weights unsynced
+# in step 1 (the tiny model has one bucket, and it never fills), and step 2 raises, naming index
+# 1. `assert_in_sync` raises already before step 1, from the wrap's record: "'0.weight':
+# requires_grad set False after the wrap", or "'1.weight' was added or replaced after the
+# wrap"; in a loop that checks after each step it raises at step 1, naming the weights that
+# differ. The fixes (freeze before wrapping; `copy_` new values into the existing parameter)
+# train both steps in sync.
+
+# %% tags=["check"]
+frozen, replaced = C["freeze after the wrap"], C["new nn.Parameter after the wrap"]
+assert [r["weights_step1"] for r in frozen] == [[1.0, 0.875], [1.0, 0.625]], [r.get("weights_step1") for r in frozen]
+assert [r["weights_step1"] for r in replaced] == [[0.875, 0.875], [0.625, 0.625]], [r.get("weights_step1") for r in replaced]
+for result, index, note in ((frozen, 0, "'0.weight': requires_grad set False after the wrap"),
+                            (replaced, 1, "'1.weight' was added or replaced after the wrap")):
+    for r, rank_result in enumerate(result):
+        error = rank_result["error"]
+        assert "Expected to have finished reduction in the prior iteration" in error, error
+        assert f"did not receive grad for rank {r}: {index}" in error, error
+        assert note in rank_result["before step 1"], rank_result["before step 1"]
+        assert "first" not in rank_result, "step 2 should have raised"
+print(frozen[0]["before step 1"])
+print("step 2:", frozen[0]["error"].splitlines()[0], "...", frozen[0]["error"].splitlines()[-2].strip())
+assert [r["weights"][-1] for r in C["fix: freeze, then wrap"]] == [[1.0, 0.5]] * 2
+assert [r["weights"][-1] for r in C["fix: copy_ into the parameter"]] == [[0.5625, 0.5625]] * 2
+for fix in ("fix: freeze, then wrap", "fix: copy_ into the parameter"):
+    assert all(r["before step 1"] == "ok" and r["first"] is None for r in C[fix]), fix
+
+# %% [markdown]
+# The loop above catches the error of step 2 and stops there. In a loop that calls the checker
+# after each step, it raises at step 1, before step 2's error, and names what differs:
+
+# %% [markdown]
+# **Claim:** the same frozen model, trained one step and checked: `assert_in_sync` raises at
+# step 1 with the weight that differs (`1.weight`: 0.875 on rank 0, 0.625 on rank 1) and the
+# change since the wrap.
+
+# %% tags=["check"]
+def freeze_checked_worker(rank, world_size):
+    model = nn.Sequential(one(), one())
+    ddp = DDP(model)
+    model[0].weight.requires_grad_(False)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    ddp(x_of(rank)).sum().backward()
+    opt.step()
+    return checked(ddp)
+
+
+F = launch(freeze_checked_worker, WORLD, backend="gloo", timeout=120)
+assert F[0] == F[1], F
+assert "parameter '1.weight' (1, 1): rank 0 sum=0.875 sumsq=0.765625; rank 1 sum=0.625" in F[0], F[0]
+assert "requires_grad set False after the wrap" in F[0] and "(ranks 0, 1)" in F[0], F[0]
+caught["2 frozen / replaced"] = "before step 1, and at step 1"
+print(F[0])
+
+# %% [markdown]
+# ## 3. All-reduce and autograd
+#
+# `dist.all_reduce(t)` overwrites `t` in place and records nothing for autograd: the **value**
+# becomes the sum over ranks, but the **gradient** flows back as if each rank had kept its own.
+# Three forms of it:
+#
+# * a global objective built with `dist.all_reduce` on a tensor in the graph: `S = w x₀ + w x₁ =
+#   4w` (value 4 with `w = 1`), whose gradient is `dS/dw = 4`;
+# * the "averaged loss" reduced in place and divided by the world size **before** `backward()`;
+# * a metric counter reduced through `.float()`: `.float()` makes a copy, and the copy is reduced.
+#
+# The fix for the first is the autograd-aware all-reduce,
+# `torch.distributed.nn.functional.all_reduce` (its backward all-reduces the gradient too); for
+# the second, reduce a detached copy for the log and call `backward()` on the rank's own loss.
+
+# %%
+def reduce_worker(rank, world_size):
+    x = x_of(rank)
+    out = {}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ddp = DDP(one())
+        s = ddp(x).sum()
+        dist.all_reduce(s)  # value: the sum over ranks; gradient: this rank's own
+        s.backward()
+        out["global: dist.all_reduce"] = (s.item(), ddp.module.weight.grad.item())
+        out["checker"] = [checked(ddp, grads=True)]
+        ddp = DDP(one())
+        s = dist_autograd.all_reduce(ddp(x).sum())  # FutureWarning in torch 2.14: still the public API
+        s.backward()
+        out["global: autograd all_reduce"] = (s.item(), ddp.module.weight.grad.item())
+        out["checker"].append(checked(ddp, grads=True))
+        plain = one()  # no DDP: this rank's own gradient of the global objective
+        dist_autograd.all_reduce(plain(x).sum()).backward()
+        out["autograd all_reduce, this rank's gradient"] = plain.weight.grad.item()
+
+        ddp = DDP(one())
+        loss = ddp(x).sum()
+        dist.all_reduce(loss)
+        loss /= world_size  # the mean over ranks: right for the log ...
+        loss.backward()  # ... and the gradient is divided by world_size
+        out["mean loss: in place"] = (loss.item(), ddp.module.weight.grad.item())
+        out["checker"].append(checked(ddp, grads=True))
+        ddp = DDP(one())
+        loss = ddp(x).sum()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        loss.backward()
+        out["mean loss: detached copy"] = ((logged / world_size).item(), ddp.module.weight.grad.item())
+        out["checker"].append(checked(ddp, grads=True))
+    out["warnings"] = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+    correct = torch.tensor(3 if rank == 0 else 5)  # int64 count of right answers on this rank
+    dist.all_reduce(correct.float())  # reduces a float copy
+    out["count: .float()"] = correct.item()
+    total = correct.clone()
+    dist.all_reduce(total)  # int64 directly (or: c = correct.float(); dist.all_reduce(c))
+    out["count: int64"] = total.item()
+    every = [None] * world_size
+    dist.all_gather_object(every, out["count: .float()"])  # the check: a reduced metric is the same everywhere
+    out["count on every rank"] = every
+    return out
+
+
+R = launch(reduce_worker, WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** with `dist.all_reduce` the global value is 4 on both ranks but the gradient DDP
+# delivers is `(1 + 3) / 2 = 2`, half of `dS/dw = 4`; with the autograd-aware all-reduce it is
+# 4 (each rank's gradient is `2 xᵣ`, DDP averages `(2 + 6) / 2`). The in-place mean loss logs 2
+# (right) but its gradient is `2 / 2 = 1`; the detached copy logs 2 and keeps the gradient 2.
+# The replicas stay identical in all four: `assert_in_sync(ddp, grads=True)` passes, so it cannot
+# catch this; the one sign at run time is torch's UserWarning "c10d::allreduce_: an autograd
+# kernel was not registered". The check that does catch it compares the gradient with the one
+# the same objective gives in one process (below: `S = w (1 + 3)`).
+
+# %% tags=["check"]
+for r in range(WORLD):
+    assert R[r]["global: dist.all_reduce"] == (4.0, 2.0), R[r]
+    assert R[r]["global: autograd all_reduce"] == (4.0, 4.0), R[r]
+    assert R[r]["mean loss: in place"] == (2.0, 1.0), R[r]
+    assert R[r]["mean loss: detached copy"] == (2.0, 2.0), R[r]
+    assert R[r]["checker"] == ["ok"] * 4, R[r]["checker"]
+    assert R[r]["autograd all_reduce, this rank's gradient"] == 2 * x_of(r).item(), R[r]
+    assert any("c10d::allreduce_: an autograd kernel was not registered" in w for w in R[r]["warnings"]), R[r]["warnings"]
+w = torch.ones(1, requires_grad=True)
+(w * (1.0 + 3.0)).sum().backward()  # the global objective in one process
+reference = w.grad.item()
+assert reference == 4.0 and R[0]["global: dist.all_reduce"][1] != reference
+assert R[0]["global: autograd all_reduce"][1] == reference
+pd.DataFrame({k: R[0][k] for k in R[0] if k.startswith(("global", "mean"))}, index=["value", "gradient"]).T
+
+# %% [markdown]
+# **Claim:** the counters 3 (rank 0) and 5 (rank 1) reduced through `.float()` stay 3 and 5; the
+# int64 reduce gives 8 on both. The check that catches it: a reduced metric must be equal on every
+# rank (`all_gather_object` shows `[3, 5]`). Counting in float32 is wrong anyway past 2²⁴: float32
+# has a 24-bit significand, so 16,777,217 becomes 16,777,216.
+
+# %% tags=["check"]
+assert [R[r]["count: .float()"] for r in range(WORLD)] == [3, 5]
+assert [R[r]["count: int64"] for r in range(WORLD)] == [8, 8]
+assert R[0]["count on every rank"] == [3, 5] and len(set(R[0]["count on every rank"])) > 1
+assert int(torch.tensor(2**24 + 1).float().item()) == 2**24
+caught["3 all-reduce"] = "not caught: the replicas stay identical"
+print("counts after .float() reduce:", R[0]["count on every rank"], "| int64 reduce:", R[0]["count: int64"])
+
+# %% [markdown]
+# ## 4. Per-rank random splits
+#
+# `random_split(data, [train, val], generator=...)` draws `torch.randperm(n, generator=...)`
+# (torch/utils/data/dataset.py). Seeded with `seed + rank`, each rank splits the data
+# differently: its training shard (`train[rank::world_size]`) overlaps another rank's, and
+# items one rank validates on are trained on by the other. The fix: the same seed on every rank,
+# then a `DistributedSampler` over the training part.
+
+# %%
+def split_worker(rank, world_size, n_items, seed=0):
+    data = range(n_items)
+    sizes = [n_items - 2, 2]
+    out = {}
+    train, val = random_split(data, sizes, generator=torch.Generator().manual_seed(seed + rank))
+    out["per-rank seeds"] = {"train": list(train)[rank::world_size], "val": list(val)}
+    perm = torch.randperm(n_items, generator=torch.Generator().manual_seed(seed + rank)).tolist()
+    out["randperm is the split"] = perm == list(train) + list(val)
+    train, val = random_split(data, sizes, generator=torch.Generator().manual_seed(seed))
+    sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    out["same seed + DistributedSampler"] = {"train": [train[i] for i in sampler], "val": list(val)}
+    ddp = DDP(one())  # one step on this rank's first (per-rank seeded) item: the replicas still agree
+    ddp(torch.tensor([[float(out["per-rank seeds"]["train"][0])]])).sum().backward()
+    torch.optim.SGD(ddp.parameters(), lr=LR).step()
+    out["checker"] = checked(ddp, grads=True)
+    every = [None] * world_size
+    dist.all_gather_object(every, out)  # the check: gather every rank's shard
+    return every
+
+
+def split_report(every, key):
+    """Items trained by 2+ ranks, items some rank validates on and some rank trains on, items nobody trains."""
+    shards = [set(e[key]["train"]) for e in every]
+    trained, vals = set().union(*shards), set().union(*(e[key]["val"] for e in every))
+    twice = {i for i in trained if sum(i in s for s in shards) > 1}
+    return {"trained by 2 ranks": len(twice), "validated and trained": len(vals & trained),
+            "never trained": len(set(range(n_items)) - trained)}
+
+
+S = launch(split_worker, WORLD, n_items, backend="gloo", timeout=120)[0]
+
+# %% [markdown]
+# **Claim:** with per-rank seeds (`n_items = 10`, seeds 0 and 1), one item is trained by both
+# ranks, 4 items are validated on by one rank and trained on by the other, and 3 are never
+# trained on. With the same seed and `DistributedSampler` the shards are disjoint, no validation
+# item is trained on, and exactly the 2 validation items are never trained on. The replica
+# checker cannot see this: DDP keeps the replicas identical whatever data each rank reads (it
+# passes after a step on the per-rank shards). The check is the gathered shards, `split_report`.
+
+# %% tags=["check"]
+wrong, right = split_report(S, "per-rank seeds"), split_report(S, "same seed + DistributedSampler")
+assert all(e["randperm is the split"] and e["checker"] == "ok" for e in S)
+assert wrong["trained by 2 ranks"] + wrong["validated and trained"] > 0, wrong
+if n_items == 10:
+    assert list(wrong.values()) == [1, 4, 3], wrong
+assert right == {"trained by 2 ranks": 0, "validated and trained": 0, "never trained": 2}, right
+caught["4 random splits"] = "not caught: the replicas stay identical"
+pd.DataFrame({"per-rank seeds": wrong, "same seed + DistributedSampler": right})
+
+# %% [markdown]
+# ## 5. Clipping during accumulation
+#
+# With `no_sync()` (lesson 06a) each rank accumulates its micro-batches' gradients locally, and
+# the last backward, outside `no_sync`, all-reduces the sum. Clipping belongs once, after that
+# synced backward. Clipping after **each** micro-batch clips a rank-local partial gradient, and
+# the norm `clip_grad_norm_` returns there (what a logger prints) is that rank's own. Rank 0's
+# micro-batches are `x = 1, 1`, rank 1's `x = 7, 1`, `max_norm = 4`: the true accumulated
+# gradient is `((1 + 1) + (7 + 1)) / 2 = 5`.
+
+# %%
+def clip_worker(rank, world_size, clip_each):
+    xs = [1.0, 1.0] if rank == 0 else [7.0, 1.0]
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    logged = []
+    for i, x in enumerate(xs):
+        last = i == len(xs) - 1
+        with contextlib.nullcontext() if last else ddp.no_sync():
+            ddp(torch.tensor([[x]])).sum().backward()
+        if clip_each or last:
+            logged.append(float(nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=4.0)))
+    grad = ddp.module.weight.grad.item()
+    opt.step()
+    return {"logged norms": logged, "grad": grad, "weight": ddp.module.weight.item(),
+            "checker": checked(ddp, grads=True)}
+
+
+K = {each: launch(clip_worker, WORLD, each, backend="gloo", timeout=120) for each in (True, False)}
+
+# %% [markdown]
+# **Claim:** clipped once after the synced backward, the norm is 5 on both ranks, the gradient is
+# clipped to 4 and the weight becomes `1 − 4/8 = 0.5`. Clipped after each micro-batch, rank 1's
+# first micro-batch gradient 7 is clipped to 4; the synced gradient is then
+# `((1 + 1) + (4 + 1)) / 2 = 3.5` (below 4, so not clipped) and the weight `1 − 3.5/8 = 0.5625`. A
+# logger at the first micro-batch prints 1 on rank 0 and 7 on rank 1. The replicas agree after
+# both (the checker passes); the check is the one-process reference: the mean of the ranks'
+# accumulated gradients, clipped once. (`clip_grad_norm_` scales by `max_norm / (norm + 1e-6)`,
+# hence the tolerance.)
+
+# %% tags=["check"]
+each, once = K[True], K[False]
+near = {"atol": 1e-5, "rtol": 0}
+for r in range(WORLD):
+    assert_close(once[r]["logged norms"], [5.0], **near)
+    assert_close(once[r]["grad"], 4.0, **near)
+    assert_close(once[r]["weight"], 0.5, **near)
+    assert_close(each[r]["grad"], 3.5, **near)
+    assert_close(each[r]["weight"], 0.5625, **near)
+    assert each[r]["checker"] == once[r]["checker"] == "ok"
+assert_close([each[0]["logged norms"][0], each[1]["logged norms"][0]], [1.0, 7.0], **near)
+reference = min(((1 + 1) + (7 + 1)) / 2, 4.0)  # one process: mean of the accumulated gradients, clipped once
+assert abs(once[0]["grad"] - reference) < 1e-5 and abs(each[0]["grad"] - reference) > 0.4
+caught["5 clipping"] = "not caught: the replicas stay identical"
+pd.DataFrame({"clip each micro-batch": [each[0]["logged norms"], each[1]["logged norms"], each[0]["grad"], each[0]["weight"]],
+              "clip once, after the sync": [once[0]["logged norms"], once[1]["logged norms"], round(once[0]["grad"], 5), once[0]["weight"]]},
+             index=["norms logged, rank 0", "norms logged, rank 1", "gradient", "weight after the step"])
+
+# %% [markdown]
+# ## 6. Fewer items than ranks
+#
+# `DistributedSampler` gives every rank `ceil(n / world_size)` items: it pads the index list by
+# repeating it from the start (`indices += indices * ceil(padding / n)`, then cut,
+# torch/utils/data/distributed.py) and deals `indices[rank::world_size]`. With 3 items on 7
+# replicas that is 7 indices. No process group is needed to see it: the sampler takes
+# `num_replicas` and `rank`. `small_data_warning` is a check your own script can run before
+# training.
+
+# %%
+def small_data_warning(n, world_size, drop_last=False):
+    """A warning text when world_size replicas cannot each get distinct items, else None."""
+    if n >= world_size:
+        return None
+    if drop_last:
+        return f"{n} items on {world_size} replicas with drop_last=True: every rank gets 0 items (no training)"
+    return f"{n} items on {world_size} replicas: {world_size - n} of the {world_size} ranks get a repeated item"
+
+
+dealt = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=False)) for r in range(7)]
+dropped = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=False, drop_last=True)) for r in range(7)]
+
+# %% [markdown]
+# **Claim:** ranks 0 to 6 get items `0, 1, 2, 0, 1, 2, 0`: item 0 is trained on three times per
+# epoch, items 1 and 2 twice. With `drop_last=True` every rank gets nothing and a loop over the
+# loader runs zero steps, without an error. The fix: no more ranks than items (3 items on 3
+# ranks: one distinct item each), or, for a tiny validation set, every rank evaluating all of
+# it. What finds it is a warning before training, `small_data_warning`.
+
+# %% tags=["check"]
+assert dealt == [[0], [1], [2], [0], [1], [2], [0]], dealt
+assert [sum(d.count(i) for d in dealt) for i in range(3)] == [3, 2, 2]
+assert dropped == [[]] * 7, dropped
+assert small_data_warning(3, 7) == "3 items on 7 replicas: 4 of the 7 ranks get a repeated item"
+assert "every rank gets 0 items" in small_data_warning(3, 7, drop_last=True)
+assert [list(DistributedSampler(range(3), num_replicas=3, rank=r, shuffle=False)) for r in range(3)] == [[0], [1], [2]]
+assert small_data_warning(3, 3) is None and small_data_warning(8, 2) is None
+caught["6 few items"] = "not caught: the replicas stay identical"
+print(small_data_warning(3, 7))
+
+# %%
+print(f"lesson 06d ran in {time.perf_counter() - t_notebook:.0f} s")
+pd.Series(caught, name="assert_in_sync").to_frame()
+
+# %% [markdown]
+# ## What we saw
+#
+# | mistake | wrong | right | found by |
+# | --- | --- | --- | --- |
+# | `ddp.module(x)`, `ddp.module.score(x)` | rank-local steps | `ddp(x)`, `ddp(x, score=True)` | `assert_in_sync`, step 1 |
+# | a bypass at step 2, then the wrapper | a gap that never closes | every call through `ddp(...)` | `assert_in_sync`, step 2 |
+# | freeze / new `nn.Parameter` after `DDP(...)` | step 1 unsynced, step 2 raises | change, then wrap; `copy_` | `assert_in_sync`, before step 1 and at step 1 |
+# | `dist.all_reduce` in the graph, in-place mean loss | value reduced, gradient local | autograd all-reduce; reduce a detached copy | one-process gradient |
+# | counter reduced via `.float()` | 3 and 5 | 8 | equal on every rank? |
+# | per-rank split seeds | shared and leaked items | same seed + `DistributedSampler` | gathered shards |
+# | clipping each micro-batch | 3.5, local norms | 4, norm 5 | one-process reference |
+# | 3 items, 7 ranks | repeats, or nothing | more items or fewer ranks | a warning |
+#
+# Drifting replicas are what `assert_in_sync` finds, at the first wrong step, if you call it in
+# your loop. Replicas that agree on a wrong value need a check of the value itself: the gradient
+# against one process, a metric equal on every rank, the shards gathered. Put both kinds into a
+# first short run of your own training before the long one.
+#
+# ## Exercises
+#
+# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
+# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
+# solution follows each check, collapsed; student copies leave the solutions out. Every solution
+# runs when the full lesson runs, so each is known to pass its check.
+
+# %% [markdown]
+# ### Exercise 1: a bypass at the first step
+#
+# Section 1's `Scorer` trains three steps with `LR = 1/8`: step 1 through `ddp.module(x)`, steps
+# 2 and 3 through `ddp(x)`. What are the two ranks' weights after step 3? Answer with a list
+# `[rank 0, rank 1]`.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+# %% tags=["check"]
+# expected: the weights section 1's launch returned for this plan
+expected_1 = weights_by_rank(B, "exercise")
+check_answer("ex1", answer_1, expected_1, hint="step 1 is rank-local (gradient x); steps 2 and 3 use the mean, 2")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+# step 1: 1 - 1/8 = 0.875 and 1 - 3/8 = 0.625; steps 2 and 3 subtract 2/8 each from both.
+solution_1 = [1 - 1 / 8 - 2 * 2 / 8, 1 - 3 / 8 - 2 * 2 / 8]
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: 5 items on 3 replicas
+#
+# `DistributedSampler(range(5), num_replicas=3, rank=2, shuffle=False)`: which items does rank
+# 2 get? Answer with a list.
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+# %% tags=["check"]
+# expected: the real sampler
+expected_2 = list(DistributedSampler(range(5), num_replicas=3, rank=2, shuffle=False))
+check_answer("ex2", answer_2, expected_2, hint="pad to 6 by repeating from the start, then deal every third index")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+# 3 ranks x ceil(5 / 3) = 6 indices: [0, 1, 2, 3, 4] + [0]; rank 2 takes positions 2 and 5.
+padded = [0, 1, 2, 3, 4, 0]
+solution_2 = padded[2::3]
+check_answer("ex2", solution_2, expected_2, strict=True)
