@@ -17,13 +17,14 @@
 # # 06c · DDP seeds and debugging
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 36 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,700 words of prose at 200 words/min): about 8 min.
+# **Run time** (measured): 36 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** seed a DDP run so that ranks agree where they must and differ where
 # they should, say what "reproducible" can mean across world sizes, catch a collective mismatch
-# with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and know where DETAIL itself breaks), and read a relayed
-# worker traceback down to the rank and the line that caused it. **You need**
+# with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and know where DETAIL itself breaks), find the line each
+# rank of a hung launch is stuck at, get a `torchrun` script's traceback into its failure summary
+# with `@record`, and read a relayed worker traceback down to the rank and the line that caused it. **You need**
 # [03](03_distributed_sampler.ipynb) (how the sampler deals items) and
 # [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls).
 #
@@ -47,7 +48,7 @@
 # [DDP](../docs/GLOSSARY.md#ddp).
 #
 # **New here:** per-rank seeds, the order of float32 additions across ranks,
-# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, init timeouts. Every claim was checked against torch 2.14.1;
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, each rank's stack on a hang, torch elastic's `@record`, init timeouts. Every claim was checked against torch 2.14.1;
 # where it differs from folklore, the lesson says what really happens. The lesson prints the
 # seconds of each launch at the end of section 2.
 
@@ -57,12 +58,14 @@ world_size = 2  # DDP ranks (processes) of every launch; 2 or more
 seed = 0  # seeds every model and data set
 seed_steps = 30  # SGD steps of the seeds experiment in section 1
 collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
+hang_timeout_s = 8.0  # seconds the mismatched-collective launch of section 2 may run before LaunchTimeout
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), seed=(seed, int), seed_steps=(seed_steps, int),
-                 collective_timeout_s=(collective_timeout_s, float))
+                 collective_timeout_s=(collective_timeout_s, float), hang_timeout_s=(hang_timeout_s, float))
+check_value("hang_timeout_s", hang_timeout_s, hang_timeout_s > 0, "greater than 0 seconds")
 check_value("world_size", world_size, world_size >= 2 and 64 % world_size == 0, "2, 4 or 8 (64 samples split evenly)")
 
 # %%
@@ -70,6 +73,10 @@ import datetime
 import linecache
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -83,7 +90,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.captured import captured_output, show_folded
-from helpers.engine import WorkerError, free_port, launch, worker_device
+from helpers.engine import LaunchTimeout, WorkerError, free_port, launch, worker_device
 
 t_notebook = time.perf_counter()
 T = collective_timeout_s
@@ -424,6 +431,125 @@ else:  # another torch version: report what happened instead of asserting 2.14.1
     print(f"torch {torch.__version__}: DETAIL + DDP gave {detail_error or detail_result!r}")
 
 # %% [markdown]
+# ### Where is each rank stuck?
+#
+# Without DETAIL a mismatch of collectives just hangs. `hang_worker` is the classic one: rank 0
+# all-reduces while every other rank waits in a barrier, so neither call ever completes. The
+# launch gets `timeout=hang_timeout_s`; the worker waits on a group whose collective timeout is
+# ten times that, so the launch's timeout comes first (with `collective_timeout_s`, gloo's
+# timeout error would end the wait, as above, and leave no hang to diagnose). One launch:
+# worker start-up plus the wait.
+
+# %%
+def hang_worker(rank, world_size, group_timeout_s):
+    group = dist.new_group(timeout=datetime.timedelta(seconds=group_timeout_s))
+    t = torch.tensor([rank + 1.0])
+    if rank == 0:
+        dist.all_reduce(t, group=group)  # waits for the others' all_reduce
+    else:
+        dist.barrier(group=group)  # waits for rank 0's barrier
+    return t.item()
+
+
+t0 = time.perf_counter()
+hang = None
+try:
+    launch(hang_worker, world_size, 10 * hang_timeout_s, backend="gloo", timeout=hang_timeout_s)
+except LaunchTimeout as e:
+    hang = e
+launch_s["2 where stuck"] = time.perf_counter() - t0
+
+# %% [markdown]
+# **Claim:** the launch raises `LaunchTimeout` with every rank unfinished. Before it ends the
+# ranks, the launcher asks each for its Python stack (the standard library's `faulthandler`),
+# and the message shows, a few lines per rank, the torch call each rank is in and the line of
+# **our cell** that called it: rank 0 in `torch.distributed.all_reduce` at
+# `dist.all_reduce(t, group=group)`, every other rank in `torch.distributed.barrier` at
+# `dist.barrier(group=group)`, with the cell's line numbers and no library frames.
+# `.stacks` keeps each rank's full dump (every frame of every thread, torch's included). The
+# cell prints the error as the notebook shows it uncaught (IPython's `_render_traceback_`
+# hook). Fix such a hang on the line it names; to have torch name the mismatch at once instead
+# of hanging, run with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, as in "Collective mismatches" above.
+
+# %% tags=["check"]
+assert isinstance(hang, LaunchTimeout), "the mismatched launch should have timed out"
+shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(hang._render_traceback_()))  # without colour codes
+print(shown)
+assert hang.ranks_not_finished == list(range(world_size)), hang.ranks_not_finished
+assert set(hang.stacks) == set(range(world_size)), f"a dump per rank: {sorted(hang.stacks)}"
+assert all("distributed_c10d.py" in dump for dump in hang.stacks.values()), "full dumps keep torch's frames"
+cell_lines = linecache.getlines(hang_worker.__code__.co_filename)  # the cell that defines hang_worker
+where = {int(m[1]): m[2] for m in re.finditer(r"^  rank (\d+)(.*?)(?=^  rank |\Z)", shown, re.M | re.S)}
+assert sorted(where) == list(range(world_size)), shown
+for r, part in where.items():
+    call, source = ("all_reduce", "dist.all_reduce(t, group=group)") if r == 0 else ("barrier", "dist.barrier(group=group)")
+    line = 1 + next(i for i, text in enumerate(cell_lines) if text.strip().startswith(source))
+    assert part.startswith(f" in torch.distributed.{call}, called from:"), f"rank {r}: {part}"
+    assert re.search(rf"Cell In\[\d+\], line {line}, in hang_worker\n +{re.escape(source)}", part), f"rank {r}: {part}"
+assert "distributed_c10d.py" not in shown and "rank_main.py" not in shown, "library frames hidden"
+
+# %% [markdown]
+# #### A script under `torchrun`: the error file
+#
+# `torchrun` (`python -m torch.distributed.run`) starts a script's ranks and, when one fails,
+# ends the others and prints a failure summary naming the first rank that failed: the
+# **root cause**. Decorate the script's entry function with `@record`
+# (`torch.distributed.elastic.multiprocessing.errors.record`,
+# [docs](https://pytorch.org/docs/stable/elastic/errors.html)): a rank that raises then writes
+# its traceback as JSON to the file torchrun names in its `TORCHELASTIC_ERROR_FILE`, and the
+# summary shows it. The cell writes a two-rank script whose rank 1 raises, with and without
+# `@record`, and runs each under `torchrun --standalone --nproc-per-node=2`: each run starts
+# torchrun and its ranks as new Python processes.
+#
+# **Claim:** both runs fail with exit code 1 and name rank 1 as the root cause. With `@record`
+# the summary names rank 1's error file and shows its traceback down to the `ValueError` and
+# its message; without it the error file is `<N/A>` and the summary has no traceback, only a
+# link to those docs (rank 1's traceback is only in the ranks' output printed before it).
+
+# %% tags=["check"]
+script = """import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def main():
+    rank = int(os.environ["RANK"])  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+    if rank == 1:
+        raise ValueError(f"rank {rank}: a corrupt batch")
+    print(f"rank {rank}: done")
+
+
+if __name__ == "__main__":
+    main()
+"""
+without_record = script.replace("from torch.distributed.elastic.multiprocessing.errors import record\n", "").replace("@record\n", "")
+folder, runs = tempfile.mkdtemp(), {}
+t0 = time.perf_counter()
+try:
+    for name, text in (("with @record", script), ("without @record", without_record)):
+        path = os.path.join(folder, f"train_{len(runs)}.py")
+        with open(path, "w") as f:
+            f.write(text)
+        runs[name] = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                     f"--log-dir={os.path.join(folder, 'logs')}", path],  # its error files go there too
+                                    capture_output=True, text=True, timeout=180)
+finally:
+    shutil.rmtree(folder)
+launch_s["2 torchrun x2"] = time.perf_counter() - t0
+summaries = {}
+for name, run in runs.items():
+    assert run.returncode == 1, f"{name}: exit code {run.returncode}\n{run.stderr[-2000:]}"
+    summaries[name] = run.stderr[run.stderr.index("Root Cause (first observed failure)"):]
+    assert re.search(r"rank +: 1 \(local_rank: 1\)", summaries[name]), f"{name}: {summaries[name]}"
+assert re.search(r"error_file: \S+error\.json", summaries["with @record"]), summaries["with @record"]
+assert re.search(r"traceback : Traceback.*\n +ValueError: rank 1: a corrupt batch", summaries["with @record"], re.S)
+assert "error_file: <N/A>" in summaries["without @record"], summaries["without @record"]
+assert "Traceback" not in summaries["without @record"] and "ValueError" not in summaries["without @record"]
+assert "ValueError: rank 1: a corrupt batch" in runs["without @record"].stderr.split("Root Cause")[0]
+for name, text in summaries.items():
+    print(f"torchrun's summary, {name}:\n" + text.strip().rstrip("=").strip() + "\n")
+
+# %% [markdown]
 # ### Init timeouts, and reading a worker traceback
 #
 # `init_process_group` blocks until `world_size` processes have joined the rendezvous. A job
@@ -481,7 +607,7 @@ print(f"line {ours[-1]} of that cell, from this kernel's linecache: {our_line}")
 # %%
 total_s = time.perf_counter() - t_notebook
 print(f"lesson 06c ran in {total_s:.0f} s; seconds per launch (start-up included; the hang demonstrations include "
-      f"their deliberate timeouts, collective_timeout_s = {T:g} s):")
+      f"their deliberate timeouts, collective_timeout_s = {T:g} s, hang_timeout_s = {hang_timeout_s:g} s):")
 pd.Series(launch_s, name="seconds").round(1).to_frame()
 
 # %% [markdown]
@@ -493,8 +619,9 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #   split), and only statistically equivalent once per-rank randomness enters.
 # * **Debugging:** DETAIL catches collective mismatches — and, with gloo in torch 2.14.1,
 #   breaks DDP's constructor (undefined behaviour: a crash or a wrong log); short `timeout`s
-#   turn hangs into errors you can read; read a relayed traceback from the bottom up to your
-#   own code.
+#   turn hangs into errors you can read; a launch that times out shows each rank's stuck line
+#   in your code (full stacks in `.stacks`); under torchrun, `@record` puts the failing rank's
+#   traceback into the failure summary; read a relayed traceback from the bottom up to your own code.
 #
 # ## Going further
 #
@@ -505,7 +632,7 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
+# Each asks for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
 # the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
 # solution follows each check, collapsed (click the "…" or the bar on its left to open it);
 # student copies leave the solutions out. Every solution runs when the full lesson runs, so
@@ -573,3 +700,32 @@ check_answer("ex2", answer_2, expected_2,
 # Only the last rank reaches the `raise`; the others fail afterwards, in the all-reduce whose peer went away.
 solution_2 = [world_size - 1, "ValueError"]
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# ### Exercise 3: fix the hang
+#
+# `fixed_worker` below is section 2's `hang_worker` with the mismatch fixed on the line the
+# `LaunchTimeout` named: every rank makes the same call, `dist.all_reduce(t, group=group)`, on
+# its `t = [rank + 1]`. What does each rank return? Answer with a list of `world_size` numbers
+# (the check cell runs it on real ranks, under the same `timeout` the hang ran past).
+
+# %% tags=["exercise"]
+answer_3 = None  # your answer here
+
+# %% tags=["check"]
+def fixed_worker(rank, world_size, group_timeout_s):
+    group = dist.new_group(timeout=datetime.timedelta(seconds=group_timeout_s))
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t, group=group)  # the fix: the same collective on every rank
+    return t.item()
+
+
+# expected: what the fixed worker returns on real ranks (it completes within hang_timeout_s)
+expected_3 = launch(fixed_worker, world_size, 10 * hang_timeout_s, backend="gloo", timeout=hang_timeout_s)
+check_answer("ex3", answer_3, expected_3, hint="all_reduce sums t over the ranks, and rank r holds r + 1")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 3 (try the exercise first)
+# all_reduce leaves the sum 1 + 2 + ... + world_size on every rank.
+solution_3 = [world_size * (world_size + 1) / 2] * world_size
+check_answer("ex3", solution_3, expected_3, strict=True)
