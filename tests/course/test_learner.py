@@ -46,6 +46,7 @@ LEARNER_NOTEBOOKS = [
     "06d_silent_bugs",
     "07a_torchrun_and_many_nodes",
     "07b_hooks_and_after_ddp",
+    "08a_zero_and_fsdp2",
 ]
 
 GLOSSARY_LINK = "../docs/GLOSSARY.md"

@@ -1,0 +1,543 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08a · After DDP: ZeRO-1 and FSDP2, run for real
+#
+# <!-- run-time:start -->
+# **Run time**: not measured yet. **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
+# <!-- run-time:end -->
+#
+# **You will be able to** shard the optimizer state with `ZeroRedundancyOptimizer` (ZeRO-1) and
+# the whole model with FSDP2 (`fully_shard`), say which shard every rank holds, measure the bytes
+# of parameters, gradients and optimizer state per rank and compare them with the model-size
+# formula, check that sharded training follows DDP's loss curve, clip sharded gradients by the
+# right norm, and save a checkpoint that loads into a plain model. **You need**
+# [00b](00b_ddp_cell_by_cell.ipynb) (what DDP does in a step) and section 3 of
+# [07b](07b_hooks_and_after_ddp.ipynb#3.-What-comes-after-DDP:-when-the-model-no-longer-fits-one-device)
+# (the ZeRO stages and their arithmetic, which this lesson runs).
+#
+# **The question:** when I shard the model across ranks, what does each rank hold, and what
+# changes in my training loop?
+#
+# Everything runs on real ranks (`launch`, backend `gloo`, CPU): FSDP2 needs a device mesh, here
+# `init_device_mesh("cpu", (world_size,))`. The model is a small MLP,
+# `8 → hidden → hidden → 10 → 3`, trained with Adam on random regression data. Each claim (in
+# bold, "Claim:") is asserted in the code cell right after it, tagged `check`.
+#
+# 1. the shards each rank holds · 2. memory per rank · 3. the same loss curve as DDP ·
+# 4. clipping sharded gradients · 5. a checkpoint for a plain model
+#
+# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
+# [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+world_sizes = [2, 4]  # world sizes of section 2's memory table; the largest also runs sections 1 and 4
+hidden = 16  # width of the MLP's two hidden layers
+steps = 4  # training steps of section 3's loss curves
+batch_size = 4  # samples per rank per step
+
+# %%
+from helpers.notebook import check_answer, check_parameters, check_value
+
+check_parameters(world_sizes=(world_sizes, list), hidden=(hidden, int), steps=(steps, int),
+                 batch_size=(batch_size, int))
+check_value("world_sizes", world_sizes,
+            all(isinstance(n, int) and 2 <= n <= 8 for n in world_sizes) and max(world_sizes) >= 4,
+            "a list of ints from 2 to 8, one of them at least 4 (section 1's empty shard needs 4 ranks)")
+check_value("hidden", hidden, 4 <= hidden <= 1024, "4 to 1024")
+check_value("steps", steps, 1 <= steps <= 200, "1 to 200")
+check_value("batch_size", batch_size, 1 <= batch_size <= 256, "1 to 256")
+
+# %%
+import time
+import warnings
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, Shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.engine import OversubscriptionWarning, launch
+
+warnings.simplefilter("ignore", OversubscriptionWarning)  # more ranks than cores: bytes and values do not change
+t_notebook = time.perf_counter()
+LR = 0.01  # Adam's learning rate
+KINDS = ["DDP", "ZeRO-1", "FSDP2"]
+print(f"torch {torch.__version__}")
+
+# %% [markdown]
+# ## 0. The model and the three ways to wrap it
+#
+# `build(kind, ...)` returns the model and its optimizer, the way you would write them in your
+# own script: DDP with Adam; DDP with `ZeroRedundancyOptimizer`, which keeps Adam's state only
+# for the parameters assigned to this rank and broadcasts each updated parameter from its owner
+# after `step()`; and FSDP2, where `fully_shard` is applied to each `Linear` and then to the
+# whole model, and a plain Adam updates the local shards. `local(t)` is the part of a tensor this
+# rank stores (`DTensor.to_local()`), `nbytes(t)` its bytes.
+
+# %%
+def mlp(hidden, seed=0):
+    """8 -> hidden -> hidden -> 10 -> 3, the same weights on every rank for the same seed."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10), nn.ReLU(), nn.Linear(10, 3))
+
+
+def shard(model, mesh):
+    """FSDP2: one shard group per Linear, then the root."""
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def build(kind, hidden, mesh):
+    """(model, optimizer) for kind in KINDS."""
+    if kind == "FSDP2":
+        model = shard(mlp(hidden), mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=LR)
+    model = DDP(mlp(hidden))
+    if kind == "ZeRO-1":
+        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
+    return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def adam_state(opt):
+    """This rank's Adam state: {parameter: {"exp_avg": ..., "exp_avg_sq": ..., "step": ...}}."""
+    return (opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt).state
+
+
+def local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def nbytes(t):
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def batch(rank, step, batch_size):
+    """Each rank's own (x, y) for a step: the same on every run."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(batch_size, 8, generator=g), torch.randn(batch_size, 3, generator=g)
+
+# %% [markdown]
+# ## 1. The shards each rank holds
+#
+# `ZeroRedundancyOptimizer` partitions whole parameters: each one's Adam state lives on exactly
+# one rank, chosen greedily so the ranks hold about the same number of elements. `fully_shard`
+# splits every parameter along dimension 0 the way `torch.chunk` does: chunks of
+# `ceil(rows / world_size)` rows, so the last ranks may hold fewer rows, or none. Each parameter
+# becomes a `DTensor` with placement `Shard(0)`: its `.shape` is still the full shape, its
+# `to_local()` the rank's rows.
+
+# %%
+def shards_worker(rank, world_size, hidden, batch_size):
+    mesh = init_device_mesh("cpu", (world_size,))
+    out = {}
+    model, opt = build("ZeRO-1", hidden, mesh)
+    x, y = batch(rank, 0, batch_size)
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    state = adam_state(opt)
+    out["zero_owned"] = [name for name, p in model.module.named_parameters() if p in state]
+    model = shard(mlp(hidden), mesh)
+    out["fsdp"] = {name: {"type": type(p).__name__, "placements": p.placements, "shape": tuple(p.shape),
+                          "local": tuple(local(p).shape)} for name, p in model.named_parameters()}
+    return out
+
+
+N = max(world_sizes)
+S = launch(shards_worker, N, hidden, batch_size, backend="gloo", timeout=180)
+names = list(S[0]["fsdp"])
+pd.DataFrame({name: {"full shape": S[0]["fsdp"][name]["shape"],
+                     **{f"rank {r} rows": S[r]["fsdp"][name]["local"][0] for r in range(N)},
+                     "ZeRO-1 state on rank": [r for r in range(N) if name in S[r]["zero_owned"]]}
+              for name in names}).T
+
+# %% [markdown]
+# **Claim:** with ZeRO-1 every parameter's Adam state is on exactly one rank. With FSDP2 every
+# parameter is a `DTensor` placed `Shard(0)` whose full shape is the plain model's, and rank `r`
+# holds the rows of `torch.chunk(rows, world_size)[r]`: for `6.bias` (3 elements) and `6.weight`
+# (3 rows) on 4 ranks that is 1, 1, 1 and **0** rows (rank 3 holds an empty shard), and for
+# `4.weight` (10 rows) 3, 3, 3 and 1.
+
+# %% tags=["check"]
+def chunk_rows(rows, world_size, rank):
+    chunks = torch.chunk(torch.arange(rows), world_size)
+    return len(chunks[rank]) if rank < len(chunks) else 0
+
+
+plain = dict(mlp(hidden).named_parameters())
+for name in names:
+    owners = [r for r in range(N) if name in S[r]["zero_owned"]]
+    assert len(owners) == 1, (name, owners)
+    for r in range(N):
+        info = S[r]["fsdp"][name]
+        assert info["type"] == "DTensor" and info["placements"] == (Shard(0),), info
+        assert info["shape"] == tuple(plain[name].shape), (name, info)
+        rows = plain[name].shape[0]
+        assert info["local"] == (chunk_rows(rows, N, r), *plain[name].shape[1:]), (name, r, info)
+if N == 4:
+    assert [S[r]["fsdp"]["6.bias"]["local"] for r in range(4)] == [(1,), (1,), (1,), (0,)]
+    assert [S[r]["fsdp"]["4.weight"]["local"][0] for r in range(4)] == [3, 3, 3, 1]
+print("rank", N - 1, "holds 6.bias with shape", S[N - 1]["fsdp"]["6.bias"]["local"])
+
+# %% [markdown]
+# ## 2. Memory per rank: DDP, ZeRO-1 and FSDP2
+#
+# After one training step each rank counts the bytes it stores: its parameters (the local
+# shards for FSDP2), its gradients (`p.grad`; FSDP2's are sharded `DTensor`s too, reduce-scattered
+# in `backward()`), and Adam's two states per parameter, `exp_avg` and `exp_avg_sq` (the scalar
+# `step` counters are left out). Everything is float32, so with `P` parameters the
+# [ZeRO formula](07b_hooks_and_after_ddp.ipynb#3.-What-comes-after-DDP:-when-the-model-no-longer-fits-one-device)
+# with 4 bytes for each of parameters and gradients and `K = 8` for Adam gives, per rank on `N`
+# ranks: DDP `4P + 4P + 8P = 16P`, ZeRO-1 `4P + 4P + 8P / N`, FSDP2 `16P / N`. Activations and
+# DDP's gradient buckets come on top and are not counted here.
+
+# %%
+def memory_worker(rank, world_size, hidden, batch_size):
+    mesh = init_device_mesh("cpu", (world_size,))
+    x, y = batch(rank, 0, batch_size)
+    out = {}
+    for kind in KINDS:
+        model, opt = build(kind, hidden, mesh)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        states = adam_state(opt).values()
+        out[kind] = {"parameters": sum(nbytes(p) for p in model.parameters()),
+                     "gradients": sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None),
+                     "optimizer state": sum(nbytes(s[k]) for s in states for k in ("exp_avg", "exp_avg_sq"))}
+        if kind == "FSDP2":  # storage of the local shards: padded to ceil(rows / N) rows
+            out["FSDP2 padded"] = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    return out
+
+
+M = {n: launch(memory_worker, n, hidden, batch_size, backend="gloo", timeout=180) for n in world_sizes}
+P = sum(p.numel() for p in mlp(hidden).parameters())
+
+
+def formula(kind, n, p=P):
+    """Bytes per rank for p fp32 parameters with Adam's 2 states on n ranks."""
+    return {"DDP": 16 * p, "ZeRO-1": 8 * p + 8 * p / n, "FSDP2": 16 * p / n}[kind]
+
+
+rows = []
+for n in world_sizes:
+    for kind in KINDS:
+        per_rank = [sum(M[n][r][kind].values()) for r in range(n)]
+        rows.append({"world size": n, "wrapper": kind, "formula (bytes/rank)": round(formula(kind, n)),
+                     "measured, min over ranks": min(per_rank), "measured, max over ranks": max(per_rank),
+                     **{f"{part}, max": max(M[n][r][kind][part] for r in range(n))
+                        for part in ("parameters", "gradients", "optimizer state")}})
+table = pd.DataFrame(rows).set_index(["world size", "wrapper"])
+print(f"P = {P:,} parameters; formula: DDP 16P, ZeRO-1 8P + 8P/N, FSDP2 16P/N bytes per rank")
+table
+
+# %% [markdown]
+# **Claim:** DDP's ranks each hold exactly `16P` bytes. ZeRO-1's ranks each hold the full `8P` of
+# parameters and gradients, and their optimizer states add up to exactly `8P`; one rank's share
+# differs from `8P / N` by less than the state of the largest parameter, because whole parameters
+# are assigned. FSDP2's ranks add up to exactly `16P`; each rank's local parameter storage is
+# exactly the padded size `4 × Σ ceil(rows / N) × columns` (the sum over the parameters), rank 0
+# holds 4 times that (full chunks of parameters, gradients and both states), and no rank holds
+# more: `16P / N` plus the padding of the uneven shards is the most a rank holds, and the last
+# ranks, with the short chunks, hold less.
+
+# %% tags=["check"]
+largest = max(p.numel() for p in mlp(hidden).parameters())
+for n in world_sizes:
+    padded = 4 * sum(-(-p.shape[0] // n) * (p.numel() // p.shape[0]) for p in mlp(hidden).parameters())
+    for r in range(n):
+        m = M[n][r]
+        assert sum(m["DDP"].values()) == formula("DDP", n), (n, r, m["DDP"])
+        assert m["ZeRO-1"]["parameters"] + m["ZeRO-1"]["gradients"] == 8 * P, (n, r, m["ZeRO-1"])
+        assert abs(m["ZeRO-1"]["optimizer state"] - 8 * P / n) < 8 * largest, (n, r, m["ZeRO-1"])
+        assert m["FSDP2 padded"] == padded, (n, r, m["FSDP2 padded"], padded)
+        assert sum(m["FSDP2"].values()) <= 4 * padded, (n, r, m["FSDP2"], padded)
+    assert sum(M[n][0]["FSDP2"].values()) == 4 * padded, (n, M[n][0]["FSDP2"], padded)
+    assert sum(M[n][r]["ZeRO-1"]["optimizer state"] for r in range(n)) == 8 * P
+    assert sum(sum(M[n][r]["FSDP2"].values()) for r in range(n)) == 16 * P
+print(f"every rank matches its formula; FSDP2 at N = {world_sizes[-1]}: {4 * padded - formula('FSDP2', world_sizes[-1]):.0f} "
+      "bytes of padding on rank 0")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
+labels, bottoms = [f"{kind}\nN = {n}" for n in world_sizes for kind in KINDS], None
+for part, color in zip(("parameters", "gradients", "optimizer state"), ("tab:blue", "tab:orange", "tab:green")):
+    values = [table.loc[(n, kind), f"{part}, max"] / 1e3 for n in world_sizes for kind in KINDS]
+    ax.bar(labels, values, bottom=bottoms, color=color, label=part + " (max over ranks)")
+    bottoms = values if bottoms is None else [b + v for b, v in zip(bottoms, values)]
+ax.scatter(labels, [formula(kind, n) / 1e3 for n in world_sizes for kind in KINDS], marker="_", s=600,
+           color="black", zorder=3, label="formula")
+ax.set_title(f"Model-state memory per rank, {P:,} float32 parameters, Adam")
+ax.set_ylabel("kilobytes per rank (10^3 bytes)")
+ax.set_xlabel("wrapper and world size N")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.show()
+
+# %% [markdown]
+# ## 3. The same loss curve as DDP
+#
+# Sharding changes where the state lives, not the arithmetic: DDP all-reduces and averages the
+# gradients, FSDP2 reduce-scatters and averages them, and Adam's update is elementwise, so each
+# shard's update is the slice of the full one. All three runs start from the same weights (seed
+# 0) and see the same data on each rank; each step logs the loss averaged over the ranks.
+
+# %%
+def curve_worker(rank, world_size, hidden, steps, batch_size):
+    mesh = init_device_mesh("cpu", (world_size,))
+    out = {}
+    for kind in KINDS:
+        model, opt = build(kind, hidden, mesh)
+        losses = []
+        for step in range(steps):
+            x, y = batch(rank, step, batch_size)
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
+            losses.append(logged.item() / world_size)
+        out[kind] = losses
+        out[kind + " weights"] = {name: (p.full_tensor() if isinstance(p, DTensor) else p.detach().clone())
+                                  for name, p in model.named_parameters()}
+    return out
+
+
+W = min(world_sizes)
+L = launch(curve_worker, W, hidden, steps, batch_size, backend="gloo", timeout=180)
+curves = pd.DataFrame({kind: L[0][kind] for kind in KINDS}, index=pd.RangeIndex(1, steps + 1, name="step"))
+curves
+
+# %% [markdown]
+# **Claim:** on `W` ranks the ZeRO-1 and FSDP2 loss curves equal DDP's at every step, and the
+# final weights (FSDP2's gathered with `full_tensor()`) equal DDP's, to float32 rounding
+# (relative tolerance `1e-5`): FSDP2 sums the gradients in a different order, nothing else.
+
+# %% tags=["check"]
+for kind in ("ZeRO-1", "FSDP2"):
+    torch.testing.assert_close(torch.tensor(L[0][kind]), torch.tensor(L[0]["DDP"]), rtol=1e-5, atol=1e-7)
+    ddp_weights = L[0]["DDP weights"]
+    for name, w in L[0][kind + " weights"].items():
+        torch.testing.assert_close(w, ddp_weights["module." + name if kind == "FSDP2" else name],
+                                   rtol=1e-5, atol=1e-6)
+print("largest loss difference to DDP:",
+      {kind: max(abs(a - b) for a, b in zip(L[0][kind], L[0]["DDP"])) for kind in ("ZeRO-1", "FSDP2")})
+
+# %% [markdown]
+# ## 4. Clipping sharded gradients
+#
+# `clip_grad_norm_` scales every gradient by `max_norm / total_norm` when the norm of **all**
+# gradients together is above `max_norm`. Under FSDP2 each rank holds only its shard of each
+# gradient, so the norm of the local tensors is a partial one, and it differs per rank: clipping
+# with it would scale each rank's shards by a different factor. The global norm is
+# `sqrt(Σ over ranks of local_norm²)`: one all-reduce of the squared local norm.
+# `torch.nn.utils.clip_grad_norm_` on the `DTensor` gradients does exactly that and returns a
+# `DTensor` (`.full_tensor()` gives the number). A DDP model on the same data is the reference.
+
+# %%
+def clip_worker(rank, world_size, hidden, batch_size):
+    mesh = init_device_mesh("cpu", (world_size,))
+    x, y = batch(rank, 0, batch_size)
+    ref = DDP(mlp(hidden))
+    F.mse_loss(ref(x), y).backward()
+    ref_norm = torch.cat([p.grad.flatten() for p in ref.parameters()]).norm()
+    max_norm = ref_norm.item() / 2  # so that clipping acts
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+    model = shard(mlp(hidden), mesh)
+    F.mse_loss(model(x), y).backward()
+    local_norm = torch.cat([local(p.grad).flatten() for p in model.parameters()]).norm()  # wrong: this rank only
+    squared = local_norm.square()
+    dist.all_reduce(squared)  # right: sum of squares over the ranks
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # right: a DTensor
+    clipped_diff = max((p.grad.full_tensor() - q.grad).abs().max().item()
+                       for p, q in zip(model.parameters(), ref.parameters()))
+    return {"reference": ref_norm.item(), "local": local_norm.item(), "all-reduced": squared.sqrt().item(),
+            "clip_grad_norm_": total.full_tensor().item(), "type": type(total).__name__,
+            "max_norm": max_norm, "clipped grads vs DDP": clipped_diff}
+
+
+C = launch(clip_worker, N, hidden, batch_size, backend="gloo", timeout=180)
+pd.DataFrame(C).rename_axis("rank")[["local", "all-reduced", "clip_grad_norm_", "reference", "type"]]
+
+# %% [markdown]
+# **Claim:** on `N` ranks each rank's local norm is smaller than the global one and they differ
+# across ranks; their squares add up to the global norm squared. The all-reduced norm and
+# `clip_grad_norm_` (a `DTensor`) both equal the DDP model's gradient norm, and the clipped
+# sharded gradients, gathered, equal DDP's clipped ones. A clip by the local norm would have
+# scaled rank `r` by `max_norm / local_r`, a different factor on each rank.
+
+# %% tags=["check"]
+ref_norm = C[0]["reference"]
+local_norms = [c["local"] for c in C]
+assert all(n < ref_norm for n in local_norms) and len(set(local_norms)) > 1, local_norms
+assert abs(sum(n * n for n in local_norms) - ref_norm**2) <= 1e-5 * ref_norm**2, (local_norms, ref_norm)
+for c in C:
+    assert c["type"] == "DTensor", c
+    for key in ("all-reduced", "clip_grad_norm_"):
+        assert abs(c[key] - ref_norm) <= 1e-5 * ref_norm, (key, c)
+    assert c["clipped grads vs DDP"] < 1e-6, c
+factors = {"global": C[0]["max_norm"] / ref_norm, **{f"local, rank {r}": min(1.0, C[r]["max_norm"] / n)
+                                                    for r, n in enumerate(local_norms)}}
+assert len({round(f, 6) for f in factors.values()}) > 2, factors
+print("clip factors:", {k: round(v, 4) for k, v in factors.items()})
+
+# %% [markdown]
+# ## 5. A checkpoint that loads into a plain model
+#
+# An FSDP2 model's `state_dict()` holds `DTensor`s: each rank's entries carry only its shard. To
+# save a checkpoint a plain `nn.Module` (an evaluation script, a single-device export) can load,
+# gather the full tensors: `get_model_state_dict(model, options=StateDictOptions(
+# full_state_dict=True, cpu_offload=True))` from `torch.distributed.checkpoint.state_dict` (every
+# rank calls it, it is a collective; rank 0 receives the full tensors on the CPU, the other ranks
+# an empty dict), or `{k: v.full_tensor() ...}` on every rank. For a sharded checkpoint that
+# restores into the sharded model (and its optimizer), `torch.distributed.checkpoint.save` and
+# `load` are the tools; they are not run here. The model is trained one step first, so that its
+# weights differ from a fresh `mlp` (built with another seed).
+
+# %%
+def checkpoint_worker(rank, world_size, hidden, batch_size):
+    mesh = init_device_mesh("cpu", (world_size,))
+    model, opt = build("FSDP2", hidden, mesh)
+    x, y = batch(rank, 0, batch_size)
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    probe = torch.randn(5, 8, generator=torch.Generator().manual_seed(7))  # the same on every rank
+    with torch.no_grad():
+        expected = model(probe)
+    out = {}
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    out["keys on this rank"] = len(full)
+    if rank == 0:
+        plain = mlp(hidden, seed=1)
+        plain.load_state_dict(full)
+        out["get_model_state_dict"] = (plain(probe) - expected).abs().max().item()
+    gathered = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank
+    plain = mlp(hidden, seed=1)
+    plain.load_state_dict(gathered)
+    out["full_tensor"] = (plain(probe) - expected).abs().max().item()
+    sharded = model.state_dict()  # the mistake: DTensors
+    out["saved types"] = sorted({type(v).__name__ for v in sharded.values()})
+    for name, sd in (("state_dict()", sharded), ("to_local()", {k: local(v) for k, v in sharded.items()})):
+        try:
+            mlp(hidden, seed=1).load_state_dict(sd)
+            out[name] = "loaded"
+        except RuntimeError as e:
+            out[name] = str(e)
+    return out
+
+
+K = launch(checkpoint_worker, W, hidden, batch_size, backend="gloo", timeout=180)
+print(K[0]["state_dict()"][:400])
+print(K[0]["to_local()"][:300])
+
+# %% [markdown]
+# **Claim:** with `get_model_state_dict(..., full_state_dict=True, cpu_offload=True)` rank 0 gets
+# all 8 entries and the other ranks none; loaded into a plain model, it gives exactly the sharded
+# model's outputs, and so does the `full_tensor()` dictionary on every rank. Loading the sharded
+# `model.state_dict()` into a plain model raises a `RuntimeError`: the shapes match (a `DTensor`
+# reports the full shape), but copying a `DTensor` into a plain tensor fails with "got mixed
+# torch.Tensor and DTensor". Converting with `to_local()` first fails too, with "size mismatch":
+# each rank saved only its rows.
+
+# %% tags=["check"]
+n_keys = len(mlp(hidden).state_dict())
+assert [k["keys on this rank"] for k in K] == [n_keys] + [0] * (W - 1), [k["keys on this rank"] for k in K]
+assert K[0]["get_model_state_dict"] == 0.0, K[0]
+assert all(k["full_tensor"] == 0.0 for k in K), K
+assert K[0]["saved types"] == ["DTensor"], K[0]["saved types"]
+for k in K:
+    assert "mixed torch.Tensor and DTensor" in k["state_dict()"], k["state_dict()"]
+    assert "size mismatch for 0.weight" in k["to_local()"], k["to_local()"]
+print("plain model from get_model_state_dict: outputs equal; the DTensor state_dict: RuntimeError")
+
+# %%
+print(f"lesson 08a ran in {time.perf_counter() - t_notebook:.0f} s")
+
+# %% [markdown]
+# ## What we saw
+#
+# | | each rank holds | bytes per rank (fp32, Adam) | in the loop |
+# | --- | --- | --- | --- |
+# | DDP | everything | `16P` | nothing changes |
+# | ZeRO-1 | all parameters and gradients, Adam's state for its share of the parameters | `8P + 8P / N` | swap the optimizer |
+# | FSDP2 | `torch.chunk` rows of every parameter, gradient and state | `16P / N` plus padding | global clip norm, gathered checkpoint |
+#
+# Sharding leaves the loss curve where DDP puts it. It changes what "the gradient" and "the
+# state dict" mean on one rank: each holds a shard, and anything computed from it alone (a norm,
+# a checkpoint) is partial. Use the `DTensor`-aware tools: `clip_grad_norm_` on the sharded
+# gradients, and `get_model_state_dict` with `full_state_dict=True` (or `full_tensor()`) for a
+# checkpoint that a plain model loads.
+#
+# ## Exercises
+#
+# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
+# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
+# solution follows each check, collapsed; student copies leave the solutions out. Every solution
+# runs when the full lesson runs, so each is known to pass its check.
+
+# %% [markdown]
+# ### Exercise 1: bytes per rank for a billion parameters
+#
+# A model of `10^9` float32 parameters trained with Adam on 8 ranks: how many bytes of model
+# state does each rank hold with DDP, with ZeRO-1 and with FSDP2 (no padding)? Answer with a list
+# of three numbers `[DDP, ZeRO-1, FSDP2]`.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+# %% tags=["check"]
+# expected: section 2's formula, which the measurement there matched
+expected_1 = [formula(kind, 8, 10**9) for kind in KINDS]
+check_answer("ex1", answer_1, expected_1, hint="4 bytes each for parameters and gradients, 8 for Adam; divide what is sharded by 8")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+# DDP 16 GB; ZeRO-1 8 GB + 8 GB / 8 = 9 GB; FSDP2 16 GB / 8 = 2 GB.
+solution_1 = [16e9, 9e9, 2e9]
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: the rows of a 7-row weight on 3 ranks
+#
+# `fully_shard` on a mesh of 3 ranks shards a `Linear(5, 7)` weight (shape `(7, 5)`). How many
+# rows does each rank hold? Answer with a list `[rank 0, rank 1, rank 2]`.
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+# %% tags=["check"]
+# expected: torch.chunk, the rule section 1 checked against the real shards
+expected_2 = [chunk_rows(7, 3, r) for r in range(3)]
+check_answer("ex2", answer_2, expected_2, hint="chunks of ceil(7 / 3) rows; the last rank takes what is left")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+# ceil(7 / 3) = 3 rows per chunk: 3, 3, and the remaining 1.
+solution_2 = [3, 3, 7 - 3 - 3]
+check_answer("ex2", solution_2, expected_2, strict=True)
