@@ -17,7 +17,7 @@
 # # 08a · After DDP: ZeRO-1 and FSDP2, run for real
 #
 # <!-- run-time:start -->
-# **Run time**: not measured yet. **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
+# **Run time**: not measured yet. **Reading time** (estimate: about 1,500 words of prose at 200 words/min): about 8 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** shard the optimizer state with `ZeroRedundancyOptimizer` (ZeRO-1) and
@@ -46,7 +46,7 @@
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-world_sizes = [2, 4]  # world sizes of section 2's memory table; the largest also runs sections 1 and 4
+world_sizes = [2, 4]  # world sizes of section 2's table; the largest runs sections 1 and 4, the smallest 3 and 5
 hidden = 16  # width of the MLP's two hidden layers
 steps = 4  # training steps of section 3's loss curves
 batch_size = 4  # samples per rank per step
@@ -216,7 +216,8 @@ print("rank", N - 1, "holds 6.bias with shape", S[N - 1]["fsdp"]["6.bias"]["loca
 # [ZeRO formula](07b_hooks_and_after_ddp.ipynb#3.-What-comes-after-DDP:-when-the-model-no-longer-fits-one-device)
 # with 4 bytes for each of parameters and gradients and `K = 8` for Adam gives, per rank on `N`
 # ranks: DDP `4P + 4P + 8P = 16P`, ZeRO-1 `4P + 4P + 8P / N`, FSDP2 `16P / N`. Activations and
-# DDP's gradient buckets come on top and are not counted here.
+# communication buffers (DDP's gradient buckets, the layer FSDP2 gathers for its forward) come on
+# top and are not counted here.
 
 # %%
 def memory_worker(rank, world_size, hidden, batch_size):
@@ -337,7 +338,8 @@ curves
 # %% [markdown]
 # **Claim:** on `W` ranks the ZeRO-1 and FSDP2 loss curves equal DDP's at every step, and the
 # final weights (FSDP2's gathered with `full_tensor()`) equal DDP's, to float32 rounding
-# (relative tolerance `1e-5`): FSDP2 sums the gradients in a different order, nothing else.
+# (relative tolerance `1e-5`). ZeRO-1's broadcast after `step()` leaves every rank with the same
+# weights.
 
 # %% tags=["check"]
 for kind in ("ZeRO-1", "FSDP2"):
@@ -346,6 +348,9 @@ for kind in ("ZeRO-1", "FSDP2"):
     for name, w in L[0][kind + " weights"].items():
         torch.testing.assert_close(w, ddp_weights["module." + name if kind == "FSDP2" else name],
                                    rtol=1e-5, atol=1e-6)
+for r in range(1, W):
+    for name, w in L[r]["ZeRO-1 weights"].items():
+        assert torch.equal(w, L[0]["ZeRO-1 weights"][name]), (r, name)
 print("largest loss difference to DDP:",
       {kind: max(abs(a - b) for a, b in zip(L[0][kind], L[0]["DDP"])) for kind in ("ZeRO-1", "FSDP2")})
 
