@@ -47,7 +47,7 @@
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 collective_timeout_s = 3.0  # seconds a rank waits in a collective of section 4's short-timeout group
-eval_batches = 4  # evaluation batches of section 4 (an even number: 2 ranks share them)
+eval_batches = 6  # evaluation batches of section 4 (an even number: 2 ranks share them)
 batch_s = 1.0  # seconds one evaluation batch takes in section 4 (a time.sleep)
 
 # %%
@@ -294,10 +294,10 @@ assert first_wrong(G[0]["branch off from step 2", "default"]) == 2
 caught["2 static_graph"] = "step 2 (step 1 with default settings)"
 print(G[0]["ignored output", "static_graph"]["checker"][1])
 runs = [key for key in G[0] if len(key) == 2]
-pd.DataFrame({f"{case}, {name}": [str(a_weights(case, name)[0]), str(a_weights(case, name)[1]),
-                                  first_wrong(G[0][case, name]),
-                                  G[0][case, name]["error"] and G[0][case, name]["error"][0]]
-              for case, name in runs}, index=["a, rank 0", "a, rank 1", "checker raises at step", "DDP raises at step"]).T
+pd.DataFrame([[str(a_weights(*key)[0]), str(a_weights(*key)[1]), first_wrong(G[0][key]),
+               G[0][key]["error"] and G[0][key]["error"][0]] for key in runs],
+             index=pd.MultiIndex.from_tuples(runs, names=["case", "DDP settings"]),
+             columns=["a, rank 0", "a, rank 1", "checker raises at", "DDP raises at"])
 
 # %% [markdown]
 # The fix: `find_unused_parameters=True` without `static_graph=True` when the set of parameters
@@ -423,7 +423,7 @@ L = {plan: launch(slow_rank0_worker, WORLD, plan, collective_timeout_s, backend=
 # `collective_timeout_s`). Rank 0 finishes its evaluation, reaches the all-reduce and fails at
 # once: "Connection closed by peer ... typically caused by a remote worker crashing", a message
 # that points at rank 1. Neither names the evaluation. Sharded, both ranks evaluate half the
-# batches and get the full sum `0 + 1 + ... + (eval_batches − 1)` (6 for 4 batches) with no error;
+# batches and get the full sum `0 + 1 + ... + (eval_batches − 1)` (15 for 6 batches) with no error;
 # with the long-timeout barrier rank 0 evaluates alone and both ranks carry on without an error.
 # The replica checker has nothing to check here: no parameter differs.
 
