@@ -294,8 +294,8 @@ assert first_wrong(G[0]["branch off from step 2", "default"]) == 2
 caught["2 static_graph"] = "step 2 (step 1 with default settings)"
 print(G[0]["ignored output", "static_graph"]["checker"][1])
 runs = [key for key in G[0] if len(key) == 2]
-pd.DataFrame([[str(a_weights(*key)[0]), str(a_weights(*key)[1]), first_wrong(G[0][key]),
-               G[0][key]["error"] and G[0][key]["error"][0]] for key in runs],
+pd.DataFrame([[str(a_weights(*key)[0]), str(a_weights(*key)[1]), first_wrong(G[0][key]) or "never",
+               G[0][key]["error"][0] if G[0][key]["error"] else "never"] for key in runs],
              index=pd.MultiIndex.from_tuples(runs, names=["case", "DDP settings"]),
              columns=["a, rank 0", "a, rank 1", "checker raises at", "DDP raises at"])
 
