@@ -44,6 +44,7 @@ LEARNER_NOTEBOOKS = [
     "06b_state_across_ranks",
     "06c_seeds_and_debugging",
     "06d_silent_bugs",
+    "06e_more_silent_bugs",
     "07a_torchrun_and_many_nodes",
     "07b_hooks_and_after_ddp",
     "08a_zero_and_fsdp2",
