@@ -46,6 +46,7 @@ LEARNER_NOTEBOOKS = [
     "06d_silent_bugs",
     "07a_torchrun_and_many_nodes",
     "07b_hooks_and_after_ddp",
+    "08b_compile_and_ddp",
 ]
 
 GLOSSARY_LINK = "../docs/GLOSSARY.md"
