@@ -147,12 +147,14 @@ def orders_worker(rank, world_size, n_layers):
         torch._dynamo.reset()  # forget earlier compilations: each build counts its own graphs
         backend, graphs = counting_backend()
         model = build(backend)
+        counts = []
         for _ in range(2):
             model.zero_grad(set_to_none=True)
             step(model, rank)
+            counts.append(len(graphs))
         grads = [p.grad for p in model.parameters()]
         same = all(torch.equal(g, e.grad) for g, e in zip(grads, eager.parameters()))
-        out[name] = {"graphs": len(graphs), "layers": [layers_in(g) for g in graphs], "grads as eager DDP": same}
+        out[name] = {"graphs": len(graphs), "after step 1": counts[0], "layers": [layers_in(g) for g in graphs], "grads as eager DDP": same}
     return out
 
 
@@ -177,6 +179,7 @@ expected_layers = {"torch.compile(model), no DDP": [list(range(n_layers))],
 for r in range(WORLD):
     for name, layers in expected_layers.items():
         assert ORD[r][name]["layers"] == layers and ORD[r][name]["graphs"] == len(layers), (r, name, ORD[r][name])
+        assert ORD[r][name]["after step 1"] == len(layers), (r, name, ORD[r][name])  # step 2 compiled nothing new
         assert ORD[r][name]["grads as eager DDP"] == (not name.endswith("no DDP")), (r, name)  # no DDP: rank-local gradients
 print({name: ORD[0][name]["graphs"] for name in expected_layers})
 
