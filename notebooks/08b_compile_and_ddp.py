@@ -181,7 +181,6 @@ for r in range(WORLD):
         assert ORD[r][name]["layers"] == layers and ORD[r][name]["graphs"] == len(layers), (r, name, ORD[r][name])
         assert ORD[r][name]["after step 1"] == len(layers), (r, name, ORD[r][name])  # step 2 compiled nothing new
         assert ORD[r][name]["grads as eager DDP"] == (not name.endswith("no DDP")), (r, name)  # no DDP: rank-local gradients
-print({name: ORD[0][name]["graphs"] for name in expected_layers})
 
 # %% [markdown]
 # Why the `nn.Sequential` compiles to nothing in the first order: in `torch.compile(DDP(...))`,
@@ -212,16 +211,22 @@ print({name: ORD[0][name]["graphs"] for name in expected_layers})
 
 # %%
 def buckets_worker(rank, world_size, n_layers):
-    runs = {"bucket_cap_mb=25 (default)": (n_layers, dict(bucket_cap_mb=25), True),
-            "bucket_cap_mb=1": (n_layers, dict(bucket_cap_mb=1), True),
-            "bucket_cap_mb=1, optimize_ddp=False": (n_layers, dict(bucket_cap_mb=1), False),
-            "bucket_cap_mb=0.5": (n_layers, dict(bucket_cap_mb=0.5), True),
-            "exercise: 6 layers, bucket_cap_mb=2": (6, dict(bucket_cap_mb=2), True)}
+    """torch.compile(DDP(Net)) for each (layers, bucket_cap_mb, optimize_ddp); the last run wraps the other way."""
+    runs = {"bucket_cap_mb=25 (default)": (n_layers, 25, True),
+            "bucket_cap_mb=1": (n_layers, 1, True),
+            "bucket_cap_mb=1, optimize_ddp=False": (n_layers, 1, False),
+            "bucket_cap_mb=0.5": (n_layers, 0.5, True),
+            "bucket_cap_mb=0.5, optimize_ddp=False": (n_layers, 0.5, False),
+            "exercise: 6 layers, bucket_cap_mb=2": (6, 2, True),
+            "DDP(torch.compile(model)), bucket_cap_mb=0.5": (n_layers, 0.5, True)}
     out = {}
-    for name, (layers, ddp_kwargs, optimize_ddp) in runs.items():
+    for name, (layers, cap, optimize_ddp) in runs.items():
         torch._dynamo.reset()
         backend, graphs = counting_backend()
-        model = torch.compile(DDP(make(layers), **ddp_kwargs), backend=backend)
+        if name.startswith("DDP(torch.compile"):
+            model = DDP(torch.compile(make(layers), backend=backend), bucket_cap_mb=cap)
+        else:
+            model = torch.compile(DDP(make(layers), bucket_cap_mb=cap), backend=backend)
         try:
             with torch._dynamo.config.patch(optimize_ddp=optimize_ddp):
                 step(model, rank)
@@ -242,8 +247,7 @@ pd.DataFrame([{"build": name, "graphs": v.get("graphs", ""), "layers of each gra
 # %% [markdown]
 # **Claim:** with the default cap the model compiles to 2 graphs (layers `0 … n_layers − 2`,
 # then the last one); with `bucket_cap_mb=1` to `n_layers` graphs, one layer each; with
-# `optimize_ddp=False` to one graph however small the buckets. The graphs come in forward order;
-# DDPOptimizer built them from the back.
+# `optimize_ddp=False` to one graph, at a cap of 1 and of 0.5 alike.
 
 # %% tags=["check"]
 for r in range(WORLD):
@@ -251,9 +255,9 @@ for r in range(WORLD):
     assert K[r]["bucket_cap_mb=1"]["layers"] == [[i] for i in range(n_layers)], K[r]
     assert K[r]["bucket_cap_mb=1"]["graphs"] == n_layers, K[r]
     assert K[r]["bucket_cap_mb=1, optimize_ddp=False"]["layers"] == [list(range(n_layers))], K[r]
+    assert K[r]["bucket_cap_mb=0.5, optimize_ddp=False"]["layers"] == [list(range(n_layers))], K[r]
 assert torch._dynamo.config.optimize_ddp is True  # the default, in this process too
 assert dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20 == WIDTH * WIDTH * 4
-print({name: K[0][name].get("graphs") for name in K[0]})
 
 # %% [markdown]
 # ### The `bucket_cap_mb` constraint under compile
@@ -264,14 +268,15 @@ print({name: K[0][name].get("graphs") for name in K[0]})
 #
 # **Claim:** `torch.compile(DDP(model, bucket_cap_mb=0.5))` fails at its first forward, on every
 # rank, with "First bucket should be smaller/equal to other buckets to get comms warmed up
-# ASAP"; eager `DDP(model, bucket_cap_mb=0.5)` trains with a 524,288-byte cap. Under compile,
+# ASAP", and so does `DDP(torch.compile(model), bucket_cap_mb=0.5)`; eager `DDP(model, bucket_cap_mb=0.5)` trains with a 524,288-byte cap. Under compile,
 # keep `bucket_cap_mb >= 1`, or switch `optimize_ddp` off (one graph, no overlap).
 
 # %% tags=["check"]
 for r in range(WORLD):
-    error = K[r]["bucket_cap_mb=0.5"].get("error", "")
-    assert error == ("AssertionError: First bucket should be smaller/equal to other buckets "
-                     "to get comms warmed up ASAP"), error
+    for name in ("bucket_cap_mb=0.5", "DDP(torch.compile(model)), bucket_cap_mb=0.5"):
+        error = K[r][name].get("error", "")
+        assert error == ("AssertionError: First bucket should be smaller/equal to other buckets "
+                         "to get comms warmed up ASAP"), (name, error)
     assert K[r]["eager DDP, bucket_cap_mb=0.5"]["bucket_bytes_cap"] == 2**19, K[r]
 print(K[0]["bucket_cap_mb=0.5"]["error"])
 
@@ -309,17 +314,22 @@ def keys_worker(rank, world_size, n_layers):
             wrong = "loaded"
         except RuntimeError as e:
             wrong = str(e)  # "Error(s) in loading state_dict for Net: Missing key(s) ..."
-        buffer = io.BytesIO()
+        restored = True
         if rank == 0:  # one rank saves, as in a real run
+            buffer = io.BytesIO()  # a file in a real run
             torch.save(plain_state(model), buffer)
             buffer.seek(0)
             fresh.load_state_dict(torch.load(buffer))  # strict: every key must match
-        out[name] = {"first key": keys[0], "all keys prefixed": all(k.startswith(keys[0].split("layers")[0]) for k in keys),
+            restored = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), net.state_dict().values()))
+        prefix = keys[0][:keys[0].index("layers.")]
+        out[name] = {"first key": keys[0], "all keys prefixed": all(k.startswith(prefix) for k in keys),
                      "load the wrapper's state": wrong.splitlines()[0],
                      "keys missing": "Missing key(s) in state_dict" in wrong,
-                     "plain keys": list(plain_state(model)), "net keys": list(net.state_dict()),
-                     "same as net": rank != 0 or all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
-                                                                                      net.state_dict().values()))}
+                     "net holds the trained values": all(torch.equal(a, b) for a, b in zip(
+                         net.state_dict().values(), model.state_dict().values())) and not torch.equal(
+                         net.layers[0].weight, make(n_layers).layers[0].weight),
+                     "restored from the saved plain state": restored,
+                     "plain keys": list(plain_state(model)), "net keys": list(net.state_dict())}
     out["plain Net keys"] = list(make(n_layers).state_dict())
     return out
 
@@ -346,7 +356,7 @@ for r in range(WORLD):
         assert result["load the wrapper's state"].startswith("Error(s) in loading state_dict for Net"), result
         assert result["keys missing"], result
         assert result["plain keys"] == result["net keys"] == S[r]["plain Net keys"], result
-        assert result["same as net"], (r, name)
+        assert result["net holds the trained values"] and result["restored from the saved plain state"], (r, name)
 print(S[0]["torch.compile(DDP(net))"]["load the wrapper's state"])
 
 # %%
