@@ -188,8 +188,9 @@ for r in range(WORLD):
 # code, and Dynamo traces it. `nn.Sequential.forward` is in torch/nn, and Dynamo's rules
 # (`check_file` in torch/_dynamo/trace_rules.py) trace files under torch/nn only when they are
 # called from code already being traced (`MOD_INLINELIST`); a frame that *starts* there matches
-# `MOD_SKIPLIST` and runs eagerly. `DDP(torch.compile(...))` compiles the inner model itself,
-# so the rule never applies. Counting graphs, as here, is the quick way to know; Dynamo's own
+# `MOD_SKIPLIST` and runs eagerly. `DDP(torch.compile(...))` compiles the inner model directly
+# (the `OptimizedModule` is the module DDP calls), and, as the table shows, that traces the
+# `nn.Sequential` too. Counting graphs, as here, is the quick way to know; Dynamo's own
 # report is `TORCH_LOGS="graph_breaks"`. Whichever order you choose, count.
 
 # %% [markdown]
