@@ -48,6 +48,7 @@ LEARNER_NOTEBOOKS = [
     "07a_torchrun_and_many_nodes",
     "07b_hooks_and_after_ddp",
     "08a_zero_and_fsdp2",
+    "08b_compile_and_ddp",
 ]
 
 GLOSSARY_LINK = "../docs/GLOSSARY.md"
