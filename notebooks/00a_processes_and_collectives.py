@@ -84,10 +84,10 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # %% [markdown]
 # ## 1. Processes and ranks
 #
-# `start_ranks` starts `world_size` ipyparallel engines (fresh Python processes), gives each its
-# `rank`, initialises the default process group on all of them and makes `%%px` send cells to
-# them. The next cell is slow the first time (the engines start and import torch); after that,
-# a `%%px` cell costs milliseconds.
+# `start_ranks` starts `world_size` ipyparallel engines (Python processes, not copies of this
+# kernel), gives each its `rank`, initialises the default process group on all of them and makes
+# `%%px` send cells to them. The next cell is slow the first time (a server process starts and
+# imports torch, then the engines start from it); after that, a `%%px` cell costs milliseconds.
 
 # %%
 # after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
@@ -137,21 +137,21 @@ if not torch.cuda.is_available():
 # all, so the child has everything the parent had, including the notebook's functions. **spawn**
 # starts a fresh Python interpreter that *imports* what it needs. **forkserver** starts one fresh
 # interpreter (a *server*) the first time, and then forks each new process from that server, not
-# from the notebook. The warm ranks are fresh interpreters (ipyparallel starts each engine as a
-# new `python -m ipyparallel.engine` process, not as a copy of this kernel).
+# from the notebook. The warm ranks are forked from such a server (a fresh interpreter that
+# imported torch once), not from this kernel.
 #
-# **Claim:** the ranks are fresh interpreters: a name defined in this kernel does not exist in
-# a rank's `__main__`, and each engine was started by the ipyparallel engine command.
+# **Claim:** the ranks are not copies of this kernel: a name defined in this kernel does not exist
+# in a rank's `__main__`, and every rank has the same parent process, which is not this kernel.
 
 # %%
 kernel_only = "defined in the kernel"
 
 
 def inherited(rank, world_size):
+    import os
     import sys
-    program = sys.argv[0]  # .../site-packages/ipyparallel/engine/__main__.py
     return {"rank": rank, "has kernel_only": "kernel_only" in vars(sys.modules["__main__"]),
-            "program": program[program.find("ipyparallel"):]}
+            "parent pid": os.getppid()}
 
 
 fresh = pd.DataFrame(ranks.run(inherited)).set_index("rank")
@@ -159,7 +159,8 @@ display(fresh)
 
 # %% tags=["check"]
 assert not fresh["has kernel_only"].any(), fresh
-assert all(p.startswith("ipyparallel") for p in fresh["program"]), fresh["program"]
+parents = set(fresh["parent pid"])
+assert len(parents) == 1 and os.getpid() not in parents, f"parents {parents}, kernel {os.getpid()}"
 
 # %% [markdown]
 # So a `%%px` cell cannot read a kernel variable. `ranks.push({"name": value})` sends a value to
@@ -185,7 +186,7 @@ assert missing.exc_type == "NameError" and "kernel" in missing.message and "rank
 assert ranks.pull("kernel_only") == [kernel_only] * world_size
 
 # %% [markdown]
-# The price of a fresh interpreter: it cannot import this notebook. Plain `pickle` sends a
+# The price of a process that is not a copy of the kernel: it cannot import this notebook. Plain `pickle` sends a
 # function **by reference** (module name + function name), and the receiving process looks the
 # name up in *its* `__main__`, where a cell's function does not exist. That is the
 # `AttributeError: Can't get attribute 'square' on <module '__main__'>` people get from
@@ -535,8 +536,8 @@ assert m[:, 0].tolist() == [11.0, 22.0]
 #
 # - A DDP job is `world_size` separate processes; each knows its `rank` and the group's size,
 #   and they talk only through collectives on the process group.
-# - Notebooks never fork the kernel: ranks are fresh interpreters (ipyparallel's engines) or forks
-#   of a fork server that never ran notebook code (`launch`). Neither can import a cell's
+# - Notebooks never fork the kernel: ranks (warm ranks and `launch`'s) are forks of a fork server
+#   that never ran notebook code. They cannot import a cell's
 #   function by name, so cell code is sent by value (`cloudpickle`); a fork of the kernel would
 #   copy it, and with it a CUDA context that the child cannot use.
 # - The five collectives write their results in place: `all_reduce` (SUM, AVG), `broadcast`,
