@@ -9,7 +9,7 @@ Usage (from anywhere)::
 Each lesson of the README's path table (``ci.path_table.lessons``) gets: its run time, measured
 (``docs/run_times.json``, the ``full`` profile, an upper bound for the smaller default
 parameters students run); its reading time, estimated from its words of prose
-(``ci.path_table.prose_words``, 200 words/min); and its exercise time, estimated at
+(``ci.path_table.reading_estimate``, the same minutes its opening line shows); and its exercise time, estimated at
 :data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
 summed, rounded up to 5 minutes. The 3-hour agenda takes the lessons in path order while they
 fit in :data:`SHORT_TEACHING_MIN` minutes (a break after about 90), and lists the rest as
@@ -47,7 +47,7 @@ def slots(lessons: list[str], times: dict, notebooks: Path) -> list[dict]:
         nb = nbformat.read(str(notebooks / f"{stem}.ipynb"), as_version=4)
         entry = times.get("notebooks", {}).get(stem)
         run_min = math.ceil(float(entry["seconds"]) / 60) if entry else None
-        read_min = max(1, round(path_table.prose_words(nb) / path_table.WORDS_PER_MIN))
+        read_min = path_table.reading_estimate(path_table.prose_words(nb))[1]  # the lesson's own line
         exercises = sum(c.source.count("### Exercise") for c in nb.cells if c.cell_type == "markdown")
         ex_min = exercises * MIN_PER_EXERCISE
         slot = 5 * math.ceil(((run_min or 0) + read_min + ex_min) / 5)

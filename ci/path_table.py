@@ -110,6 +110,13 @@ def prose_words(nb) -> int:
     return words
 
 
+def reading_estimate(words: int) -> tuple[int, int]:
+    """``(words rounded to the nearest 100, at least 100; minutes at WORDS_PER_MIN, at least 1)``:
+    the reading time a lesson's opening line and docs/TEACHING.md's agendas both show."""
+    rounded = max(100, round(words / 100) * 100)
+    return rounded, max(1, round(rounded / WORDS_PER_MIN))
+
+
 def lesson_line(entry: dict | None, profile: str, words: int) -> str:
     """The one line a lesson's opening shows: measured run time (``entry`` from the record, or
     None) and the reading time estimated from ``words`` of prose."""
@@ -118,8 +125,7 @@ def lesson_line(entry: dict | None, profile: str, words: int) -> str:
                f"on {entry['machine']} ({entry['date']}).")
     else:
         run = "**Run time**: not measured yet."
-    rounded = max(100, round(words / 100) * 100)
-    minutes = max(1, round(rounded / WORDS_PER_MIN))
+    rounded, minutes = reading_estimate(words)
     return (f"{run} **Reading time** (estimate: about {rounded:,} words of prose at "
             f"{WORDS_PER_MIN} words/min): about {minutes} min.")
 

@@ -26,7 +26,8 @@
 # rank of a hung launch is stuck at, get a `torchrun` script's traceback into its failure summary
 # with `@record`, and read a relayed worker traceback down to the rank and the line that caused it. **You need**
 # [03](03_distributed_sampler.ipynb) (how the sampler deals items) and
-# [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls).
+# [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls). The next lesson:
+# [06d](06d_silent_bugs.ipynb) (silent DDP bugs).
 #
 # **The question:** a DDP run gives a different number than yesterday's, or stops: is it the
 # seeds, the order of float additions, or a rank that does something else — and how do we find

@@ -25,7 +25,8 @@
 # `helpers.replicas.assert_in_sync` where the replicas drift apart, and a value check where they
 # stay identical but wrong. **You need** [00a](00a_processes_and_collectives.ipynb) and
 # [00b](00b_ddp_cell_by_cell.ipynb) (collectives, what DDP does in a step) and
-# [06a](06a_training_loop_pitfalls.ipynb) (`no_sync`, unused parameters).
+# [06a](06a_training_loop_pitfalls.ipynb) (`no_sync`, unused parameters). The next lesson:
+# [06e](06e_more_silent_bugs.ipynb) (more silent DDP bugs).
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
 #

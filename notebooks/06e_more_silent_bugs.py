@@ -26,7 +26,8 @@
 # gradient clipping with a `GradScaler`, and a slow rank-0-only block under a collective
 # timeout. **You need** [06d](06d_silent_bugs.ipynb) (the replica checker `assert_in_sync`,
 # the tiny models) and [06a](06a_training_loop_pitfalls.ipynb) (unused parameters, short
-# timeout groups).
+# timeout groups). The next lesson: [07a](07a_torchrun_and_many_nodes.ipynb) (torchrun and many
+# nodes).
 #
 # **The question:** more runs that finish and are wrong (or die for a reason far from the bug):
 # which are they, and what finds them?

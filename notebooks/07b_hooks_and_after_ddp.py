@@ -25,7 +25,7 @@
 # per step and what that cost in accuracy, run the course on a GPU, and count the model-state
 # memory per device of DDP and of ZeRO / FSDP. **You need** [04](04_mnist_single_dp_ddp.ipynb)
 # (the MNIST recipe and its worker) and [07a](07a_torchrun_and_many_nodes.ipynb) (torchrun and
-# many nodes).
+# many nodes). The next lesson: [08a](08a_zero_and_fsdp2.ipynb) (ZeRO-1 and FSDP2 run for real).
 #
 # **The question:** every DDP step all-reduces every gradient -- how can DDP send fewer bytes
 # (communication hooks), what does that cost, and what comes after DDP when the model no longer

@@ -27,7 +27,8 @@
 # right norm, and save a checkpoint that loads into a plain model. **You need**
 # [00b](00b_ddp_cell_by_cell.ipynb) (what DDP does in a step) and section 3 of
 # [07b](07b_hooks_and_after_ddp.ipynb#3.-What-comes-after-DDP:-when-the-model-no-longer-fits-one-device)
-# (the ZeRO stages and their arithmetic, which this lesson runs).
+# (the ZeRO stages and their arithmetic, which this lesson runs). The next lesson:
+# [08b](08b_compile_and_ddp.ipynb) (`torch.compile` with DDP).
 #
 # **The question:** when I shard the model across ranks, what does each rank hold, and what
 # changes in my training loop?
@@ -458,8 +459,9 @@ def checkpoint_worker(rank, world_size, hidden, batch_size):
 
 
 K = launch(checkpoint_worker, W, hidden, batch_size, backend="gloo", timeout=180)
-print(K[0]["state_dict()"][:400])
-print(K[0]["to_local()"][:300])
+for name in ("state_dict()", "to_local()"):  # the two expected errors, their first two lines
+    print(f"expected error, loading the sharded model's {name} into a plain model:")
+    print("  " + "\n  ".join(K[0][name].splitlines()[:2]))
 
 # %% [markdown]
 # **Claim:** with `get_model_state_dict(..., full_state_dict=True, cpu_offload=True)` rank 0 gets

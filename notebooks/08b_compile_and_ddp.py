@@ -24,7 +24,8 @@
 # either order, predict into how many graphs the compiler splits it for a given `bucket_cap_mb`,
 # and save a checkpoint of a compiled DDP model that loads into a plain model. **You need**
 # [00b](00b_ddp_cell_by_cell.ipynb) (what DDP does in a step) and
-# [05b](05b_communication_and_cost_model.ipynb) (DDP's gradient buckets).
+# [05b](05b_communication_and_cost_model.ipynb) (DDP's gradient buckets). It is the last lesson of the
+# path.
 #
 # **The question:** I put `torch.compile` and DDP together: what got compiled, and is my checkpoint
 # still a checkpoint of my model?

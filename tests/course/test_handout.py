@@ -75,3 +75,16 @@ def test_agenda_takes_the_measured_minutes(tmp_path):
     assert row["slot_min"] == 5 * -(-(10 + row["read_min"] + row["exercise_min"]) // 5)
     (row0,) = agenda.slots([stem], {"notebooks": {}}, ROOT / "notebooks")
     assert row0["run_min"] is None and row0["slot_min"] < row["slot_min"]
+
+
+def test_agenda_reading_time_is_the_lessons_own():
+    """The agenda's reading minutes are the ones each lesson's opening line shows (one estimate)."""
+    import re
+
+    import nbformat
+
+    rows = agenda.slots(path_table.lessons(), {"notebooks": {}}, ROOT / "notebooks")
+    for row, stem in zip(rows, path_table.lessons()):
+        nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+        shown = re.search(r"about (\d+) min\.", nb.cells[0].source)
+        assert shown and int(shown.group(1)) == row["read_min"], (stem, row["read_min"], nb.cells[0].source[:300])
