@@ -17,7 +17,7 @@
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 24 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
+# **Run time** (measured): 21 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** step a `DistributedDataParallel` (DDP) model through construction,

@@ -17,7 +17,7 @@
 # # 02 · One model, many processes: how DDP keeps the replicas identical
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 19 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,700 words of prose at 200 words/min): about 8 min.
+# **Run time** (measured): 18 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,700 words of prose at 200 words/min): about 8 min.
 # <!-- run-time:end -->
 #
 # **The question:** every DDP process (rank) builds its *own* copy of the model, from its own

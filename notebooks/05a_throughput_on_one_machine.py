@@ -17,7 +17,7 @@
 # # 05a · Throughput on one machine: input pipeline, ranks and threads, memory
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 5 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 4 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** measure how many samples per second one process and DDP ranks train

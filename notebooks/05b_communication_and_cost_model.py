@@ -17,7 +17,7 @@
 # # 05b · Communication and a cost model: all-reduce, buckets, a cluster
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 3 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 2 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** measure an all-reduce's `algbw` and `busbw` and check busbw against

@@ -22,8 +22,10 @@ def check_jupyterlab(doc: Doctor) -> str:
         import jupyterlab.labapp  # noqa: F401 - what `jupyter lab` runs
     except Exception as e:  # noqa: BLE001
         raise Failed(f"JupyterLab is not importable: {_error_line(e)}", REINSTALL) from None
+    root = " --allow-root" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""  # JupyterLab refuses root without it
     return (f"jupyterlab {jupyterlab.__version__} importable (the README's start command: "
-            "`python3 -m jupyter lab --config=jupyter_lab_config.json notebooks/00a_processes_and_collectives.ipynb`)")
+            f"`python3 -m jupyter lab --config=jupyter_lab_config.json{root} "
+            "notebooks/00a_processes_and_collectives.ipynb`)")
 
 
 # -- in a real kernel: what a notebook cell does ---------------------------------------------
