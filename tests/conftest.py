@@ -12,17 +12,16 @@ import pytest
 from _support import leftover_processes
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--full-profile-follows", action="store_true", default=False,
-        help="CI's main job (python3 ci/run_notebooks.py --profile full) runs after the tests: skip "
-        "the smoke run of a notebook whose smoke and full parameters are equal (.ci/run passes this)")
+#: markers whose tests ``python3 -m pytest`` leaves out unless asked for: the 20-start warm-ranks
+#: load test, and the smoke runs of the lessons (``.ci/run`` runs both as steps of their own; the
+#: lessons through ``python3 ci/run_notebooks.py``, which prints the runner's table)
+OPT_IN = ("stress", "lessons")
 
 
-def _stress_selected(config) -> bool:
-    """Whether this run asked for the ``stress`` tests: ``-m`` names them (``-m stress``), or an
+def _opted_in(config, marker: str) -> bool:
+    """Whether this run asked for the ``marker`` tests: ``-m`` names it (``-m stress``), or an
     argument names one test by node id (``path::name``)."""
-    return "stress" in (config.getoption("markexpr") or "") or any("::" in str(a) for a in config.args)
+    return marker in (config.getoption("markexpr") or "") or any("::" in str(a) for a in config.args)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -36,7 +35,7 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """``stress`` tests left out unless asked for (:func:`_stress_selected`); then longest tests
+    """``stress`` and ``lessons`` tests left out unless asked for (:func:`_opted_in`); then longest tests
     first, so that no worker is left running a long one alone at the end, and
     the tests that share a module-scoped fixture in one worker, so that it is built once.
 
@@ -48,11 +47,12 @@ def pytest_collection_modifyitems(config, items):
     spread such tests over every worker, which then each built the fixture. pytest-xdist hands
     work out in this order (``--dist loadgroup``; the groups go first, the largest first, as
     xdist orders work units by their number of tests)."""
-    if not _stress_selected(config):
-        stress = [item for item in items if item.get_closest_marker("stress")]
-        if stress:
-            config.hook.pytest_deselected(items=stress)
-            items[:] = [item for item in items if not item.get_closest_marker("stress")]
+    for marker in OPT_IN:
+        if not _opted_in(config, marker):
+            left_out = [item for item in items if item.get_closest_marker(marker)]
+            if left_out:
+                config.hook.pytest_deselected(items=left_out)
+                items[:] = [item for item in items if not item.get_closest_marker(marker)]
 
     def seconds(item):
         mark = item.get_closest_marker("slow")

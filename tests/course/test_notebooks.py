@@ -1,11 +1,11 @@
-"""Execute every notebooks/*.ipynb through the CI runner, in the smoke profile.
+"""Execute the lessons through the CI runner, in the smoke profile (each notebook's own defaults,
+what a learner runs).
 
-The full profile (ci/profiles.json, the learner's parameters) is not run here: CI's main job
-runs it once, after the tests (``.ci/run``: ``python3 ci/run_notebooks.py --profile full``).
-So that no notebook runs twice with the same parameters in one CI run, ``.ci/run`` passes
-``--full-profile-follows``: then a notebook whose smoke parameters equal its full ones is
-skipped here (the main job runs it next, with exactly these parameters), with that reason in
-pytest's summary. Without the option (a contributor's ``python3 -m pytest``) every notebook runs.
+``python3 -m pytest`` runs one lesson here, 00a (the Python matrix's notebook: launch, warm ranks
+and ``%%px`` in a real kernel). The others carry the ``lessons`` marker and run only when asked
+(``-m lessons`` or a node id): CI runs the whole smoke profile as a step of its own,
+``python3 ci/run_notebooks.py --profile smoke`` (``.ci/run``), which prints the runner's table,
+and the full profile after it (the main job).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def test_there_are_notebooks():
 
 
 def test_effective_parameters_sees_profile_overrides():
-    """The skip rule below compares real values: a notebook whose full profile overrides a
-    parameter must differ, and smoke must equal the notebook's own defaults."""
+    """A notebook whose full profile overrides a parameter runs with other values in the full
+    profile than in smoke, and smoke is the notebook's own defaults (what a learner runs)."""
     overridden = [p for p in NOTEBOOKS if plan_run([str(p)], profile="full").jobs[0].params]
     assert overridden, "no notebook has full-profile overrides: check ci/profiles.json"
     for path in NOTEBOOKS:
@@ -42,15 +42,16 @@ def test_effective_parameters_sees_profile_overrides():
         assert effective_parameters(path, "smoke") != effective_parameters(path, "full"), path.stem
 
 
+def _marks(path: Path) -> list:
+    marks = [pytest.mark.slow(SMOKE_SECONDS.get(path.stem[:2], 20))]
+    if path.stem.split("_")[0] == MATRIX_NOTEBOOK:
+        return [*marks, pytest.mark.matrix]
+    return [*marks, pytest.mark.lessons]
+
+
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem, marks=[pytest.mark.slow(SMOKE_SECONDS.get(p.stem[:2], 20))]
-                 + ([pytest.mark.matrix] if p.stem.split("_")[0] == MATRIX_NOTEBOOK else [])) for p in NOTEBOOKS])
-def test_notebook_runs_smoke(path: Path, tmp_path: Path, request):
-    if request.config.getoption("full_profile_follows") and (
-            effective_parameters(path, "smoke") == effective_parameters(path, "full")):
-        pytest.skip(f"{path.stem}: smoke and full parameters are equal; the main job "
-                    "(ci/run_notebooks.py --profile full) runs it after the tests")
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=_marks(p)) for p in NOTEBOOKS])
+def test_notebook_runs_smoke(path: Path, tmp_path: Path):
     (row,) = run_notebooks([str(path)], profile="smoke", output_dir=tmp_path)
     assert row["status"] == "ok", (
         f"{row['notebook']} {row['status']} after {row['seconds']:.1f} s: {row['error']}\n"
