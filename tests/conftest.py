@@ -11,7 +11,6 @@ import pytest
 
 from _support import leftover_processes
 
-
 #: markers whose tests ``python3 -m pytest`` leaves out unless asked for: the 20-start warm-ranks
 #: load test, and the smoke runs of the lessons (``.ci/run`` runs both as steps of their own; the
 #: lessons through ``python3 ci/run_notebooks.py``, which prints the runner's table)
