@@ -177,6 +177,7 @@ def test_run_on_every_rank_with_its_group(ranks):
         assert {g["threads"] for g in got} == {threads_per_rank(2)}
 
 
+@pytest.mark.matrix
 def test_engines_are_forked_from_the_fork_server_with_torch_imported(ranks):
     """Each engine is a child of this process's fork server (helpers.engine.warm_ranks_forked), so
     torch was imported there once, not again per rank; named so that ``ps`` tells it apart from the
