@@ -566,13 +566,8 @@ answer_1 = None  # your answer here
 
 # %% tags=["check"]
 expected_1 = [[sum((r + 1.0) ** 2 for r in range(world_size)) / world_size]] * world_size
-if callable(answer_1):  # your function: run it on every warm rank; its results are your answer
-    function_1 = answer_1
-    try:
-        answer_1 = ranks.run(function_1)
-    except Exception as e:  # noqa: BLE001 - a learner's error is reported, not raised
-        answer_1 = f"your function raised {type(e).__name__}: {str(e).splitlines()[0]}"
-check_answer("ex1", answer_1, expected_1, hint="sum with dist.all_reduce, then divide by world_size")
+# your function runs on every warm rank (ranks.run); its results are your answer
+check_answer("ex1", answer_1, expected_1, run=ranks.run, hint="sum with dist.all_reduce, then divide by world_size")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -602,13 +597,8 @@ answer_2 = None  # your answer here
 
 # %% tags=["check"]
 expected_2 = [[[float(i) for i in range(r + 1)] for r in range(world_size)]] * world_size
-if callable(answer_2):  # your function: run it on every warm rank; its results are your answer
-    function_2 = answer_2
-    try:
-        answer_2 = ranks.run(function_2)
-    except Exception as e:  # noqa: BLE001 - a learner's error is reported, not raised
-        answer_2 = f"your function raised {type(e).__name__}: {str(e).splitlines()[0]}"
-check_answer("ex2", answer_2, expected_2, hint="all-gather the lengths first, pad to the longest, trim")
+# your function runs on every warm rank (ranks.run); its results are your answer
+check_answer("ex2", answer_2, expected_2, run=ranks.run, hint="all-gather the lengths first, pad to the longest, trim")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

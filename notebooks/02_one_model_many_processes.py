@@ -590,15 +590,8 @@ def run_sync_with(sync_fn):
 model_0, _, _ = make_replica(0, base_seed, 1)
 expected_4 = [[model_0.weight.tolist(), model_0.bias.tolist(), model_0.rank_buffer.tolist(), [100.0 + r] * 2]
               for r in range(world_size)]
-if answer_4 is None:
-    check_answer("ex4", answer_4, expected_4)
-else:
-    try:
-        ran_4 = launch(run_sync_with(answer_4), world_size, base_seed, backend="gloo")
-    except Exception as e:  # noqa: BLE001 - the learner's function failed on some rank: say so, do not stop the notebook
-        ran_4 = f"your function failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    check_answer("ex4", ran_4, expected_4,
-                 hint="broadcast every parameter and every buffer from rank 0 (model.parameters(), model.buffers())")
+check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(run_sync_with(fn), world_size, base_seed, backend="gloo"),
+             hint="broadcast every parameter and every buffer from rank 0 (model.parameters(), model.buffers())")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 4 (try the exercise first)

@@ -650,9 +650,8 @@ answer_3 = None  # your worker function here (define it in this cell, then answe
 from helpers.engine import launch
 
 expected_3 = [round(b * 1e6) for b in bk[(bk["bucket_cap_mb"] == 1.0) & ~bk["gradient_as_bucket_view"]]["bucket_mb"].iloc[0]]
-if callable(answer_3):  # your worker, run on 2 real ranks: what rank 0 returned is your answer
-    answer_3 = launch(answer_3, 2, 1.0, backend="gloo")[0]
-check_answer("ex3", answer_3, expected_3,
+# your worker runs on 2 real ranks; what rank 0 returned is your answer
+check_answer("ex3", answer_3, expected_3, run=lambda fn: launch(fn, 2, 1.0, backend="gloo")[0],
              hint="record bucket.buffer().numel() * element_size() in the second step only; the hook must still "
                   "divide and all-reduce, or DDP's gradients are wrong")
 
