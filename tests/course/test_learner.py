@@ -439,6 +439,18 @@ def test_check_answer_reports_a_crashed_worker_as_a_crash(capsys):
     assert "expected a list" not in out and "Hint" not in out, out
 
 
+def test_exercise_checks_run_code_answers_through_check_answer():
+    """A check cell that runs the learner's function itself (``if callable(answer_1): answer_1 =
+    ranks.run(...)``) turns a crash into a wrong-value message or raises out of the cell; every
+    check cell leaves running the answer to ``check_answer(..., run=...)``."""
+    by_hand = re.compile(r"callable\(answer_\d+\)|\b(?:launch|run|spawn)\(.*\banswer_\d+")
+    found = [(path.stem, i, line.strip()) for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+             for i, c in enumerate(nbformat.read(path, as_version=4).cells)
+             if c.cell_type == "code" and "check" in c.metadata.get("tags", [])
+             for line in c.source.splitlines() if by_hand.search(line) and "check_answer(" not in line]
+    assert not found, f"check cells that run an answer by hand (use check_answer's run=): {found}"
+
+
 def test_assert_close_once_names_a_cell_run_twice():
     """lesson 00b's backward cell run again doubles .grad: the check says so and names the cell."""
     import torch
