@@ -169,8 +169,10 @@ assert global_batch_size % world_size == 0, (
 batch_per_rank = global_batch_size // world_size
 steps_per_epoch = math.ceil(len(train_labels) / global_batch_size)
 steps = epochs * steps_per_epoch if max_steps == 0 else min(max_steps, epochs * steps_per_epoch)
-rank_share = len(DistributedSampler(range(len(train_labels)), num_replicas=world_size, rank=0))  # the real sampler
-assert math.ceil(rank_share / batch_per_rank) == steps_per_epoch, "DDP's steps per epoch should equal the single process's"
+rank_shares = [len(DistributedSampler(range(len(train_labels)), num_replicas=world_size, rank=r))  # the real sampler
+               for r in range(world_size)]
+assert [math.ceil(n / batch_per_rank) for n in rank_shares] == [steps_per_epoch] * world_size, (
+    f"every rank's steps per epoch should equal the single process's {steps_per_epoch}: shares {rank_shares}")
 n_check = equivalence_steps or steps  # 0 means: every step of the run
 assert 1 <= n_check <= steps, f"equivalence_steps={equivalence_steps} must be 0 (all) or in [1, steps={steps}]"
 print(f"global batch {global_batch_size} = {world_size} ranks x {batch_per_rank} images; {steps_per_epoch} steps "
@@ -377,7 +379,7 @@ def ddp_train(rank, world_size, cfg):
     return {"rank": rank, "local_losses": local.cpu(), "losses": global_losses.cpu(), "snapshot": snap,
             "correct": int(counts[0]), "total": int(counts[1]), "backend": dist.get_backend(),
             "threads": torch.get_num_threads(), "peak_rss_mib": peak_rss_mib(),
-            "data_bytes": sum(t.nbytes for t in (xtr, ytr, xte, yte))}
+            "data_bytes": sum(t.nbytes for t in (xtr, ytr, xte, yte)), "test_shard": shard.cpu()}
 
 
 cfg = dict(model=model, seed=seed, lr=lr, global_batch_size=global_batch_size, epochs=epochs, steps=steps, snapshot_at=n_check)
@@ -400,6 +402,8 @@ for h in ddp_ranks[1:]:
     assert (h["correct"], h["total"]) == (ddp_ranks[0]["correct"], ddp_ranks[0]["total"]), f"rank {h['rank']}: counts differ"
     assert not torch.equal(h["local_losses"], ddp_ranks[0]["local_losses"]), "ranks should see different images"
 assert ddp_ranks[0]["total"] == len(test_labels), f"counted {ddp_ranks[0]['total']} test images, there are {len(test_labels)}"
+counted = torch.cat([h["test_shard"] for h in ddp_ranks]).sort().values  # every rank's test indices, together
+assert torch.equal(counted, torch.arange(len(test_labels))), "the ranks' test shards should hold each image exactly once"
 ddp_losses, ddp_acc = ddp_ranks[0]["losses"], ddp_ranks[0]["correct"] / ddp_ranks[0]["total"]
 assert ddp_acc >= min_accuracy, f"DDP accuracy {ddp_acc:.4f} < {min_accuracy}"
 print(f"DDP: test accuracy {ddp_acc:.4f} ({ddp_ranks[0]['correct']} of {ddp_ranks[0]['total']}); "

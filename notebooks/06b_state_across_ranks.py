@@ -274,7 +274,15 @@ for r, b in enumerate(B):
         for case, pred in predicted.items():
             assert_close(b[case][key], pred[r][key], msg=f"rank {r}, {case}: {key} != simulate_bn_buffers")
         assert_close(B[0]["broadcast_buffers_true"][key], B[0]["local"][key], msg=f"rank 0's {key} should be its data alone")
-    if r > 0:
+    for case in predicted:
+        assert not torch.allclose(b[case]["running_mean"], bn_global.running_mean), f"rank {r}, {case}: the global batch's"
+    if r > 0:  # the claim's words, with torch's BatchNorm: rank 0's buffers before the last step, then rank r's last batch
+        own_last = nn.BatchNorm1d(bn_channels, dtype=torch.float64)
+        for t in range(bn_steps - 1):
+            own_last(batches[0][t])
+        own_last(batches[r][bn_steps - 1])
+        for key, value in buffers(own_last).items():
+            assert_close(b["broadcast_buffers_true"][key], value, msg=f"rank {r}: broadcast_buffers=True {key}")
         assert not torch.allclose(b["broadcast_buffers_true"]["running_mean"], B[0]["broadcast_buffers_true"]["running_mean"]), \
             f"rank {r}: with broadcast_buffers=True its running_mean still differs from rank 0's after training"
         assert not torch.allclose(b["broadcast_buffers_false"]["running_mean"], B[0]["broadcast_buffers_false"]["running_mean"])
@@ -505,8 +513,8 @@ assert not Path(ckpt_dir).exists(), f"the temporary checkpoint directory {ckpt_d
 # `consume_prefix_in_state_dict_if_present(sd, "module.")` repairs such a file; better, save
 # `ddp.module.state_dict()` in the first place.
 #
-# **Claim:** every rank saw exactly one file, `checkpoint.pt`, after the barrier (only rank 0
-# wrote it: its `saved checkpoint.pt` line is the one in the launch output), every rank loaded
+# **Claim:** every rank saw exactly one file, `checkpoint.pt`, after the barrier (the worker's
+# `if rank == 0:` writes it and prints the `saved checkpoint.pt` line above), every rank loaded
 # step `ckpt_steps`, and since model **and optimizer** state (momentum) were saved, the resumed
 # run's parameters are **bit-identical** to the uninterrupted run's, on every rank.
 

@@ -219,8 +219,8 @@ one = {aug: seeded_training(0, 1, augment=aug) for aug in (False, True)}  # worl
 pnames = list(one[False]["init"])
 
 # %% [markdown]
-# **Claim:** model initialisation from the **same** seed is bit-identical on every rank and at
-# every world size (the kernel's world-size-1 run included). It does not even matter for DDP's
+# **Claim:** model initialisation from the **same** seed is bit-identical on every rank of this
+# `world_size` and in the kernel's world-size-1 run. It does not even matter for DDP's
 # parameters: initialised from `seed + rank` they differ before wrapping, and `DDP(model)`
 # broadcasts rank 0's parameters (and buffers) at construction, so afterwards every rank holds
 # rank 0's. Data augmentation is the opposite: with the same generator seed on every rank,

@@ -281,6 +281,8 @@ for n in world_sizes:
         assert m["FSDP2 padded"] == padded, (n, r, m["FSDP2 padded"], padded)
         assert sum(m["FSDP2"].values()) <= 4 * padded, (n, r, m["FSDP2"], padded)
     assert sum(M[n][0]["FSDP2"].values()) == 4 * padded, (n, M[n][0]["FSDP2"], padded)
+    if n * padded > 4 * P:  # uneven shards: the last rank holds the short chunk of every parameter
+        assert sum(M[n][n - 1]["FSDP2"].values()) < 4 * padded, (n, M[n][n - 1]["FSDP2"], padded)
     assert sum(M[n][r]["ZeRO-1"]["optimizer state"] for r in range(n)) == 8 * P
     assert sum(sum(M[n][r]["FSDP2"].values()) for r in range(n)) == 16 * P
 print(f"every rank matches its formula; FSDP2 at N = {world_sizes[-1]}: {4 * padded - formula('FSDP2', world_sizes[-1]):.0f} "
@@ -474,6 +476,7 @@ for name in ("state_dict()", "to_local()"):  # the two expected errors, their fi
 
 # %% tags=["check"]
 n_keys = len(mlp(hidden).state_dict())
+assert n_keys == 8, n_keys  # the claim's "all 8 entries": 4 Linear layers, weight and bias
 assert [k["keys on this rank"] for k in K] == [n_keys] + [0] * (W - 1), [k["keys on this rank"] for k in K]
 assert K[0]["get_model_state_dict"] == 0.0, K[0]
 assert all(k["full_tensor"] == 0.0 for k in K), K

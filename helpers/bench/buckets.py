@@ -155,8 +155,8 @@ def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
         (union after the last backward op ended: what the step waited for once its gradients
         were computed), ``step_ms`` (list: each step window's duration), ``launches``
         (all-reduce calls made), ``launched_early`` (calls launched before the step's last
-        backward op started: with ``k`` DDP buckets a step has ``k - 1``), ``backward_ms``
-        (summed backward spans), ``steps``. Times in ms.
+        backward op started: with ``k`` DDP buckets a step has ``k - 1``), ``launched_early_per_step``
+        (list: that count for each step), ``backward_ms`` (summed backward spans), ``steps``. Times in ms.
     """
     steps = [r for r in timeline if r["kind"] == "step"]
     if not steps:
@@ -164,7 +164,7 @@ def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
                   "dur_ms": max((r["start_ms"] + r["dur_ms"] for r in timeline), default=0.0)}]
     total = overlapped = backward = busy = busy_in = busy_after = 0.0
     early = launches = 0
-    step_ms = []
+    step_ms, early_per_step = [], []
     for s in steps:
         lo, hi = s["start_ms"], s["start_ms"] + s["dur_ms"]
         inside = [r for r in timeline if lo <= r["start_ms"] < hi and r["kind"] != "step"]
@@ -184,14 +184,15 @@ def timeline_overlap(timeline: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for a0, a1 in comm:
             total += a1 - a0
             overlapped += max(0.0, min(a1, b1) - max(a0, b0))
-        for r in inside:
-            if r["kind"] == "allreduce launched":
-                launches += 1
-                early += r["start_ms"] < last_start
+        launched = [r["start_ms"] for r in inside if r["kind"] == "allreduce launched"]
+        launches += len(launched)
+        early_per_step.append(sum(t < last_start for t in launched))
+        early += early_per_step[-1]
     return {"allreduce_ms": total, "overlapped_ms": overlapped,
             "overlap_fraction": overlapped / total if total > 0 else None,
             "busy_ms": busy, "busy_in_backward_ms": busy_in, "busy_after_backward_ms": busy_after,
-            "step_ms": step_ms, "launches": launches, "launched_early": early, "backward_ms": backward,
+            "step_ms": step_ms, "launches": launches, "launched_early": early,
+            "launched_early_per_step": early_per_step, "backward_ms": backward,
             "steps": len(step_ms)}
 
 

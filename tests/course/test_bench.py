@@ -224,8 +224,13 @@ def test_timeline_overlap_on_a_synthetic_timeline():
     assert o["busy_ms"] == pytest.approx(4.0)  # 4..8; the 6..7 call runs beside it
     assert o["busy_in_backward_ms"] == pytest.approx(2.0) and o["busy_after_backward_ms"] == pytest.approx(2.0)
     assert o["step_ms"] == [10.0] and o["steps"] == 1
+    assert o["launched_early_per_step"] == [0]
     tl[2]["start_ms"] = 3.0
     assert bench.timeline_overlap(tl)["launched_early"] == 1
+    # a second step with no early launch: the total (1) hides it, the per-step list does not
+    second = [dict(e, start_ms=e["start_ms"] + 20.0) for e in tl
+              if e["kind"] != "allreduce launched" or e["start_ms"] > 5]
+    assert bench.timeline_overlap(tl + second)["launched_early_per_step"] == [1, 0]
     after = [dict(e, start_ms=e["start_ms"] + 3.0) if e["kind"] == "allreduce" else e for e in tl]  # 7..11, 9..10
     o = bench.timeline_overlap(after)
     assert o["busy_in_backward_ms"] == 0 and o["busy_after_backward_ms"] == pytest.approx(4.0)
