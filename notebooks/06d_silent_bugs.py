@@ -71,7 +71,7 @@ from torch.testing import assert_close
 from torch.utils.data import DistributedSampler, random_split
 
 from helpers.engine import launch
-from helpers.replicas import ReplicasDiverged, assert_in_sync
+from helpers.tiny import checked, one, x_of
 
 t_notebook = time.perf_counter()
 WORLD = 2  # every section's numbers are worked by hand for 2 ranks
@@ -85,31 +85,11 @@ print(f"torch {torch.__version__}")
 # `one()` is `Linear(1, 1, bias=False)` with weight 1: its output is `w x`, and with the output
 # itself as the loss the gradient is `x`, 1 on rank 0 and 3 on rank 1, so DDP's averaged
 # gradient is `(1 + 3) / 2 = 2`. `checked(model)` runs the replica checker in a training loop
-# and returns its message instead of raising, so that a section can show it. In your own loop
+# and returns its message instead of raising, so that a section can show it. These three come
+# from `helpers.tiny` (imported above; 06e uses them too); `train` is below. In your own loop
 # you call `assert_in_sync(ddp)` (every rank: it is a collective) and let it raise.
 
 # %%
-def one(w=1.0):
-    """Linear(1, 1, bias=False) with weight w."""
-    lin = nn.Linear(1, 1, bias=False)
-    with torch.no_grad():
-        lin.weight.fill_(w)
-    return lin
-
-
-def x_of(rank):
-    return torch.tensor([[1.0 if rank == 0 else 3.0]])
-
-
-def checked(model, **kwargs):
-    """assert_in_sync's message, or "ok" when every rank holds the same model."""
-    try:
-        assert_in_sync(model, **kwargs)
-    except ReplicasDiverged as e:
-        return str(e)
-    return "ok"
-
-
 def train(ddp, steps, params):
     """Run steps (callables returning the loss); check after each. (weights per step, first failing check)."""
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
