@@ -74,7 +74,8 @@ def first_words(text: str, limit: int = 100) -> str:
     """The claim's first sentence (up to ``limit`` characters), on one line."""
     text = re.split(r"\*\*Claims?\b", " ".join(text.split()))[0].strip()
     end = re.search(r"[.:;](\s|$)", text)
-    return (text[:end.start() + 1] if end else text)[:limit]
+    text = text[:end.start() + 1] if end else text
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def marked_claims(notebooks_dir: Path = NOTEBOOKS_DIR, needs: str | None = None) -> list[dict]:
