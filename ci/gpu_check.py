@@ -15,7 +15,10 @@ Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the 
 5. warm ranks with ``nccl`` (``helpers.engine.warm_ranks``).
 
 Writes ``OUT_DIR/summary.json``, ``OUT_DIR/summary.md`` (GPU name, torch and CUDA versions, each
-check with its seconds and error) and ``OUT_DIR/runner_table.txt``. Exit code 0 when every check
+check with its seconds and error, and every ``**Claim (GPU):**`` of the lessons with its status:
+``proven on GPU``, ``not proven: ...`` (its check cell printed ``not proven here``, e.g. too few
+GPUs) or ``not run``; :func:`gpu_claims`, parsed from the notebooks by ``ci/gpu_claims.py``, the
+list ``tests/course/test_claims.py`` checks) and ``OUT_DIR/runner_table.txt``. Exit code 0 when every check
 is ok, 1 otherwise, 2 when the machine has no CUDA (refused before anything runs). Budget: the
 whole run is meant to finish in under 8 minutes on one GPU; the notebook run is cut at
 ``--notebook-budget`` seconds. No process is left behind (checked at the end and reported).
@@ -39,6 +42,8 @@ import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ci.gpu_claims import gpu_claim_status
 
 try:
     from helpers.engine import end_processes, launch, leftover_children, start_ranks, worker_device
@@ -149,6 +154,18 @@ def check_notebooks(out_dir: Path, budget_s: float) -> str:
     return f"runner --profile gpu {' '.join(GPU_NOTEBOOKS)}: every notebook ok"
 
 
+def gpu_claims(executed_dir: Path | None = None) -> list[dict]:
+    """Every ``**Claim (GPU):**`` of the lessons (``lesson``, ``cell``, ``claim``: its first words)
+    with its ``status`` in the executed notebooks of ``executed_dir`` (None: ``not run``)."""
+    return gpu_claim_status(executed_dir)
+
+
+def claims_lines(rows: list[dict]) -> list[str]:
+    """The markdown table of :func:`gpu_claims`' rows."""
+    return (["| lesson | GPU claim | status |", "| --- | --- | --- |"]
+            + [f"| {r['lesson']} | {r['claim']} | {r['status']} |" for r in rows])
+
+
 # ---- driver ------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"check": name, "status": status, "seconds": round(time.monotonic() - start, 1),
                      "detail": detail})
         print(f"{status:6s} {name} ({rows[-1]['seconds']} s): {detail.splitlines()[0]}", flush=True)
+    claims = gpu_claims(out / "notebooks" / "gpu")
+    for r in claims:
+        print(f"GPU claim, {r['status']}: {r['lesson']}: {r['claim']}", flush=True)
     left = [c for c in leftover_children() if c.pid not in before]
     survivors = end_processes(left, 3.0)
     summary = {
@@ -195,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - t0, 1),
         "processes_left": len(left), "processes_unkillable": len(survivors),
         "checks": rows,
+        "gpu_claims": claims,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# GPU check, {summary['date_utc']} UTC", "",
@@ -203,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
              f"processes left: {summary['processes_left']}.", "",
              "| check | status | seconds | detail |", "| --- | --- | ---: | --- |"]
     lines += [f"| {r['check']} | {r['status']} | {r['seconds']} | {r['detail'].splitlines()[0]} |" for r in rows]
+    lines += ["", f"{sum(r['status'] == 'proven on GPU' for r in claims)} of {len(claims)} GPU claims proven "
+              "(the same claims print `not proven here` on CPU):", "", *claims_lines(claims)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print(f"\nsummary: {out / 'summary.md'}")
     ok = all(r["status"] == "ok" for r in rows) and not left

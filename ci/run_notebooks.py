@@ -252,6 +252,12 @@ def _execute_and_report(plan, args, progress) -> list[dict]:
         print(f"\nrun times: {record_times(rows, plan.output_dir / plan.profile)}")
     except OSError as e:
         print(f"\nwarning: the run times could not be recorded: {e}", file=sys.stderr)
+    from ci.gpu_claims import unproven_outputs  # the check cells' "not proven here: ..." lines
+
+    unproven = [f"{r['notebook']}: {line}" for r in rows if r["status"] == STATUS_OK and r.get("output")
+                for line in unproven_outputs(r["output"])]
+    if unproven:  # not failures: claims this machine cannot prove (a GPU claim on CPU)
+        print(f"\nclaims not proven in this run ({len(unproven)}):", *unproven, sep="\n  ")
     return rows
 
 

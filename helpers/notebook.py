@@ -93,6 +93,10 @@ __all__ = [
     "crash_report",
     "assert_close_once",
     "exercise_cells",
+    "UNPROVEN",
+    "NOT_PROVEN",
+    "gpu_claim",
+    "cpu_claim",
 ]
 
 #: Tag of a solution cell (and the metadata that collapses its input in JupyterLab).
@@ -397,3 +401,48 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
     solution_cell.metadata.update({"jupyter": dict(SOLUTION_METADATA["jupyter"]),
                                    "tags": list(SOLUTION_METADATA["tags"])})
     return [md_cell, learner, check_cell, solution_cell]
+
+
+# --------------------------------------------------------------------------------------------
+# Claims that need a GPU (or its absence)
+# --------------------------------------------------------------------------------------------
+
+#: The start of the line a check cell prints when its claim cannot be proven on this machine;
+#: ``ci/gpu_claims.py`` finds it in executed notebooks.
+NOT_PROVEN = "not proven here:"
+#: ``{"claim": ..., "needs": "GPU" or "CPU", "why": ...}`` for every claim this kernel could not
+#: prove, in the order the check cells ran.
+UNPROVEN: list[dict[str, str]] = []
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_claim(claim: str, gpus: int = 1) -> bool:
+    """Whether the check of a ``**Claim (GPU):**`` runs here: True when at least ``gpus`` CUDA
+    devices are visible. Else prints ``not proven here: needs a GPU; ci/gpu_check.py runs it``
+    with ``claim``, appends it to :data:`UNPROVEN` and returns False. Use it as the condition
+    of the claim's asserts: ``if gpu_claim("real DP ..."): assert ...``."""
+    found = _cuda_devices()
+    if found >= gpus:
+        return True
+    why = f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); ci/gpu_check.py runs it"
+    UNPROVEN.append({"claim": claim, "needs": "GPU", "why": why})
+    print(f"{NOT_PROVEN} {why}. Claim (GPU): {claim}")
+    return False
+
+
+def cpu_claim(claim: str) -> bool:
+    """Whether the check of a ``**Claim (CPU):**`` (true only without GPUs) runs here: True when
+    no CUDA device is visible. Else prints ``not proven here: true only without a GPU; the CPU
+    runs prove it`` with ``claim``, appends it to :data:`UNPROVEN` and returns False."""
+    found = _cuda_devices()
+    if found == 0:
+        return True
+    why = f"true only without a GPU (found {found}); the CPU runs prove it"
+    UNPROVEN.append({"claim": claim, "needs": "CPU", "why": why})
+    print(f"{NOT_PROVEN} {why}. Claim (CPU): {claim}")
+    return False

@@ -107,8 +107,8 @@ print(f"[rank {rank}/{world_size}] pid {os.getpid()}, "
 # %% [markdown]
 # **Claim:** the ranks are `world_size` separate processes, none of them this notebook's
 # kernel: each has its own pid. The process group agrees with the names: on every rank
-# `dist.get_rank() == rank` and `dist.get_world_size() == world_size`, and on CPU the backend is
-# `gloo`. (`ranks.run(fn)` calls `fn(rank, world_size)` on every rank and returns the results in
+# `dist.get_rank() == rank` and `dist.get_world_size() == world_size`. **Claim (CPU):** without
+# GPUs the backend is `gloo`. (`ranks.run(fn)` calls `fn(rank, world_size)` on every rank and returns the results in
 # rank order, here each rank's pid and its group's view of itself.)
 
 # %%
@@ -127,7 +127,9 @@ pids = list(who["pid"])
 # %% tags=["check"]
 assert len(set(pids)) == world_size and os.getpid() not in pids, f"pids {pids}, kernel {os.getpid()}"
 assert list(who["group rank"]) == list(range(world_size)) and set(who["group size"]) == {world_size}
-if not torch.cuda.is_available():
+from helpers.notebook import cpu_claim
+
+if cpu_claim("without GPUs the backend is gloo"):
     assert set(who["backend"]) == {"gloo"}, who["backend"]
 
 # %% [markdown]

@@ -317,12 +317,14 @@ print("rank 0, weight gradient by hand:\n", by_hand[0]["by hand"]["weight"])
 #
 # ### 3a. `nn.DataParallel` on this machine
 #
-# **Claim:** (CPU only) without GPUs, `nn.DataParallel(model).device_ids == []` and its forward
+# **Claim (CPU):** without GPUs, `nn.DataParallel(model).device_ids == []` and its forward
 # simply calls the module, once, on the whole batch: no scatter, no replicas, no speed-up.
 # (`torch/nn/parallel/data_parallel.py`: `if not self.device_ids: return self.module(*inputs, **kwargs)`.)
 
 # %%
-if n_gpus == 0:
+from helpers.notebook import cpu_claim, gpu_claim
+
+if cpu_claim("without GPUs nn.DataParallel has device_ids == [] and calls the module once"):
     cpu_model = make_toy_model(world_size, seed)
     dp_cpu = nn.DataParallel(cpu_model)
     calls = []  # batch size of every forward call of the wrapped module
@@ -334,15 +336,11 @@ if n_gpus == 0:
     assert dp_cpu.device_ids == [], f"expected no devices on a CPU-only machine, got {dp_cpu.device_ids}"
     assert calls == [world_size], f"expected one call on the whole batch ({world_size}), got {calls}"
     assert_close(cpu_model.weight.grad, full["weight"], msg="DP on CPU is the plain module: same gradient")
-else:
-    print(f"SKIPPED the CPU-only check: {n_gpus} GPU(s) visible, so nn.DataParallel(model).device_ids would be "
-          f"{list(range(n_gpus))}; the CPU-only behaviour (device_ids == []) is not shown on this machine. "
-          "Real DP runs in 3b.")
 
 # %% [markdown]
 # ### 3b. Real `nn.DataParallel` on GPUs (runs only when `torch.cuda.device_count() >= 1`)
 #
-# **Claim:** real DP's gradient equals the single-device gradient of the whole batch. With one
+# **Claim (GPU):** real DP's gradient equals the single-device gradient of the whole batch. With one
 # GPU, DP calls the module directly on the whole batch; with several, the forward hook below
 # fires once per chunk of `x.chunk(n_gpus)`, each on its own GPU: DP's scatter splits a batch
 # that way (`torch/csrc/cuda/comm.cpp`), so a batch smaller than the GPU count, or one that
@@ -351,7 +349,7 @@ else:
 
 # %%
 dp_real = None  # filled only when real DP runs
-if n_gpus >= 1:
+if gpu_claim("real DP's gradient equals the single-device gradient of the whole batch"):
     gpu_model = make_toy_model(world_size, seed).cuda()
     dp = nn.DataParallel(gpu_model)  # device_ids = every visible GPU
     calls = []
@@ -365,9 +363,6 @@ if n_gpus >= 1:
     assert sorted(calls, key=lambda c: int(c[0].split(":")[1])) == expected, f"calls {calls}, expected {expected}"
     assert_close(dp_real["weight"], full["weight"], msg="real DP weight gradient != single-device gradient")
     assert_close(dp_real["bias"], full["bias"], msg="real DP bias gradient != single-device gradient")
-else:
-    print("SKIPPED real nn.DataParallel: torch.cuda.device_count() == 0, so DataParallel has no devices "
-          "to scatter to (device_ids == []; see 3a). Section 3c shows what it does with a labelled CPU emulation.")
 display(Markdown(f"**DP branch that ran:** real `nn.DataParallel` on {n_gpus} GPU(s), checked against one device."
                  if dp_real is not None else
                  "**DP branch that ran:** none on GPU: real `nn.DataParallel` was **skipped** "
@@ -554,9 +549,10 @@ print(f"single process: {single}\nDP (emulated): {dp_emulated}")
 
 # %% [markdown]
 # **Claim:** these numbers, from real SGD steps: one process 60 / 0.94 (sum) and
-# 15 / 0.985 (mean); DP (real on GPUs, emulated here) the same as one process; DDP
+# 15 / 0.985 (mean); DP emulated the same as one process; DDP
 # `60 / world_size` (30 / 0.97 for 2 ranks, 15 / 0.985 for 4) with the summed loss and
-# 15 / 0.985 with the mean loss, identical on every rank.
+# 15 / 0.985 with the mean loss, identical on every rank. **Claim (GPU):** real DP on GPUs
+# gives the one-process numbers too.
 
 # %%
 def check(measured, grad, what):
@@ -578,7 +574,8 @@ assert_close(single["sum"]["w"], 0.94, msg="single process, sum: w = 0.94")
 assert_close(single["mean"]["w"], 0.985, msg="single process, mean: w = 0.985")
 for red in ("sum", "mean"):
     check(dp_emulated[red], single[red]["grad"], f"emulated DP, {red}")
-    if dp_real_scalar is not None:
+if gpu_claim("real DP on the scalar toy gives the one-process numbers"):
+    for red in ("sum", "mean"):
         check(dp_real_scalar[red], single[red]["grad"], f"real DP, {red}")
 # DDP: each rank's local gradient of its own shard, by hand, then the average over ranks
 shards = [SCALAR_X[r * batch_per_rank : (r + 1) * batch_per_rank] for r in range(world_size)]

@@ -284,13 +284,13 @@ assert single_acc >= min_accuracy, f"accuracy {single_acc:.4f} < {min_accuracy} 
 # sums the copies' gradients into the original module (the
 # [DataParallel docs](https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html)).
 #
-# **Claim (CPU only):** without GPUs, `device_ids == []` and `DataParallel.forward` simply calls
+# **Claim (CPU):** without GPUs, `device_ids == []` and `DataParallel.forward` simply calls
 # the module once on the whole batch (`torch/nn/parallel/data_parallel.py`:
 # `if not self.device_ids: return self.module(*inputs, **kwargs)`). So the same loop through
 # DP is the single-process run **bit for bit** (same losses, same accuracy), with no
 # parallelism at all.
 #
-# **Claim (with GPUs):** DP's loss on the gathered batch is the whole-batch mean, so it
+# **Claim (GPU):** DP's loss on the gathered batch is the whole-batch mean, so it
 # follows the single-process curve up to float rounding.
 #
 # The next cell trains once more.
@@ -308,13 +308,14 @@ print(f"nn.DataParallel here: device_ids = {dp_model.device_ids}; one forward of
 dp_losses, _ = train(dp_model, dp_plain, train_images, train_labels, steps, None)
 dp_acc = count_correct(dp_plain, test_images, test_labels, torch.arange(len(test_labels))) / len(test_labels)
 print(f"DP: test accuracy {dp_acc:.4f}")
-if n_gpus == 0:
+from helpers.notebook import cpu_claim, gpu_claim
+
+if cpu_claim("without GPUs the loop through DP is the single-process run bit for bit"):
     assert dp_model.device_ids == [] and calls == [global_batch_size], f"CPU: one call on the whole batch, got {calls}"
     assert torch.equal(dp_losses, single_losses), "DP on CPU should repeat the single-process run exactly"
     assert dp_acc == single_acc
-    print("CPU: DP ran, and equals the single process bit for bit; it cannot run anything in parallel. "
-          "SKIPPED real multi-GPU DP (scatter / replicate / gather): no GPU here.")
-else:
+    print("CPU: DP ran, and equals the single process bit for bit; it cannot run anything in parallel.")
+if gpu_claim("DP's loss on the gathered batch follows the single-process curve"):
     assert dp_model.device_ids == list(range(n_gpus)), dp_model.device_ids
     # one call per chunk of scatter's tensor.chunk(n_gpus): fewer than n_gpus when the batch is small
     expected = scatter_chunk_sizes(global_batch_size, n_gpus)

@@ -302,12 +302,14 @@ cols = ["mode", "model", "global_batch_size", "world_size", "threads_per_rank", 
 scal.sort_values(["model", "global_batch_size", "mode", "world_size", "threads_per_rank"])[cols]
 
 # %% [markdown]
-# **Claim:** on a CPU-only machine `nn.DataParallel` has `device_ids == []` and computes exactly
+# **Claim (CPU):** on a CPU-only machine `nn.DataParallel` has `device_ids == []` and computes exactly
 # what the plain module computes: the same outputs and the same gradients, bit for bit.
 
 # %% tags=["check"]
+from helpers.notebook import cpu_claim
+
 dp_rows = scal[scal["mode"] == "dp"]
-if N_GPUS == 0:
+if cpu_claim("on a CPU-only machine nn.DataParallel computes what the plain module computes"):
     assert all(ids == [] for ids in dp_rows["dp_device_ids"]), "DP on CPU should have no devices"
     plain_m = bench.build_bench_model("cnn", seed)
     dp_m = torch.nn.DataParallel(bench.build_bench_model("cnn", seed))
@@ -328,8 +330,6 @@ if N_GPUS == 0:
         print(f"  {model}, batch {gb}, {t} thread(s): DP median {dp.step_ms / one.step_ms:.2f}x the single process's "
               "step; " + ("the step ranges overlap: the difference is within this run's spread" if overlap
                           else "the step ranges do not overlap in this run"))
-else:
-    print(f"DP ran for real over GPUs {dp_rows['dp_device_ids'].iloc[0]}: the CPU equivalence check is skipped.")
 
 
 def speedup_range(model, gb, ws, threads=1):

@@ -335,7 +335,7 @@ print("all-reduced sums reproduce BatchNorm on the global batch: outputs and run
 # real `SyncBatchNorm` with `backend="nccl"` and compares it with the reference
 # above. On a machine with fewer GPUs it launches nothing and says that it skipped.
 #
-# **Claim:** where it runs, real `SyncBatchNorm` equals `sync_batchnorm_reference` (outputs and
+# **Claim (GPU):** where it runs, real `SyncBatchNorm` equals `sync_batchnorm_reference` (outputs and
 # running statistics) on every rank.
 
 # %% tags=["check"]
@@ -346,7 +346,9 @@ def syncbn_gpu_worker(rank, world_size):
     return {"out": cpu(sync(bn_batches(rank)[0].to(device))), **buffers(sync[0])}
 
 
-if n_gpus >= world_size:
+from helpers.notebook import cpu_claim, gpu_claim
+
+if gpu_claim("real SyncBatchNorm equals sync_batchnorm_reference on every rank", gpus=world_size):
     gpu = launch(syncbn_gpu_worker, world_size, backend="nccl", timeout=300)
     for r, g in enumerate(gpu):
         for key in ("out", "running_mean", "running_var"):
@@ -356,7 +358,6 @@ if n_gpus >= world_size:
 else:
     display(Markdown(f"**GPU branch SKIPPED:** real `SyncBatchNorm` needs one GPU per rank (`world_size = {world_size}`, "
                      f"GPUs visible: {n_gpus}). The CPU error and the all-reduced-sums reference above ran instead."))
-    print(f"SKIPPED on CPU: real SyncBatchNorm (needs {world_size} GPUs, found {n_gpus})")
 
 # %% [markdown]
 # ### DataParallel's BatchNorm is different again
@@ -370,9 +371,9 @@ else:
 # that (not torch's DP): replica 0 is the module itself, the others are deep copies.
 #
 # **Claim:** the emulation normalises each chunk with its own statistics and updates the running
-# statistics from chunk 0 only; on a CPU-only machine the real `nn.DataParallel(bn)` has
-# `device_ids == []` and simply calls the module: BatchNorm over the whole batch. With GPUs,
-# real DP is compared with the emulation instead (the cell says which ran).
+# statistics from chunk 0 only. **Claim (CPU):** on a CPU-only machine the real
+# `nn.DataParallel(bn)` has `device_ids == []` and simply calls the module: BatchNorm over the
+# whole batch. **Claim (GPU):** with GPUs, real DP equals the emulation.
 
 # %% tags=["check"]
 def emulated_dp_batchnorm(bn, x, num_replicas):
@@ -394,7 +395,7 @@ assert_close(bn_emu.running_var, 0.9 + 0.1 * chunks[0].var(0, unbiased=True), ms
 assert not torch.allclose(bn_emu.running_mean, bn_one.running_mean), "DP's running_mean should differ from the global batch's"
 print(f"EMULATED DP on {world_size} devices: running_mean {bn_emu.running_mean.numpy().round(4)} "
       f"(chunk 0 only) vs global batch {bn_one.running_mean.numpy().round(4)}")
-if n_gpus == 0:
+if cpu_claim("on a CPU-only machine nn.DataParallel(bn) is BatchNorm over the whole batch"):
     bn_cpu = nn.BatchNorm1d(bn_channels, dtype=torch.float64)
     dp = nn.DataParallel(bn_cpu)
     assert dp.device_ids == [], f"no GPU: DataParallel should have no devices, got {dp.device_ids}"
@@ -402,7 +403,7 @@ if n_gpus == 0:
     assert_close(bn_cpu.running_mean, bn_one.running_mean, msg="DP on CPU: whole-batch running statistics")
     display(Markdown("**GPU branch SKIPPED** (no GPU): real DataParallel on several devices; on CPU `nn.DataParallel` "
                      "has no devices and called the module once on the whole batch (checked above)."))
-else:
+if gpu_claim("with GPUs, real nn.DataParallel(bn) equals the emulation"):
     bn_gpu = nn.BatchNorm1d(bn_channels, dtype=torch.float64).cuda()
     out_dp = nn.DataParallel(bn_gpu)(x_global.cuda()).detach().cpu()
     bn_check = nn.BatchNorm1d(bn_channels, dtype=torch.float64)

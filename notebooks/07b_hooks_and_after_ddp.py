@@ -560,8 +560,8 @@ for label, row in table.iterrows():
 # **Claim:** the notebook runner has a `gpu` profile (`python3 ci/run_notebooks.py --profile
 # gpu`, parameters in `ci/profiles.json`): notebooks 01 and 04 run with `world_size = 1`, so
 # `launch` picks nccl for one rank and `nn.DataParallel` runs for real on the one device; the
-# other notebooks use their defaults, and the runner refuses to start the profile where CUDA
-# is missing. `docs/CLUSTER.md` says what it needs. (The multi-GPU comparison with `world_size`
+# other notebooks use their defaults. **Claim (CPU):** where CUDA is missing, the runner refuses
+# to start the profile. `docs/CLUSTER.md` says what it needs. (The multi-GPU comparison with `world_size`
 # = the GPU count is not in the profile: pass `-p world_size=N`.)
 
 # %% tags=["check"]
@@ -583,7 +583,9 @@ runner_profiles = json.loads((REPO_ROOT / "ci" / "profiles.json").read_text())
 gpu_notebooks = sorted(stem for stem, prof in runner_profiles.items() if isinstance(prof, dict) and "gpu" in prof)
 assert {"01_gradients_dp_vs_ddp", "04_mnist_single_dp_ddp"} <= set(gpu_notebooks), gpu_notebooks
 assert all(runner_profiles[stem]["gpu"].get("world_size") == 1 for stem in gpu_notebooks)
-if n_gpus == 0:  # the runner must refuse the gpu profile here, before running anything
+from helpers.notebook import cpu_claim
+
+if cpu_claim("where CUDA is missing, the runner refuses to start the gpu profile"):  # before running anything
     from ci.planning import ConfigError, require_device  # the check `ci/run_notebooks.py` makes
 
     try:
