@@ -63,7 +63,7 @@
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # processes of the one-node torchrun run and the launch() run
-max_steps = 10  # training steps of every torchrun / launch run; 0 means one full epoch (938 steps)
+max_steps = 30  # training steps of every torchrun / launch run; 0 means one full epoch (938 steps)
 fail_at_step = 5  # the training step in which rank 1 raises in part 4
 netns = "auto"  # "auto": rehearse in two network namespaces if this machine permits it; "off": skip
 backend = "auto"  # "auto": nccl with one GPU per rank, else gloo; or "gloo" / "nccl"
