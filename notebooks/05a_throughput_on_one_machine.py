@@ -123,7 +123,7 @@ print(load_line("start"))
 #
 # **Claim:** the fast path learns the same model: test accuracies agree within 0.5 points
 # (same data, order and initial weights; only float rounding of the normalisation differs).
-# Its speed is measured, not asserted. The smoke profile measures 2,048 images on 1 rank;
+# Its speed is measured, not asserted. The smoke profile measures 1,024 images on 1 rank;
 # `full` the whole epoch on 1 and 2 ranks, 3 repeats (longer).
 
 # %%

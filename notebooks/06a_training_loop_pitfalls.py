@@ -58,8 +58,8 @@
 world_size = 2  # DDP ranks (processes) of every launch; 2 or more
 seed = 0  # seeds every model and data set
 accum_steps = 4  # k, micro-batches per optimizer step in section 1
-collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
-hang_timeout_s = 5.0  # launch timeout of section 2's hang, which the launcher itself ends
+collective_timeout_s = 2.0  # seconds a rank waits in a hung collective before gloo raises
+hang_timeout_s = 2.0  # launch timeout of section 2's hang, which the launcher itself ends
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value

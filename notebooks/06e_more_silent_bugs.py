@@ -47,9 +47,9 @@
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-collective_timeout_s = 3.0  # seconds a rank waits in a collective of section 4's short-timeout group
+collective_timeout_s = 1.5  # seconds a rank waits in a collective of section 4's short-timeout group
 eval_batches = 6  # evaluation batches of section 4 (an even number: 2 ranks share them)
-batch_s = 1.0  # seconds one evaluation batch takes in section 4 (a time.sleep)
+batch_s = 0.5  # seconds one evaluation batch takes in section 4 (a time.sleep)
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
@@ -420,7 +420,7 @@ L = {plan: launch(slow_rank0_worker, WORLD, plan, collective_timeout_s, backend=
 
 # %% [markdown]
 # **Claim:** with rank 0 evaluating alone, rank 1 fails first, while rank 0 is still
-# evaluating: "Timed out waiting 3000ms for send operation" (or recv; the milliseconds are
+# evaluating: "Timed out waiting 1500ms for send operation" (or recv; the milliseconds are
 # `collective_timeout_s`). Rank 0 finishes its evaluation, reaches the all-reduce and fails at
 # once: "Connection closed by peer ... typically caused by a remote worker crashing", a message
 # that points at rank 1. Neither names the evaluation. Sharded, both ranks evaluate half the

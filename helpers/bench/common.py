@@ -42,7 +42,7 @@ MLP_PARAMS = 784 * MLP_WIDTH + MLP_WIDTH + (MLP_HIDDEN - 1) * (MLP_WIDTH * MLP_W
 #: timing claims); ``full`` is the real measurement (a few minutes on 2 CPU cores).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {
-        "pipeline": {"world_sizes": [1], "n_train": 2048, "n_test": 2000, "threads": 1, "repeats": 2},
+        "pipeline": {"world_sizes": [1], "n_train": 1024, "n_test": 1000, "threads": 1, "repeats": 2},
         "scaling": {"configs": [[1, 1], [2, 1]], "models": ["cnn"], "global_batch_sizes": [256],
                     "steps": 4, "warmup": 2, "rounds": 2, "local": True},
         "allreduce": {"world_sizes": [2], "sizes_kib": [4, 64, 1024, 4096], "threads": 1},
