@@ -88,14 +88,9 @@ pd.set_option("display.float_format", "{:,.4g}".format)
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 120)
 
-def load_line(when):
-    l1, l5, _ = os.getloadavg()
-    busy = "  <-- BUSY: other processes compete for the cores, timings are distorted" if l1 > 0.75 * CPUS else ""
-    return f"load average ({when}): {l1:.2f} (1 min), {l5:.2f} (5 min) on {CPUS} cores{busy}"
-
 print(f"{info['cpu_model']}, {CPUS} logical CPUs, GPUs: {info['gpus'] or 'none'}; torch {info['torch']}")
 print(f"profile = {profile!r}")
-print(load_line("start"))
+print(bench.load_line("start"))
 
 # %% [markdown]
 # ## 1. The input pipeline: the seed recipe against tensors in memory
@@ -131,7 +126,7 @@ display(Code(inspect.getsource(bench._pipeline_epoch), language="python"))  # ea
 c = cfg["pipeline"]
 pipe = pd.DataFrame(bench.bench_pipeline(c["world_sizes"], c["n_train"] or None, c["n_test"] or None,
                                          threads=c["threads"], repeats=c["repeats"], seed=seed))
-print(load_line("after the pipeline benchmark"))
+print(bench.load_line("after the pipeline benchmark"))
 pipe[["pipeline", "wrapper", "world_size", "repeat", "threads_per_rank", "samples", "seconds", "samples_per_s",
       "speedup_vs_seed", "test_accuracy", "launch_seconds"]]
 
@@ -279,7 +274,7 @@ display(Code(inspect.getsource(bench.scaling_worker), language="python"))  # wha
 c = cfg["scaling"]
 scal = pd.DataFrame(bench.bench_scaling(c["configs"], c["models"], c["global_batch_sizes"], c["steps"],
                                         c["warmup"], c["rounds"], c["local"], seed))
-print(load_line("after the scaling benchmark"))
+print(bench.load_line("after the scaling benchmark"))
 order = scal["timed_order"].iloc[0]
 n_modes = len(order) // c["rounds"]
 print(f"{c['rounds']} rounds of {n_modes} timed blocks ({c['steps']} steps each, after {c['warmup']} warm-up steps "
@@ -610,7 +605,7 @@ for r in key.itertuples():
                         "value": f"{got[0]:.2f}x ({got[1]:.2f}x to {got[2]:.2f}x): {verdict(got[1], got[2])}"})
 summary.append({"measure": "training tensors held by each rank (smallest over the ranks)",
                 "value": f"{held.iloc[:, 0].min():.1f} MiB"})
-summary.append({"measure": "load average at the end", "value": load_line("end").split(": ", 1)[1]})
+summary.append({"measure": "load average at the end", "value": bench.load_line("end").split(": ", 1)[1]})
 summary.append({"measure": "this lesson's run time", "value": f"{time.perf_counter() - T_START:.0f} s"})
 pd.DataFrame(summary).set_index("measure")
 

@@ -77,7 +77,6 @@ check_value("profile", profile, profile in ("smoke", "full"), '"smoke" or "full"
 
 # %%
 import inspect
-import os
 import time
 
 import matplotlib.pyplot as plt
@@ -96,14 +95,9 @@ pd.set_option("display.float_format", "{:,.4g}".format)
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 120)
 
-def load_line(when):
-    l1, l5, _ = os.getloadavg()
-    busy = "  <-- BUSY: other processes compete for the cores, timings are distorted" if l1 > 0.75 * CPUS else ""
-    return f"load average ({when}): {l1:.2f} (1 min), {l5:.2f} (5 min) on {CPUS} cores{busy}"
-
 print(f"{info['cpu_model']}, {CPUS} logical CPUs, GPUs: {info['gpus'] or 'none'}; torch {info['torch']}")
 print(f"profile = {profile!r}")
-print(load_line("start"))
+print(bench.load_line("start"))
 
 # %% [markdown]
 # ## 1. All-reduce bandwidth
@@ -141,7 +135,7 @@ c = cfg["allreduce"]
 ar_out = bench.bench_allreduce(c["world_sizes"], c["sizes_kib"], threads=c["threads"])
 ar = pd.DataFrame(ar_out["allreduce"])
 copy = pd.DataFrame(ar_out["memcpy"])
-print(load_line("after the all-reduce benchmark"))
+print(bench.load_line("after the all-reduce benchmark"))
 
 # %% tags=["check"]
 from helpers.notebook import cpu_claim
@@ -240,7 +234,7 @@ c = cfg["buckets"]
 bk_out = bench.bench_buckets(c["world_size"], c["bucket_caps_mb"], c["as_view"], steps=c["steps"],
                              warmup=c["warmup"], profile_cap_mb=c["profile_cap_mb"], rounds=c["rounds"])
 bk = pd.DataFrame(bk_out["rows"])
-print(load_line("after the bucket benchmark"))
+print(bench.load_line("after the bucket benchmark"))
 
 # %% tags=["check"]
 grad_mb = bench.MLP_PARAMS * 4 / 1e6
@@ -447,7 +441,7 @@ plt.show()
 c = cfg["scaling"]
 scal = pd.DataFrame(bench.bench_scaling([ws_t for ws_t in c["configs"] if ws_t[1] == 1], c["models"], [256],
                                         c["steps"], c["warmup"], c["rounds"], local=False, seed=seed))
-print(load_line("after the short DDP run"))
+print(bench.load_line("after the short DDP run"))
 ddp = scal[scal["mode"] == "ddp"].copy()
 ddp["decomposition"] = np.where((ddp[["interference_ms", "comm_exposed_ms"]].astype(float) < 0).any(axis=1),
                                 "FAILED (negative term)", "ok")
@@ -532,7 +526,7 @@ plt.show()
 # %%
 c = cfg["launch"]
 lo = pd.DataFrame(bench.bench_launch_overhead(c["world_sizes"], c["repeats"]))
-print(load_line("after the launch benchmark"))
+print(bench.load_line("after the launch benchmark"))
 if not c["world_sizes"]:
     print(f"SKIPPED the launches in the {profile!r} profile (cfg['launch']['world_sizes'] is empty): "
           "only the `import torch` floor was measured. The full profile times both launchers.")
@@ -550,7 +544,7 @@ for r in big.itertuples():
 summary.append({"measure": "ring model fit", "value": f"alpha {fit.alpha_s * 1e6:.0f} us, B {fit.bandwidth_Bps / 1e9:.2f} GB/s"})
 for (m, ws), g in lo.groupby(["method", "world_size"]):
     summary.append({"measure": f"launch overhead: {m}, {ws} process(es)", "value": f"{g['seconds'].median():.1f} s"})
-summary.append({"measure": "load average at the end", "value": load_line("end").split(": ", 1)[1]})
+summary.append({"measure": "load average at the end", "value": bench.load_line("end").split(": ", 1)[1]})
 summary.append({"measure": "this lesson's run time", "value": f"{time.perf_counter() - T_START:.0f} s"})
 pd.DataFrame(summary).set_index("measure")
 

@@ -75,7 +75,7 @@ from torch.testing import assert_close
 from torch.utils.checkpoint import checkpoint
 
 from helpers.engine import launch
-from helpers.replicas import ReplicasDiverged, assert_in_sync
+from helpers.tiny import checked, one, x_of
 
 t_notebook = time.perf_counter()
 WORLD = 2  # every section's numbers are worked by hand for 2 ranks
@@ -86,32 +86,12 @@ print(f"torch {torch.__version__}")
 # %% [markdown]
 # ## 0. Tools every section uses
 #
-# The same as 06d's: `one()` is `Linear(1, 1, bias=False)` with weight 1, `x_of(rank)` the
-# rank's input, `checked(model)` the replica checker's message (or "ok"). `steps(...)` trains a
-# few steps, checks after each, and stops at the first error, which it returns as text.
+# The same as 06d's, from `helpers.tiny` (imported above): `one()` is `Linear(1, 1, bias=False)`
+# with weight 1, `x_of(rank)` the rank's input, `checked(model)` the replica checker's message
+# (or "ok"). `steps(...)` trains a few steps, checks after each, and stops at the first error,
+# which it returns as text.
 
 # %%
-def one(w=1.0):
-    """Linear(1, 1, bias=False) with weight w."""
-    lin = nn.Linear(1, 1, bias=False)
-    with torch.no_grad():
-        lin.weight.fill_(w)
-    return lin
-
-
-def x_of(rank):
-    return torch.tensor([[1.0 if rank == 0 else 3.0]])
-
-
-def checked(model, **kwargs):
-    """assert_in_sync's message, or "ok" when every rank holds the same model."""
-    try:
-        assert_in_sync(model, **kwargs)
-    except ReplicasDiverged as e:
-        return str(e)
-    return "ok"
-
-
 def steps(ddp, loss_of, n):
     """n SGD steps; loss_of(step) gives the loss. {"weights": per step, "checker": per step, "error": (step, text)}."""
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)

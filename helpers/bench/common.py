@@ -125,6 +125,15 @@ def num_threads(n: int | None):
         torch.set_num_threads(old)
 
 
+def load_line(when: str) -> str:
+    """One line on the machine's load average (1 and 5 min) and logical CPUs, flagged BUSY when the
+    1-minute load is above 3/4 of the CPUs: other processes then distort the timings."""
+    cpus = os.cpu_count() or 1
+    l1, l5, _ = os.getloadavg()
+    busy = "  <-- BUSY: other processes compete for the cores, timings are distorted" if l1 > 0.75 * cpus else ""
+    return f"load average ({when}): {l1:.2f} (1 min), {l5:.2f} (5 min) on {cpus} cores{busy}"
+
+
 def memory_now_mib() -> dict[str, float | None]:
     """This process's RSS, USS (private pages) and PSS (shared pages split between sharers), MiB."""
     p = psutil.Process()

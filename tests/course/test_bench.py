@@ -417,3 +417,13 @@ def test_launch_bench_puts_warm_ranks_beside_cold_launch(no_leftover_processes):
     assert list(ratio.columns) == ["start_ranks_s", "start_ranks_fresh_engines_s", "cold_launch_s", "warm_run_s",
                                    "warm_speedup_x"]
     assert ratio["warm_speedup_x"].iloc[0] == pytest.approx(warm_ratio)
+
+
+def test_load_line_flags_a_busy_machine(monkeypatch):
+    """05a and 05b print it beside their timings: BUSY above 3/4 of the CPUs' 1-minute load."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.9, 1.0, 0.5))
+    assert bench.load_line("start") == "load average (start): 2.90 (1 min), 1.00 (5 min) on 4 cores"
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.1, 1.0, 0.5))
+    assert bench.load_line("end").endswith(
+        "on 4 cores  <-- BUSY: other processes compete for the cores, timings are distorted")
