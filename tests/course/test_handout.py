@@ -4,10 +4,16 @@ its pre-save hook, and docs/TEACHING.md's agendas generated from the measured ru
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from ci import agenda, path_table
 from helpers import jupyter_hooks
@@ -28,6 +34,38 @@ def test_readme_starts_jupyterlab_at_the_root_with_the_config():
     config = json.loads(CONFIG.read_text())
     assert config["ServerApp"]["root_dir"] == ".", "the folder it starts in, not the notebook's folder"
     assert config["ContentsManager"]["pre_save_hook"] == "helpers.jupyter_hooks.pre_save"
+
+
+@pytest.mark.slow(10)
+def test_the_readme_jupyterlab_asks_no_news_question(tmp_path):
+    """The README's JupyterLab (its config, started from the repository root) shows learners no
+    "Would you like to get notified about official Jupyter news?" toast and checks for no update:
+    the repository's settings overrides (helpers/jupyterlab/overrides.json, the config's
+    ``app_settings_dir``) turn both off. Read back from the running server's settings API, where
+    overrides replace the schema's defaults (``fetchNews`` is ``"none"`` there without them: ask)."""
+    from helpers.engine import free_port
+
+    port, token = free_port(), "t"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--config={CONFIG.name}", "--no-browser", f"--port={port}",
+           f"--IdentityProvider.token={token}"] + (["--allow-root"] if os.geteuid() == 0 else [])
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}"
+    try:
+        deadline, reply = time.monotonic() + 90, None
+        while reply is None and time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    reply = json.load(r)
+            except OSError:
+                time.sleep(0.5)
+        assert reply is not None, f"JupyterLab did not answer on port {port} (exit code {server.poll()})"
+        defaults = {k: reply["schema"]["properties"][k]["default"] for k in ("fetchNews", "checkForUpdates")}
+        assert defaults == {"fetchNews": "false", "checkForUpdates": False}, defaults
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 class _Manager:
