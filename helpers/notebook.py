@@ -293,6 +293,10 @@ def check_answer(
         except Exception as e:  # the learner's code failed: say so, do not raise
             if strict:
                 raise
+            from helpers.engine import NoRanks, RanksStopped
+            if isinstance(e, (NoRanks, RanksStopped)):  # the ranks, not the learner's code
+                print(f"{key}: could not run your code: {e}")
+                return
             print(crash_report(key, e))
             return
     if strict:

@@ -22,7 +22,7 @@ Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import tor
   agent without its log lines, for code that calls the agent directly);
 - errors learners catch: :class:`LaunchError` (bad input, before any process starts),
   :class:`WorkerError` (a rank raised; names the root-cause rank), :class:`LaunchTimeout`,
-  :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`;
+  :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`;
   :class:`OversubscriptionWarning` (more ranks than cores);
 - :mod:`faults`: deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons.
 
@@ -54,6 +54,7 @@ _WHERE = {
     "WarmRanks": "warm_ranks",
     "RanksTimeout": "warm_ranks",
     "NoRanks": "warm_ranks",
+    "RanksStopped": "warm_ranks",
     "LaunchError": "errors",
     "WorkerError": "errors",
     "LaunchTimeout": "errors",

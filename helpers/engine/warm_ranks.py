@@ -94,6 +94,11 @@ class NoRanks(Readable, RuntimeError):
     """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
 
 
+class RanksStopped(Readable, RuntimeError):
+    """A call on warm ranks that :meth:`WarmRanks.stop` ended (in a lesson: its last cell, after
+    "Run All"); nothing ran. The message says how to get ranks again."""
+
+
 _CURRENT: WarmRanks | None = None
 _ATEXIT_REGISTERED = False
 
@@ -223,7 +228,8 @@ class WarmRanks(RanksLifeCycle):
 
     def _check_alive(self, what: str) -> None:
         if self.stopped:
-            raise RuntimeError("these warm ranks were stopped; call start_ranks(...) again")
+            raise RanksStopped("these warm ranks were stopped (ranks.stop()), so nothing ran: run the cell "
+                               "with `ranks = start_ranks(...)` again, then this one")
         if self._restart_pending:
             # a notice, not an error: stdout (stderr shows as a red box in a notebook)
             print(f"(starting fresh warm ranks after the last fault: about "

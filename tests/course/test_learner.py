@@ -439,6 +439,20 @@ def test_check_answer_reports_a_crashed_worker_as_a_crash(capsys):
     assert "expected a list" not in out and "Hint" not in out, out
 
 
+@pytest.mark.slow(8)
+def test_check_answer_on_stopped_ranks_says_to_start_them(capsys):
+    """After "Run All" a lesson's last cell has stopped its warm ranks; an exercise checked then
+    did not crash: the check says that nothing ran and which cell to run, not "your code crashed"."""
+    from helpers.engine import start_ranks
+
+    ranks = start_ranks(2)
+    ranks.stop()
+    hn.check_answer("ex1", lambda rank, world_size: rank, [0, 1], run=ranks.run, hint="about wrong values")
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("ex1: could not run your code: these warm ranks were stopped"), out
+    assert "ranks = start_ranks(...)" in out and "crashed" not in out and "Hint" not in out, out
+
+
 def test_exercise_checks_run_code_answers_through_check_answer():
     """A check cell that runs the learner's function itself (``if callable(answer_1): answer_1 =
     ranks.run(...)``) turns a crash into a wrong-value message or raises out of the cell; every
