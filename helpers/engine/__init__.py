@@ -54,7 +54,7 @@ _WHERE = {
     "WarmRanks": "warm_ranks",
     "RanksTimeout": "warm_ranks",
     "NoRanks": "warm_ranks",
-    "RanksStopped": "warm_ranks",
+    "RanksStopped": "errors",
     "LaunchError": "errors",
     "WorkerError": "errors",
     "LaunchTimeout": "errors",

@@ -71,7 +71,7 @@ import ipyparallel as ipp
 
 from helpers.engine import warm_ranks_remote as eng
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
-from helpers.engine.errors import LaunchInterrupted, Readable
+from helpers.engine.errors import LaunchInterrupted, RanksStopped, Readable
 from helpers.engine.fork_server import environment
 from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
 from helpers.engine.warm_ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
@@ -92,11 +92,6 @@ _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' outp
 
 class NoRanks(Readable, RuntimeError):
     """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
-
-
-class RanksStopped(Readable, RuntimeError):
-    """A call on warm ranks that :meth:`WarmRanks.stop` ended (in a lesson: its last cell, after
-    "Run All"); nothing ran. The message says how to get ranks again."""
 
 
 _CURRENT: WarmRanks | None = None
@@ -228,8 +223,8 @@ class WarmRanks(RanksLifeCycle):
 
     def _check_alive(self, what: str) -> None:
         if self.stopped:
-            raise RanksStopped("these warm ranks were stopped (ranks.stop()), so nothing ran: run the cell "
-                               "with `ranks = start_ranks(...)` again, then this one")
+            raise RanksStopped("these warm ranks were stopped (ranks.stop()), so nothing ran: run the cell with "
+                               "`ranks = start_ranks(...)` again, then this one")
         if self._restart_pending:
             # a notice, not an error: stdout (stderr shows as a red box in a notebook)
             print(f"(starting fresh warm ranks after the last fault: about "
