@@ -238,6 +238,7 @@ class Readable:
 class RanksStopped(Readable, RuntimeError):
     """A call on warm ranks that ``WarmRanks.stop`` ended; nothing ran. Says how to start more."""
 
+
 class _Stuck:
     """Mixin: a message followed by where each unfinished rank was stuck (a few lines per rank,
     :func:`helpers.engine.stacks.summary`); ``stacks`` holds each rank's full Python stack dump."""
