@@ -13,7 +13,9 @@ parameters students run); its reading time, estimated from its words of prose
 :data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
 summed, rounded up to 5 minutes. The 3-hour agenda takes the lessons in path order while they
 fit in :data:`SHORT_TEACHING_MIN` minutes (a break after about 90), and lists the rest as
-homework; the full day fits every lesson into two sessions around lunch.
+homework; the whole course is two days, split where half its minutes are done, each day from
+9:00 with lunch (:data:`LUNCH_MIN`) before the first lesson that would start after
+:data:`LUNCH_AFTER_MIN` minutes.
 
 Exit codes: 0 written / up to date; 1 ``--check`` found it out of date; 2 missing markers, lesson
 or record.
@@ -37,6 +39,8 @@ END = "<!-- agenda:end -->"
 MIN_PER_EXERCISE = 8
 SHORT_TEACHING_MIN = 165  # 3 hours less a 15-minute break
 BREAK_AFTER_MIN = 90
+LUNCH_MIN = 60
+LUNCH_AFTER_MIN = 180  # 12:00 on a day that starts at 9:00
 
 
 def slots(lessons: list[str], times: dict, notebooks: Path) -> list[dict]:
@@ -107,14 +111,21 @@ def block(rows: list[dict], times: dict) -> str:
     if rest:
         out += ["", "Homework, or a second session: " + ", ".join(r["stem"] for r in rest) + "."]
     half = sum(r["slot_min"] for r in rows) / 2
-    lunch, acc = len(rows), 0
+    split, acc = len(rows), 0
     for i, r in enumerate(rows):
         if acc >= half:
-            lunch = i
+            split = i
             break
         acc += r["slot_min"]
-    out += ["", "**A full day** (9:00 start):", ""]
-    out += _schedule(rows, 9 * 60, {lunch: "lunch=60"} if lunch < len(rows) else {})
+    for day, part in ((1, rows[:split]), (2, rows[split:])):
+        lunch, acc = len(part), 0
+        for i, r in enumerate(part):
+            if acc >= LUNCH_AFTER_MIN:
+                lunch = i
+                break
+            acc += r["slot_min"]
+        out += ["", f"**The whole course, day {day}** (9:00 start):", ""]
+        out += _schedule(part, 9 * 60, {lunch: f"lunch={LUNCH_MIN}"} if 0 < lunch < len(part) else {})
     return "\n".join(out)
 
 

@@ -98,7 +98,7 @@ def test_teaching_agendas_are_generated_from_the_recorded_times(capsys):
     assert agenda.main(["--check"]) == 0, capsys.readouterr().err
     text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
     block = text.split(agenda.START, 1)[1].split(agenda.END, 1)[0]
-    assert "**3 hours**" in block and "**A full day**" in block
+    assert "**3 hours**" in block and "**The whole course, day 1**" in block and "day 2**" in block
     for stem in path_table.lessons():
         assert f"| {stem} |" in block, stem
     assert "python3 -m helpers.doctor" in text and "python3 -m ci.student_copies" in text
