@@ -14,7 +14,8 @@ and ``ClearOutputPreprocessor`` clears outputs and execution counts. Exercise ce
 ``exercise``) and the cells that check an answer (tag ``check``) stay.
 
 Next to them go what the lessons need to run and to link to, so the folder is the course
-without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...), the
+without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...) and the
+Markdown files those link to in turn (``README.md``, other docs), the
 ``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
 ``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and ``HANDOUT.md`` (how to
 install and open it). The whole folder is also zipped, as ``<output-dir>/ddp-lab-student.zip``
@@ -54,6 +55,8 @@ SUPPORT = ("helpers", "ci", "data", "requirements.txt", "pyproject.toml", "jupyt
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*-ubyte", "*.tmp*", ".ipynb_checkpoints")
 #: A lesson's link to a repository file outside notebooks/: ``](../docs/GLOSSARY.md#rank)``.
 LINK = re.compile(r"\]\(\.\./([^)#\s]+)")
+#: A Markdown document's relative link: ``](RELIABILITY.md)``, ``](../README.md#start-here)``.
+DOC_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)")
 
 HANDOUT = """# ddp-lab: the course, without the solutions
 
@@ -102,6 +105,25 @@ def _chosen(names: Iterable[str] | None, lessons: list[str], notebooks_dir) -> l
     return paths
 
 
+def _with_linked_docs(root: Path, linked: set[str]) -> set[str]:
+    """``linked`` (paths relative to ``root``) that are files, plus every Markdown file of the
+    repository that a copied Markdown file links to, and so on, so that the handout's docs hold no
+    link to a document left out (lessons are already in the handout)."""
+    found, todo = set(), [rel for rel in linked if (root / rel).is_file()]
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found.add(rel)
+        if rel.endswith(".md"):
+            here = (root / rel).parent
+            for target in DOC_LINK.findall((root / rel).read_text(encoding="utf-8")):
+                path = (here / target).resolve()
+                if path.suffix == ".md" and path.is_file() and path.is_relative_to(root.resolve()):
+                    todo.append(path.relative_to(root.resolve()).as_posix())
+    return found
+
+
 def write_student_copies(names: Iterable[str] | None = None, output_dir: str | os.PathLike = DEFAULT_OUTPUT_DIR,
                          *, notebooks_dir: str | os.PathLike | None = None, lessons: list[str] | None = None,
                          repo_root: str | os.PathLike = REPO_ROOT) -> list[Path]:
@@ -129,10 +151,9 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
         target.write_text(body, encoding="utf-8")
         written.append(target)
         linked.update(LINK.findall(body))
-    for rel in sorted(linked):  # the docs the lessons link to, so the links work in the copies
-        if (root / rel).is_file():
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / rel, out / rel)
+    for rel in sorted(_with_linked_docs(root, linked)):  # the docs the lessons link to, and theirs
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, out / rel)
     for rel in SUPPORT:
         src = root / rel
         if src.is_dir():

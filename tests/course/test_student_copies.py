@@ -63,6 +63,11 @@ def test_handout_opens_on_its_own(handout, copies):
         for rel in student_copies.LINK.findall(path.read_text(encoding="utf-8")):
             assert (handout / rel).is_file(), f"{path.name} links to ../{rel}, missing from the handout"
     assert (handout / "docs" / "GLOSSARY.md").is_file()
+    for doc in handout.glob("**/*.md"):  # the docs copied, and what they link to in turn
+        if doc.relative_to(handout).parts[0] in ("helpers", "ci"):
+            continue
+        for rel in student_copies.DOC_LINK.findall(doc.read_text(encoding="utf-8")):
+            assert (doc.parent / rel).exists(), f"{doc.relative_to(handout)} links to {rel}, missing from the handout"
     for rel in ("helpers/notebook.py", "helpers/data.py", "requirements.txt", "jupyter_lab_config.json"):
         assert (handout / rel).is_file(), rel
     assert sorted(p.name for p in (handout / "data" / "MNIST" / "raw").iterdir()) == sorted(
