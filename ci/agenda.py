@@ -80,6 +80,17 @@ def _schedule(rows: list[dict], start: int, breaks: dict[int, str]) -> list[str]
     return lines
 
 
+def _first_after(rows: list[dict], minutes: float) -> int:
+    """Index of the first of ``rows`` that starts once ``minutes`` of slots are done; ``len(rows)``
+    if none does."""
+    done = 0
+    for i, r in enumerate(rows):
+        if done >= minutes:
+            return i
+        done += r["slot_min"]
+    return len(rows)
+
+
 def block(rows: list[dict], times: dict) -> str:
     """The generated text between the markers: the lesson table and the two agendas."""
     machines = sorted({e["machine"] for e in times.get("notebooks", {}).values()})
@@ -99,31 +110,15 @@ def block(rows: list[dict], times: dict) -> str:
             break
         short.append(r)
         used += r["slot_min"]
-    brk, acc = None, 0
-    for i, r in enumerate(short):
-        if acc >= BREAK_AFTER_MIN:
-            brk = i
-            break
-        acc += r["slot_min"]
+    brk = _first_after(short, BREAK_AFTER_MIN)
     out += ["**3 hours** (times from the start):", ""]
-    out += _schedule(short, 0, {brk: "break=15"} if brk else {})
+    out += _schedule(short, 0, {brk: "break=15"} if 0 < brk < len(short) else {})
     rest = rows[len(short):]
     if rest:
         out += ["", "Homework, or a second session: " + ", ".join(r["stem"] for r in rest) + "."]
-    half = sum(r["slot_min"] for r in rows) / 2
-    split, acc = len(rows), 0
-    for i, r in enumerate(rows):
-        if acc >= half:
-            split = i
-            break
-        acc += r["slot_min"]
+    split = _first_after(rows, sum(r["slot_min"] for r in rows) / 2)
     for day, part in ((1, rows[:split]), (2, rows[split:])):
-        lunch, acc = len(part), 0
-        for i, r in enumerate(part):
-            if acc >= LUNCH_AFTER_MIN:
-                lunch = i
-                break
-            acc += r["slot_min"]
+        lunch = _first_after(part, LUNCH_AFTER_MIN)
         out += ["", f"**The whole course, day {day}** (9:00 start):", ""]
         out += _schedule(part, 9 * 60, {lunch: f"lunch={LUNCH_MIN}"} if 0 < lunch < len(part) else {})
     return "\n".join(out)
