@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 14 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
+# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** say which processes a DDP job is made of and how a notebook starts

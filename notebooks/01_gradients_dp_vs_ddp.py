@@ -17,7 +17,7 @@
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 18 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **The question:** when one batch is spread over several devices, which gradient does the

@@ -17,7 +17,7 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 19 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does

@@ -17,7 +17,7 @@
 # # 06a · DDP training-loop pitfalls: accumulation, uneven inputs, unused parameters, batch sizes
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 50 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 51 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** accumulate gradients with `no_sync()` without an off-by-one, finish a

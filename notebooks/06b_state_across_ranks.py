@@ -17,7 +17,7 @@
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 22 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
+# **Run time** (measured): 25 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** say what each rank's BatchNorm statistics are under DDP (and under

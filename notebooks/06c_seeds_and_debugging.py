@@ -17,7 +17,7 @@
 # # 06c · DDP seeds and debugging
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 57 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
+# **Run time** (measured): 65 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** seed a DDP run so that ranks agree where they must and differ where

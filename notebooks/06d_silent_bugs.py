@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 12 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,000 words of prose at 200 words/min): about 10 min.
+# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,000 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** recognise six DDP mistakes that raise no error, work out by hand the

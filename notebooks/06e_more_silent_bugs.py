@@ -17,7 +17,7 @@
 # # 06e · More silent DDP bugs
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 27 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,500 words of prose at 200 words/min): about 8 min.
+# **Run time** (measured): 29 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,500 words of prose at 200 words/min): about 8 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** tell, for four more DDP set-ups, whether a run raises, trains wrong

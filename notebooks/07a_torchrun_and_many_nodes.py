@@ -17,7 +17,7 @@
 # # 07a · torchrun and many nodes
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 80 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
+# **Run time** (measured): 83 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** run notebook 04's DDP training under `torchrun` on one node and on two

@@ -17,7 +17,7 @@
 # # 07b · Communication hooks and what comes after DDP
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 39 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,100 words of prose at 200 words/min): about 10 min.
+# **Run time** (measured): 41 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,100 words of prose at 200 words/min): about 10 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** write a DDP communication hook that does all of DDP's averaging (and

@@ -17,7 +17,7 @@
 # # 08b · torch.compile with DDP
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 16 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,300 words of prose at 200 words/min): about 6 min.
+# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,300 words of prose at 200 words/min): about 6 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** say what `torch.compile` captures when the model is wrapped in DDP, in
