@@ -21,19 +21,26 @@ leftover_processes = leftover_children
 RANKS_MARK = "DDP_LAB_TEST_MARK"
 
 
-def marked_warm_ranks(mark, timeout):
+def warm_ranks(timeout):
     """Generator for a module-scoped fixture: 2 warm ranks (``start_ranks(2, timeout=timeout)``, no
-    ``%%px``) started with ``RANKS_MARK=mark`` in this process's environment; stopped, and the
-    variable put back, at the end."""
-    import os
-
+    ``%%px``), stopped at the end."""
     from helpers.engine import start_ranks
 
-    old = os.environ.get(RANKS_MARK)
-    os.environ[RANKS_MARK] = mark
     r = start_ranks(2, timeout=timeout, activate=False)
     yield r
     r.stop()
+
+
+def marked_warm_ranks(mark, timeout):
+    """:func:`warm_ranks` started with ``RANKS_MARK=mark`` in this process's environment, so that
+    :func:`marked_processes` finds them; the variable is put back at the end. The changed
+    environment restarts this process's fork server, twice (a fresh ``import torch`` each): only
+    for a module that looks for its ranks' processes."""
+    import os
+
+    old = os.environ.get(RANKS_MARK)
+    os.environ[RANKS_MARK] = mark
+    yield from warm_ranks(timeout)
     if old is None:
         os.environ.pop(RANKS_MARK, None)
     else:

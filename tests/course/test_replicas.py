@@ -3,17 +3,15 @@
 benchmark. Tiny models with integer-friendly inputs, so the values in the messages are worked by hand.
 """
 
-import uuid
 
 import pytest
 import torch
 
-from _support import marked_warm_ranks
+from _support import warm_ranks
 from helpers.engine import launch
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-MARK = uuid.uuid4().hex
 
 
 def _check(model, **kwargs):
@@ -102,7 +100,7 @@ def launched():
 
 @pytest.fixture(scope="module")
 def ranks():
-    yield from marked_warm_ranks(MARK, timeout=120)
+    yield from warm_ranks(timeout=120)
 
 
 def test_same_error_on_every_rank(launched):

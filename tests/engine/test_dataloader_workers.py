@@ -6,11 +6,10 @@ Real processes, real gloo, real DataLoader workers."""
 
 import subprocess
 import sys
-import uuid
 
 import pytest
 
-from _support import marked_warm_ranks
+from _support import warm_ranks
 from helpers import mp
 from helpers.engine import WorkerError, launch
 from helpers.engine.start_method import main_object_hint
@@ -154,7 +153,7 @@ def test_no_hint_for_other_errors(message):
 
 @pytest.fixture(scope="module")
 def ranks():
-    yield from marked_warm_ranks(uuid.uuid4().hex, timeout=120)
+    yield from warm_ranks(timeout=120)
 
 
 @pytest.mark.matrix

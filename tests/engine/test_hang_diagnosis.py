@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import helpers.mp as hmp
 from _support import Kernel, wait_until_gone
-from helpers.engine import LaunchInterrupted, LaunchTimeout, RanksTimeout, WorkerError, launch, start_ranks
+from helpers.engine import LaunchInterrupted, LaunchTimeout, RanksTimeout, WorkerError, free_port, launch, start_ranks
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -73,21 +73,15 @@ def test_timeout_names_each_ranks_line():
 def test_spawn_timeout_names_each_ranks_line():
     """helpers.mp.spawn runs on the same launcher: the same diagnosis, for code that sets up its own group."""
     with pytest.raises(LaunchTimeout) as info:
-        hmp.spawn(_own_group, args=(2,), nprocs=2, timeout=15)
+        hmp.spawn(_own_group, args=(2, free_port()), nprocs=2, timeout=15)
     _assert_names_both_lines(info.value)
     assert "in _own_group" in str(info.value), "the caller's frame too"
 
 
-def _own_group(rank, world_size):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["DDP_LAB_TEST_PORT"])
+def _own_group(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     return mismatched(rank, world_size)
-
-
-@pytest.fixture(autouse=True)
-def test_port(monkeypatch):
-    from helpers.engine import free_port
-    monkeypatch.setenv("DDP_LAB_TEST_PORT", str(free_port()))
 
 
 def test_interrupt_names_each_ranks_line(tmp_path):
