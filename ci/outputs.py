@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -97,17 +98,26 @@ def publish(partial: Path, output: Path) -> None:
 TIMES_NAME = "times.json"
 
 
+def _may_have_a_gpu() -> bool:
+    """False where no GPU driver is installed: no ``nvidia-smi`` on the PATH and no NVIDIA, WSL
+    (``/dev/dxg``) or ROCm (``/dev/kfd``) device node; then :func:`machine` need not import torch
+    (about 2 CPU-s, in a runner that imports it nowhere else)."""
+    if "torch" in sys.modules or shutil.which("nvidia-smi") or shutil.which("rocm-smi"):
+        return True
+    return any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd"))
+
+
 def machine() -> str:
     """This machine in a few words: OS, architecture, CPU cores, GPUs (if torch sees any)."""
     gpus = "no GPU"
-    try:
-        import torch
+    if _may_have_a_gpu():
+        try:
+            import torch
 
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            gpus = f"{n} x {torch.cuda.get_device_name(0)}"
-    except Exception:  # noqa: BLE001 - no torch, no CUDA: the machine is still described
-        pass
+            if torch.cuda.is_available():
+                gpus = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        except Exception:  # noqa: BLE001 - no torch, no CUDA: the machine is still described
+            pass
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, {gpus}"
 
 
