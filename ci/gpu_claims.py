@@ -38,7 +38,8 @@ def check_cells(cells, i: int) -> list:
     return out
 
 
-def _tree(source: str):
+def code_tree(source: str):
+    """The code's syntax tree with IPython's ``%`` and ``!`` lines left out; None where it does not parse."""
     lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
     try:
         return ast.parse("\n".join(lines))
@@ -49,7 +50,7 @@ def _tree(source: str):
 def calls(source: str) -> dict[str, list[str]]:
     """``{function name: [its first argument when a string literal, ...]}`` for the functions the
     code calls (``f(...)`` and ``x.f(...)``)."""
-    tree = _tree(source)
+    tree = code_tree(source)
     out: dict[str, list[str]] = {}
     for n in ast.walk(tree) if tree is not None else ():
         if isinstance(n, ast.Call):
@@ -63,7 +64,7 @@ def calls(source: str) -> dict[str, list[str]]:
 def device_branches(source: str) -> list[str]:
     """The tests of the ``if`` statements that branch on the machine's devices
     (``torch.cuda.is_available()``, ``n_gpus``, ``device_count()``...), as source text."""
-    tree = _tree(source)
+    tree = code_tree(source)
     if tree is None:
         return []
     return [ast.unparse(n.test) for n in ast.walk(tree)

@@ -433,10 +433,8 @@ def gpu_claim(claim: str, gpus: int = 1) -> bool:
     found = _cuda_devices()
     if found >= gpus:
         return True
-    why = f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); ci/gpu_check.py runs it"
-    UNPROVEN.append({"claim": claim, "needs": "GPU", "why": why})
-    print(f"{NOT_PROVEN} {why}. Claim (GPU): {claim}")
-    return False
+    return _not_proven(claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); "
+                       "ci/gpu_check.py runs it")
 
 
 def cpu_claim(claim: str) -> bool:
@@ -446,7 +444,12 @@ def cpu_claim(claim: str) -> bool:
     found = _cuda_devices()
     if found == 0:
         return True
-    why = f"true only without a GPU (found {found}); the CPU runs prove it"
-    UNPROVEN.append({"claim": claim, "needs": "CPU", "why": why})
-    print(f"{NOT_PROVEN} {why}. Claim (CPU): {claim}")
+    return _not_proven(claim, "CPU", f"true only without a GPU (found {found}); the CPU runs prove it")
+
+
+def _not_proven(claim: str, needs: str, why: str) -> bool:
+    """The refusal of :func:`gpu_claim` and :func:`cpu_claim`: records the claim in :data:`UNPROVEN`,
+    prints the ``not proven here:`` line the runner and ci/gpu_check.py read, returns False."""
+    UNPROVEN.append({"claim": claim, "needs": needs, "why": why})
+    print(f"{NOT_PROVEN} {why}. Claim ({needs}): {claim}")
     return False

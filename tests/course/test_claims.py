@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ci.gpu_claims import HELPER, MARKED, calls, check_cells, device_branches
+from ci.gpu_claims import HELPER, MARKED, calls, check_cells, code_tree, device_branches
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -39,12 +39,8 @@ ASSERTING_CALLS = {"assert_close", "assert_equal", "check_answer"}
 def asserts(source: str) -> bool:
     """True when the code (IPython magics stripped) holds an ``assert`` statement or a call of an
     asserting function (``assert_close``, ``torch.testing.assert_close``, ``check_answer(..., strict=True)``)."""
-    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return False
-    for node in ast.walk(tree):
+    tree = code_tree(source)
+    for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.Assert):
             return True
         if isinstance(node, ast.Call):
@@ -64,14 +60,7 @@ def unchecked_claims(nb) -> list[tuple[int, str]]:
     for i, c in enumerate(cells):
         if c.cell_type != "markdown" or not CLAIM.search(c.source):
             continue
-        checked = False
-        for nxt in cells[i + 1:]:
-            if nxt.cell_type == "markdown":
-                break
-            if nxt.cell_type == "code" and asserts(nxt.source):
-                checked = True
-                break
-        if not checked:
+        if not any(asserts(nxt.source) for nxt in check_cells(cells, i)):
             text = c.source[CLAIM.search(c.source).end():].strip().splitlines()[0][:100]
             bad.append((i, text))
     return bad
