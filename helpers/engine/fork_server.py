@@ -25,7 +25,7 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
   ``TORCH_DISTRIBUTED_DEBUG`` or ``OMP_NUM_THREADS``), :func:`fork_server` stops the server and
   starts a new one with the environment of now (a fresh ``import torch`` for that launch), so a
   rank always sees what a ``spawn``-ed rank would see. Variables in :data:`VOLATILE_ENV` do
-  not count as a change.
+  not count as a change, nor do those in :data:`AGENT_ENV`, which every rank gets anew.
 - **a socket path that fits**: Python binds the server's Unix socket at
   ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
   (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
@@ -79,8 +79,8 @@ from multiprocessing import forkserver, spawn, util
 
 from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
 
-__all__ = ["PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server", "fork_server_pid",
-           "main_without_file", "start_method", "stop_fork_server"]
+__all__ = ["AGENT_ENV", "PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server",
+           "fork_server_pid", "main_without_file", "start_method", "stop_fork_server"]
 
 #: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
 #: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
@@ -94,6 +94,16 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchvision", "cloudp
 #: name): a change in these is not "another environment" (see :func:`environment`).
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
+#: The variables the elastic agent sets in every worker (``RANK``, ..., ``MASTER_ADDR``,
+#: ``MASTER_PORT``). No rank reads the server's values of these: a launch's rank gets the agent's
+#: (elastic's ``_wrap`` updates ``os.environ`` after the fork), :mod:`helpers.mp` clears them in
+#: the rank and sets the caller's values of the moment of the call, and a warm rank's engine gets
+#: the caller's whole environment of now (:mod:`helpers.engine.warm_ranks_forked`). So a change in
+#: these alone keeps the server: the tutorials' cell that sets ``MASTER_ADDR``/``MASTER_PORT``
+#: before ``spawn`` costs no fresh ``import torch``.
+AGENT_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+             "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
 _lock = threading.Lock()
 _server_env: tuple | None = None  # the environment the running server was started with
 _active = 0  # launches using the server right now (stop_fork_server refuses meanwhile)
@@ -106,9 +116,10 @@ def start_method() -> str:
     return "spawn"
 
 
-def environment() -> tuple:
-    """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV`: what
-    "the same environment" means here and for :func:`helpers.engine.start_ranks`.
+def environment(ignore: frozenset | tuple = ()) -> tuple:
+    """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV` (and the
+    names in ``ignore``): what "the same environment" means for :func:`helpers.engine.start_ranks`;
+    the fork server ignores :data:`AGENT_ENV` too.
 
     Also without ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's own default: ``import
     torch._dynamo`` (which ``DistributedDataParallel(...)`` triggers) writes that into
@@ -116,7 +127,7 @@ def environment() -> tuple:
     process computes the same value itself, so it is no change (seen in notebooks 01 and 06a: one
     more server, a fresh ``import torch``, per kernel).
     """
-    env = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV and k not in ignore}
     cache = sys.modules.get("torch._inductor.runtime.cache_dir_utils")  # loaded by whoever set the variable
     if cache is not None and env.get("TORCHINDUCTOR_CACHE_DIR") == os.path.abspath(cache.default_cache_dir()):
         del env["TORCHINDUCTOR_CACHE_DIR"]
@@ -254,7 +265,7 @@ class fork_server:
             self.used = False
             return None
         with _lock:
-            env = environment()
+            env = environment(ignore=AGENT_ENV)
             pid = _running_pid()
             if pid is not None and _server_env != env:  # no launch uses it: launches are serialised
                 _stop_unlocked()

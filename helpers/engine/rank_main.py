@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from helpers.engine import processes as procs
 from helpers.engine import stacks
-from helpers.engine.fork_server import close_inherited_pipe
+from helpers.engine.fork_server import AGENT_ENV, close_inherited_pipe
 from helpers.engine.run_dir import capture_output, write_marker
 from helpers.engine.start_method import with_hint
 
@@ -56,11 +56,11 @@ def worker_device():
 
 
 #: Environment variables the elastic agent gives a worker that ``torch.multiprocessing.spawn``
-#: does not: cleared for :mod:`helpers.mp`'s drop-in, so code that calls ``init_process_group``
-#: itself with its own ``MASTER_PORT`` (the DDP tutorial's ``setup``) does not find the agent's
-#: store (``TORCHELASTIC_USE_AGENT_STORE`` makes env:// rendezvous connect to it as a client).
-_AGENT_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-              "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+#: does not (:data:`helpers.engine.fork_server.AGENT_ENV`): cleared for :mod:`helpers.mp`'s
+#: drop-in, so code that calls ``init_process_group`` itself with its own ``MASTER_PORT`` (the DDP
+#: tutorial's ``setup``) does not find the agent's store (``TORCHELASTIC_USE_AGENT_STORE`` makes
+#: env:// rendezvous connect to it as a client).
+_AGENT_ENV = AGENT_ENV
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 

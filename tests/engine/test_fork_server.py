@@ -73,6 +73,33 @@ def test_ranks_see_the_environment_of_now(monkeypatch):
     assert second[0]["ppid"] != first[0]["ppid"], "a changed environment must restart the server"
 
 
+def _master_and_parent(i, *rest):
+    import os
+    return os.getppid(), os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_master_address_and_port_set_after_the_server_started_keep_it(monkeypatch):
+    """The tutorials' cell sets MASTER_ADDR/MASTER_PORT before spawn: the agent's variables are set
+    anew in every rank, so that change needs no fresh server (no second ``import torch``), and each
+    rank still sees what it would have: the caller's values of now under helpers.mp, the agent's
+    under launch."""
+    import helpers.mp as mp
+    from helpers.engine import free_port
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    server = launch(_parent_and_probe, 1)[0]["ppid"]
+    for port in (str(free_port()), str(free_port())):
+        monkeypatch.setenv("MASTER_ADDR", "localhost")
+        monkeypatch.setenv("MASTER_PORT", port)
+        assert mp.spawn(_master_and_parent, nprocs=2) == [(server, "localhost", port)] * 2
+        got = launch(_master_and_parent, 2)  # the agent's address (127.0.0.1) and port
+        assert {g[0] for g in got} == {server} and {g[1] for g in got} == {"127.0.0.1"}, got
+    monkeypatch.setenv("DDP_LAB_FORK_SERVER_PROBE", "any other variable")
+    assert launch(_parent_and_probe, 1)[0]["ppid"] != server, "any other change restarts the server"
+
+
 def test_spawn_fallback_runs(monkeypatch):
     """Where forkserver is unavailable, every rank is spawned by the launching process itself."""
     monkeypatch.setattr(fs, "start_method", lambda: "spawn")
