@@ -45,6 +45,15 @@ def test_pyproject_dependencies_mirror_requirements_txt():
     assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
 
 
+def test_nbformat_imports_without_building_iri_parsers():
+    """requirements.txt keeps jsonschema below 4.25 (its comment says why): importing nbformat, as
+    JupyterLab, papermill, the runner and every test worker do, leaves rfc3987_syntax unimported."""
+    code = "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", ("importing nbformat built rfc3987-syntax's IRI parsers (about 2 CPU-s): "
+                                    "jsonschema>=4.25 is installed; python3 -m pip install -r requirements.txt")
+
+
 def test_requires_python_is_the_tested_range():
     """pyproject.toml admits exactly the Pythons that ci/matrix.py tests (docs/MATRIX.md): no untested newer one."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
