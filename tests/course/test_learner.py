@@ -208,34 +208,57 @@ def test_lesson_prose_has_no_typed_times_or_machinery(stem):
                        "python3 ci/path_table.py")
 
 
-@pytest.mark.slow(5)
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_wrong_parameter_type_fails_in_the_check_cell(stem, tmp_path):
-    """papermill with a wrong-typed parameter: the first cell after the parameters fails,
-    naming the parameter (the runner refuses such values earlier; papermill does not)."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+def _wrong_parameter(stem: str) -> tuple[str, object]:
+    """The lesson's first parameter and a value of the wrong type for it."""
     declared = rn.notebook_parameters(path_of(stem))
     name, param = next(iter(declared.items()))
     expected, _ = rn.expected_type(param)
-    bad = "not a number" if expected in ("int", "float") else 2.5
-    out = tmp_path / f"{stem}.ipynb"
-    with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(path_of(stem)), str(out), parameters={name: bad}, kernel_name="python3",
-                                   cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=120,
-                                   kernel_manager_class=IPCKernelManager)
-    err = info.value
-    assert err.ename == "TypeError", f"{stem}: {err.ename}: {err.evalue}"
-    assert repr(name) in err.evalue and repr(bad) in err.evalue, err.evalue
-    executed = nbformat.read(str(out), as_version=4)
-    code = [c for c in executed.cells if c.cell_type == "code"]  # papermill adds markdown error cells
-    injected = next(i for i, c in enumerate(code) if "injected-parameters" in tags(c))
-    failed = [i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    assert failed == [injected + 1], (f"{stem}: the error should be in the first code cell after the parameters "
-                                      f"(code cell {injected + 1}), got code cell(s) {failed}")
-    assert "check_parameters(" in code[injected + 1].source
+    return name, "not a number" if expected in ("int", "float") else 2.5
+
+
+@pytest.mark.slow(20)
+@pytest.mark.timeout(300)
+def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
+    """papermill with a wrong-typed parameter: the first cell after the parameters fails, naming the
+    parameter (the runner refuses such values earlier; papermill does not). Every lesson's head in one
+    papermill run (one kernel, not one per lesson): ``%reset -f``, the lesson's code cells up to the
+    one after papermill's injected parameters (``parameterize_notebook``, as ``execute_notebook``
+    injects them), that cell tagged ``raises-exception`` so the run goes on to the next lesson."""
+    import papermill
+    from nbformat.v4 import new_code_cell, new_notebook
+    from papermill.exceptions import PapermillExecutionError
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    cells, heads = [], {}
+    for stem in LEARNER_NOTEBOOKS:
+        name, bad = _wrong_parameter(stem)
+        nb = load_notebook_node(str(path_of(stem)))  # as execute_notebook reads it (every cell gets tags)
+        code = [c for c in parameterize_notebook(nb, {name: bad}, kernel_name="python3").cells if c.cell_type == "code"]
+        injected = next(i for i, c in enumerate(code) if "injected-parameters" in tags(c))
+        head = code[:injected + 2]
+        head[-1].metadata["tags"] = [*tags(head[-1]), "raises-exception"]
+        cells.append(new_code_cell("%reset -f"))
+        heads[stem] = (name, bad, len(cells), len(cells) + injected + 1, len(cells) + len(head))
+        cells += head
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = tmp_path / "heads.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), str(src))
+    with pytest.raises(PapermillExecutionError):  # nbclient runs past raises-exception cells; papermill then raises
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(NOTEBOOKS_DIR),
+                                   progress_bar=False, execution_timeout=120, kernel_manager_class=IPCKernelManager)
+    code = [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]  # papermill adds markdown
+    errors = {i: o for i, c in enumerate(code) for o in c.get("outputs", []) if o.get("output_type") == "error"}
+    for stem, (name, bad, start, check, end) in heads.items():
+        failed = sorted(i for i in errors if start <= i < end)
+        assert failed == [check], (f"{stem}: the error should be in the first code cell after the parameters "
+                                   f"(cell {check}), got cell(s) {failed} of {start} to {end - 1}")
+        err = errors[check]
+        assert err["ename"] == "TypeError", f"{stem}: {err['ename']}: {err['evalue']}"
+        assert repr(name) in err["evalue"] and repr(bad) in err["evalue"], err["evalue"]
+        assert "check_parameters(" in code[check].source
+    outside = sorted(set(errors) - {h[3] for h in heads.values()})
+    assert not outside, f"errors outside the check cells: {outside}"
 
 
 # --------------------------------------------------------------------------------------------
