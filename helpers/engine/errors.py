@@ -344,6 +344,16 @@ class WorkerError(Readable, RuntimeError):
                            self.notes + ((note,) if note else ()))
 
 
+#: faulthandler's line for a frame of ``torch.distributed.init_process_group`` (its rendezvous waits
+#: there until ``world_size`` ranks have joined the store at ``MASTER_ADDR:MASTER_PORT``).
+_IN_RENDEZVOUS = " in init_process_group"
+_NEVER_MET = ("Every unfinished rank is still in init_process_group: the ranks never met. Check that every "
+              "rank uses the same MASTER_ADDR and MASTER_PORT, that world_size is the number of ranks "
+              "started and each rank is one of 0 .. world_size - 1 (without rank= and world_size=, "
+              "init_process_group reads RANK and WORLD_SIZE from os.environ: a value left there from "
+              "another run counts too).")
+
+
 class LaunchTimeout(_Stuck, Readable, TimeoutError):
     """The launch ran past its ``timeout``; every worker was ended.
 
@@ -361,12 +371,14 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
         self.timeout = timeout
         self.ranks_not_finished = list(ranks_not_finished)
         self.stacks = dict(stacks or {})
-        super().__init__(
-            f"launch timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
-            "waiting forever: check that every rank makes the same collective calls in the same "
-            "order, or raise `timeout` if the work is simply long. All workers were ended."
-        )
+        if self.stacks and all(_IN_RENDEZVOUS in self.stacks.get(r, "") for r in self.ranks_not_finished):
+            advice = _NEVER_MET
+        else:
+            advice = ("A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+                      "waiting forever: check that every rank makes the same collective calls in the same "
+                      "order, or raise `timeout` if the work is simply long.")
+        super().__init__(f"launch timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
+                         f"{advice} All workers were ended.")
 
     def __reduce__(self):
         return (type(self), (self.timeout, self.ranks_not_finished, self.stacks))

@@ -199,6 +199,26 @@ def test_hint_port_held_by_another_program_under_mp():
     assert "What to do:" in text and "MASTER_PORT" in text and "free_port" in text, text
 
 
+def world_of_four(i, port):
+    """Rank ``i`` of 4, though only 2 processes start: the rendezvous waits for ranks 2 and 3."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=i, world_size=4)
+
+
+def test_hint_ranks_that_never_meet_under_mp():
+    """Every rank still in init_process_group when time runs out: the ranks never met, so the
+    advice is about the rendezvous (address, port, rank, world size), not a skipped collective."""
+    from helpers.engine import LaunchTimeout, free_port
+
+    with pytest.raises(LaunchTimeout) as info:
+        hmp.spawn(world_of_four, args=(free_port(),), nprocs=2, timeout=15)
+    text = str(info.value)
+    assert set(info.value.stacks) == {0, 1}, f"a stack dump per rank: {sorted(info.value.stacks)}\n{text}"
+    assert "the ranks never met" in text and "MASTER_PORT" in text and "WORLD_SIZE" in text, text
+    assert "skips a collective" not in text, text
+
+
 @pytest.mark.parametrize("what", ["generator", "lock"])
 def test_generator_or_lock_returned_from_launch(what):
     with pytest.raises(WorkerError) as info:
