@@ -57,6 +57,7 @@ from collections.abc import Callable
 import cloudpickle
 
 from helpers.engine.by_value import serialise_call
+from helpers.engine.fork_server import AGENT_ENV
 from helpers.engine.launcher import (
     LaunchError,
     LaunchTimeout,
@@ -66,7 +67,6 @@ from helpers.engine.launcher import (
     _check_world_size,
     _run,
 )
-from helpers.engine.rank_main import _AGENT_ENV
 
 __all__ = ["Process", "get_context", "get_start_method", "set_start_method", "spawn"]
 
@@ -87,7 +87,7 @@ def _check_start_method(method, argument: str = "start_method") -> str:
 def _caller_env() -> dict[str, str]:
     """The variables of the agent's (``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ...) that the
     caller itself has set: the ranks get these back after the agent's own are cleared."""
-    return {name: os.environ[name] for name in _AGENT_ENV if name in os.environ}
+    return {name: os.environ[name] for name in AGENT_ENV if name in os.environ}
 
 
 def _spawn_entry(rank: int, env: dict, call: bytes):

@@ -55,13 +55,6 @@ def worker_device():
     return torch.device("cpu")
 
 
-#: Environment variables the elastic agent gives a worker that ``torch.multiprocessing.spawn``
-#: does not (:data:`helpers.engine.fork_server.AGENT_ENV`): cleared for :mod:`helpers.mp`'s
-#: drop-in, so code that calls ``init_process_group`` itself with its own ``MASTER_PORT`` (the DDP
-#: tutorial's ``setup``) does not find the agent's store (``TORCHELASTIC_USE_AGENT_STORE`` makes
-#: env:// rendezvous connect to it as a client).
-_AGENT_ENV = AGENT_ENV
-
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -125,7 +118,10 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
             torch.set_num_threads(threads)
         fn, args, kwargs = cloudpickle.loads(payload)
         if style == "spawn":
-            for name in _AGENT_ENV:
+            # the agent's variables (AGENT_ENV), which torch.multiprocessing.spawn does not give: code
+            # that calls init_process_group itself with its own MASTER_PORT (the DDP tutorial's setup)
+            # must not find the agent's store (TORCHELASTIC_USE_AGENT_STORE makes env:// connect to it)
+            for name in AGENT_ENV:
                 os.environ.pop(name, None)
             for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
                 os.environ.pop(name, None)

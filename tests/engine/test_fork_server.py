@@ -96,7 +96,7 @@ def test_master_address_and_port_set_after_the_server_started_keep_it(monkeypatc
         assert mp.spawn(_master_and_parent, nprocs=2) == [(server, "localhost", port)] * 2
         got = launch(_master_and_parent, 2)  # the agent's address (127.0.0.1) and port
         assert {g[0] for g in got} == {server} and {g[1] for g in got} == {"127.0.0.1"}, got
-    monkeypatch.setenv("DDP_LAB_FORK_SERVER_PROBE", "any other variable")
+    monkeypatch.setenv(PROBE, "any other variable")
     assert launch(_parent_and_probe, 1)[0]["ppid"] != server, "any other change restarts the server"
 
 
