@@ -34,6 +34,30 @@ def report(rank, world_size, offset=0.0):
 
 
 
+def draws(rank, *rest, seed=None):
+    """What a rank's random generators give: torch's initial seed and a few draws of torch, numpy
+    and Python's ``random`` (after seeding all three with ``seed``, if given). test_fresh_state."""
+    import random
+
+    import numpy
+
+    if seed is not None:
+        torch.manual_seed(seed)
+        numpy.random.seed(seed)
+        random.seed(seed)
+    return {"initial_seed": torch.initial_seed(), "torch": torch.rand(3).tolist(),
+            "numpy": numpy.random.rand(3).tolist(), "random": [random.random() for _ in range(3)]}
+
+
+def draws_to_file(rank, folder, seed=None):
+    """:func:`draws` written to ``folder/<rank>.json`` (plain ``torch.multiprocessing.spawn``
+    returns nothing)."""
+    import json
+
+    with open(os.path.join(folder, f"{rank}.json"), "w") as f:
+        json.dump(draws(rank, seed=seed), f)
+
+
 def eval_counts_odd(rank, world_size, n_items):
     """helpers.sampler.distributed_eval_counts where item i is right when i is odd (test_sampler)."""
     from helpers.sampler import distributed_eval_counts

@@ -80,7 +80,7 @@ from multiprocessing import forkserver, spawn, util
 from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
 
 __all__ = ["AGENT_ENV", "PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server",
-           "fork_server_pid", "main_without_file", "start_method", "stop_fork_server"]
+           "fork_server_pid", "fresh_random_state", "main_without_file", "start_method", "stop_fork_server"]
 
 #: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
 #: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
@@ -160,6 +160,32 @@ def _socket_folder_that_fits() -> None:
     folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
     util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
     config["tempdir"] = folder
+
+
+def _no_tracker_in_our_process_group() -> None:
+    """Stop ``multiprocessing``'s resource tracker if it runs in this process's Unix process group,
+    so that the server's start brings a new one up in a session of its own
+    (:func:`_in_a_session_of_their_own`).
+
+    A tracker started before the first launch by other code (plain ``torch.multiprocessing.spawn``
+    in a cell, a ``multiprocessing.Queue``) is in the kernel's group: ipykernel's shutdown signals it
+    (it ignores SIGTERM), the kernel does not exit by itself, jupyter_client SIGTERMs it and its exit
+    hooks never run, so its ``pymp-*`` folder, the server's socket folder, stayed in the temp
+    directory. The stopped tracker cleans up what was registered with it, as at any exit.
+    """
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    pid = getattr(tracker, "_pid", None)
+    if os.name != "posix" or pid is None:
+        return
+    try:
+        if os.getpgid(pid) != os.getpgrp():
+            return
+    except OSError:
+        return  # gone: the server's start brings a new one up
+    with contextlib.suppress(OSError, ChildProcessError):
+        tracker._stop()
 
 
 #: pid -> the Popen of each process started by :func:`_in_a_session_of_their_own`, kept so that
@@ -273,6 +299,7 @@ class fork_server:
             if pid is None:
                 _socket_folder_that_fits()
                 forkserver.set_forkserver_preload(list(PRELOAD))
+                _no_tracker_in_our_process_group()
                 with _in_a_session_of_their_own():
                     forkserver.ensure_running()
                 _server_env = env
@@ -333,6 +360,31 @@ def close_inherited_pipe() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
         server._forkserver_alive_fd = None
+
+
+def fresh_random_state() -> None:
+    """In a process forked from the server: seed the random generators it copied, as a fresh
+    interpreter seeds them.
+
+    A forked child inherits the server's generator states, so without this every rank of every
+    launch (and every warm rank of every start) would draw the same numbers. A process started by
+    ``torch.multiprocessing.spawn`` or torchrun seeds torch's CPU generator and numpy's global
+    ``RandomState`` from the operating system; so does this (``torch.default_generator.seed()``,
+    ``numpy.random.seed()``). Python's ``random`` reseeds itself after every fork
+    (``os.register_at_fork`` in ``random.py``); it is seeded here again all the same. CUDA's
+    generators are left alone: the server never initialises CUDA, so a rank creates them, freshly
+    seeded, on first use. ``torch.manual_seed(s)`` in the rank's code then gives exactly what it
+    gives under torchrun.
+    """
+    import random
+
+    random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def stop_fork_server() -> bool:

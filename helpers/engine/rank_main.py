@@ -7,7 +7,8 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    fork server, which exits with the launching process, or the launcher itself under ``spawn``),
    so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
    is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
-   server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); points its stdout and
+   server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); seeds torch, numpy
+   and ``random`` afresh (:func:`helpers.engine.fork_server.fresh_random_state`); points its stdout and
    stderr at its files in the run folder (:func:`helpers.engine.run_dir.capture_output`);
 2. registers its stack dump on SIGUSR1 (:func:`helpers.engine.stacks.register`, read by the
    launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from helpers.engine import processes as procs
 from helpers.engine import stacks
-from helpers.engine.fork_server import AGENT_ENV, close_inherited_pipe
+from helpers.engine.fork_server import AGENT_ENV, close_inherited_pipe, fresh_random_state
 from helpers.engine.run_dir import capture_output, write_marker
 from helpers.engine.start_method import with_hint
 
@@ -104,6 +105,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     """
     _die_with_parent(parent_pid)
     close_inherited_pipe()
+    fresh_random_state()  # not the fork server's generators: each rank draws its own numbers
     # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
     # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
     # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)

@@ -28,7 +28,7 @@ import sys
 import psutil
 from ipyparallel.cluster import launcher
 
-from helpers.engine.fork_server import close_inherited_pipe, fork_server
+from helpers.engine.fork_server import close_inherited_pipe, fork_server, fresh_random_state, main_without_file
 
 __all__ = ["ENGINE_NAME", "ForkedEngineLauncher", "ForkedEngineSetLauncher"]
 
@@ -41,6 +41,7 @@ _PR_SET_NAME = 15  # from <linux/prctl.h>
 def _engine_main(args: list[str], env: dict[str, str], output_file: str, cwd: str | None) -> None:
     """In the forked child: become what ipyparallel's ``Popen`` would have started, then run the engine."""
     close_inherited_pipe()  # the server must notice its parent's death while engines live
+    fresh_random_state()  # not the server's generators: each rank of each start draws its own numbers
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ENGINE_NAME.encode(), 0, 0, 0)
@@ -77,7 +78,9 @@ class ForkedEngineLauncher(launcher.LocalEngineLauncher):
         env = os.environ.copy()
         env.update(self.get_env())
         args = list(self.args[len(self.engine_cmd):])
-        with fork_server():
+        # main_without_file: a script read on standard input (`python3 - < script.py`) is no file
+        # the engine could re-run
+        with fork_server(), main_without_file():
             proc = multiprocessing.get_context("forkserver").Process(
                 target=_engine_main, args=(args, env, self.output_file, self.work_dir), name=self.identifier)
             proc.start()

@@ -230,7 +230,7 @@ def test_generator_or_lock_returned_from_launch(what):
 # ---- scripts without a file: stdin and -c ------------------------------------------------------
 
 SCRIPT = textwrap.dedent("""\
-    from helpers.engine import launch
+    from helpers.engine import launch, start_ranks
     import helpers.mp as mp
 
     def work(rank, world_size):
@@ -241,14 +241,19 @@ SCRIPT = textwrap.dedent("""\
 
     if __name__ == "__main__":
         print("results", launch(work, 2, timeout=120), mp.spawn(spawned, nprocs=2, timeout=120))
+        ranks = start_ranks(2, timeout=120, activate=False)
+        print("warm ranks", ranks.run(work))
+        ranks.stop()
 """)
 
 
 @pytest.mark.parametrize("how", ["stdin", "-c"])
 def test_script_without_a_file_launches(how, tmp_path):
-    """``python3 - <<EOF`` and ``python3 -c``: Python's preparation data asked every rank to re-run
-    ``<cwd>/<stdin>`` as the main module, and each died with FileNotFoundError."""
+    """``python3 - <<EOF`` and ``python3 -c``: Python's preparation data asked every rank (and every
+    warm rank's engine) to re-run ``<cwd>/<stdin>`` as the main module, and each died with
+    FileNotFoundError."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     args, stdin = ([sys.executable, "-"], SCRIPT) if how == "stdin" else ([sys.executable, "-c", SCRIPT], "")
     done = subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
     assert done.returncode == 0 and "results [0, 10] [1, 2]" in done.stdout, done.stderr[-3000:]
+    assert "warm ranks [0, 10]" in done.stdout, done.stderr[-3000:]

@@ -257,3 +257,37 @@ def test_a_kernel_that_started_the_server_shuts_down_by_itself(tmp_path, monkeyp
             k.km.shutdown_kernel(now=True)
         if server is not None and psutil.pid_exists(server):  # this test failed: leave nothing
             psutil.Process(server).kill()
+
+
+@pytest.mark.skipif(fs.start_method() != "forkserver", reason="no forkserver start method here")
+def test_a_kernel_that_used_plain_spawn_before_launching_shuts_down_by_itself(tmp_path, monkeypatch):
+    """Plain ``torch.multiprocessing.spawn`` in a cell starts multiprocessing's resource tracker in
+    the kernel's own process group; ipykernel's shutdown then signalled it (it ignores SIGTERM), the
+    kernel did not exit by itself, jupyter_client SIGTERMed it and its exit hooks never ran, so a
+    later launch's ``pymp-*`` folder (the fork server's socket) stayed in the temp directory. Now the
+    server's start moves the tracker into a session of its own (a new tracker)."""
+    import uuid
+
+    from _support import Kernel
+
+    kernel_tmp = tmp_path / "tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
+    k = Kernel(uuid.uuid4().hex)
+    k.km.shutdown_wait_time = 20.0  # what a busy machine needs, as in the test above
+    try:
+        reply, out = k.cell(textwrap.dedent("""
+            import torch.multiprocessing
+            from helpers.engine import launch
+            torch.multiprocessing.spawn(print, nprocs=2)   # an importable function: plain spawn runs it
+            print("launched", launch(lambda rank, world_size: rank, 2))
+        """), timeout=240)
+        assert reply["status"] == "ok" and "launched [0, 1]" in out, out
+        assert [p.name for p in kernel_tmp.iterdir() if p.name.startswith("pymp-")], "no socket folder to look for"
+        process = k.km.provisioner.process
+        k.close()  # jupyter_client's graceful shutdown: request, wait 20 s, then SIGTERM
+        assert process.wait(5) == 0, f"the kernel did not exit by itself (exit code {process.returncode})"
+        assert not [p.name for p in kernel_tmp.iterdir() if p.name.startswith("pymp-")]
+    finally:
+        if k.km.has_kernel:
+            k.km.shutdown_kernel(now=True)
