@@ -254,8 +254,10 @@ class WarmRanks(RanksLifeCycle):
 
     # -- waiting for the ranks -----------------------------------------------------------------
 
-    def _supervise(self, ar, timeout: float | None, what: str) -> tuple[list[int], BaseException | None]:
-        """Wait for ``ar`` (one message per rank) while watching the ranks.
+    def _supervise(self, ar, timeout: float | None, what: str,
+                   poll: Callable[[], None] | None = None) -> tuple[list[int], BaseException | None]:
+        """Wait for ``ar`` (one message per rank) while watching the ranks; ``poll`` (if any) is
+        called after each wait (:meth:`run` relays the ranks' output with it).
 
         Returns ``(ranks_with_errors, fault)``; ``fault`` (to raise after a restart) is set when a
         rank died, the time ran out, peers still ran after a rank raised, or the caller was
@@ -268,6 +270,8 @@ class WarmRanks(RanksLifeCycle):
         try:
             while True:
                 ar.wait(_POLL_S)
+                if poll is not None:
+                    poll()
                 done = [p.ready() for p in parts]
                 errors = [r for r, p in enumerate(parts) if done[r] and not p.successful()]
                 if all(done):  # an engine that died mid-task ends as an EngineError: report the death
@@ -362,7 +366,8 @@ class WarmRanks(RanksLifeCycle):
         """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank; return the results in rank order.
 
         ``fn`` may be defined in a notebook cell (a function, lambda or closure: sent by value with
-        cloudpickle). Arguments and results travel pickled.
+        cloudpickle). Arguments and results travel pickled. What the ranks print appears in the
+        caller's streams as it arrives, line by line, prefixed ``[rank r]`` (as :func:`launch` shows it).
 
         Args:
             timeout: seconds for this call (default: the ranks' ``timeout``).
@@ -388,7 +393,14 @@ class WarmRanks(RanksLifeCycle):
         payload = serialise_call(fn, args, kwargs)
         self._check_alive("run")
         ar = self.view.apply_async(eng.call_payload, payload)
-        errors, fault = self._supervise(ar, timeout, "run")
+        output = eng.RankOutput(ar)
+        finished = False
+        try:
+            errors, fault = self._supervise(ar, timeout, "run", poll=output.poll)
+            finished = fault is None
+        finally:  # what the ranks printed, also before a fault (see execute)
+            ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
+            output.poll(final=True)
         if errors or fault:
             self._raise_for(ar, errors, fault, "run")
         pairs = ar.get(0)  # (result, has a default group) per rank: warm_ranks_remote.call

@@ -345,6 +345,31 @@ def stream_per_rank(ar) -> Callable[[], None]:
     return in_rank_order
 
 
+class RankOutput:
+    """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
+    relayed into the caller's streams line by line, prefixed ``[rank r]``, as
+    :func:`helpers.engine.launch` relays its ranks' output: stdout to ``sys.stdout``, stderr to
+    ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since the last call (the
+    ranks' streams grow as ipyparallel receives them); ``final=True`` also prints an unfinished last line."""
+
+    def __init__(self, ar):
+        self.ar = ar
+        self.printed: dict[tuple[int, str], int] = {}  # (rank, stream name) -> characters printed
+
+    def poll(self, final: bool = False) -> None:
+        for rank, child in sorted(zip(self.ar._targets, self.ar._children), key=lambda rc: rc[0]):
+            for name in ("stdout", "stderr"):
+                text = child.output.metadata[name]
+                start = self.printed.get((rank, name), 0)
+                new = text[start:] if final else text[start:text.rfind("\n") + 1]
+                if not new:
+                    continue
+                self.printed[(rank, name)] = start + len(new)
+                out = getattr(sys, name)
+                out.write("".join(f"[rank {rank}] {line}\n" for line in new.splitlines()))
+                out.flush()
+
+
 def display_in_rank_order(ar) -> None:
     """Show what each rank of ``ar`` (a ``%%px`` cell's AsyncResult, not streamed) printed, rank 0
     first: ipyparallel's ``display_outputs(groupby="engine")``, which refuses a result not ready

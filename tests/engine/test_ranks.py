@@ -236,6 +236,34 @@ def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
     assert ranks.run(faults.ok) == [0, 1]
 
 
+def test_run_relays_what_each_rank_prints(ranks, capsys):
+    """``ranks.run`` shows what the ranks print, as ``launch`` does: whole lines prefixed
+    ``[rank r]``, stdout to stdout and stderr to stderr, also from a rank that then raises."""
+    def chatty(rank, world_size):
+        import sys
+
+        for i in range(3):
+            print(f"line {i} of rank {rank}")
+        print(f"to stderr from {rank}", file=sys.stderr)
+        return rank
+
+    assert ranks.run(chatty) == [0, 1]
+    out, err = capsys.readouterr()
+    for rank in range(2):
+        assert [line for line in out.splitlines() if line.startswith(f"[rank {rank}] ")] == \
+            [f"[rank {rank}] line {i} of rank {rank}" for i in range(3)], out
+        assert f"[rank {rank}] to stderr from {rank}" in err.splitlines(), err
+
+    def then_fails(rank, world_size):
+        print(f"rank {rank} got this far")
+        return 1 / rank
+
+    with pytest.raises(WorkerError):
+        ranks.run(then_fails)
+    out, _ = capsys.readouterr()
+    assert "[rank 0] rank 0 got this far" in out.splitlines(), out
+
+
 def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
     """The same refusal as launch, naming the variable, and the ranks are not touched."""
     import threading
