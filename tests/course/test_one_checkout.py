@@ -82,3 +82,17 @@ def test_import_helpers_in_another_copy_names_both(copies):
     inner = copy_course(a / "student", name="ddp-lab-student")
     proc = run(["-c", "import helpers; print(helpers.REPO_ROOT)"], inner / "notebooks", first=a)
     assert proc.returncode == 0 and proc.stdout.strip() == str(a), proc.stderr
+
+
+def test_doctor_names_both_copies(copies):
+    """``b``'s doctor where ``a`` is what the Python imports: the python check fails naming both
+    (JupyterLab's kernels in ``b/notebooks`` would run ``a``'s helpers); started in ``b/notebooks``,
+    where ``-m`` finds ``a``'s doctor, it stops at once, naming both; never a traceback."""
+    a, b = copies
+    proc = run(["-m", "helpers.doctor", "--only", "python"], b, first=a)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fail = next((line for line in proc.stdout.splitlines() if line.startswith("FAIL  python")), "")
+    assert f"in {b / 'notebooks'} would import helpers from {a}," in fail, proc.stdout
+    proc = run(["-m", "helpers.doctor", "--only", "python"], b / "notebooks", first=a)
+    assert proc.returncode != 0 and str(a) in proc.stderr and str(b) in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
