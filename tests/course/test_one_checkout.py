@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from _support import REPO_ROOT
+from ci import path_table, student_copies
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
@@ -79,7 +80,7 @@ def test_import_helpers_in_another_copy_names_both(copies):
     proc = run(["-c", "import helpers"], b / "notebooks", first=a)
     assert proc.returncode != 0 and "CheckoutMismatch" in proc.stderr, proc.stderr
     assert f"copy of the course at {b}," in proc.stderr and f"another copy, {a} " in proc.stderr, proc.stderr
-    inner = copy_course(a / "student", name="ddp-lab-student")
+    inner = copy_course(a / "student", name=student_copies.HANDOUT_DIST)
     proc = run(["-c", "import helpers; print(helpers.REPO_ROOT)"], inner / "notebooks", first=a)
     assert proc.returncode == 0 and proc.stdout.strip() == str(a), proc.stderr
 
@@ -96,3 +97,26 @@ def test_doctor_names_both_copies(copies):
     proc = run(["-m", "helpers.doctor", "--only", "python"], b / "notebooks", first=a)
     assert proc.returncode != 0 and str(a) in proc.stderr and str(b) in proc.stderr, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+
+
+@pytest.mark.slow(15)
+def test_handout_install_leaves_the_repositorys_mapping(tmp_path):
+    """``pip install -e`` of the repository, then of its handout, into one (throwaway) Python: ``helpers``
+    and ``ci`` are still the repository's. The venv sees this Python's packages (pip, setuptools: no
+    network); pip never uninstalls outside the venv, so this Python's own install is left as it is."""
+    pytest.importorskip("setuptools", minversion="64")  # editable installs of pyproject.toml projects
+    repo = copy_course(tmp_path / "repo")
+    handout = tmp_path / "handout"
+    student_copies.write_student_copies(path_table.lessons()[:1], handout)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    for folder in (repo, handout):
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--no-index", "--disable-pip-version-check", "-e", str(folder)],
+                       check=True, capture_output=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([str(python), "-c", "import ci, helpers; print(helpers.REPO_ROOT); print(ci.__file__)"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(repo), str(repo / "ci" / "__init__.py")], proc.stdout
