@@ -49,7 +49,7 @@ def checkouts_around(path: str | os.PathLike) -> list[Path]:
     return [d for d in (p, *p.parents) if is_checkout(d)]
 
 
-def mismatch(code_root: str | os.PathLike, cwd: str | os.PathLike | None = None, what: str = "helpers") -> str | None:
+def mismatch(code_root: str | os.PathLike, cwd: str | os.PathLike | None = None) -> str | None:
     """``None`` when the code of the copy at ``code_root`` may run in ``cwd`` (default: the working
     folder): ``cwd`` is in no copy of the course, or in ``code_root`` or a copy inside it. Otherwise
     the two-line message naming both folders and the fix."""
@@ -60,10 +60,10 @@ def mismatch(code_root: str | os.PathLike, cwd: str | os.PathLike | None = None,
     code_root = Path(code_root).resolve()
     if not here or code_root in here:
         return None
-    return (f"the working folder is in the copy of the course at {here[0]}, but `{what}` comes from "
-            f"another copy, {code_root} (the one this Python imports: its install, or PYTHONPATH).\n"
-            f"One venv per copy: `cd {here[0]} && python3 -m venv .venv && . .venv/bin/activate && "
-            f"python3 -m pip install -r requirements.txt`, then start JupyterLab (or the command) from there.")
+    return (f"the working folder is in the copy of the course at {here[0]}, but `helpers` was imported from "
+            f"another copy, {code_root}.\n"
+            f"Use each copy with a venv of its own: `cd {here[0]} && python3 -m venv .venv && . .venv/bin/activate "
+            f"&& python3 -m pip install -r requirements.txt`, then start JupyterLab (or the command) there.")
 
 
 def pythonpath_first(root: str | os.PathLike, env: Mapping[str, str] | None = None) -> dict[str, str]:

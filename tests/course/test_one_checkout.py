@@ -79,7 +79,7 @@ def test_import_helpers_in_another_copy_names_both(copies):
     a, b = copies
     proc = run(["-c", "import helpers"], b / "notebooks", first=a)
     assert proc.returncode != 0 and "CheckoutMismatch" in proc.stderr, proc.stderr
-    assert f"copy of the course at {b}," in proc.stderr and f"another copy, {a} " in proc.stderr, proc.stderr
+    assert f"copy of the course at {b}," in proc.stderr and f"another copy, {a}." in proc.stderr, proc.stderr
     inner = copy_course(a / "student", name=student_copies.HANDOUT_DIST)
     proc = run(["-c", "import helpers; print(helpers.REPO_ROOT)"], inner / "notebooks", first=a)
     assert proc.returncode == 0 and proc.stdout.strip() == str(a), proc.stderr
