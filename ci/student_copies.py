@@ -73,7 +73,7 @@ helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is download
 folder:
 
 ```bash
-python3 -m venv .venv && . .venv/bin/activate   # a Python of this folder's own (again in each new terminal)
+python3 -m venv .venv && . .venv/bin/activate   # this folder's own Python (a new terminal: . .venv/bin/activate)
 python3 -m pip install -r requirements.txt      # once
 python3 -m helpers.doctor                       # every line must say ok
 python3 -m jupyter lab --config=jupyter_lab_config.json {first}
