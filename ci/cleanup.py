@@ -17,12 +17,14 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import CaselessStrEnum, default
 
+from helpers.checkout import pythonpath_first
 from helpers.engine.processes import descendants, end_processes, is_live
 from helpers.engine.run_dir import is_reaper, socket_dir
 
@@ -217,10 +219,12 @@ class Watch:
 
 def kernel_manager_class(watch: Watch):
     """An :class:`IPCKernelManager` that records the kernel pid and, when a cell was cut short, kills
-    the kernel's process tree (DDP workers included) before shutting the kernel down."""
+    the kernel's process tree (DDP workers included) before shutting the kernel down. The kernel
+    imports this copy's ``helpers`` (its root first on ``PYTHONPATH``), whatever the Python has installed."""
 
     class TreeKillingKernelManager(IPCKernelManager):
         async def start_kernel(self, **kw: Any) -> None:
+            kw["env"] = pythonpath_first(Path(__file__).resolve().parent.parent, kw.get("env") or os.environ)
             await super().start_kernel(**kw)
             prov = self.provisioner
             pid = getattr(prov, "pid", None) or getattr(getattr(prov, "process", None), "pid", None)

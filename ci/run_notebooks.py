@@ -15,6 +15,11 @@ executed notebook is written to ``<output-dir>/<profile>/<stem>.ipynb`` (outputs
 a failure can be read there). The kernel runs with the notebook's own folder as working
 directory.
 
+One copy of the course, one runner: run as a file, the runner imports its own copy's ``ci`` and
+``helpers`` (not those ``pip install -e .`` of another copy maps), and every kernel gets that copy
+first on ``PYTHONPATH``; from a working folder inside another copy it stops, naming both
+(``helpers/checkout.py``).
+
 Parameters, lowest priority first:
 
 1. the notebook's cell tagged ``parameters`` (smoke-sized defaults);
@@ -86,6 +91,10 @@ import contextlib
 import signal
 import sys
 import threading
+from pathlib import Path
+
+if not __package__:  # run as a file: this copy's `ci` and `helpers`, not the ones the Python has installed
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 try:
     from ci.execution import (
@@ -114,8 +123,10 @@ try:
         resolve_notebooks,
         type_check_parameters,
     )
-except ModuleNotFoundError as e:  # run as a file without the repository installed
-    if e.name != "ci":
+except ImportError as e:
+    if type(e).__name__ == "CheckoutMismatch":  # helpers.checkout: the working folder is another copy's
+        sys.exit(f"error: {e}")
+    if not isinstance(e, ModuleNotFoundError) or e.name != "ci":
         raise
     sys.exit("error: the package `ci` is not importable: install the repository first "
              "(`python3 -m pip install -r requirements.txt`, which runs `pip install -e .`), "

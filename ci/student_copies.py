@@ -18,7 +18,11 @@ without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...
 Markdown files those link to in turn (``README.md``, other docs), the
 ``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
 ``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and ``HANDOUT.md`` (how to
-install and open it). The whole folder is also zipped, as ``<output-dir>/ddp-lab-student.zip``
+install and open it: in a venv of the folder's own). The handout's ``pyproject.toml`` names the
+distribution :data:`HANDOUT_DIST`, not ``ddp-lab``: installed (``-e .``) into a Python that has the
+repository installed, it neither replaces the repository's install nor redirects its ``helpers`` and
+``ci`` (pip's ``__editable__.ddp_lab-...`` mapping is read first: site-packages' ``.pth`` files load
+in name order). The whole folder is also zipped, as ``<output-dir>/ddp-lab-student.zip``
 (one top folder, ``ddp-lab-student/``), for students to download and open directly. The default
 ``student/`` sits inside the repository root, which the README's ``jupyter lab`` serves, so an
 instructor opens the copies there and their links work.
@@ -48,6 +52,10 @@ from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebo
 SOLUTION_TAG = "solution"
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "student"
 ARCHIVE_NAME = "ddp-lab-student"
+#: The handout's distribution name (helpers.checkout.PROJECT_NAMES knows it too).
+HANDOUT_DIST = "ddp-lab-student"
+#: The project name line of pyproject.toml.
+PROJECT_NAME = re.compile(r'^name = "ddp-lab"$', re.M)
 #: What the lessons need besides themselves (relative to the repository root): the packages
 #: they import, MNIST, the install and the JupyterLab config.
 SUPPORT = ("helpers", "ci", "data", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
@@ -65,7 +73,8 @@ helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is download
 folder:
 
 ```bash
-python3 -m pip install -r requirements.txt      # once; a venv first on Debian/Ubuntu/Homebrew Python
+python3 -m venv .venv && . .venv/bin/activate   # this folder's own Python (a new terminal: . .venv/bin/activate)
+python3 -m pip install -r requirements.txt      # once
 python3 -m helpers.doctor                       # every line must say ok
 python3 -m jupyter lab --config=jupyter_lab_config.json {first}
 ```
@@ -160,6 +169,11 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
             shutil.copytree(src, out / rel, ignore=IGNORE, dirs_exist_ok=True)
         elif src.is_file():
             shutil.copyfile(src, out / rel)
+    pyproject = out / "pyproject.toml"  # its own distribution: pip must not take it for the repository
+    text, n = PROJECT_NAME.subn(f'name = "{HANDOUT_DIST}"', pyproject.read_text(encoding="utf-8"), count=1)
+    if n != 1:
+        raise ConfigError(f"{root / 'pyproject.toml'}: no line `name = \"ddp-lab\"` to rename for the handout")
+    pyproject.write_text(text, encoding="utf-8")
     listing = "\n".join(f"{i}. `notebooks/{p.name}`" for i, p in enumerate(written, 1))
     (out / "HANDOUT.md").write_text(HANDOUT.format(first=f"notebooks/{written[0].name}", lessons=listing),
                                     encoding="utf-8")

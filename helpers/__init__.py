@@ -38,11 +38,19 @@ The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/`
     bench          -- notebooks 05a, 05b (a package): the benchmarks, python3 -m helpers.bench
     doctor         -- python3 -m helpers.doctor: a preflight (versions, launch, helpers.mp, warm ranks, MNIST,
                       JupyterLab and the kernel) that says ok or how to fix each line
+    checkout       -- one copy of the course, one install: which copy's helpers and ci a process runs
 
-``import helpers`` imports nothing else (no torch).
+``import helpers`` imports only ``helpers.checkout`` (no torch), and raises
+:class:`helpers.checkout.CheckoutMismatch` in a working folder that belongs to another copy of the course.
 """
 
 from pathlib import Path
 
+from helpers.checkout import CheckoutMismatch, mismatch
+
 #: Repository root (the folder holding ``data/``, ``notebooks/``, ``helpers/``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_problem = mismatch(REPO_ROOT)
+if _problem:  # e.g. a kernel in another copy's notebooks/: this copy's code would run there, silently
+    raise CheckoutMismatch(_problem, name=__name__)

@@ -6,7 +6,8 @@ spirit of ``accelerate test`` and ``python -m torch.utils.collect_env``, but it 
 notebooks run, through the project's own helpers:
 
 ========== =====================================================================================
-python     this Python is in the supported range (``requires-python``); where ``helpers`` is from
+python     this Python is in the supported range (``requires-python``); where ``helpers`` is from: a kernel
+           started in ``notebooks/`` (as JupyterLab starts one) finds this copy's, not another's
 torch      ``import torch``; versions; gloo / nccl available; GPUs
 MNIST      :func:`helpers.data.ensure_mnist` (four files, SHA-256 verified, decompressed so that
            ``torchvision.datasets.MNIST(root, download=True)`` needs no network); torchvision reads them

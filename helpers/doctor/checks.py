@@ -7,12 +7,14 @@ import os
 import platform
 import re
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from helpers import REPO_ROOT
+from helpers.checkout import mismatch
 
 if TYPE_CHECKING:
     from helpers.doctor.run import Doctor
@@ -70,7 +72,28 @@ def check_python(doc: Doctor) -> str:
         if not ok:
             raise Failed(f"Python {here} at {sys.executable}; the project needs {spec}",
                          f"install a Python in {spec} (e.g. with pyenv or python.org), then {REINSTALL} with it")
+    kernel_dir, found = _helpers_for_kernels()  # JupyterLab's kernels: this copy's helpers?
+    if found is None:
+        raise Failed(f"a JupyterLab kernel in {kernel_dir} cannot import helpers: this Python has not installed "
+                     "the repository", REINSTALL)
+    if mismatch(found, kernel_dir):  # the rule of `import helpers` (a copy inside `found` may use it)
+        raise Failed(f"a JupyterLab kernel in {kernel_dir} would import helpers from {found}, another copy of "
+                     "the course", f"one venv per copy: in {REPO_ROOT}, `python3 -m venv .venv && "
+                     ". .venv/bin/activate && python3 -m pip install -r requirements.txt`")
     return f"{here} at {sys.executable} (supported: {spec or '?'}){where}"
+
+
+_FIND_HELPERS = "import importlib.util as u; s = u.find_spec('helpers'); print(s.origin if s and s.origin else '')"
+
+
+def _helpers_for_kernels() -> tuple[Path, Path | None]:
+    """``(folder, root)``: the copy of the course whose ``helpers`` a kernel of this Python started in
+    ``notebooks/`` (JupyterLab's working folder for a lesson) finds (found, not imported), ``None`` if none."""
+    folder = REPO_ROOT / "notebooks" if (REPO_ROOT / "notebooks").is_dir() else REPO_ROOT
+    proc = subprocess.run([sys.executable, "-c", _FIND_HELPERS], cwd=folder, capture_output=True, text=True,
+                          timeout=60)
+    origin = proc.stdout.strip()
+    return folder, Path(origin).resolve().parent.parent if proc.returncode == 0 and origin else None
 
 
 def _requires_python() -> str:
