@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from helpers.engine.start_method import install_spawn_hint
+
 __all__ = ["HINTS", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "OversubscriptionWarning", "Readable",
            "WorkerError", "hint_for", "own_frames", "worker_error"]
 
@@ -470,3 +472,8 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
         return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
                            others_except(first["rank"]))
     return error
+
+
+# torch.multiprocessing.spawn's crash in a notebook happens outside the engine: the kernel that imports
+# these errors shows the hint under it (helpers.engine.start_method.install_spawn_hint)
+install_spawn_hint()
