@@ -65,13 +65,15 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
      "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
      "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
-    # GPU code on a machine without one: CUDA builds say "no NVIDIA driver", CPU builds "not compiled"
+    # GPU code on a machine without one: CUDA builds say "no NVIDIA driver"; CPU builds (torch 2.13's, seen)
+    # "not compiled" for .cuda() and "Cannot access accelerator device" for .to(rank)
     (re.compile(r"ProcessGroupNCCL is only supported with GPUs"),
      "backend nccl needs a GPU per rank and this machine has none: use \"gloo\" "
      "(init_process_group(\"gloo\", rank=rank, world_size=world_size)), and drop the code's .to(rank), "
      ".cuda() and torch.cuda.set_device(rank): on CPU, models and tensors stay where they are. "
      "docs/OWN_CODE.md, \"Code from tutorials\", lists each tutorial's changes."),
-    (re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled"),
+    (re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled"
+                r"|Cannot access accelerator device when none is available"),
      "this line moves something to a GPU and this machine has none: drop .cuda() and .to(rank) (an int "
      "device is a GPU's index) and torch.cuda.set_device(rank), or write .to(worker_device()) (from "
      "helpers.engine: cpu under gloo); backend \"gloo\" for nccl. docs/OWN_CODE.md, \"Code from "
