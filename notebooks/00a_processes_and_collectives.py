@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
+# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **You will be able to** say which processes a DDP job is made of and how a notebook starts
@@ -219,6 +219,26 @@ print("cloudpickle: ", by_value.stdout.decode().strip())
 # %% tags=["check"]
 assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'square'" in by_reference.stderr.decode()
 assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7))
+
+# %% [markdown]
+# That is the crash of the PyTorch DDP tutorial's `mp.spawn(demo_basic, ...)` pasted into a
+# notebook with `import torch.multiprocessing as mp`: every process it starts dies with this
+# `AttributeError`, and the cell ends with `ProcessExitedException: process 1 terminated with exit
+# code 1`. The fix is one line: `import helpers.mp as mp` instead. Its `mp.spawn` takes the same
+# arguments and calls `fn(i, *args)` in process `i`, as torch's does, but sends `fn` by value with
+# `cloudpickle`; it also returns each process's result, in order (torch's returns `None`).
+#
+# **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes, as
+# `square(i)` in process `i`, and returns `[0, 1]` for two processes.
+
+# %%
+import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
+
+spawned = mp.spawn(square, nprocs=world_size, timeout=timeout)
+print("helpers.mp.spawn(square):", spawned)
+
+# %% tags=["check"]
+assert spawned == [i * i for i in range(world_size)]
 
 # %% [markdown]
 # So why not fork this kernel, which would simply copy `square`? Because of what else it copies.

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from helpers.engine.start_method import install_spawn_hint
+
 __all__ = ["HINTS", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "OversubscriptionWarning", "Readable",
            "WorkerError", "hint_for", "own_frames", "worker_error"]
 
@@ -63,6 +65,22 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
      "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
      "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
+    # GPU code on a machine without one: CUDA builds say "no NVIDIA driver"; CPU builds (torch 2.13's, seen)
+    # "not compiled" for .cuda() and "Cannot access accelerator device" for .to(rank)
+    (re.compile(r"ProcessGroupNCCL is only supported with GPUs"),
+     "backend nccl needs a GPU per rank and this machine has none: use \"gloo\" "
+     "(init_process_group(\"gloo\", rank=rank, world_size=world_size)), and drop the code's .to(rank), "
+     ".cuda() and torch.cuda.set_device(rank): on CPU, models and tensors stay where they are. "
+     "docs/OWN_CODE.md, \"Code from tutorials\", lists each tutorial's changes."),
+    (re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled"
+                r"|Cannot access accelerator device when none is available"),
+     "this line moves something to a GPU and this machine has none: drop .cuda() and .to(rank) (an int "
+     "device is a GPU's index) and torch.cuda.set_device(rank), or write .to(worker_device()) (from "
+     "helpers.engine: cpu under gloo); backend \"gloo\" for nccl. docs/OWN_CODE.md, \"Code from "
+     "tutorials\", lists each tutorial's changes."),
+    (re.compile(r"device_ids and output_device arguments only work with single-device"),
+     "the model is on CPU, and device_ids names a GPU: on CPU wrap it as DDP(model), without device_ids "
+     "(and output_device); device_ids is for a model on one GPU: DDP(model.to(rank), device_ids=[rank])."),
 ]
 
 
@@ -456,3 +474,8 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
         return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
                            others_except(first["rank"]))
     return error
+
+
+# torch.multiprocessing.spawn's crash in a notebook happens outside the engine: the kernel that imports
+# these errors shows the hint under it (helpers.engine.start_method.install_spawn_hint)
+install_spawn_hint()

@@ -16,7 +16,8 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
 3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
    calls ``fn(rank, world_size, *args, **kwargs)``;
 4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
-   markers, destroys the group and hands the cloudpickled result back to the agent.
+   markers, destroys the group and hands the cloudpickled result back to the agent; rank 0 first
+   prints :func:`accelerate_alone`'s note to its stderr (relayed to the cell) where it applies.
 
 :func:`worker_device` is what ``fn`` calls to find its device.
 """
@@ -54,6 +55,28 @@ def worker_device():
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+def accelerate_alone(world_size: int) -> str | None:
+    """A note for the cell when the rank's code made Hugging Face accelerate's ``Accelerator`` (or
+    ``PartialState``) and accelerate treats the rank as a whole job (``DistributedType.NO``) although
+    ``world_size`` > 1: with no GPU it uses the ranks' group only when told the job is on CPU
+    (``ACCELERATE_USE_CPU``, which ``accelerate launch --cpu`` sets, or ``Accelerator(cpu=True)``;
+    accelerate/state.py, ``PartialState._prepare_backend``), so every rank trains alone, silently.
+    ``None`` otherwise, and where accelerate was not imported."""
+    state = sys.modules.get("accelerate.state")
+    if world_size < 2 or state is None:
+        return None
+    try:
+        kind = getattr(state.PartialState, "_shared_state", {}).get("distributed_type")
+    except Exception:  # noqa: BLE001 - another accelerate: no note
+        return None
+    if getattr(kind, "value", kind) != "NO":
+        return None
+    return (f"Note: accelerate ran each of the {world_size} ranks as a job of its own (DistributedType.NO, "
+            f"num_processes 1: no gradients averaged, every rank sees all the data). With no GPU it uses the "
+            f"ranks only when told the job is on CPU: set os.environ['ACCELERATE_USE_CPU'] = 'yes' before the "
+            f"launch (what `accelerate launch --cpu` sets), or write Accelerator(cpu=True).")
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -138,6 +161,10 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
                 f"rank {rank} returned a {type(result).__name__} that cannot be pickled back to the "
                 f"caller ({type(e).__name__}: {e}); return plain data or CPU tensors."
             ) from None
+        # not under helpers.mp: its ranks have no RANK or WORLD_SIZE, which accelerate also reads
+        note = accelerate_alone(world_size) if style != "spawn" and rank == 0 else None
+        if note:
+            print(note, file=sys.stderr)
         write_marker(run_dir, "done", rank, {"time": time.time()})
         if dist.is_initialized():
             if style != "spawn":

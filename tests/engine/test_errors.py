@@ -11,7 +11,9 @@ import textwrap
 import uuid
 
 import pytest
+import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import helpers.mp as hmp
 from _support import REPO_ROOT, Kernel
@@ -217,6 +219,83 @@ def test_hint_ranks_that_never_meet_under_mp():
     assert set(info.value.stacks) == {0, 1}, f"a stack dump per rank: {sorted(info.value.stacks)}\n{text}"
     assert "the ranks never met" in text and "MASTER_PORT" in text and "WORLD_SIZE" in text, text
     assert "skips a collective" not in text, text
+
+
+def to_the_gpu(rank, world_size, how):
+    model = torch.nn.Linear(2, 1)
+    model.to(rank) if how == "to(rank)" else model.cuda()  # the DDP tutorial's ToyModel().to(rank)
+
+
+def nccl_setup(i, world_size, port):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=i, world_size=world_size)  # the tutorials' GPU setup()
+
+
+def cpu_model_with_device_ids(rank, world_size):
+    DDP(torch.nn.Linear(2, 1), device_ids=[rank])  # the DDP tutorial's line, the model left on CPU
+
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU code runs where there is a GPU")
+
+
+@no_gpu
+@pytest.mark.parametrize("how", ["to(rank)", "cuda()"])
+def test_hint_gpu_code_on_a_cpu_machine_under_launch(how):
+    """A CUDA build says "Found no NVIDIA driver", a CPU build "Torch not compiled with CUDA enabled"
+    (``.cuda()``) or "Cannot access accelerator device" (``.to(rank)``): either way, what to drop,
+    and where the tutorials' changes are listed."""
+    with pytest.raises(WorkerError) as info:
+        launch(to_the_gpu, 2, how, timeout=120)
+    text = short(info.value)
+    assert re.search(r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|Cannot access accelerator",
+                     text), text
+    assert "What to do:" in text and ".to(rank)" in text and ".cuda()" in text, text
+    assert "docs/OWN_CODE.md" in text and "worker_device()" in text, text
+
+
+@no_gpu
+def test_hint_nccl_without_a_gpu_under_mp():
+    from helpers.engine import free_port
+
+    with pytest.raises(WorkerError) as info:
+        hmp.spawn(nccl_setup, args=(2, free_port()), nprocs=2, timeout=120)
+    text = short(info.value)
+    assert "ProcessGroupNCCL is only supported with GPUs, no GPUs found!" in text, text
+    assert "What to do:" in text and '"gloo"' in text and ".to(rank)" in text and "docs/OWN_CODE.md" in text, text
+
+
+def test_hint_device_ids_on_a_cpu_model_under_launch():
+    """torch's message speaks of "GPU modules or CPU modules" and never says to drop device_ids."""
+    with pytest.raises(WorkerError) as info:
+        launch(cpu_model_with_device_ids, 2, timeout=120)
+    text = short(info.value)
+    assert "device_ids and output_device arguments only work" in text, text
+    assert "What to do:" in text and "DDP(model), without device_ids" in text, text
+
+
+def accelerate_state(rank, world_size, cpu):
+    from accelerate import Accelerator  # requirements.txt
+
+    accelerator = Accelerator(cpu=True) if cpu else Accelerator()
+    return accelerator.state.distributed_type.value, accelerator.num_processes
+
+
+@no_gpu
+def test_note_accelerate_alone_on_every_rank_under_launch(monkeypatch, capfd):
+    """accelerate with no GPU and neither ACCELERATE_USE_CPU nor cpu=True treats each rank as a job
+    of its own, silently: a note names what to set; with either, one job of 2 processes and no note."""
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert launch(accelerate_state, 2, False, timeout=120) == [("NO", 1)] * 2
+    err = capfd.readouterr().err
+    assert re.search(r"\[rank 0\] Note: accelerate ran each of the 2 ranks as a job of its own", err), err
+    assert "os.environ['ACCELERATE_USE_CPU'] = 'yes'" in err and "Accelerator(cpu=True)" in err, err
+    assert "[rank 1] Note" not in err, "one note, not one per rank"
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
+    assert launch(accelerate_state, 2, False, timeout=120) == [("MULTI_CPU", 2)] * 2
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    assert launch(accelerate_state, 2, True, timeout=120) == [("MULTI_CPU", 2)] * 2
+    assert "Note: accelerate" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("what", ["generator", "lock"])

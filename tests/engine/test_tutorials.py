@@ -619,6 +619,33 @@ def test_plain_torch_spawn_in_a_notebook_cell_cannot_find_the_cells_function(mon
     assert "AttributeError: Can't get attribute 'demo_basic' on <module '__main__'" in out + late, out + late
 
 
+
+def test_plain_torch_spawn_in_a_lesson_kernel_says_to_use_helpers_mp(monkeypatch):
+    """The same crash in a kernel that has imported the engine, as every lesson's does: under the
+    ProcessExitedException, a line says why and to write ``import helpers.mp as mp``; the same call
+    with that import then runs."""
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    k = Kernel(uuid.uuid4().hex)
+    try:
+        k.cell("from helpers.engine import launch\n"
+               "import torch.multiprocessing as mp\n"
+               "def demo_basic(rank, world_size):\n"
+               "    return rank\n")
+        reply, out = k.cell("mp.spawn(demo_basic, args=(2,), nprocs=2, join=True)", timeout=120)
+        k.cell("import time; time.sleep(1)")  # the children's lines may come after the reply
+        text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", "\n".join(reply.get("traceback", [])))
+        assert reply["status"] == "error" and reply["ename"] == "ProcessExitedException", reply
+        hint = text.splitlines()[-1]
+        assert hint.startswith("What to do:") and "demo_basic" in hint and "__main__" in hint, text
+        assert "`import helpers.mp as mp` instead of `import torch.multiprocessing as mp`" in hint, text
+        assert "What to do:" in out, "shown in the cell too"
+        _, after = k.cell("import helpers.mp as mp\nprint(mp.spawn(demo_basic, args=(2,), nprocs=2, join=True))",
+                          timeout=120)
+        assert "[0, 1]" in after, after
+    finally:
+        k.close()
+
+
 # ---- docs/OWN_CODE.md's table is these change lists --------------------------------------------------
 
 def test_docs_list_the_changes_these_tests_make():
