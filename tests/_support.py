@@ -79,9 +79,11 @@ def wait_until_gone(mark, seconds=20.0, cmd_contains="ipyparallel"):
 
 class Kernel:
     """A real IPython kernel (jupyter_client) whose environment carries ``RANKS_MARK=mark`` and
-    imports this worktree's ``helpers``. ``cell(code)`` runs a cell: ``(reply content, output text)``."""
+    imports this worktree's ``helpers``, started in ``cwd`` (default: the repository root), as
+    JupyterLab starts a notebook's kernel in the notebook's folder. ``cell(code)`` runs a cell:
+    ``(reply content, output text)``."""
 
-    def __init__(self, mark):
+    def __init__(self, mark, cwd=None):
         import os
 
         from jupyter_client.manager import KernelManager
@@ -90,7 +92,7 @@ class Kernel:
 
         self.km = ipc_kernel_manager(KernelManager)(kernel_name="python3")  # no TCP port race
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(REPO_ROOT))
+        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(cwd or REPO_ROOT))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
