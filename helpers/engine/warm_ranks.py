@@ -254,10 +254,8 @@ class WarmRanks(RanksLifeCycle):
 
     # -- waiting for the ranks -----------------------------------------------------------------
 
-    def _supervise(self, ar, timeout: float | None, what: str,
-                   poll: Callable[[], None] | None = None) -> tuple[list[int], BaseException | None]:
-        """Wait for ``ar`` (one message per rank) while watching the ranks; ``poll`` (if any) is
-        called after each wait (:meth:`run` relays the ranks' output with it).
+    def _supervise(self, ar, timeout: float | None, what: str, poll=None) -> tuple[list[int], BaseException | None]:
+        """Wait for ``ar`` (one message per rank) while watching the ranks, calling ``poll()`` after each wait.
 
         Returns ``(ranks_with_errors, fault)``; ``fault`` (to raise after a restart) is set when a
         rank died, the time ran out, peers still ran after a rank raised, or the caller was
@@ -299,6 +297,17 @@ class WarmRanks(RanksLifeCycle):
             still = [r for r, p in enumerate(parts) if not p.ready()]
             return [], LaunchInterrupted(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
                                          "in a collective). " + eng.RESTART_NOTE, *self._stuck(still))
+
+    def _supervise_with_output(self, ar, timeout: float | None, what: str, poll=None):
+        """:meth:`_supervise`, then wait for the ranks' output, which follows a result seconds later on a loaded
+        machine (rank 1's line was lost at 1 s); a rank that faulted never sends it: then wait briefly."""
+        finished = False
+        try:
+            errors, fault = self._supervise(ar, timeout, what, poll)
+            finished = fault is None
+        finally:
+            ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
+        return errors, fault
 
     def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
                    has_group: list[bool] | None = None, kernel_names=None) -> None:
@@ -394,12 +403,9 @@ class WarmRanks(RanksLifeCycle):
         self._check_alive("run")
         ar = self.view.apply_async(eng.call_payload, payload)
         output = eng.RankOutput(ar)
-        finished = False
         try:
-            errors, fault = self._supervise(ar, timeout, "run", poll=output.poll)
-            finished = fault is None
-        finally:  # what the ranks printed, also before a fault (see execute)
-            ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
+            errors, fault = self._supervise_with_output(ar, timeout, "run", poll=output.poll)
+        finally:  # what the ranks printed, also before a fault
             output.poll(final=True)
         if errors or fault:
             self._raise_for(ar, errors, fault, "run")
@@ -465,28 +471,12 @@ class WarmRanks(RanksLifeCycle):
         ar._fname = "%px"
         in_rank_order = eng.stream_per_rank(ar)
         with ar.stream_output() if stream else contextlib.nullcontext():
-            finished = False
-            try:
-                errors, fault = self._supervise(ar, timeout, "%%px cell")
-                finished = fault is None
-            finally:
-                # every rank's output of a finished cell follows its result on ipyparallel's iopub
-                # channel, seconds later on a loaded machine (rank 1's line was lost at 1 s); a rank
-                # that faulted never sends it, so then wait only briefly
-                ar.wait_for_output(_OUTPUT_WAIT_S if finished else 1)
+            errors, fault = self._supervise_with_output(ar, timeout, "%%px cell")
         if stream:
             in_rank_order()
         else:
             eng.display_in_rank_order(ar)
-        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=_kernel_namespace())
-
-
-def _kernel_namespace() -> dict:
-    """The calling IPython session's user namespace (the notebook's variables), or ``{}``."""
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    return ip.user_ns if ip is not None else {}
+        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=eng.kernel_namespace())
 
 
 def _px_magic(line: str, cell: str | None = None):

@@ -345,6 +345,14 @@ def stream_per_rank(ar) -> Callable[[], None]:
     return in_rank_order
 
 
+def kernel_namespace() -> dict:
+    """The calling IPython session's user namespace (the notebook's variables), or ``{}``."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip.user_ns if ip is not None else {}
+
+
 class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
     relayed into the caller's streams line by line, prefixed ``[rank r]``, as
