@@ -255,6 +255,24 @@ def test_warm_run_timeout_names_each_ranks_line():
     _warm_run(RanksTimeout, timeout=15)
 
 
+def test_warm_run_timeout_tells_the_sleeping_rank_from_the_waiting_one():
+    """Warm ranks' RanksTimeout gives the same advice as LaunchTimeout: rank 0 still in its own code,
+    rank 1 waiting in all_reduce for it, and no blame on skipped collectives."""
+    cloudpickle.register_pickle_by_value(w)  # not importable on the engines: sent by value, as a cell's
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(RanksTimeout) as info:
+            ranks.run(w.slow_rank, timeout=10)
+    finally:
+        ranks.stop()
+        cloudpickle.unregister_pickle_by_value(w)
+    text = str(info.value)
+    assert set(info.value.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(info.value.stacks)}\n{text}"
+    assert "Rank 0 was still running your function's own work (sleeping or computing)" in text, text
+    assert "Rank 1 was waiting in torch.distributed.all_reduce, most likely for rank 0" in text, text
+    assert "skips a collective" not in text, text
+
+
 def test_warm_run_interrupt_names_each_ranks_line(tmp_path):
     """Ctrl-C ("interrupt kernel") once both warm ranks are in their collective: SIGINT does not stop
     them there, so they are ended, and the error says where each was."""
