@@ -303,7 +303,7 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         run_id=f"ddp-lab-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free port, never a fixed one
-        rdzv_configs={"timeout": int(min(timeout or 900, 900)) + 1},
+        rdzv_configs={"timeout": int(min(max(timeout, STARTUP_S) if timeout else 900, 900)) + 1},
         local_addr="127.0.0.1",
         max_restarts=0,
         monitor_interval=_POLL_S,
@@ -357,7 +357,8 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     Returns:
         ``(outcome, reason)``: outcome holds ``"results"`` or ``"error"`` from the agent, and
         ``"startup_s"``: seconds until every rank was running ``fn`` (until now if they never all
-        did); reason is ``None`` or why the workers were ended here: ``("timeout",)``,
+        did), and ``"in_startup"``: the ranks not yet running it when start-up ran past its
+        allowance; reason is ``None`` or why the workers were ended here: ``("timeout",)``,
         ``("interrupt",)``, ``("vanished", rank)``.
     """
     outcome: dict[str, Any] = {}
@@ -396,6 +397,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
                 break
             if running_since is None and startup_limit is not None and now - start > startup_limit:
                 reason = ("timeout",)
+                outcome["in_startup"] = sorted(set(range(world_size)) - set(read_markers(run_dir, "started")))
                 break
             # A rank gone without a marker: a non-zero exit or a signal is reported by the agent
             # within a monitor interval; exit code 0 never is, so after a grace period we report
@@ -501,11 +503,9 @@ def _raise_failure(outcome: dict, reason: tuple | None, run_dir: str, world_size
         raise LaunchInterrupted(f"launch interrupted; all {world_size} workers were ended",
                                 stacks=outcome.get("stacks"))
     if reason == ("timeout",):
-        started = read_markers(run_dir, "started")
-        in_startup = [r for r in range(world_size) if r not in started and r not in done]
         raise LaunchTimeout(float(timeout), [r for r in range(world_size) if r not in done],
                             stacks=outcome.get("stacks"), startup_s=outcome.get("startup_s"),
-                            in_startup=in_startup, default=default, what=what)
+                            in_startup=outcome.get("in_startup", []), default=default, what=what)
     if reason is not None:  # a worker exited without a result or an error
         rank = reason[1]
         raise WorkerError(rank, "exited without returning a result",
