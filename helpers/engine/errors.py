@@ -421,7 +421,7 @@ def _timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
             kind = "unknown"
         kinds.setdefault(kind, []).append(rank)
     busy = kinds.get("own", []) + kinds.get("library", [])
-    waiting = kinds.get("collective", [])
+    waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []))
     parts = []
     if busy:
         where = "; ".join(f"rank {r} in {calls[r]}" for r in busy if calls.get(r))
@@ -434,10 +434,12 @@ def _timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
     if kinds.get("unknown"):
         parts.append(f"No stack came from {_ranks(kinds['unknown'], verb=False)}.")
     if set(kinds) == {"rendezvous"}:
-        parts.append(_NEVER_MET)
+        parts = [_NEVER_MET]
+    elif busy and waiting:
+        parts.append(f"If that work is simply long, {lift}; if it never reaches the call the others wait in, "
+                     "that is the bug.")
     elif busy:
-        parts.append(f"If that work is simply long, {lift}; if it never reaches the collective the others wait "
-                     "in, that is the bug.")
+        parts.append(f"If that work is simply long, {lift}.")
     elif waiting and not kinds.get("unknown") and not kinds.get("rendezvous"):
         parts.append("A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
                      "waiting forever: check that every rank makes the same collective calls in the same "
