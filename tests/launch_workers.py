@@ -62,6 +62,17 @@ def mismatched_collectives(rank, world_size):
     return rank
 
 
+def uneven_ddp(rank, world_size):
+    """DDP where rank r has 1 + r batches: rank 1's second step waits in DDP's all-reduce for rank 0,
+    which has returned (the uneven-inputs hang)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(2, 1))
+    for _ in range(1 + rank):
+        model(torch.ones(1, 2)).sum().backward()  # rank 1's second step waits here
+    return rank
+
+
 if __name__ == "__main__":
     result = main_from_env(report, 0.5)
     print(f"TORCHRUN_RESULT {result['rank']} {result['world_size']} {result['sum']}")

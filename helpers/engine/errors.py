@@ -421,16 +421,18 @@ def _timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
             kind = "unknown"
         kinds.setdefault(kind, []).append(rank)
     busy = kinds.get("own", []) + kinds.get("library", [])
-    waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []))
+    waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []) + kinds.get("ddp", []))
     parts = []
     if busy:
         where = "; ".join(f"rank {r} in {calls[r]}" for r in busy if calls.get(r))
         parts.append(f"{_ranks(busy)} still running your function's own work (sleeping or computing"
                      f"{': ' + where if where else ''}), not waiting in a collective.")
-    if waiting:
-        calls_ = ", ".join(dict.fromkeys(calls[r] for r in waiting))
-        parts.append(f"{_ranks(waiting)} waiting in {calls_}"
-                     + (f", most likely for {_ranks(busy, verb=False)}." if busy else "."))
+    for group, how in ((sorted(kinds.get("collective", []) + kinds.get("rendezvous", [])), "waiting in {}"),
+                       (kinds.get("ddp", []), "in {} (computing, or waiting in DDP's all-reduce for the other ranks)")):
+        if group:
+            calls_ = ", ".join(dict.fromkeys(calls[r] for r in group))
+            parts.append(f"{_ranks(group)} {how.format(calls_)}"
+                         + (f", most likely for {_ranks(busy, verb=False)}." if busy else "."))
     if kinds.get("unknown"):
         parts.append(f"No stack came from {_ranks(kinds['unknown'], verb=False)}.")
     if set(kinds) == {"rendezvous"}:

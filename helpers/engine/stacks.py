@@ -16,7 +16,9 @@ ends them it asks each for its Python stack with the standard library's :mod:`fa
   :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
   ``torch.distributed.all_reduce``. faulthandler writes ``file, line, function`` without source;
   the caller looks the line up (a cell's code sent by value keeps its cell's file name, see
-  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines).
+  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines);
+- :func:`state`: what the rank was doing, for the timeout's message: in its own code (sleeping or
+  computing), waiting in a ``torch.distributed`` call, or in a backward or DDP (either).
 
 Reference: https://docs.python.org/3/library/faulthandler.html
 """
@@ -185,15 +187,20 @@ def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
 
 
+#: The library calls that run a backward pass (where DDP's gradient all-reduce waits, in C++).
+_BACKWARD = {"torch._tensor.backward", "torch.autograd.backward", "torch.autograd.grad"}
+
+
 def state(dump: str) -> tuple[str, str]:
     """What a rank was doing when its stack was dumped: ``(kind, library call)``, kind one of
 
     - ``"own"``: in the learner's own code (a ``time.sleep``, a loop, a computation C code runs for it);
     - ``"rendezvous"``: in ``torch.distributed.init_process_group``, waiting for the ranks to meet;
     - ``"collective"``: in another function of ``torch.distributed`` (a collective, ``barrier``, a work's
-      ``wait``) or of DDP (``torch.nn.parallel``): waiting for the other ranks;
-    - ``"library"``: in another library's function called from the learner's code (computing, e.g.
-      ``torch.autograd.backward``, where DDP's gradient all-reduce also waits);
+      ``wait``): waiting for the other ranks;
+    - ``"ddp"``: in a backward (``loss.backward()``, ``torch.autograd.backward`` or ``grad``) or in DDP
+      (``torch.nn.parallel``): computing, or waiting in DDP's all-reduce (C++ code, no Python frame);
+    - ``"library"``: in another library's function called from the learner's code (computing);
     - ``"unknown"``: none of the learner's frames and no library call (an empty or cut dump).
     """
     own, call = stuck_frames(dump)
@@ -201,8 +208,10 @@ def state(dump: str) -> tuple[str, str]:
         return ("own" if own else "unknown"), ""
     if call.endswith(".init_process_group"):
         return "rendezvous", call
-    if call.startswith(("torch.distributed.", "torch.nn.parallel.")):
+    if call.startswith("torch.distributed."):
         return "collective", call
+    if call in _BACKWARD or call.startswith("torch.nn.parallel."):
+        return "ddp", call
     return "library", call
 
 

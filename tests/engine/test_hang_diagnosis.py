@@ -119,6 +119,18 @@ def test_timeout_under_load_tells_the_sleeping_rank_from_the_waiting_one(loaded)
     assert "in torch.distributed.all_reduce" in rank1 and "dist.all_reduce(t)" in rank1, text
 
 
+def test_timeout_in_ddp_is_not_called_own_work():
+    """A rank that waits in DDP's all-reduce (C++, no Python frame of torch.distributed: lesson 06a's
+    uneven inputs) is not reported as busy in its own code: the message says it may be waiting there."""
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.uneven_ddp, 2, timeout=5)
+    err, text = info.value, str(info.value)
+    assert err.ranks_not_finished == [1], text
+    # the second step's forward (DDP's bucket rebuild) or backward: DDP's all-reduce, in C++
+    assert re.search(r"Rank 1 was in torch\.\S+ \(computing, or waiting in DDP's all-reduce", text), text
+    assert "own work" not in text, text
+
+
 def test_timeout_counts_from_when_every_rank_runs_fn():
     """Rank 1 takes 20 s to start (to unpickle an argument); ``fn`` (one all_reduce) then returns at
     once: a 10 s timeout does not end it (start-up is not ``fn``'s time)."""
