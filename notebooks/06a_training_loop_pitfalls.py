@@ -489,8 +489,8 @@ plt.show()
 # **What the launcher sees.** The same loop without `Join`, this time on a process group
 # without a short timeout: nothing raises inside the workers any more; the cell simply waits,
 # as a real job would, until `launch` gives up after `hang_timeout_s`, ends every worker and
-# raises `LaunchTimeout` naming the ranks that never finished (rank 0 too, if its start-up was
-# slow).
+# raises `LaunchTimeout` naming the ranks that never finished (rank 0 too, if it had not yet
+# finished its own batches; the timeout counts from when every rank is running the function).
 #
 # **Claim:** `launch` raises `LaunchTimeout` (its `timeout` is `hang_timeout_s`), listing every rank with an
 # extra batch, and leaves no worker process behind.

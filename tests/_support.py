@@ -1,5 +1,9 @@
 """Shared test utilities (not a test module)."""
 
+import contextlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -12,6 +16,24 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 #: Child processes of this test process, less the resource tracker and the fork server.
 leftover_processes = leftover_children
+
+#: Busy processes per core that :func:`busy_cpus` starts: load average 10 on 2 cores (issue 40).
+BUSY_PER_CORE = 5
+
+
+@contextlib.contextmanager
+def busy_cpus(per_core: int = BUSY_PER_CORE):
+    """A loaded machine: ``per_core`` processes per CPU core running ``while True: pass``, killed on exit
+    (before a test's check for processes left behind). Yields their number."""
+    n = per_core * (os.cpu_count() or 1)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield n
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
 
 
 # ---- warm ranks (helpers.engine.warm_ranks): kernels and the processes they leave ---------------------------

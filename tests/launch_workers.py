@@ -1,4 +1,5 @@
-"""Worker functions for tests/engine/test_launch.py (importable, so spawned workers can run them).
+"""Worker functions for tests/engine/test_launch.py and others (importable, so spawned workers can run
+them; their frames count as the learner's own code in a timeout's report).
 
 Run directly under torchrun to check that a launch() worker runs unchanged there::
 
@@ -7,6 +8,7 @@ Run directly under torchrun to check that a launch() worker runs unchanged there
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -63,6 +65,36 @@ def eval_counts_odd(rank, world_size, n_items):
     from helpers.sampler import distributed_eval_counts
 
     return distributed_eval_counts(lambda idx: sum(i % 2 for i in idx), n_items, rank, world_size)
+
+
+def slow_rank(rank, world_size, sleepy_rank=0, seconds=600.0):
+    """Rank ``sleepy_rank`` sleeps ``seconds`` in its own code (a slow computation) before an all_reduce
+    the others already wait in; returns the sum (float)."""
+    t = torch.ones(1)
+    if rank == sleepy_rank:
+        time.sleep(seconds)  # the sleepy rank is here
+    dist.all_reduce(t)  # the other ranks wait here
+    return t.item()
+
+
+def mismatched_collectives(rank, world_size):
+    """Rank 0 all-reduces while the others wait in a barrier: neither call completes (a hang)."""
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here
+    else:
+        dist.barrier()  # the others wait here
+    return rank
+
+
+def uneven_ddp(rank, world_size):
+    """DDP where rank r has 1 + r batches: rank 1's second step waits in DDP's all-reduce for rank 0,
+    which has returned (the uneven-inputs hang)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(2, 1))
+    for _ in range(1 + rank):
+        model(torch.ones(1, 2)).sum().backward()  # rank 1's second step waits here
+    return rank
 
 
 if __name__ == "__main__":

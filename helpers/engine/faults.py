@@ -3,7 +3,8 @@
 Each function is a worker for :func:`helpers.engine.launch` (``fn(rank, world_size, ...)``) that
 misbehaves on purpose on one rank, in one of the ways DDP jobs really fail: an exception before,
 during or after a collective, a rank that skips a collective (the classic hang), an exit without
-a result, a SIGKILL (what the out-of-memory killer sends), an unpicklable return value.
+a result, a SIGKILL (what the out-of-memory killer sends), an unpicklable return value, a slow
+start-up (:class:`SlowStart`).
 """
 
 import os
@@ -89,3 +90,20 @@ def sigkill_during_collective(rank, world_size, bad_rank=1):
 def unpicklable_result(rank, world_size, bad_rank=1):
     """Rank ``bad_rank`` returns a lock, which cannot be pickled back to the caller."""
     return threading.Lock() if rank == bad_rank else rank
+
+
+def _slow_to_unpickle(seconds: float, slow_rank: int, value):
+    if int(os.environ.get("RANK", "-1")) == slow_rank:
+        time.sleep(seconds)
+    return value
+
+
+class SlowStart:
+    """An argument for a worker that rank ``slow_rank`` takes ``seconds`` to unpickle: a slow start-up
+    (a busy machine, a big argument, a slow import) before ``fn`` runs. Unpickles to ``value``."""
+
+    def __init__(self, seconds: float, slow_rank: int = 1, value=None):
+        self.seconds, self.slow_rank, self.value = seconds, slow_rank, value
+
+    def __reduce__(self):
+        return (_slow_to_unpickle, (self.seconds, self.slow_rank, self.value))

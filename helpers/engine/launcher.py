@@ -20,7 +20,10 @@ forked subprocess"). On top of it this module adds what a notebook needs:
 - worker stdout/stderr relayed into the calling cell line by line, prefixed ``[rank r]``;
 - a worker error re-raised in the caller within seconds as :class:`WorkerError`, naming the
   rank, the original exception type and message, and the worker's traceback;
-- ``timeout`` bounding the whole launch (gloo's default collective timeout is 30 minutes);
+- ``timeout`` bounding the run of ``fn``, counted from when every rank is running it (start-up, slow
+  on a loaded machine, has its own allowance, :data:`STARTUP_S`; gloo's default collective timeout
+  is 30 minutes), and a timeout that says which rank was still in its own code and which waited in
+  a collective;
 - no worker process left behind on success, error, timeout or KeyboardInterrupt ("interrupt
   kernel"), and the kernel's own signal handlers left untouched (the agent runs in a helper
   thread, so torchelastic never installs its SIGINT/SIGTERM handlers in the kernel); on Linux
@@ -106,10 +109,25 @@ MAX_RANKS_PER_CPU = 8
 _POLL_S = 0.05  # how often the caller relays output and checks the workers (seconds)
 _KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL grace when ending workers (seconds)
 _VANISH_GRACE_S = 1.0  # a rank gone without a result for this long is reported (seconds)
+#: Start-up (the ranks' processes, unpickling ``fn`` and its arguments, the process group) may take
+#: ``max(timeout, STARTUP_S)`` seconds before ``timeout`` starts counting (a loaded machine is slow).
+STARTUP_S = 120.0
+
+
+class _DefaultTimeout(float):
+    """:func:`launch`'s default ``timeout`` (a float, shown as one): a timeout's message says it was
+    the default and how to lift it."""
+
+    def __repr__(self) -> str:
+        return repr(float(self))
+
+
+#: :func:`launch`'s default ``timeout``, in seconds.
+DEFAULT_TIMEOUT_S = _DefaultTimeout(300.0)
 
 
 def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
-           timeout: float | None = 300.0, **kwargs) -> list:
+           timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` new processes.
 
     Each process gets the environment torchrun gives (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
@@ -128,8 +146,11 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             Tensors must be on the CPU.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None``: nccl when CUDA has at
             least ``world_size`` GPUs, else gloo.
-        timeout: seconds for the whole launch, start-up included (``None``: no limit). It also
-            bounds each collective inside the workers.
+        timeout: seconds ``fn`` may run, counted from when every rank is running it (``None``: no
+            limit; the default is 300 s, and its message says so). Start-up before that may take
+            ``max(timeout, STARTUP_S)`` seconds. The default group's own timeout (each collective,
+            its rendezvous) is ``2 * max(timeout, STARTUP_S)``: longer, so that a rank waiting in a
+            collective is still there when the launch times out and says where each rank was.
 
     Returns:
         list: ``fn``'s return value on each rank, in rank order (``results[r]`` from rank ``r``).
@@ -143,28 +164,34 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             names the variable and says what to do instead.
         WorkerError: a rank raised, exited without returning, or was killed; the other ranks
             are ended. Names the rank and carries its traceback.
-        LaunchTimeout: the launch ran past ``timeout``; names the ranks that had not finished and
-            where each was stuck in your code (``e.stacks``: each rank's full Python stack).
+        LaunchTimeout: ``fn`` ran past ``timeout`` (or start-up past its allowance: the message says
+            so, with the seconds); names the ranks that had not finished, which was still in its own
+            code and which waited in a collective, and where each was stuck in your code (``e.stacks``:
+            each rank's full Python stack).
         LaunchInterrupted: (a ``KeyboardInterrupt``) the caller was interrupted; every worker was
             ended first; shows where each unfinished rank was, as ``LaunchTimeout`` does.
 
     Worker stdout and stderr appear in the caller's streams line by line, prefixed ``[rank r]``.
     Calls from several threads of one process run one after another.
     """
+    default = isinstance(timeout, _DefaultTimeout)
     world_size, backend, payload = _validate(fn, world_size, args, kwargs, backend, timeout)
-    return _run(payload, world_size, backend, timeout, style="launch")
+    return _run(payload, world_size, backend, None if timeout is None else float(timeout), style="launch",
+                default=default)
 
 
 #: One launch at a time per process: a launch ends whatever ``multiprocessing`` processes below
 #: the caller appeared during it (a rank that died before writing its pid file included), so a
 #: second launch from another thread would lose its ranks. Launches from several threads of one
-#: process therefore run one after another (each one's ``timeout`` counts from its own start).
+#: process therefore run one after another (each one's ``timeout`` counts from its own ranks' start).
 _ONE_AT_A_TIME = threading.Lock()
 
 
-def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str) -> list:
+def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str,
+         what: str = "launch", default: bool = False) -> list:
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
-    their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``)."""
+    their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``). ``what`` names
+    the call in a timeout's message; ``default``: ``timeout`` is that call's default."""
     threads = threads_per_rank(world_size)
     with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic(), \
             main_without_file():
@@ -173,10 +200,10 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
         config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")
         # the ranks' parent: the fork server, or this process under spawn
         parent_pid = os.getpid() if server_pid is None else server_pid
-        entry_args = (payload, run_dir, parent_pid, backend, timeout, threads, style)
+        entry_args = (payload, run_dir, parent_pid, backend, _group_timeout(timeout), threads, style)
         outcome, reason = _supervise(config, entry_args, run_dir, timeout, before)
         try:
-            _raise_failure(outcome, reason, run_dir, world_size, timeout)
+            _raise_failure(outcome, reason, run_dir, world_size, timeout, what, default)
         except WorkerError as e:
             if server_pid is None or fork_server_pid() == server_pid:
                 raise
@@ -185,6 +212,12 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
                               "the next launch starts a new one") from None
         results = outcome["results"]
         return [cloudpickle.loads(results[r]) for r in range(world_size)]
+
+
+def _group_timeout(timeout: float | None) -> float | None:
+    """The default process group's timeout for a launch's ``timeout`` (seconds): longer than start-up and
+    ``fn`` together may take, so the group never times out a rank before the launcher asks for its stack."""
+    return None if timeout is None else 2 * max(timeout, STARTUP_S)
 
 
 # ---- validate: every check before any process starts -----------------------------------------
@@ -270,7 +303,7 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         run_id=f"ddp-lab-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free port, never a fixed one
-        rdzv_configs={"timeout": int(min(timeout or 900, 900)) + 1},
+        rdzv_configs={"timeout": int(min(max(timeout, STARTUP_S) if timeout else 900, 900)) + 1},
         local_addr="127.0.0.1",
         max_restarts=0,
         monitor_interval=_POLL_S,
@@ -318,10 +351,15 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     workers are ended before the thread is joined. (Under the fork server their parent is the
     server.)
 
+    ``timeout`` counts from when every rank has its ``started`` marker (it is running ``fn``);
+    before that, start-up may take ``max(timeout, STARTUP_S)`` seconds.
+
     Returns:
-        ``(outcome, reason)``: outcome holds ``"results"`` or ``"error"`` from the agent; reason is
-        ``None`` or why the workers were ended here: ``("timeout",)``, ``("interrupt",)``,
-        ``("vanished", rank)``.
+        ``(outcome, reason)``: outcome holds ``"results"`` or ``"error"`` from the agent, and
+        ``"startup_s"``: seconds until every rank was running ``fn`` (until now if they never all
+        did), and ``"in_startup"``: the ranks not yet running it when start-up ran past its
+        allowance; reason is ``None`` or why the workers were ended here: ``("timeout",)``,
+        ``("interrupt",)``, ``("vanished", rank)``.
     """
     outcome: dict[str, Any] = {}
     # The agent thread sets `finished` when it ends; the caller waits on it, never on
@@ -339,6 +377,9 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
             finished.set()
 
     start = time.monotonic()
+    running_since: float | None = None  # when every rank was running fn
+    world_size = config.nproc_per_node
+    startup_limit = None if timeout is None else max(timeout, STARTUP_S)
     thread = threading.Thread(target=agent, name="ddp-lab-elastic-agent", daemon=True)
     relay = Relay(run_dir)
     reason: tuple | None = None
@@ -348,8 +389,15 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
         while not finished.is_set():
             finished.wait(_POLL_S)
             relay.poll()
-            if timeout is not None and time.monotonic() - start > timeout:
+            if running_since is None and len(read_markers(run_dir, "started")) >= world_size:
+                running_since = time.monotonic()
+            now = time.monotonic()
+            if running_since is not None and timeout is not None and now - running_since > timeout:
                 reason = ("timeout",)
+                break
+            if running_since is None and startup_limit is not None and now - start > startup_limit:
+                reason = ("timeout",)
+                outcome["in_startup"] = sorted(set(range(world_size)) - set(read_markers(run_dir, "started")))
                 break
             # A rank gone without a marker: a non-zero exit or a signal is reported by the agent
             # within a monitor interval; exit code 0 never is, so after a grace period we report
@@ -363,6 +411,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     except KeyboardInterrupt:
         reason = ("interrupt",)
     finally:
+        outcome["startup_s"] = (time.monotonic() if running_since is None else running_since) - start
         if reason in (("timeout",), ("interrupt",)):
             outcome["stacks"] = _stacks_of_unfinished(run_dir)
         if reason is not None or not finished.is_set():
@@ -376,10 +425,17 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
 
 def _stacks_of_unfinished(run_dir: str) -> dict[int, str]:
     """``{rank: Python stack dump}`` of the ranks without a done or error marker, asked for
-    before they are ended (:func:`helpers.engine.stacks.collect`); ``{}`` if interrupted again."""
-    finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
-    pids = {r: info["pid"] for r, info in read_markers(run_dir, "pid").items() if r not in finished}
+    before they are ended (:func:`helpers.engine.stacks.collect`) from every rank that registered
+    its dump (a rank writes its pid marker just after: waited for, briefly); ``{}`` if interrupted again."""
     try:
+        deadline = time.monotonic() + stacks.dump_wait_s()
+        while True:
+            finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
+            pids = {r: info["pid"] for r, info in read_markers(run_dir, "pid").items() if r not in finished}
+            registered = set(stacks.registered(run_dir)) - finished
+            if registered <= set(pids) or time.monotonic() > deadline:
+                break
+            time.sleep(_POLL_S)
         return stacks.collect(run_dir, pids)
     except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
         return {}
@@ -440,7 +496,7 @@ def _end(found) -> None:
 # ---- raise: the caller's exception -----------------------------------------------------------
 
 def _raise_failure(outcome: dict, reason: tuple | None, run_dir: str, world_size: int,
-                   timeout: float | None) -> None:
+                   timeout: float | None, what: str = "launch", default: bool = False) -> None:
     """Raise the caller's exception for whatever went wrong (nothing if every rank returned)."""
     done = read_markers(run_dir, "done")
     if reason == ("interrupt",):
@@ -448,7 +504,8 @@ def _raise_failure(outcome: dict, reason: tuple | None, run_dir: str, world_size
                                 stacks=outcome.get("stacks"))
     if reason == ("timeout",):
         raise LaunchTimeout(float(timeout), [r for r in range(world_size) if r not in done],
-                            stacks=outcome.get("stacks"))
+                            stacks=outcome.get("stacks"), startup_s=outcome.get("startup_s"),
+                            in_startup=outcome.get("in_startup", []), default=default, what=what)
     if reason is not None:  # a worker exited without a result or an error
         rank = reason[1]
         raise WorkerError(rank, "exited without returning a result",

@@ -18,8 +18,9 @@ them): ``fn`` and what it uses are sent by value with cloudpickle, and the ranks
 supervised and ended by :mod:`helpers.engine.launcher`'s machinery (torch's elastic agent; ranks forked
 from :mod:`helpers.engine.fork_server`'s server, never from the kernel, which is what ``spawn``
 guarantees, without every rank importing torch), so worker output appears in the cell prefixed
-``[rank r]``, a failing rank raises :class:`~helpers.engine.WorkerError` naming it, ``timeout`` raises
-:class:`~helpers.engine.LaunchTimeout`, and no process is left behind.
+``[rank r]``, a failing rank raises :class:`~helpers.engine.WorkerError` naming it, and no process is
+left behind. Like torch's, :func:`spawn` and :meth:`Process.join` wait as long as the processes run;
+an optional ``timeout`` raises :class:`~helpers.engine.LaunchTimeout`.
 
 What it covers of ``torch.multiprocessing`` (the subset tutorials use): :func:`spawn`,
 :class:`Process` with ``start``/``join`` (the loop of
@@ -98,7 +99,7 @@ def _spawn_entry(rank: int, env: dict, call: bytes):
 
 
 def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-          start_method: str = "spawn", *, timeout: float | None = 300.0) -> list:
+          start_method: str = "spawn", *, timeout: float | None = None) -> list:
     """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, each in a new process, like
     ``torch.multiprocessing.spawn``; cell-defined ``fn`` allowed.
 
@@ -111,8 +112,8 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
         daemon: accepted for compatibility; the processes are always ended with the call.
         start_method: ``"spawn"`` or ``"forkserver"``; either way the ranks are forked from
             :mod:`helpers.engine.fork_server`'s server (never from the kernel).
-        timeout: seconds for the whole run (not in ``torch.multiprocessing.spawn``, which waits
-            forever); ``None``: no limit.
+        timeout: ``None`` (the default): no limit, as ``torch.multiprocessing.spawn`` (which has no
+            ``timeout``); else seconds ``fn`` may run, counted from when every process is running it.
 
     Returns:
         list: ``fn``'s return value in each process, in index order (``torch.multiprocessing.spawn``
@@ -123,7 +124,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
             other than ``"spawn"`` or ``"forkserver"``, a bad ``nprocs`` or ``timeout``, ``args`` not a tuple, or
             something in ``fn``/``args`` that cannot be sent to another process.
         WorkerError: a process raised, exited or was killed; the others are ended.
-        LaunchTimeout: the run took longer than ``timeout``.
+        LaunchTimeout: ``fn`` ran longer than ``timeout`` (only when one is given).
     """
     if join is not True:
         raise LaunchError(
@@ -140,7 +141,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     _check_timeout(timeout)
     call = serialise_call(fn, args, {})
     payload = cloudpickle.dumps((_spawn_entry, (_caller_env(), call), {}))
-    return _run(payload, nprocs, None, timeout, style="spawn")
+    return _run(payload, nprocs, None, timeout, style="spawn", what="spawn")
 
 
 # ---- Process: dist_tuto's loop ------------------------------------------------------------------
@@ -186,8 +187,9 @@ class Process:
     ``join()``; a process that raises makes that ``join()`` raise
     :class:`~helpers.engine.WorkerError` naming it (instead of printing and setting ``exitcode``
     1) and ends the others of its batch (their ``exitcode``: ``-15``); ``join(timeout)`` bounds
-    the whole batch (:class:`~helpers.engine.LaunchTimeout`, nothing left running), without it
-    the batch may run 300 s (as :func:`spawn`'s default).
+    the whole batch (:class:`~helpers.engine.LaunchTimeout`, nothing left running, where
+    ``multiprocessing`` would return with the processes still running); ``join()`` waits as long
+    as they run, as ``multiprocessing``'s does.
     """
 
     def __init__(self, group=None, target: Callable | None = None, name: str | None = None,
@@ -234,22 +236,23 @@ class Process:
         """Run every started process not yet run (this one among them) and wait for them.
 
         Args:
-            timeout: seconds for that run (``None``: 300 s).
+            timeout: seconds for that run, counted from when every process of it is running
+                (``None``, the default: no limit, as ``multiprocessing``'s ``join()``).
 
         Raises:
             LaunchError: the process was never started.
             WorkerError: a process of the run raised or was killed; every other one was ended.
-            LaunchTimeout: the run took longer than ``timeout``.
+            LaunchTimeout: the run took longer than a given ``timeout``.
         """
         if self._state == "initial":
             raise LaunchError(f"{self.name} was not started: call {self.name}.start() before join()")
         if self._state == "started":
-            _run_pending(300.0 if timeout is None else timeout)
+            _run_pending(timeout)
 
     def is_alive(self) -> bool:
         """False once the process has run; a started process is run first (as by ``join()``)."""
         if self._state == "started":
-            _run_pending(300.0)
+            _run_pending(None)
         return False
 
     def terminate(self) -> None:
@@ -280,7 +283,7 @@ class Process:
         return f"<{type(self).__name__} name={self.name!r} {shown}>"
 
 
-def _run_pending(timeout: float) -> None:
+def _run_pending(timeout: float | None) -> None:
     """Run the queued processes together (process ``i`` is rank ``i``), set their exit codes."""
     with _pending_lock:
         batch = list(_pending)
@@ -293,7 +296,7 @@ def _run_pending(timeout: float) -> None:
         _check_timeout(timeout)
         n = _check_world_size(len(batch), "the number of started processes")
         payload = cloudpickle.dumps((_process_entry, ([p._env for p in batch], [p._call for p in batch]), {}))
-        outcome = _run(payload, n, None, timeout, style="spawn")
+        outcome = _run(payload, n, None, timeout, style="spawn", what="Process.join")
     except WorkerError as e:
         for i, p in enumerate(batch):
             ended = i != e.rank and e.other_ranks.get(i, "ended by the launcher") == "ended by the launcher"

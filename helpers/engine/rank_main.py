@@ -14,6 +14,7 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
    unpickles ``fn, args, kwargs``;
 3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
+   writes its ``started`` marker (the launcher's ``timeout`` counts from when every rank has one),
    calls ``fn(rank, world_size, *args, **kwargs)``;
 4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
    markers, destroys the group and hands the cloudpickled result back to the agent; rank 0 first
@@ -117,6 +118,12 @@ def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None
         time.sleep(poll_s)
 
 
+def _write_started(run_dir: str, rank: int) -> None:
+    """Write the ``started`` marker just before ``fn`` is called: start-up is over (the launcher's
+    ``timeout`` counts from when every rank has one)."""
+    write_marker(run_dir, "started", rank, {"time": time.time()})
+
+
 def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | None,
                  timeout_s: float | None, threads: int, style: str) -> bytes:
     """What each spawned process runs (via the elastic agent): set up, call ``fn``, report.
@@ -150,9 +157,11 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
                 os.environ.pop(name, None)
             for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
                 os.environ.pop(name, None)
+            _write_started(run_dir, rank)
             result = fn(rank, *args, **kwargs)
         else:
             procs.init_process_group_from_env(backend, timeout_s)
+            _write_started(run_dir, rank)
             result = fn(rank, world_size, *args, **kwargs)
         try:
             data = cloudpickle.dumps(result)

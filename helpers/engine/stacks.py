@@ -16,7 +16,9 @@ ends them it asks each for its Python stack with the standard library's :mod:`fa
   :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
   ``torch.distributed.all_reduce``. faulthandler writes ``file, line, function`` without source;
   the caller looks the line up (a cell's code sent by value keeps its cell's file name, see
-  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines).
+  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines);
+- :func:`state`: what the rank was doing, for the timeout's message: in its own code (sleeping or
+  computing), waiting in a ``torch.distributed`` call, or in a backward or DDP (either).
 
 Reference: https://docs.python.org/3/library/faulthandler.html
 """
@@ -31,13 +33,15 @@ import time
 
 from helpers.engine.errors import Frame, _is_hidden, format_frames
 
-__all__ = ["SIGNAL", "collect", "px_cell_name", "register", "stuck_frames", "summary"]
+__all__ = ["SIGNAL", "collect", "dump_wait_s", "px_cell_name", "register", "registered", "state", "stuck_frames",
+           "summary"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
 STACKS_DIR = "stacks"  # below the run folder: stacks/<rank>.txt
-_WAIT_S = 3.0  # how long collect waits for the dumps (seconds; a loaded machine can be slow)
-_STEADY_S = 0.2  # a dump unchanged for this long is complete (seconds)
+_WAIT_S = 3.0  # how long collect waits for the dumps on an idle machine (seconds; see dump_wait_s)
+_MAX_WAIT_S = 30.0  # ... and at most, however loaded (seconds)
+_STEADY_S = 0.2  # a dump unchanged for this long is complete, on an idle machine (seconds)
 _FILE = None  # this rank's open dump file: faulthandler writes to its descriptor until the rank ends
 
 
@@ -56,11 +60,43 @@ def register(run_dir: str, rank: int) -> None:
     faulthandler.register(SIGNAL, file=_FILE, all_threads=True)
 
 
-def collect(run_dir: str, pids: dict[int, int], wait_s: float = _WAIT_S) -> dict[int, str]:
+def _load() -> float:
+    """Runnable processes per CPU core, at least 1.0: the 1-minute load average, or the processes
+    runnable now (``/proc/loadavg``'s fourth field, Linux) when more (the average lags a sudden load)."""
+    runnable = 0.0
+    try:
+        runnable = os.getloadavg()[0]
+        with open("/proc/loadavg") as f:
+            runnable = max(runnable, float(f.read().split()[3].split("/")[0]))
+    except (OSError, AttributeError, IndexError, ValueError):
+        pass
+    return max(1.0, runnable / (os.cpu_count() or 1))
+
+
+def registered(run_dir: str) -> list[int]:
+    """The ranks that have registered their dump (:func:`register`) in ``run_dir``."""
+    try:
+        names = os.listdir(os.path.join(run_dir, STACKS_DIR))
+    except OSError:
+        return []
+    return sorted(int(n[:-4]) for n in names if n.endswith(".txt") and n[:-4].isdigit())
+
+
+def dump_wait_s() -> float:
+    """How long :func:`collect` waits for the dumps: :data:`_WAIT_S` seconds on an idle machine, that
+    times the runnable processes per core on a loaded one (a rank waits its turn for a core before its
+    handler runs: at load average 10 on 2 cores, about 5 turns), at most :data:`_MAX_WAIT_S`."""
+    return min(_MAX_WAIT_S, _WAIT_S * _load())
+
+
+def collect(run_dir: str, pids: dict[int, int], wait_s: float | None = None) -> dict[int, str]:
     """In the launcher: send :data:`SIGNAL` to each ``{rank: pid}`` (ranks that registered) and
-    return ``{rank: dump text}`` of the dumps complete within ``wait_s`` seconds."""
+    return ``{rank: dump text}`` of the dumps complete within ``wait_s`` seconds (``None``:
+    :func:`dump_wait_s`, longer on a loaded machine)."""
     if SIGNAL is None or not pids:
         return {}
+    steady_s = _STEADY_S * _load()
+    wait_s = dump_wait_s() if wait_s is None else wait_s
     asked = {}
     for rank, pid in pids.items():
         try:
@@ -81,7 +117,7 @@ def collect(run_dir: str, pids: dict[int, int], wait_s: float = _WAIT_S) -> dict
             now = time.monotonic()
             if size == 0 or sizes.get(rank, (-1, now))[0] != size:
                 sizes[rank] = (size, now)
-            elif now - sizes[rank][1] >= _STEADY_S:
+            elif now - sizes[rank][1] >= steady_s:
                 with open(path, errors="replace") as f:
                     texts[rank] = f.read()
                 del asked[rank]
@@ -149,6 +185,34 @@ def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     below = frames[own[-1] + 1:] if own else frames
     call = next((f for f in below if f.name not in _PASS_ON and not f.name.startswith("_")), None)
     return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
+
+
+#: The library calls that run a backward pass (where DDP's gradient all-reduce waits, in C++).
+_BACKWARD = {"torch._tensor.backward", "torch.autograd.backward", "torch.autograd.grad"}
+
+
+def state(dump: str) -> tuple[str, str]:
+    """What a rank was doing when its stack was dumped: ``(kind, library call)``, kind one of
+
+    - ``"own"``: in the learner's own code (a ``time.sleep``, a loop, a computation C code runs for it);
+    - ``"rendezvous"``: in ``torch.distributed.init_process_group``, waiting for the ranks to meet;
+    - ``"collective"``: in another function of ``torch.distributed`` (a collective, ``barrier``, a work's
+      ``wait``): waiting for the other ranks;
+    - ``"ddp"``: in a backward (``loss.backward()``, ``torch.autograd.backward`` or ``grad``) or in DDP
+      (``torch.nn.parallel``): computing, or waiting in DDP's all-reduce (C++ code, no Python frame);
+    - ``"library"``: in another library's function called from the learner's code (computing);
+    - ``"unknown"``: none of the learner's frames and no library call (an empty or cut dump).
+    """
+    own, call = stuck_frames(dump)
+    if not call:
+        return ("own" if own else "unknown"), ""
+    if call.endswith(".init_process_group"):
+        return "rendezvous", call
+    if call.startswith("torch.distributed."):
+        return "collective", call
+    if call in _BACKWARD or call.startswith("torch.nn.parallel."):
+        return "ddp", call
+    return "library", call
 
 
 def px_cell_name(code: str) -> str:

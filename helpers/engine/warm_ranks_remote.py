@@ -19,6 +19,7 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from traitlets.config import Config
 
+from helpers.engine.errors import _timeout_advice
 from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
 from helpers.engine.start_method import with_hint
 
@@ -77,9 +78,7 @@ class RanksTimeout(LaunchTimeout):
         self.cells = dict(cells or {})
         self.args = (
             f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            "A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
-            "waiting forever: check that every rank makes the same collective calls in the same "
-            "order, or pass a larger timeout. " + RESTART_NOTE,
+            f"{_timeout_advice(self.ranks_not_finished, self.stacks, 'pass a larger timeout')} " + RESTART_NOTE,
         )
 
     def __reduce__(self):

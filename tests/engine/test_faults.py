@@ -25,7 +25,8 @@ import psutil
 import pytest
 import torch
 
-from _support import RANKS_MARK, REPO_ROOT, Kernel, leftover_processes, wait_until_gone
+import launch_workers as w
+from _support import BUSY_PER_CORE, RANKS_MARK, REPO_ROOT, Kernel, busy_cpus, leftover_processes, wait_until_gone
 from ci import reliability
 from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, LaunchTimeout, WorkerError, faults, fork_server, launch
@@ -194,6 +195,50 @@ def test_barrier_on_one_rank(row):
     err, secs = timed_failure(LaunchTimeout, faults.barrier_on_one_rank, 2, timeout=5)
     assert err.ranks_not_finished == [0], err.ranks_not_finished
     row.update(error="`LaunchTimeout` naming rank 0 as not finished", seconds=secs, passed=True)
+
+
+# ---- on a loaded machine (issue 40): start-up must not eat the timeout, nor load the diagnosis -----
+
+LOAD = (f"at load average ~{BUSY_PER_CORE * (os.cpu_count() or 1)} ({BUSY_PER_CORE} busy `while True: pass` "
+        f"processes per core)")
+
+
+def test_timeout_under_load_sleeping_rank_and_waiting_rank(row):
+    row.update(fault=f"{LOAD}: rank 0 sleeps in its own code while rank 1 waits in all_reduce for it",
+               injection="`launch_workers.slow_rank`, `launch(timeout=8)`, `busy_cpus()`")
+    with busy_cpus():
+        err, secs = timed_failure(LaunchTimeout, w.slow_rank, 2, timeout=8)
+    text = str(err)
+    assert set(err.stacks) == {0, 1}, f"a stack per unfinished rank: {sorted(err.stacks)}\n{text}"
+    assert "Rank 0 was still running your function's own work (sleeping or computing)" in text, text
+    assert "Rank 1 was waiting in torch.distributed.all_reduce, most likely for rank 0" in text, text
+    assert "skips a collective" not in text, text
+    row.update(error="`LaunchTimeout` with both stacks, naming rank 0 as in its own code and rank 1 as "
+                     "waiting in all_reduce for it (no blame on skipped collectives)", seconds=secs, passed=True)
+
+
+def test_timeout_under_load_mismatched_collectives(row):
+    row.update(fault=f"{LOAD}: rank 0 in all_reduce, rank 1 in barrier (mismatched collectives)",
+               injection="`launch_workers.mismatched_collectives`, `launch(timeout=5)`, `busy_cpus()`")
+    with busy_cpus():
+        err, secs = timed_failure(LaunchTimeout, w.mismatched_collectives, 2, timeout=5)
+    text = str(err)
+    assert set(err.stacks) == {0, 1}, f"a stack per unfinished rank: {sorted(err.stacks)}\n{text}"
+    assert "counted from when every rank was running your function (start-up took" in text, text
+    assert "torch.distributed.all_reduce" in text and "torch.distributed.barrier" in text, text
+    assert "A rank that skips a collective" in text, text
+    row.update(error="`LaunchTimeout` counted from when both ranks ran `fn` (start-up seconds given), both "
+                     "stacks (all_reduce, barrier), the mismatch advice", seconds=secs, passed=True)
+
+
+def test_slow_start_up_under_load_does_not_eat_the_timeout(row):
+    row.update(fault=f"{LOAD}: rank 1's start-up takes 20 s more (unpickling an argument), then `fn` "
+                     "is one all_reduce",
+               injection="`faults.SlowStart(20)`, `launch(timeout=10)`, `busy_cpus()`")
+    with busy_cpus():
+        result = launch(w.slow_rank, 2, 0, faults.SlowStart(20.0, value=0.0), timeout=10)
+    assert result == [2.0, 2.0], result
+    row.update(error="none: the results (the timeout counts from when every rank runs `fn`)", passed=True)
 
 
 @pytest.mark.matrix

@@ -6,6 +6,7 @@ collectives that never completes)."""
 import _thread
 import datetime
 import os
+import re
 import signal
 import sys
 import threading
@@ -18,8 +19,19 @@ import torch
 import torch.distributed as dist
 
 import helpers.mp as hmp
-from _support import Kernel, wait_until_gone
-from helpers.engine import LaunchInterrupted, LaunchTimeout, RanksTimeout, WorkerError, free_port, launch, start_ranks
+import launch_workers as w
+from _support import Kernel, busy_cpus, wait_until_gone
+from helpers.engine import (
+    LaunchInterrupted,
+    LaunchTimeout,
+    RanksTimeout,
+    WorkerError,
+    faults,
+    free_port,
+    launch,
+    launcher,
+    start_ranks,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -68,6 +80,91 @@ def test_timeout_names_each_ranks_line():
     err = info.value
     assert err.ranks_not_finished == [0, 1], err.ranks_not_finished
     _assert_names_both_lines(err)
+
+
+# ---- issue 40: the clock, the default, and a loaded machine ---------------------------------------
+
+@pytest.fixture
+def loaded():
+    """Load average about 10 on 2 cores: busy processes (``while True: pass``), ended after the test."""
+    with busy_cpus() as n:
+        yield n
+
+
+def test_timeout_names_each_ranks_line_under_load(loaded):
+    """At load average ~10 each unfinished rank's stack still comes (it once came from none), and the
+    timeout counts from when every rank runs ``fn``, so a slow start-up does not eat it."""
+    with pytest.raises(LaunchTimeout) as info:
+        launch(mismatched, 2, timeout=5)
+    err = info.value
+    assert err.ranks_not_finished == [0, 1], err.ranks_not_finished
+    assert "counted from when every rank was running your function (start-up took" in str(err), err
+    _assert_names_both_lines(err)
+    assert "A rank that skips a collective" in str(err), "every rank waits in a collective: the mismatch advice"
+
+
+def test_timeout_under_load_tells_the_sleeping_rank_from_the_waiting_one(loaded):
+    """Rank 0 sleeps in its own code, rank 1 waits in all_reduce for it (issue 40's report: no stack, and
+    a message blaming skipped collectives): the message names each apart, with both stacks."""
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.slow_rank, 2, timeout=8)
+    err, text = info.value, str(info.value)
+    assert set(err.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(err.stacks)}\n{text}"
+    assert ("Rank 0 was still running your function's own work (sleeping or computing), not waiting in a "
+            "collective") in text, text
+    assert "Rank 1 was waiting in torch.distributed.all_reduce, most likely for rank 0" in text, text
+    assert "skips a collective" not in text, f"no rank skipped one:\n{text}"
+    rank0, rank1 = text.split("  rank 0")[1].split("  rank 1")
+    assert "in slow_rank" in rank0 and "time.sleep(seconds)  # the sleepy rank is here" in rank0, text
+    assert "in torch.distributed.all_reduce" in rank1 and "dist.all_reduce(t)" in rank1, text
+
+
+def test_timeout_in_ddp_is_not_called_own_work():
+    """A rank that waits in DDP's all-reduce (C++, no Python frame of torch.distributed: lesson 06a's
+    uneven inputs) is not reported as busy in its own code: the message says it may be waiting there."""
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.uneven_ddp, 2, timeout=5)
+    err, text = info.value, str(info.value)
+    assert err.ranks_not_finished == [1], text
+    # the second step's forward (DDP's bucket rebuild) or backward: DDP's all-reduce, in C++
+    assert re.search(r"Rank 1 was in torch\.\S+ \(computing, or waiting in DDP's all-reduce", text), text
+    assert "own work" not in text, text
+
+
+def test_timeout_counts_from_when_every_rank_runs_fn():
+    """Rank 1 takes 20 s to start (to unpickle an argument); ``fn`` (one all_reduce) then returns at
+    once: a 10 s timeout does not end it (start-up is not ``fn``'s time)."""
+    assert launch(w.slow_rank, 2, 0, faults.SlowStart(20.0, value=0.0), timeout=10) == [2.0, 2.0]
+
+
+def test_timeout_in_startup_says_start_up_took_the_time(monkeypatch):
+    """Start-up past its allowance (``max(timeout, STARTUP_S)``, here 3 s): the message says start-up
+    took the time, with the seconds, and which ranks had not reached ``fn``."""
+    monkeypatch.setattr(launcher, "STARTUP_S", 1.0, raising=False)
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.slow_rank, 2, 0, faults.SlowStart(600.0, value=0.0), timeout=3)
+    err, text = info.value, str(info.value)
+    # rank 0 waits in the process group's rendezvous for rank 1, which is still unpickling
+    assert err.in_startup == [0, 1], (err.in_startup, text)
+    took = re.search(r"launch timed out in start-up: start-up took (\d+\.\d) s", text)
+    assert took and float(took[1]) >= 3, text
+    assert "ranks 0, 1 had not yet started your function" in text, text
+
+
+def test_default_timeout_says_it_is_the_default_and_how_to_lift_it(monkeypatch):
+    """launch keeps a default timeout (300 s); past it, the message says so and how to lift it. The
+    default is shortened here to 3 s (the same kind of value, so launch still knows it is the default)."""
+    default = launch.__kwdefaults__["timeout"]
+    monkeypatch.setitem(launch.__kwdefaults__, "timeout", type(default)(3.0))
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.slow_rank, 2)
+    assert "launch's default timeout=3 s; pass timeout=None for no limit" in str(info.value), info.value
+    assert info.value.default
+    monkeypatch.undo()
+    assert launch.__kwdefaults__["timeout"] == 300.0
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.slow_rank, 2, timeout=3.0)
+    assert "default" not in str(info.value) and "timeout=None for no limit" in str(info.value), info.value
 
 
 def test_spawn_timeout_names_each_ranks_line():
@@ -168,6 +265,24 @@ def _warm_run(expected, **kwargs):
 
 def test_warm_run_timeout_names_each_ranks_line():
     _warm_run(RanksTimeout, timeout=15)
+
+
+def test_warm_run_timeout_tells_the_sleeping_rank_from_the_waiting_one():
+    """Warm ranks' RanksTimeout gives the same advice as LaunchTimeout: rank 0 still in its own code,
+    rank 1 waiting in all_reduce for it, and no blame on skipped collectives."""
+    cloudpickle.register_pickle_by_value(w)  # not importable on the engines: sent by value, as a cell's
+    ranks = start_ranks(2, timeout=60, activate=False)
+    try:
+        with pytest.raises(RanksTimeout) as info:
+            ranks.run(w.slow_rank, timeout=10)
+    finally:
+        ranks.stop()
+        cloudpickle.unregister_pickle_by_value(w)
+    text = str(info.value)
+    assert set(info.value.stacks) == {0, 1}, f"a stack dump per unfinished rank: {sorted(info.value.stacks)}\n{text}"
+    assert "Rank 0 was still running your function's own work (sleeping or computing)" in text, text
+    assert "Rank 1 was waiting in torch.distributed.all_reduce, most likely for rank 0" in text, text
+    assert "skips a collective" not in text, text
 
 
 def test_warm_run_interrupt_names_each_ranks_line(tmp_path):

@@ -209,6 +209,40 @@ def test_process_that_raises_makes_join_raise_naming_it():
     processes[1].join()  # the run is over: no second launch, no second error
 
 
+def test_spawn_and_join_set_no_limit_as_torch_does(monkeypatch):
+    """issue 40: torch's spawn and Process.join() wait as long as the processes run (a 5-epoch MNIST
+    was once ended after 300 s here). helpers.mp keeps torch's signatures and defaults, and a run
+    started without a timeout reaches the launcher's supervisor with none."""
+    import inspect
+    import multiprocessing
+
+    import torch.multiprocessing
+
+    from helpers.engine import launcher
+
+    ours, torchs = inspect.signature(mp.spawn).parameters, inspect.signature(torch.multiprocessing.spawn).parameters
+    assert {n: ours[n].default for n in torchs} == {n: p.default for n, p in torchs.items()}
+    assert ours["timeout"].default is None
+    join_default = inspect.signature(multiprocessing.Process.join).parameters["timeout"].default
+    assert inspect.signature(mp.Process.join).parameters["timeout"].default is join_default is None
+    limits = []
+    supervise = launcher._supervise
+
+    def recording(config, entry_args, run_dir, timeout, before):
+        limits.append(timeout)
+        return supervise(config, entry_args, run_dir, timeout, before)
+
+    monkeypatch.setattr(launcher, "_supervise", recording)
+    ns = _cell("def fn(i):\n    return i\n")
+    assert mp.spawn(ns["fn"], nprocs=2) == [0, 1]
+    processes = [mp.Process(target=ns["fn"], args=(i,)) for i in range(2)]
+    for p in processes:
+        p.start()
+    processes[0].join()
+    assert [p.exitcode for p in processes] == [0, 0]
+    assert limits == [None, None], f"the limits the runs got: {limits}"
+
+
 def test_process_misuse_is_refused_before_anything_runs():
     import threading
 
