@@ -1,9 +1,10 @@
-"""helpers.mp.spawn, the notebook-safe drop-in for torch.multiprocessing.spawn: the official DDP
-tutorial's code runs from a notebook cell with one changed import. Real processes, real gloo."""
+"""helpers.mp.spawn, the notebook-safe drop-in for torch.multiprocessing.spawn: the DDP tutorial's
+code runs from notebook cells with docs/OWN_CODE.md's edits. Real processes, real gloo."""
 
 import os
 
 import pytest
+import tutorial_edits as edits
 
 from _support import REPO_ROOT
 from ci.cleanup import IPCKernelManager
@@ -13,73 +14,10 @@ from helpers.engine import LaunchError, WorkerError
 # slow: real processes in (nearly) every test
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
 
-# The CPU edition of https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use
-# Case", its older form whose setup says "gloo"), pasted as a learner would, with docs/OWN_CODE.md's CPU
-# changes (tests/engine/test_tutorials.py): the import of mp, no .to(rank), no device_ids.
-TUTORIAL = '''\
-import os
-import sys
-import tempfile
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.optim as optim
-
-import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
-
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-
-def setup(rank, world_size):
-    os.environ['MASTER_ADDR'] = 'localhost'
-    os.environ['MASTER_PORT'] = '12355'
-
-    # initialize the process group
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
-def cleanup():
-    dist.destroy_process_group()
-
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super(ToyModel, self).__init__()
-        self.net1 = nn.Linear(10, 10)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
-
-
-def demo_basic(rank, world_size):
-    print(f"Running basic DDP example on rank {rank}.")
-    setup(rank, world_size)
-
-    # create model and move it to GPU with id rank
-    model = ToyModel()
-    ddp_model = DDP(model)
-
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10))
-    labels = torch.randn(20, 5)
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
-
-    cleanup()
-    print(f"Finished running basic DDP example on rank {rank}.")
-
-
-def run_demo(demo_fn, world_size):
-    mp.spawn(demo_fn,
-             args=(world_size,),
-             nprocs=world_size,
-             join=True)
-'''
+# The DDP tutorial's Basic Use Case as a learner pastes it (its two cells, written here in its
+# shape) with exactly docs/OWN_CODE.md's CPU edits (tests/engine/tutorial_edits.py): the import of
+# mp, the gloo backend, no .to(rank), no device_ids.
+TUTORIAL_CELLS = edits.DDP_TUTORIAL.edited()[:-1]  # less the `run_demo(demo_basic, 2)` cell it adds
 
 
 @pytest.mark.matrix
@@ -92,7 +30,7 @@ def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, mon
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     params = nbformat.v4.new_code_cell("world_size = 2")
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(TUTORIAL),
+    nb.cells = [params, *map(nbformat.v4.new_code_cell, TUTORIAL_CELLS),
                 nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)"),
                 nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)  # again: MASTER_PORT 12355 is free again")]
     nbformat.write(nb, tmp_path / "tutorial.ipynb")
@@ -100,7 +38,7 @@ def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, mon
                         cwd=str(tmp_path), progress_bar=False, execution_timeout=300,
                         kernel_manager_class=IPCKernelManager)
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-    for cell in out.cells[2:4]:
+    for cell in out.cells[-2:]:
         text = "".join(o.get("text", "") for o in cell.outputs)
         for rank in range(2):
             assert f"[rank {rank}] Running basic DDP example on rank {rank}." in text, text
