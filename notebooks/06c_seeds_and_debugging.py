@@ -195,7 +195,8 @@ def seeded_training(rank, world_size, augment):
 
 # %%
 def seeds_worker(rank, world_size):
-    out = {"init_same_seed": params(seed_model(seed))}
+    out = {"init_unseeded": params(nn.Linear(seed_features, 1))}  # before any seed in this rank
+    out["init_same_seed"] = params(seed_model(seed))
     model = seed_model(seed + rank)
     out["init_rank_seed"] = params(model)
     wrap(model)  # DDP's constructor broadcasts rank 0's parameters and buffers
@@ -219,7 +220,9 @@ one = {aug: seeded_training(0, 1, augment=aug) for aug in (False, True)}  # worl
 pnames = list(one[False]["init"])
 
 # %% [markdown]
-# **Claim:** model initialisation from the **same** seed is bit-identical on every rank of this
+# **Claim:** without a seed, each rank starts from its own random state, as every process that
+# `torchrun` starts does, so an unseeded model differs from rank to rank. Model initialisation
+# from the **same** seed is bit-identical on every rank of this
 # `world_size` and in the kernel's world-size-1 run. It does not even matter for DDP's
 # parameters: initialised from `seed + rank` they differ before wrapping, and `DDP(model)`
 # broadcasts rank 0's parameters (and buffers) at construction, so afterwards every rank holds
@@ -234,9 +237,11 @@ for r, s in enumerate(S):
         assert torch.equal(s["init_rank_seed_after_ddp"][n], S[0]["init_rank_seed"][n]), f"rank {r}: after DDP {n} should be rank 0's"
     assert torch.equal(s["noise_same_seed"], S[0]["noise_same_seed"]), f"rank {r}: same-seed noise should be identical"
     if r > 0:
+        assert not torch.equal(s["init_unseeded"]["weight"], S[0]["init_unseeded"]["weight"]), "no seed: own init per rank"
         assert not torch.equal(s["init_rank_seed"]["weight"], S[0]["init_rank_seed"]["weight"]), "per-rank seeds: different init"
         assert not torch.equal(s["noise_rank_seed"], S[0]["noise_rank_seed"]), "per-rank seeds: different noise"
-print(f"same seed: identical init on {world_size} ranks and in this kernel; after DDP(seed + rank init) every rank holds rank 0's")
+print(f"no seed: {world_size} different inits; same seed: identical init on {world_size} ranks and in this kernel; "
+      "after DDP(seed + rank init) every rank holds rank 0's")
 
 # %% [markdown]
 # **Claim:** float32 addition is not associative, so the same numbers summed in a different
