@@ -362,15 +362,6 @@ class WorkerError(Readable, RuntimeError):
                            self.notes + ((note,) if note else ()))
 
 
-#: What to do when every unfinished rank is in ``torch.distributed.init_process_group`` (its rendezvous
-#: waits there until ``world_size`` ranks have joined the store at ``MASTER_ADDR:MASTER_PORT``).
-_NEVER_MET = ("Every unfinished rank is still in init_process_group: the ranks never met. Check that every "
-              "rank uses the same MASTER_ADDR and MASTER_PORT, that world_size is the number of ranks "
-              "started and each rank is one of 0 .. world_size - 1 (without rank= and world_size=, "
-              "init_process_group reads RANK and WORLD_SIZE from os.environ: a value left there from "
-              "another run counts too).")
-
-
 class LaunchTimeout(_Stuck, Readable, TimeoutError):
     """The launch ran past its ``timeout``; every worker was ended.
 
@@ -403,12 +394,14 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
         self.in_startup = list(in_startup)
         self.default = default
         self.what = what
+        from helpers.engine.stacks import ranks_phrase, timeout_advice  # stacks imports this module
+
         lift = (f"raise the timeout ({what}'s default timeout={timeout:g} s; pass timeout=None for no limit)"
                 if default else "pass a larger timeout, or timeout=None for no limit")
         if self.in_startup:
             head = (f"{what} timed out in start-up: start-up took {startup_s or 0:.1f} s (timeout={timeout:g} s "
                     f"counts only from when every rank runs your function) and "
-                    f"{_ranks(self.in_startup, verb=False)} had not yet started your function "
+                    f"{ranks_phrase(self.in_startup, verb=False)} had not yet started your function "
                     f"(new processes, imports, unpickling its arguments, the process group: slow on a loaded "
                     f"machine); ranks not finished: {self.ranks_not_finished}. Close other heavy programs and "
                     f"rerun, or {lift}.")
@@ -416,66 +409,12 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
             since = "" if startup_s is None else f" (start-up took {startup_s:.1f} s before that)"
             head = (f"{what} timed out after {timeout:g} s, counted from when every rank was running your "
                     f"function{since}; ranks not finished: {self.ranks_not_finished}. "
-                    f"{_timeout_advice(self.ranks_not_finished, self.stacks, lift)}")
+                    f"{timeout_advice(self.ranks_not_finished, self.stacks, lift)}")
         super().__init__(f"{head} All workers were ended.")
 
     def __reduce__(self):
         return (type(self), (self.timeout, self.ranks_not_finished, self.stacks, self.startup_s, self.in_startup,
                              self.default, self.what))
-
-
-def _timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
-    """What the unfinished ``ranks`` were doing (from their ``stacks``) and what to do: a rank still in
-    its own code (sleeping or computing) is named apart from the ranks waiting in a collective, and
-    mismatched collectives are blamed only when every unfinished rank waits in one."""
-    from helpers.engine.stacks import state  # stacks imports this module
-
-    kinds: dict[str, list[int]] = {}
-    calls: dict[int, str] = {}
-    for rank in ranks:
-        try:
-            kind, calls[rank] = state(stacks[rank]) if rank in stacks else ("unknown", "")
-        except Exception:  # noqa: BLE001 - a dump we cannot read
-            kind = "unknown"
-        kinds.setdefault(kind, []).append(rank)
-    busy = kinds.get("own", []) + kinds.get("library", [])
-    waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []) + kinds.get("ddp", []))
-    parts = []
-    if busy:
-        where = "; ".join(f"rank {r} in {calls[r]}" for r in busy if calls.get(r))
-        parts.append(f"{_ranks(busy)} still running your function's own work (sleeping or computing"
-                     f"{': ' + where if where else ''}), not waiting in a collective.")
-    for group, how in ((sorted(kinds.get("collective", []) + kinds.get("rendezvous", [])), "waiting in {}"),
-                       (kinds.get("ddp", []), "in {} (computing, or waiting in DDP's all-reduce for the other ranks)")):
-        if group:
-            calls_ = ", ".join(dict.fromkeys(calls[r] for r in group))
-            parts.append(f"{_ranks(group)} {how.format(calls_)}"
-                         + (f", most likely for {_ranks(busy, verb=False)}." if busy else "."))
-    if kinds.get("unknown"):
-        parts.append(f"No stack came from {_ranks(kinds['unknown'], verb=False)}.")
-    if set(kinds) == {"rendezvous"}:
-        parts = [_NEVER_MET]
-    elif busy and waiting:
-        parts.append(f"If that work is simply long, {lift}; if it never reaches the call the others wait in, "
-                     "that is the bug.")
-    elif busy:
-        parts.append(f"If that work is simply long, {lift}.")
-    elif waiting and not kinds.get("unknown") and not kinds.get("rendezvous"):
-        parts.append("A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
-                     "waiting forever: check that every rank makes the same collective calls in the same "
-                     f"order. If the work is simply long, {lift}.")
-    else:
-        parts.append(f"If the work is simply long, {lift}; a rank that skips a collective (all_reduce, barrier, "
-                     "DDP's backward) leaves the others waiting forever.")
-    return " ".join(parts)
-
-
-def _ranks(ranks: list[int], verb: bool = True) -> str:
-    """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``)."""
-    names = ", ".join(map(str, ranks))
-    if not verb:
-        return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
-    return f"Rank {names} was" if len(ranks) == 1 else f"Ranks {names} were"
 
 
 class OversubscriptionWarning(UserWarning):

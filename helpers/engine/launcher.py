@@ -413,7 +413,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
     finally:
         outcome["startup_s"] = (time.monotonic() if running_since is None else running_since) - start
         if reason in (("timeout",), ("interrupt",)):
-            outcome["stacks"] = _stacks_of_unfinished(run_dir)
+            outcome["stacks"] = stacks.of_unfinished(run_dir)
         if reason is not None or not finished.is_set():
             _end(_worker_processes(run_dir))
         finished.wait(30.0)
@@ -421,24 +421,6 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
         _end(_worker_processes(run_dir) + _spawned_since(before))
         relay.poll(final=True)
     return outcome, reason
-
-
-def _stacks_of_unfinished(run_dir: str) -> dict[int, str]:
-    """``{rank: Python stack dump}`` of the ranks without a done or error marker, asked for
-    before they are ended (:func:`helpers.engine.stacks.collect`) from every rank that registered
-    its dump (a rank writes its pid marker just after: waited for, briefly); ``{}`` if interrupted again."""
-    try:
-        deadline = time.monotonic() + stacks.dump_wait_s()
-        while True:
-            finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
-            pids = {r: info["pid"] for r, info in read_markers(run_dir, "pid").items() if r not in finished}
-            registered = set(stacks.registered(run_dir)) - finished
-            if registered <= set(pids) or time.monotonic() > deadline:
-                break
-            time.sleep(_POLL_S)
-        return stacks.collect(run_dir, pids)
-    except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
-        return {}
 
 
 def _vanished_ranks(run_dir: str) -> list[int]:

@@ -32,9 +32,10 @@ import signal
 import time
 
 from helpers.engine.errors import Frame, _is_hidden, format_frames
+from helpers.engine.run_dir import read_markers
 
-__all__ = ["SIGNAL", "collect", "dump_wait_s", "px_cell_name", "register", "registered", "state", "stuck_frames",
-           "summary"]
+__all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_unfinished", "px_cell_name", "ranks_phrase",
+           "register", "registered", "state", "stuck_frames", "summary", "timeout_advice"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -255,3 +256,85 @@ def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks
         lines.append(f"  rank {rank}{where}, called from:" if call else f"  rank {rank}, at:")
         lines += [f"  {line}" for line in format_frames(own[-most:], shell)]
     return lines
+
+
+def of_unfinished(run_dir: str, poll_s: float = 0.05) -> dict[int, str]:
+    """In the launcher, on a timeout or an interrupt: ``{rank: Python stack dump}`` of the ranks
+    without a done or error marker, asked for before they are ended (:func:`collect`) from every
+    rank that registered its dump (a rank writes its pid marker just after: waited for, briefly);
+    ``{}`` if interrupted again."""
+    try:
+        deadline = time.monotonic() + dump_wait_s()
+        while True:
+            finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
+            pids = {r: info["pid"] for r, info in read_markers(run_dir, "pid").items() if r not in finished}
+            dumping = set(registered(run_dir)) - finished
+            if dumping <= set(pids) or time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        return collect(run_dir, pids)
+    except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
+        return {}
+
+
+# ---- what the unfinished ranks were doing, and what to do (LaunchTimeout, RanksTimeout) --------
+
+#: What to do when every unfinished rank is in ``torch.distributed.init_process_group`` (its rendezvous
+#: waits there until ``world_size`` ranks have joined the store at ``MASTER_ADDR:MASTER_PORT``).
+NEVER_MET = ("Every unfinished rank is still in init_process_group: the ranks never met. Check that every "
+             "rank uses the same MASTER_ADDR and MASTER_PORT, that world_size is the number of ranks "
+             "started and each rank is one of 0 .. world_size - 1 (without rank= and world_size=, "
+             "init_process_group reads RANK and WORLD_SIZE from os.environ: a value left there from "
+             "another run counts too).")
+
+
+def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
+    """What the unfinished ``ranks`` were doing (from their ``stacks``) and what to do: a rank still in
+    its own code (sleeping or computing) is named apart from the ranks waiting in a collective, and
+    mismatched collectives are blamed only when every unfinished rank waits in one."""
+    kinds: dict[str, list[int]] = {}
+    calls: dict[int, str] = {}
+    for rank in ranks:
+        try:
+            kind, calls[rank] = state(stacks[rank]) if rank in stacks else ("unknown", "")
+        except Exception:  # noqa: BLE001 - a dump we cannot read
+            kind = "unknown"
+        kinds.setdefault(kind, []).append(rank)
+    busy = kinds.get("own", []) + kinds.get("library", [])
+    waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []) + kinds.get("ddp", []))
+    parts = []
+    if busy:
+        where = "; ".join(f"rank {r} in {calls[r]}" for r in busy if calls.get(r))
+        parts.append(f"{ranks_phrase(busy)} still running your function's own work (sleeping or computing"
+                     f"{': ' + where if where else ''}), not waiting in a collective.")
+    for group, how in ((sorted(kinds.get("collective", []) + kinds.get("rendezvous", [])), "waiting in {}"),
+                       (kinds.get("ddp", []), "in {} (computing, or waiting in DDP's all-reduce for the other ranks)")):
+        if group:
+            calls_ = ", ".join(dict.fromkeys(calls[r] for r in group))
+            parts.append(f"{ranks_phrase(group)} {how.format(calls_)}"
+                         + (f", most likely for {ranks_phrase(busy, verb=False)}." if busy else "."))
+    if kinds.get("unknown"):
+        parts.append(f"No stack came from {ranks_phrase(kinds['unknown'], verb=False)}.")
+    if set(kinds) == {"rendezvous"}:
+        parts = [NEVER_MET]
+    elif busy and waiting:
+        parts.append(f"If that work is simply long, {lift}; if it never reaches the call the others wait in, "
+                     "that is the bug.")
+    elif busy:
+        parts.append(f"If that work is simply long, {lift}.")
+    elif waiting and not kinds.get("unknown") and not kinds.get("rendezvous"):
+        parts.append("A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
+                     "waiting forever: check that every rank makes the same collective calls in the same "
+                     f"order. If the work is simply long, {lift}.")
+    else:
+        parts.append(f"If the work is simply long, {lift}; a rank that skips a collective (all_reduce, barrier, "
+                     "DDP's backward) leaves the others waiting forever.")
+    return " ".join(parts)
+
+
+def ranks_phrase(ranks: list[int], verb: bool = True) -> str:
+    """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``)."""
+    names = ", ".join(map(str, ranks))
+    if not verb:
+        return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
+    return f"Rank {names} was" if len(ranks) == 1 else f"Ranks {names} were"

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from traitlets.config import Config
 
-from helpers.engine.errors import _timeout_advice
 from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
+from helpers.engine.stacks import timeout_advice
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
@@ -78,7 +78,7 @@ class RanksTimeout(LaunchTimeout):
         self.cells = dict(cells or {})
         self.args = (
             f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            f"{_timeout_advice(self.ranks_not_finished, self.stacks, 'pass a larger timeout')} " + RESTART_NOTE,
+            f"{timeout_advice(self.ranks_not_finished, self.stacks, 'pass a larger timeout')} " + RESTART_NOTE,
         )
 
     def __reduce__(self):
