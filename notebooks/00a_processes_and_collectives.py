@@ -55,7 +55,7 @@
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
 world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
-timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
+timeout = 60.0  # seconds a %%px cell, ranks.run or helpers.mp.spawn may take before the ranks are ended
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
@@ -224,9 +224,13 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 # That is the crash of the PyTorch DDP tutorial's `mp.spawn(demo_basic, ...)` pasted into a
 # notebook with `import torch.multiprocessing as mp`: every process it starts dies with this
 # `AttributeError`, and the cell ends with `ProcessExitedException: process 1 terminated with exit
-# code 1`. The fix is one line: `import helpers.mp as mp` instead. Its `mp.spawn` takes the same
-# arguments and calls `fn(i, *args)` in process `i`, as torch's does, but sends `fn` by value with
-# `cloudpickle`; it also returns each process's result, in order (torch's returns `None`).
+# code 1` (in a kernel that has imported `helpers.engine`, a "What to do" line follows; see
+# docs/OWN_CODE.md). The fix for this crash is one line:
+# `import helpers.mp as mp` instead. Its `mp.spawn` takes the same arguments and calls
+# `fn(i, *args)` in process `i`, as torch's does, but sends `fn` by value with `cloudpickle`. It
+# also returns each process's result, in order (torch's returns `None`). Its `timeout=` is its own
+# addition: torch's `spawn` has none. On a CPU the tutorial needs a few more edits, listed in
+# docs/OWN_CODE.md.
 #
 # **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes, as
 # `square(i)` in process `i`, and returns `[0, 1]` for two processes.

@@ -309,10 +309,15 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
                      f"{': ' + where if where else ''}), not waiting in a collective.")
     for group, how in ((sorted(kinds.get("collective", []) + kinds.get("rendezvous", [])), "waiting in {}"),
                        (kinds.get("ddp", []), "in {} (computing, or waiting in DDP's all-reduce for the other ranks)")):
-        if group:
-            calls_ = ", ".join(dict.fromkeys(calls[r] for r in group))
-            parts.append(f"{ranks_phrase(group)} {how.format(calls_)}"
-                         + (f", most likely for {ranks_phrase(busy, verb=False)}." if busy else "."))
+        if not group:
+            continue
+        end = f", most likely for {ranks_phrase(busy, verb=False)}." if busy else "."
+        named = dict.fromkeys(calls[r] for r in group)
+        if len(named) == 1:
+            parts.append(f"{ranks_phrase(group)} {how.format(next(iter(named)))}{end}")
+        else:  # each rank's call, so that two different collectives read as such
+            each = ", ".join(f"rank {r} in {calls[r]}" for r in group)
+            parts.append(f"{ranks_phrase(group)} {how.format('different calls')} ({each}){end}")
     if kinds.get("unknown"):
         parts.append(f"No stack came from {ranks_phrase(kinds['unknown'], verb=False)}.")
     if set(kinds) == {"rendezvous"}:
@@ -325,7 +330,7 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
     elif waiting and not kinds.get("unknown") and not kinds.get("rendezvous"):
         parts.append("A rank that skips a collective (all_reduce, barrier, DDP's backward) leaves the others "
                      "waiting forever: check that every rank makes the same collective calls in the same "
-                     f"order. If the work is simply long, {lift}.")
+                     f"order, with tensors of the same shape and dtype. If the work is simply long, {lift}.")
     else:
         parts.append(f"If the work is simply long, {lift}; a rank that skips a collective (all_reduce, barrier, "
                      "DDP's backward) leaves the others waiting forever.")

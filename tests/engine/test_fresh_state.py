@@ -124,3 +124,19 @@ def test_unseeded_models_differ_before_ddp_and_agree_after(tmp_path):
     (_, before0, after0), (_, before1, after1) = sorted(found)
     assert before0 != before1, "each rank's model is its own before DDP's broadcast"
     assert after0 == after1 == before0, "after it, every rank holds rank 0's"
+
+
+def _string_hash(rank, *rest):
+    return hash("ddp-lab"), list({"weight", "bias", "running_mean", "running_var"})
+
+
+def test_string_hash_seed_is_the_one_documented_difference():
+    """What a fork cannot renew: Python's string-hash seed is fixed at interpreter start, so every
+    rank forked from the server has the server's (docs/ARCHITECTURE.md, the guarantees), where each
+    process of torchrun or plain spawn has its own. Set ``PYTHONHASHSEED`` in a test that relies on it."""
+    ranks = launch(_string_hash, 2) + launch(_string_hash, 2)
+    assert len({r[0] for r in ranks}) == 1, ranks
+    fresh = [subprocess.run([sys.executable, "-c", "print(hash('ddp-lab'))"], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}, check=True).stdout
+             for _ in range(2)]
+    assert fresh[0] != fresh[1], "two fresh interpreters draw their own string-hash seed"

@@ -80,6 +80,10 @@ def test_timeout_names_each_ranks_line():
     err = info.value
     assert err.ranks_not_finished == [0, 1], err.ranks_not_finished
     _assert_names_both_lines(err)
+    # two different collectives read as such in the message's first lines, each rank with its own
+    assert ("Ranks 0, 1 were waiting in different calls (rank 0 in torch.distributed.all_reduce, rank 1 in "
+            "torch.distributed.barrier)") in str(err), str(err)
+    assert "with tensors of the same shape and dtype" in str(err), str(err)
 
 
 # ---- issue 40: the clock, the default, and a loaded machine ---------------------------------------
