@@ -35,8 +35,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "capture_output", "is_reaper", "read_markers", "run_folder",
-           "socket_dir", "write_marker"]
+__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "capture_output", "is_reaper", "rank_lines", "read_markers",
+           "run_folder", "socket_dir", "write_marker"]
 
 #: Bytes in a Unix socket's path, its final NUL included (``sun_path`` in ``<sys/un.h>``): 108 on
 #: Linux, 104 on macOS and the BSDs (man 7 unix). ZeroMQ's ``ipc://`` endpoints are such sockets.
@@ -210,6 +210,13 @@ def _flush_all() -> None:
         ctypes.CDLL(None).fflush(None)
 
 
+def rank_lines(rank: int, lines: list[str]) -> str:
+    """``lines`` (without their newlines) as the caller is shown a rank's output: each prefixed
+    ``[rank r]``, only what follows its last carriage return (a progress bar's final state), each
+    ending in a newline."""
+    return "".join(f"[rank {rank}] {line.rsplit(chr(13), 1)[-1]}\n" for line in lines)
+
+
 class Relay:
     """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
     caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
@@ -244,9 +251,5 @@ class Relay:
             state[3] = pending
             if lines:
                 out = sys.stdout if name == "stdout" else sys.stderr
-                text = "".join(
-                    f"[rank {rank}] {line.decode('utf-8', 'replace').rsplit(chr(13), 1)[-1]}\n"
-                    for line in lines
-                )
-                out.write(text)
+                out.write(rank_lines(rank, [line.decode("utf-8", "replace") for line in lines]))
                 out.flush()

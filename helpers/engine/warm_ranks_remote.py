@@ -20,6 +20,7 @@ import ipyparallel as ipp
 from traitlets.config import Config
 
 from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
+from helpers.engine.run_dir import rank_lines
 from helpers.engine.stacks import timeout_advice
 from helpers.engine.start_method import with_hint
 
@@ -354,10 +355,11 @@ def kernel_namespace() -> dict:
 
 class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
-    relayed into the caller's streams line by line, prefixed ``[rank r]``, as
-    :func:`helpers.engine.launch` relays its ranks' output: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since the last call (the
-    ranks' streams grow as ipyparallel receives them); ``final=True`` also prints an unfinished last line."""
+    relayed into the caller's streams as :func:`helpers.engine.launch` relays its ranks' output
+    (:func:`helpers.engine.run_dir.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
+    ``sys.stdout``, stderr to ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since
+    the last call (the ranks' streams grow as ipyparallel receives them); ``final=True`` also prints
+    an unfinished last line."""
 
     def __init__(self, ar):
         self.ar = ar
@@ -372,8 +374,11 @@ class RankOutput:
                 if not new:
                     continue
                 self.printed[(rank, name)] = start + len(new)
+                lines = new.split("\n")
+                if lines[-1] == "":  # the newline that ends the last line
+                    lines.pop()
                 out = getattr(sys, name)
-                out.write("".join(f"[rank {rank}] {line}\n" for line in new.splitlines()))
+                out.write(rank_lines(rank, lines))
                 out.flush()
 
 
