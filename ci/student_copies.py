@@ -48,14 +48,13 @@ from traitlets.config import Config
 
 from ci import path_table
 from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
+from helpers.checkout import HANDOUT_DIST, REPO_DIST
 
 SOLUTION_TAG = "solution"
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "student"
 ARCHIVE_NAME = "ddp-lab-student"
-#: The handout's distribution name (helpers.checkout.PROJECT_NAMES knows it too).
-HANDOUT_DIST = "ddp-lab-student"
 #: The project name line of pyproject.toml.
-PROJECT_NAME = re.compile(r'^name = "ddp-lab"$', re.M)
+PROJECT_NAME = re.compile(rf'^name = "{re.escape(REPO_DIST)}"$', re.M)
 #: What the lessons need besides themselves (relative to the repository root): the packages
 #: they import, MNIST, the install and the JupyterLab config.
 SUPPORT = ("helpers", "ci", "data", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
@@ -172,7 +171,7 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
     pyproject = out / "pyproject.toml"  # its own distribution: pip must not take it for the repository
     text, n = PROJECT_NAME.subn(f'name = "{HANDOUT_DIST}"', pyproject.read_text(encoding="utf-8"), count=1)
     if n != 1:
-        raise ConfigError(f"{root / 'pyproject.toml'}: no line `name = \"ddp-lab\"` to rename for the handout")
+        raise ConfigError(f"{root / 'pyproject.toml'}: no line `name = \"{REPO_DIST}\"` to rename for the handout")
     pyproject.write_text(text, encoding="utf-8")
     listing = "\n".join(f"{i}. `notebooks/{p.name}`" for i, p in enumerate(written, 1))
     (out / "HANDOUT.md").write_text(HANDOUT.format(first=f"notebooks/{written[0].name}", lessons=listing),

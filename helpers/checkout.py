@@ -23,8 +23,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The repository's distribution name and the handout's (``ci/student_copies.py``).
-PROJECT_NAMES = ("ddp-lab", "ddp-lab-student")
+#: The repository's distribution name, and the handout's (``ci/student_copies.py`` writes it).
+REPO_DIST, HANDOUT_DIST = "ddp-lab", "ddp-lab-student"
+PROJECT_NAMES = (REPO_DIST, HANDOUT_DIST)
 _NAME = re.compile(r'^name\s*=\s*"([^"]+)"', re.M)
 
 

@@ -22,13 +22,14 @@ BUSY_PER_CORE = 5
 
 
 @contextlib.contextmanager
-def busy_cpus(per_core: int = BUSY_PER_CORE):
-    """A loaded machine: ``per_core`` processes per CPU core running ``while True: pass``, killed on exit
-    (before a test's check for processes left behind). Yields their number."""
-    n = per_core * (os.cpu_count() or 1)
+def busy_cpus(per_core: int = BUSY_PER_CORE, n: int | None = None):
+    """A loaded machine: ``per_core`` processes per CPU core (or ``n`` in all) running
+    ``while True: pass``, killed on exit (before a test's check for processes left behind).
+    Yields the processes (``subprocess.Popen``)."""
+    n = per_core * (os.cpu_count() or 1) if n is None else n
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
-        yield n
+        yield busy
     finally:
         for p in busy:
             p.kill()

@@ -91,8 +91,8 @@ def test_timeout_names_each_ranks_line():
 @pytest.fixture
 def loaded():
     """Load average about 10 on 2 cores: busy processes (``while True: pass``), ended after the test."""
-    with busy_cpus() as n:
-        yield n
+    with busy_cpus() as busy:
+        yield busy
 
 
 def test_timeout_names_each_ranks_line_under_load(loaded):

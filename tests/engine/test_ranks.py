@@ -5,7 +5,6 @@ restart and kill) are rows of the fault matrix in tests/engine/test_faults.py.
 """
 
 import os
-import subprocess
 import sys
 import uuid
 
@@ -17,6 +16,7 @@ from _support import (
     RANKS_MARK,
     REPO_ROOT,
     Kernel,
+    busy_cpus,
     leftover_processes,
     marked_processes,
     marked_warm_ranks,
@@ -66,19 +66,15 @@ def test_twenty_starts_while_a_core_is_busy():
     """Start and stop warm ranks 20 times while another process keeps a core busy (the load under
     which a start once lost a controller port to another process: ``start_ranks`` then retries);
     every start succeeds, runs a collective, and leaves nothing behind."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     attempts = []
-    try:
+    with busy_cpus(n=1) as busy:
         for i in range(20):
             r = start_ranks(2, timeout=60, activate=False)
             attempts.append(r.start_attempts)
             assert r.run(faults.ok) == [0, 1], f"start {i}"
             r.stop()
-            left = [p for p in leftover_processes() if p.pid != busy.pid]
+            left = [p for p in leftover_processes() if p.pid != busy[0].pid]
             assert not left, f"start {i} left {[(p.pid, p.cmdline()) for p in left]}"
-    finally:
-        busy.kill()
-        busy.wait()
     assert len(attempts) == 20 and current_ranks() is None, attempts
     assert not leftover_processes()
 
@@ -240,7 +236,6 @@ def test_run_relays_what_each_rank_prints(ranks, capsys):
     """``ranks.run`` shows what the ranks print, as ``launch`` does: whole lines prefixed
     ``[rank r]``, stdout to stdout and stderr to stderr, also from a rank that then raises."""
     def chatty(rank, world_size):
-        import sys
 
         for i in range(3):
             print(f"line {i} of rank {rank}")
