@@ -1,14 +1,10 @@
-#!/usr/bin/env python3
-"""Write docs/TEACHING.md's workshop agendas from the measured run times, never by hand.
+"""docs/TEACHING.md's workshop agendas, from the manifest and the measured run times.
 
-Usage (from anywhere)::
+Part of ``python3 -m ci.generate``.
 
-    python3 ci/agenda.py            # rewrite the agendas between the markers
-    python3 ci/agenda.py --check    # exit 1 if they are out of date
-
-Each lesson of the README's path table (``ci.path_table.lessons``) gets: its run time, measured
-(``docs/run_times.json``, the ``full`` profile, an upper bound for the smaller default
-parameters students run); its reading time, estimated from its words of prose
+Each lesson of the manifest's path (``notebooks/lessons.toml``, kind ``lesson``) gets: its run
+time, measured (``docs/run_times.json``: the ``smoke`` profile's, what students run, else the
+``full`` profile's as an upper bound); its reading time, estimated from its words of prose
 (``ci.path_table.reading_estimate``, the same minutes its opening line shows); and its exercise time, estimated at
 :data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
 summed, rounded up to 5 minutes. The 3-hour agenda takes the lessons in path order while they
@@ -16,22 +12,17 @@ fit in :data:`SHORT_TEACHING_MIN` minutes (a break after about 90), and lists th
 homework; the whole course is two days, split where half its minutes are done, each day from
 9:00 with lunch (:data:`LUNCH_MIN`) before the first lesson that would start after
 :data:`LUNCH_AFTER_MIN` minutes.
-
-Exit codes: 0 written / up to date; 1 ``--check`` found it out of date; 2 missing markers, lesson
-or record.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from pathlib import Path
 
 import nbformat
 
-from ci import params_table, path_table
+from ci import marked, path_table
+from helpers import lessons as manifest
 
 TEACHING = path_table.REPO_ROOT / "docs" / "TEACHING.md"
 START = "<!-- agenda:start -->"
@@ -43,14 +34,23 @@ LUNCH_MIN = 60
 LUNCH_AFTER_MIN = 180  # 12:00 on a day that starts at 9:00
 
 
+def run_seconds(times: dict, stem: str) -> tuple[float | None, str]:
+    """``(seconds, profile)``: the smoke profile's time of ``stem``, else the full profile's."""
+    for profile in ("smoke", "full"):
+        secs = path_table.seconds(times, profile, stem)
+        if secs is not None:
+            return secs, profile
+    return None, "smoke"
+
+
 def slots(lessons: list[str], times: dict, notebooks: Path) -> list[dict]:
     """One row per lesson: ``stem``, ``run_min`` (measured, None when not recorded),
     ``read_min`` and ``exercise_min`` (estimates), ``slot_min`` (their sum rounded up to 5)."""
     rows = []
     for stem in lessons:
         nb = nbformat.read(str(notebooks / f"{stem}.ipynb"), as_version=4)
-        entry = times.get("notebooks", {}).get(stem)
-        run_min = math.ceil(float(entry["seconds"]) / 60) if entry else None
+        secs = run_seconds(times, stem)[0]
+        run_min = math.ceil(secs / 60) if secs is not None else None
         read_min = path_table.reading_estimate(path_table.prose_words(nb))[1]  # the lesson's own line
         exercises = sum(c.source.count("### Exercise") for c in nb.cells if c.cell_type == "markdown")
         ex_min = exercises * MIN_PER_EXERCISE
@@ -93,17 +93,19 @@ def _first_after(rows: list[dict], minutes: float) -> int:
 
 def block(rows: list[dict], times: dict) -> str:
     """The generated text between the markers: the lesson table and the two agendas."""
-    machines = sorted({e["machine"] for e in times.get("notebooks", {}).values()})
+    profiles = sorted({run_seconds(times, r["stem"])[1] for r in rows if r["run_min"] is not None})
+    machines = sorted({e["machine"] for p in profiles for e in times.get(p, {}).values()})
     out = ["| lesson | run time (measured) | reading (estimate) | exercises (estimate) | slot |",
            "| --- | --- | --- | --- | --- |"]
     for r in rows:
         run = f"{r['run_min']} min" if r["run_min"] is not None else "not measured yet"
         out.append(f"| {r['stem']} | {run} | {r['read_min']} min | {r['exercises']} × {MIN_PER_EXERCISE} min "
                    f"= {r['exercise_min']} min | {r['slot_min']} min |")
-    out += ["", f"Run times: the `{times.get('profile', 'full')}` profile's, rounded up to the minute, measured on "
+    used = "` and `".join(profiles) or "smoke"
+    out += ["", f"Run times: the `{used}` profile's, rounded up to the minute, measured on "
             f"{'; '.join(machines) or 'no machine'} (docs/run_times.json). Reading at "
             f"{path_table.WORDS_PER_MIN} words/min and {MIN_PER_EXERCISE} min per exercise are estimates. "
-            "Written by `python3 ci/agenda.py`, never by hand.", ""]
+            "Written by `python3 -m ci.generate`, never by hand.", ""]
     short, used = [], 0
     for r in rows:
         if used + r["slot_min"] > SHORT_TEACHING_MIN:
@@ -124,24 +126,14 @@ def block(rows: list[dict], times: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the agendas are out of date")
-    parser.add_argument("--teaching", type=Path, default=TEACHING, help=argparse.SUPPRESS)
-    parser.add_argument("--times", type=Path, default=path_table.TIMES, help=argparse.SUPPRESS)
-    parser.add_argument("--notebooks", type=Path, default=path_table.NOTEBOOKS, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    try:
-        times = json.loads(args.times.read_text(encoding="utf-8"))
-        rows = slots(path_table.lessons(), times, args.notebooks)
-        current = args.teaching.read_text(encoding="utf-8")
-        wanted = params_table.render(current, block(rows, times), START, END)
-    except (ValueError, OSError, KeyError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return params_table.check_or_write(args.teaching, current, wanted, args.check, "the agendas",
-                                       ": run python3 ci/agenda.py")
+def outputs(teaching: Path = TEACHING, times_file: Path = path_table.TIMES, notebooks: Path = path_table.NOTEBOOKS,
+            manifest_file: Path | None = None) -> list[tuple[Path, str, str, str]]:
+    """``[(teaching, current, wanted, what)]`` for docs/TEACHING.md's agendas.
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    Raises:
+        ManifestError, ValueError, OSError, KeyError: the manifest, a lesson, the record or the markers.
+    """
+    times = path_table.load_times(times_file)
+    rows = slots(manifest.stems("lesson", manifest_file or notebooks / manifest.MANIFEST.name), times, notebooks)
+    current = teaching.read_text(encoding="utf-8")
+    return [(teaching, current, marked.render(current, block(rows, times), START, END), "the agendas")]

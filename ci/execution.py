@@ -211,7 +211,7 @@ def run_notebooks(
     extra_params: dict[str, Any] | None = None,
     *,
     notebooks_dir: str | os.PathLike | None = None,
-    profiles_file: str | os.PathLike | None = None,
+    manifest: str | os.PathLike | None = None,
     fail_fast: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
@@ -226,13 +226,13 @@ def run_notebooks(
 
     ``extra_params`` are typed values checked like profile values (a :class:`CliValue` is typed
     against the default first, as ``-p`` does). Raises :class:`ConfigError` before running
-    anything when a name, the profile, the profiles file or a parameter is wrong, and
+    anything when a name, the profile, the manifest or a parameter is wrong, and
     :class:`ci.outputs.OutputDirBusy` (a ``ConfigError``) when another runner holds
     ``output_dir``.
     """
     plan = plan_run(
         names, profile, output_dir, cell_timeout, extra_params,
-        notebooks_dir=notebooks_dir, profiles_file=profiles_file,
+        notebooks_dir=notebooks_dir, manifest=manifest,
     )
     require_device(plan.profile)
     with output_lock(plan.output_dir):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import nbformat
 
+from ci.planning import discover_notebooks
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 #: the two device marks, in the label's parenthesis: ``**Claim (GPU):**``, ``**Claim (CPU):**``
 MARKED = re.compile(r"\*\*Claims? \((GPU|CPU)\):\*\*")
@@ -80,12 +82,12 @@ def first_words(text: str, limit: int = 100) -> str:
 
 
 def marked_claims(notebooks_dir: Path = NOTEBOOKS_DIR, needs: str | None = None) -> list[dict]:
-    """Every ``**Claim (GPU):**`` and ``**Claim (CPU):**`` of ``notebooks_dir/*.ipynb``, in lesson
+    """Every ``**Claim (GPU):**`` and ``**Claim (CPU):**`` of ``notebooks_dir``'s notebooks, in lesson
     and cell order: ``{"lesson": stem, "cell": markdown cell index, "needs": "GPU" or "CPU",
     "claim": its first words, "helper_calls": [the claim strings its check cells pass to
     ``gpu_claim`` (GPU) or ``cpu_claim`` (CPU)]}``; ``needs`` keeps one kind."""
     out = []
-    for path in sorted(Path(notebooks_dir).glob("*.ipynb")):
+    for path in discover_notebooks(notebooks_dir):  # the manifest's, in its order
         cells = nbformat.read(str(path), as_version=4).cells
         for i, c in enumerate(cells):
             if c.cell_type != "markdown":

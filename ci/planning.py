@@ -3,9 +3,9 @@ before anything runs.
 
 Notebook names are a stem (``01_gradients_dp_vs_ddp``), a number prefix (``01``), a lesson label
 (``06a``, the stem's part before ``_``) or a path to an ``.ipynb`` file. Parameters, lowest priority
-first: the notebook's cell tagged ``parameters``;
-``ci/profiles.json`` (``{"<stem>": {"smoke": {...}, "full": {...}, "gpu": {...}}}``, keys
-starting with ``_`` are comments); ``-p NAME=VALUE``. Every value is type-checked against the
+first: the notebook's cell tagged ``parameters``; the profile tables of the folder's lesson
+manifest (``notebooks/lessons.toml``, read by :mod:`helpers.lessons`: ``[lesson.full]``,
+``[lesson.gpu]`` under a lesson's record); ``-p NAME=VALUE``. Every value is type-checked against the
 notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the notebook's own rule
 (:func:`helpers.param_types.accepts`); :class:`ConfigError` carries every problem found. Used by
 :mod:`ci.execution` and the CLI (:mod:`ci.run_notebooks`).
@@ -14,11 +14,9 @@ notebook's ``parameters`` cell (``papermill.inspect_notebook``) with the noteboo
 from __future__ import annotations
 
 import ast
-import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -26,11 +24,11 @@ from typing import Any, Iterable
 import nbformat
 import papermill
 
+from helpers import lessons as manifest_
 from helpers.param_types import PARAMETER_TYPES, type_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-DEFAULT_PROFILES_FILE = Path(__file__).resolve().parent / "profiles.json"
 
 #: Known profiles and their default per-cell timeout in seconds.
 PROFILE_CELL_TIMEOUTS: dict[str, int] = {"smoke": 300, "full": 1800, "gpu": 1800}
@@ -50,11 +48,32 @@ class CliValue(str):
 # --------------------------------------------------------------------------------------------
 
 
+def manifest_path(notebooks_dir: str | os.PathLike | None = None) -> Path:
+    """The lesson manifest of ``notebooks_dir``: ``lessons.toml`` in it (it may not exist)."""
+    folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
+    return folder / manifest_.MANIFEST.name
+
+
 def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> list[Path]:
-    """All ``*.ipynb`` files directly in ``notebooks_dir``, sorted by name."""
+    """The notebooks of ``notebooks_dir``: in manifest order when the folder has a
+    ``lessons.toml`` (each record's ``<stem>.ipynb``, lessons and casebook pages alike), else
+    every ``*.ipynb`` in it, sorted by name (a folder of your own notebooks).
+
+    Raises :class:`ConfigError` when the manifest is unreadable or names a missing notebook.
+    """
     folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
     if not folder.is_dir():
         return []
+    if manifest_path(folder).is_file():
+        try:
+            stems = manifest_.stems(None, manifest_path(folder))
+        except manifest_.ManifestError as e:
+            raise ConfigError(str(e)) from None
+        missing = [s for s in stems if not (folder / f"{s}.ipynb").is_file()]
+        if missing:
+            raise ConfigError(f"{manifest_path(folder)} names notebooks that {folder} lacks: "
+                              + ", ".join(f"{s}.ipynb" for s in missing))
+        return [(folder / f"{s}.ipynb").resolve() for s in stems]
     return sorted(
         (p.resolve() for p in folder.glob("*.ipynb") if not p.name.startswith(".")),
         key=lambda p: p.name,
@@ -151,35 +170,20 @@ def check_profile(profile: str) -> None:
         raise ConfigError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
 
 
-def load_profiles(profiles_file: str | os.PathLike | None = None) -> dict[str, dict[str, dict]]:
-    """Read and shape-check the profiles file; ``{stem: {profile: {name: value}}}``."""
-    path = Path(profiles_file) if profiles_file is not None else DEFAULT_PROFILES_FILE
+def load_profiles(manifest: str | os.PathLike | None = None,
+                  notebooks_dir: str | os.PathLike | None = None) -> dict[str, dict[str, dict]]:
+    """The profile overrides of a lesson manifest: ``{stem: {profile: {name: value}}}``.
+
+    ``manifest`` defaults to ``notebooks_dir``'s ``lessons.toml``; a folder without one has no
+    overrides. Raises :class:`ConfigError` when a given manifest is missing or unreadable.
+    """
+    path = Path(manifest) if manifest is not None else manifest_path(notebooks_dir)
+    if manifest is None and not path.is_file():
+        return {}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"profiles file not found: {path}") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read profiles file {path}: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object")
-    out: dict[str, dict[str, dict]] = {}
-    for stem, entry in raw.items():
-        if stem.startswith("_"):
-            continue
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: {stem!r} must map profile names to objects")
-        out[stem] = {}
-        for prof, params in entry.items():
-            if prof.startswith("_"):
-                continue
-            if prof not in PROFILE_CELL_TIMEOUTS:
-                raise ConfigError(
-                    f"{path}: {stem!r} has unknown profile {prof!r}; profiles: {', '.join(PROFILES)}"
-                )
-            if not isinstance(params, dict):
-                raise ConfigError(f"{path}: {stem!r} -> {prof!r} must be an object of parameters")
-            out[stem][prof] = {k: v for k, v in params.items() if not k.startswith("_")}
-    return out
+        return {lesson.stem: lesson.profiles for lesson in manifest_.load(path)}
+    except manifest_.ManifestError as e:
+        raise ConfigError(str(e)) from None
 
 
 def notebook_parameters(path: Path) -> dict[str, dict]:
@@ -271,9 +275,9 @@ def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
 
 
 #: Where to pass a right value, for :func:`helpers.param_types.type_problem`: on the command line or
-#: in the profiles file, whichever the wrong value came from.
+#: in the lesson manifest's profile table, whichever the wrong value came from.
 _CLI_FIX = "`-p {name}={cli}`"
-_PROFILE_FIX = "`\"{name}\": {json}` in that profile"
+_PROFILE_FIX = "`{name} = {json}` in that profile's table"
 _CLI_TEXT_NOTE = "the value arrived as text: write it without quotes."
 
 
@@ -350,24 +354,17 @@ def plan_run(
     extra_params: dict[str, Any] | None = None,
     *,
     notebooks_dir: str | os.PathLike | None = None,
-    profiles_file: str | os.PathLike | None = None,
+    manifest: str | os.PathLike | None = None,
 ) -> Plan:
-    """Check everything (names, profile, output folder, profiles file, parameters) without running anything.
+    """Check everything (names, profile, output folder, manifest, parameters) without running anything.
 
     Raises :class:`ConfigError` with every problem found.
     """
     check_profile(profile)
     paths = resolve_notebooks(names, notebooks_dir)
     check_output_dir(Path(output_dir) / profile)
-    profiles = load_profiles(profiles_file)
-    known_stems = {p.stem for p in discover_notebooks(notebooks_dir)} | {p.stem for p in paths}
-    for stem in profiles:
-        if stem not in known_stems:
-            print(
-                f"warning: {profiles_file or DEFAULT_PROFILES_FILE} has an entry for "
-                f"{stem!r}, which is not a notebook here",
-                file=sys.stderr,
-            )
+    profiles = load_profiles(manifest, notebooks_dir)
+    source = Path(manifest).name if manifest is not None else manifest_path(notebooks_dir).name
     if cell_timeout is None:
         timeout: int | None = PROFILE_CELL_TIMEOUTS[profile]
     elif cell_timeout < 0:
@@ -385,7 +382,7 @@ def plan_run(
             continue
         values: dict[str, tuple[Any, str]] = {}
         for k, v in profiles.get(path.stem, {}).get(profile, {}).items():
-            values[k] = (v, f"profile {profile!r} in {Path(profiles_file or DEFAULT_PROFILES_FILE).name}")
+            values[k] = (v, f"profile {profile!r} in {source}")
         for k, v in (extra_params or {}).items():
             values[k] = (v, f"-p {k}=" + (str(v) if isinstance(v, CliValue) else repr(v)))
         params, errs = type_check_parameters(path.stem, declared, values)
@@ -425,7 +422,7 @@ def require_device(profile: str) -> None:
 
 
 def effective_parameters(path: Path, profile: str, extra_params: dict[str, Any] | None = None, *,
-                         profiles_file: str | os.PathLike | None = None) -> dict[str, Any]:
+                         manifest: str | os.PathLike | None = None) -> dict[str, Any]:
     """Every parameter's value when ``path`` runs in ``profile``: the notebook's defaults, then the
     profile's values, then ``extra_params`` (checked as :func:`plan_run` checks them).
 
@@ -439,6 +436,6 @@ def effective_parameters(path: Path, profile: str, extra_params: dict[str, Any] 
             values[name] = ast.literal_eval(str(declared.get("default", "")))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             values[name] = ("<expression>", declared.get("default"))
-    (job,) = plan_run([str(path)], profile, extra_params=extra_params, profiles_file=profiles_file).jobs
+    (job,) = plan_run([str(path)], profile, extra_params=extra_params, manifest=manifest).jobs
     values.update(job.params)
     return values

@@ -5,12 +5,13 @@ Usage (from the repository root)::
 
     python ci/run_notebooks.py [--profile smoke|full|gpu] [--output-dir build]
                                [--cell-timeout SECONDS] [-p NAME=VALUE ...]
-                               [--fail-fast] [--notebooks-dir DIR] [--profiles FILE]
+                               [--fail-fast] [--notebooks-dir DIR] [--manifest FILE]
                                [--list] [NOTEBOOK ...]
 
 ``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``), a lesson label
-(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every
-``notebooks/*.ipynb`` runs, sorted by name. Each
+(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every notebook
+of the lesson manifest (``notebooks/lessons.toml``) runs, in its order (a folder without a
+manifest: every ``*.ipynb``, sorted by name). Each
 executed notebook is written to ``<output-dir>/<profile>/<stem>.ipynb`` (outputs included, so
 a failure can be read there). The kernel runs with the notebook's own folder as working
 directory.
@@ -23,15 +24,15 @@ first on ``PYTHONPATH``; from a working folder inside another copy it stops, nam
 Parameters, lowest priority first:
 
 1. the notebook's cell tagged ``parameters`` (smoke-sized defaults);
-2. ``ci/profiles.json``: ``{"<stem>": {"smoke": {...}, "full": {...}}}``; a notebook or a
-   profile missing there means "the notebook's defaults"; keys starting with ``_`` are
-   comments;
+2. the profile's table under the notebook's record in ``notebooks/lessons.toml``
+   (``[lesson.full]``, ``[lesson.gpu]``); a notebook or a profile without one means "the
+   notebook's defaults";
 3. ``-p NAME=VALUE`` (applies to every selected notebook; each must declare NAME). VALUE is
    read as a Python literal (``2``, ``0.5``, ``True``, ``[1, 2]``) and otherwise as a plain
    string; for a parameter whose default is a string the text is always taken as-is.
 
 Everything is checked before the first notebook starts: the notebook names, the profile, the
-shape of the profiles file, and every parameter against the notebook's ``parameters`` cell
+manifest, and every parameter against the notebook's ``parameters`` cell
 (``papermill.inspect_notebook``): an unknown name, or a value whose type differs from the
 default's, is an error naming notebook, parameter, expected and given type, where the value came
 from and what to pass. The rule and the message are the notebook's own ``check_parameters``'s
@@ -73,7 +74,7 @@ Exit codes:
     0  every notebook ran without error;
     1  at least one notebook FAILED, hit a TIMEOUT or left processes behind;
     2  bad invocation or configuration (unknown notebook or profile, bad parameter, no
-       ``parameters`` cell, unreadable profiles file), or the output folder is in use by another
+       ``parameters`` cell, unreadable manifest), or the output folder is in use by another
        runner; nothing was run.
 
 Importable API: :func:`run_notebooks` (returns one dict per notebook) and :func:`main`. The
@@ -109,7 +110,6 @@ try:
     from ci.outputs import OutputDirBusy, output_lock, record_times
     from ci.planning import (
         DEFAULT_NOTEBOOKS_DIR,
-        DEFAULT_PROFILES_FILE,
         PROFILE_CELL_TIMEOUTS,
         PROFILES,
         CliValue,
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "2 bad invocation or configuration (nothing ran).",
     )
     parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                        help="stem, number prefix (01), lesson label (06a) or path; default: all notebooks/*.ipynb")
+                        help="stem, number prefix (01), lesson label (06a) or path; default: the manifest's notebooks")
     parser.add_argument("--profile", default="smoke",
                         help=f"parameter profile: {' | '.join(PROFILES)} (default smoke)")
     parser.add_argument("--output-dir", default="build",
@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop after the first notebook that does not pass")
     parser.add_argument("--notebooks-dir", default=None,
                         help=f"folder holding the notebooks (default {DEFAULT_NOTEBOOKS_DIR})")
-    parser.add_argument("--profiles", default=None, metavar="FILE",
-                        help=f"profiles file (default {DEFAULT_PROFILES_FILE})")
+    parser.add_argument("--manifest", default=None, metavar="FILE",
+                        help="lesson manifest holding the profiles (default: lessons.toml in the notebooks folder)")
     parser.add_argument("--list", action="store_true",
                         help="list the selected notebooks with their final parameters, run nothing")
     return parser
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = dict(_parse_param(t) for t in args.parameter)
         plan = plan_run(
             args.notebooks, args.profile, args.output_dir, args.cell_timeout, extra,
-            notebooks_dir=args.notebooks_dir, profiles_file=args.profiles,
+            notebooks_dir=args.notebooks_dir, manifest=args.manifest,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import nbformat
 
+from helpers import lessons as manifest
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = Path(__file__).resolve().parent / "site_conf.py"
 #: docs pages listed first in the navigation, for learners and instructors; the rest follow
@@ -117,14 +119,14 @@ def _toctree(caption: str, entries: list[str]) -> str:
 def stage(executed: Path, src: Path, root: Path = ROOT) -> list[str]:
     """Lay out the Sphinx source in ``src`` (emptied first); returns the lesson stems in order.
 
-    The lessons are the executed notebooks of ``executed`` that ``root/notebooks/`` also holds.
+    The lessons are the executed notebooks of ``executed`` that the manifest lists, in its order.
     """
-    lessons = sorted(p for p in executed.glob("*.ipynb") if not p.name.startswith("."))
-    sources = {p.stem for p in (root / "notebooks").glob("*.ipynb")}
-    if sources:  # a notebook left from an older run of a lesson since renamed or removed is no lesson
-        for stale in [p for p in lessons if p.stem not in sources]:
-            print(f"site: {stale.name} left out: no notebooks/{stale.name} (a notebook from an older run?)")
-        lessons = [p for p in lessons if p.stem in sources]
+    order = manifest.stems(None, root / "notebooks" / manifest.MANIFEST.name)  # the course's order
+    lessons = sorted((p for p in executed.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
+    # a notebook left from an older run of a lesson since renamed or removed is no lesson
+    for stale in [p for p in lessons if p.stem not in order]:
+        print(f"site: {stale.name} left out: not in notebooks/lessons.toml (a notebook from an older run?)")
+    lessons = sorted((p for p in lessons if p.stem in order), key=lambda p: order.index(p.stem))
     if not lessons:
         raise SiteError(f"no executed notebooks (*.ipynb) in {executed}: run "
                         "`python3 ci/run_notebooks.py --profile full` first")

@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python3 -m ci.student_copies                       # every lesson -> student/ (git-ignored)
     python3 -m ci.student_copies 04 06a --output-dir /tmp/workshop
 
-The lessons are the README's path table (``ci.path_table.lessons``), in path order: a scratch
+The lessons are the manifest's (``notebooks/lessons.toml``), in its order: a scratch
 notebook in ``notebooks/`` is never copied. Each lesson is written to
 ``<output-dir>/notebooks/<stem>.ipynb`` by nbconvert's ``NotebookExporter`` with two of
 nbconvert's own preprocessors: ``TagRemovePreprocessor`` drops every cell tagged ``solution``
@@ -46,8 +46,8 @@ from nbconvert.exporters import NotebookExporter
 from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 from traitlets.config import Config
 
-from ci import path_table
 from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
+from helpers import lessons as manifest
 from helpers.checkout import HANDOUT_DIST, REPO_DIST
 
 SOLUTION_TAG = "solution"
@@ -56,8 +56,9 @@ ARCHIVE_NAME = "ddp-lab-student"
 #: The project name line of pyproject.toml.
 PROJECT_NAME = re.compile(rf'^name = "{re.escape(REPO_DIST)}"$', re.M)
 #: What the lessons need besides themselves (relative to the repository root): the packages
-#: they import, MNIST, the install and the JupyterLab config.
-SUPPORT = ("helpers", "ci", "data", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
+#: they import (never `ci/`: the handout ships what a learner runs), MNIST, the lesson list, the
+#: install and the JupyterLab config.
+SUPPORT = ("helpers", "data", "notebooks/lessons.toml", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
 #: Never copied: caches, MNIST decompressed at run time, temporary files.
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*-ubyte", "*.tmp*", ".ipynb_checkpoints")
 #: A lesson's link to a repository file outside notebooks/: ``](../docs/GLOSSARY.md#rank)``.
@@ -108,7 +109,7 @@ def _chosen(names: Iterable[str] | None, lessons: list[str], notebooks_dir) -> l
     paths = resolve_notebooks(names or lessons, notebooks_dir)
     strays = [p.stem for p in paths if p.stem not in lessons]
     if strays:
-        raise ConfigError(f"not a lesson of the course (the README's path table): {', '.join(strays)}; "
+        raise ConfigError(f"not a notebook of the course (notebooks/lessons.toml): {', '.join(strays)}; "
                           f"the lessons: {', '.join(lessons)}")
     return paths
 
@@ -138,10 +139,10 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
     """Write the handout into ``output_dir`` (see the module docstring); returns the lessons
     written (``<output_dir>/notebooks/<stem>.ipynb``), in path order.
 
-    ``lessons``: the course's stems, default the README's path table. Raises
+    ``lessons``: the course's stems, default every notebook of the manifest. Raises
     :class:`ci.planning.ConfigError` for an unknown notebook, one that is not a lesson, or an
     output folder that cannot be one (before writing)."""
-    lessons = list(lessons) if lessons is not None else path_table.lessons()
+    lessons = list(lessons) if lessons is not None else manifest.stems(None)
     paths = _chosen(names, lessons, notebooks_dir)
     paths.sort(key=lambda p: lessons.index(p.stem))
     out = check_output_dir(output_dir)
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Write the handout: the course's lessons without their "
                                      "solution cells, outputs cleared, with what they need to run.")
     parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                        help="stem, number prefix (01) or path; default: every lesson of the README's path table")
+                        help="stem, number prefix (01) or path; default: every notebook of the manifest")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     args = parser.parse_args(argv)
     try:

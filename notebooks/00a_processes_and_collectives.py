@@ -16,15 +16,9 @@
 # %% [markdown]
 # # 00a · Processes and collectives
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** say which processes a DDP job is made of and how a notebook starts
-# them (and why never by forking the kernel), run the five collectives by hand on live ranks and
-# predict what each leaves in every rank's tensors, and recognise four collective behaviours
-# people report as bugs. **You need** PyTorch basics (tensors, `nn.Linear`); this is the first
-# lesson. The next: [00b](00b_ddp_cell_by_cell.ipynb) (DDP one cell at a time).
+# <!-- opening:start -->
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist, and what does each
 # collective (`all_reduce`, `broadcast`, `reduce`, `all_gather`, `reduce_scatter`) leave in
@@ -575,8 +569,6 @@ assert m[:, 0].tolist() == [11.0, 22.0]
 #   `all_gather_object`), AVG on integers (fails after writing the sum), `reduce` clobbering the
 #   other ranks' buffers, non-contiguous views (silently wrong).
 #
-# Next: [00b](00b_ddp_cell_by_cell.ipynb), DDP one cell at a time.
-#
 # ## Exercises
 #
 # Write the answer in the cell after each task, run it, then run the check cell below it. In the
@@ -653,3 +645,8 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %%
 ranks.stop()
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb): step through DDP cell by cell and predict every rank's weights and gradients.
+# <!-- next:end -->

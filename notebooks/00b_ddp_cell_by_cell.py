@@ -16,17 +16,9 @@
 # %% [markdown]
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 21 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,400 words of prose at 200 words/min): about 7 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** step a `DistributedDataParallel` (DDP) model through construction,
-# forward, backward and one optimizer step on live ranks, predict every rank's weights and
-# gradients at each stage, see why `dist.all_gather` halves a gradient, and recover from the two
-# notebook accidents people meet first: initialising the process group twice and a collective
-# only one rank calls. **You need** [00a](00a_processes_and_collectives.ipynb) (warm ranks,
-# `%%px`, the collectives). The next lesson: [01](01_gradients_dp_vs_ddp.ipynb) (DP and DDP
-# gradients).
+# <!-- opening:start -->
+# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
+# <!-- opening:end -->
 #
 # **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,
 # run and step a [DDP](../docs/GLOSSARY.md#ddp) model, one cell at a time?
@@ -492,3 +484,8 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %%
 ranks.stop()
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb): explain why a DDP gradient is the mean over ranks, and write that average by hand.
+# <!-- next:end -->

@@ -16,9 +16,9 @@
 # %% [markdown]
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
+# <!-- opening:start -->
+# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# <!-- opening:end -->
 #
 # **The question:** when one batch is spread over several devices, which gradient does the
 # model end up with under `nn.DataParallel` (DP) and under `DistributedDataParallel` (DDP)?
@@ -838,3 +838,8 @@ def fixed_worker(rank, world_size, global_x, lr):
 
 solution_4 = [[res["grad"], res["w"]] for res in launch(fixed_worker, world_size, SCALAR_X, LR)]
 check_answer("ex4", solution_4, expected_4, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [02 one model, many processes](02_one_model_many_processes.ipynb): say what DDP broadcasts, when, and what it never synchronises.
+# <!-- next:end -->

@@ -16,9 +16,9 @@
 # %% [markdown]
 # # 02 · One model, many processes: how DDP keeps the replicas identical
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 18 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,700 words of prose at 200 words/min): about 8 min.
-# <!-- run-time:end -->
+# <!-- opening:start -->
+# **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
+# <!-- opening:end -->
 #
 # **The question:** every DDP process (rank) builds its *own* copy of the model, from its own
 # random numbers, and trains it on its *own* data. Why are the copies nevertheless identical,
@@ -606,3 +606,8 @@ def sync_from_rank0_solution(model):
 
 solution_4 = launch(run_sync_with(sync_from_rank0_solution), world_size, base_seed, backend="gloo")
 check_answer("ex4", solution_4, expected_4, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [03 the distributed sampler](03_distributed_sampler.ipynb): predict which rank gets which item, and evaluate without padding errors.
+# <!-- next:end -->

@@ -16,9 +16,9 @@
 # %% [markdown]
 # # 03 · `DistributedSampler`: which rank sees which item
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 19 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
+# <!-- opening:start -->
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does
 # `torch.utils.data.DistributedSampler` decide which dataset items each rank gets, and when
@@ -750,3 +750,8 @@ def solution_4(rank, world_size, right):
 
 
 check_answer("ex4", solution_4, expected_4, run=lambda fn: launch(fn, 3, right, backend="gloo"), strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb): train MNIST with DDP that follows the single-process loss curve.
+# <!-- next:end -->

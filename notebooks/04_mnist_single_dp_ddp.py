@@ -16,9 +16,9 @@
 # %% [markdown]
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 23 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
+# <!-- opening:start -->
+# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# <!-- opening:end -->
 #
 # **The question:** trained with the same recipe (same initial weights, same data order, same
 # global batch of 64, same learning rate), do `nn.DataParallel` (DP) and
@@ -850,3 +850,8 @@ def solution_4(logits, labels, global_batch_size):
 
 
 check_answer("ex4", solution_4, expected_4, run=uneven_ddp_gradient, abs_tol=1e-6, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb): measure samples/s, the input pipeline, threads and memory per rank.
+# <!-- next:end -->

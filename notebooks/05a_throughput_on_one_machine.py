@@ -16,16 +16,9 @@
 # %% [markdown]
 # # 05a · Throughput on one machine: input pipeline, ranks and threads, memory
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 4 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** measure how many samples per second one process and DDP ranks train
-# on one machine, tell a slow input pipeline from a slow step, say how many threads each
-# launcher gives a rank, split a DDP step into compute, interference and all-reduce, and measure
-# what each rank's own copy of the data costs in memory. **You need**
-# [04](04_mnist_single_dp_ddp.ipynb) (a DDP training loop on MNIST). The next lesson:
-# [05b](05b_communication_and_cost_model.ipynb) (all-reduce, buckets, a cost model for a cluster).
+# <!-- opening:start -->
+# **You will be able to** measure samples/s, the input pipeline, threads and memory per rank. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# <!-- opening:end -->
 #
 # **The question:** learners come to DDP for speed. On this machine, how many MNIST samples
 # per second does training really reach, and where does a step's time go before any
@@ -623,9 +616,6 @@ pd.DataFrame(summary).set_index("measure")
 # * **Each rank holds its own dataset** (RSS counts resident pages); one shared read-only map
 #   saves `world_size - 1` copies.
 #
-# Next: [05b](05b_communication_and_cost_model.ipynb), what the gradient all-reduce costs and
-# how DDP hides it.
-#
 # ## Exercises
 #
 # Two short calculations with this lesson's results. Write your answer in the `answer_N = None`
@@ -684,3 +674,8 @@ check_answer("ex2", answer_2, expected_2, rel_tol=1e-3,
 # 3 copies saved, 538.2 MiB.
 solution_2 = (4 - 1) * 60000 * 784 * 4 / 2**20
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [05b communication and cost model](05b_communication_and_cost_model.ipynb): measure all-reduce bandwidth and buckets, and predict a cluster with a cost model.
+# <!-- next:end -->

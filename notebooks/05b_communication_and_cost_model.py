@@ -16,18 +16,9 @@
 # %% [markdown]
 # # 05b · Communication and a cost model: all-reduce, buckets, a cluster
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 2 min in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** measure an all-reduce's `algbw` and `busbw` and check busbw against
-# the bytes each rank really sends, read DDP's gradient buckets with a communication hook and
-# say how `bucket_cap_mb` lays them out, see in a profiler timeline how DDP overlaps the
-# all-reduce with backward, fit the alpha-beta model of a ring all-reduce and predict with it
-# where a cluster stops scaling, and measure what a launch costs. **You need**
-# [05a](05a_throughput_on_one_machine.ipynb) (samples/s, speed-up, threads per rank) and
-# [04](04_mnist_single_dp_ddp.ipynb) (a DDP training loop). The next lesson:
-# [06a](06a_training_loop_pitfalls.ipynb) (training-loop pitfalls).
+# <!-- opening:start -->
+# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# <!-- opening:end -->
 #
 # **The question:** what does DDP's gradient all-reduce cost on this machine, how does DDP hide
 # it behind backward, and what does the same arithmetic predict for a cluster?
@@ -563,8 +554,6 @@ pd.DataFrame(summary).set_index("measure")
 # * **The model travels**: on a cluster the bandwidth term levels off at `2S/B`, the latency
 #   term grows with `n`.
 #
-# Next: [06a](06a_training_loop_pitfalls.ipynb), the training-loop pitfalls.
-#
 # ## Exercises
 #
 # Two short calculations with this lesson's formulas and one worker to write (a communication
@@ -678,3 +667,8 @@ def bucket_sizes(rank, world_size, cap_mb):
 
 solution_3 = launch(bucket_sizes, 2, 1.0, backend="gloo")[0]
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb): fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters.
+# <!-- next:end -->

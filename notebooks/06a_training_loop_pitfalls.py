@@ -16,17 +16,9 @@
 # %% [markdown]
 # # 06a · DDP training-loop pitfalls: accumulation, uneven inputs, unused parameters, batch sizes
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 51 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** accumulate gradients with `no_sync()` without an off-by-one, finish a
-# loop whose ranks hold different numbers of batches with `Join`, find the parameters that get no
-# gradient and fix them, and write a loss that gives the global mean when ranks hold different
-# batch sizes. **You need** [01](01_gradients_dp_vs_ddp.ipynb) (DDP's gradient is the mean over
-# ranks) and [04](04_mnist_single_dp_ddp.ipynb) (a DDP training loop). The next lessons:
-# [06b](06b_state_across_ranks.ipynb) (BatchNorm, checkpoints, evaluation) and
-# [06c](06c_seeds_and_debugging.ipynb) (seeds, debugging).
+# <!-- opening:start -->
+# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# <!-- opening:end -->
 #
 # **The question:** once `DistributedDataParallel` (DDP) runs at all, which mistakes in the
 # training loop make it hang, crash or — worse — silently train the wrong thing, and how do we
@@ -786,9 +778,6 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # * **Unequal batch sizes:** DDP averages ranks, not samples; `sum * world_size / N` restores
 #   the global mean.
 #
-# Next: [06b](06b_state_across_ranks.ipynb), the state that lives on each rank (BatchNorm
-# buffers, checkpoints, evaluation).
-#
 # ## Exercises
 #
 # Exercises 1 and 2 ask for code: set `answer_N` to your function and run the check cell, which
@@ -999,3 +988,8 @@ check_answer("ex5", answer_5, expected_5,
 # all-reduce. Synchronising every micro-batch: 8 all-reduces; no_sync on 7 of them: 1.
 solution_5 = [8 * 5 * 8, 1 * 5 * 8]
 check_answer("ex5", solution_5, expected_5, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [06b state across ranks](06b_state_across_ranks.ipynb): handle BatchNorm statistics, bit-identical resume, evaluation on every rank.
+# <!-- next:end -->

@@ -16,16 +16,9 @@
 # %% [markdown]
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 25 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** say what each rank's BatchNorm statistics are under DDP (and under
-# `SyncBatchNorm` and DataParallel), save and resume a DDP checkpoint bit-identically, and
-# evaluate on every rank's shard without a hang or a wrong average. **You need**
-# [02](02_one_model_many_processes.ipynb) (what DDP broadcasts, and when) and
-# [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls). The next lesson:
-# [06c](06c_seeds_and_debugging.ipynb) (seeds, debugging).
+# <!-- opening:start -->
+# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# <!-- opening:end -->
 #
 # **The question:** DDP keeps the parameters equal on every rank; what about everything else a
 # rank holds — buffers, checkpoint files, evaluation numbers — and how do we *prove* each rule?
@@ -734,8 +727,6 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #   broadcast, bucket rebuild): a BatchNorm model after training hangs even under `eval()` and
 #   `no_grad()`.
 #
-# Next: [06c](06c_seeds_and_debugging.ipynb), seeds and debugging.
-#
 # ## Exercises
 #
 # Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
@@ -792,3 +783,8 @@ check_answer("ex2", answer_2, expected_2, rel_tol=1e-3,
 # loss sums 40 * 0.5 = 20 and 24 * 0.9 = 21.6; together 41.6 over 64 samples
 solution_2 = (20 + 21.6) / 64  # 0.65
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [06c seeds and debugging](06c_seeds_and_debugging.ipynb): seed ranks, catch collective mismatches, read a rank's traceback and hang.
+# <!-- next:end -->

@@ -16,18 +16,9 @@
 # %% [markdown]
 # # 06c · DDP seeds and debugging
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 65 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,200 words of prose at 200 words/min): about 11 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** seed a DDP run so that ranks agree where they must and differ where
-# they should, say what "reproducible" can mean across world sizes, catch a collective mismatch
-# with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and know where DETAIL itself breaks), find the line each
-# rank of a hung launch is stuck at, get a `torchrun` script's traceback into its failure summary
-# with `@record`, and read a relayed worker traceback down to the rank and the line that caused it. **You need**
-# [03](03_distributed_sampler.ipynb) (how the sampler deals items) and
-# [06a](06a_training_loop_pitfalls.ipynb) (its tools and pitfalls). The next lesson:
-# [06d](06d_silent_bugs.ipynb) (silent DDP bugs).
+# <!-- opening:start -->
+# **You will be able to** seed ranks, catch collective mismatches, read a rank's traceback and hang. **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): 1 to 2 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
+# <!-- opening:end -->
 #
 # **The question:** a DDP run gives a different number than yesterday's, or stops: is it the
 # seeds, the order of float additions, or a rank that does something else — and how do we find
@@ -737,3 +728,8 @@ check_answer("ex3", answer_3, expected_3, hint="all_reduce sums t over the ranks
 # all_reduce leaves the sum 1 + 2 + ... + world_size on every rank.
 solution_3 = [world_size * (world_size + 1) / 2] * world_size
 check_answer("ex3", solution_3, expected_3, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [06d silent DDP bugs](06d_silent_bugs.ipynb): find DDP mistakes that raise no error, with `assert_in_sync` or a value check.
+# <!-- next:end -->

@@ -16,17 +16,9 @@
 # %% [markdown]
 # # 06d · Silent DDP bugs
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 15 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,000 words of prose at 200 words/min): about 10 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** recognise six DDP mistakes that raise no error, work out by hand the
-# wrong number each one gives, fix it, and put a check into your own loop that finds it:
-# `helpers.replicas.assert_in_sync` where the replicas drift apart, and a value check where they
-# stay identical but wrong. **You need** [00a](00a_processes_and_collectives.ipynb) and
-# [00b](00b_ddp_cell_by_cell.ipynb) (collectives, what DDP does in a step) and
-# [06a](06a_training_loop_pitfalls.ipynb) (`no_sync`, unused parameters). The next lesson:
-# [06e](06e_more_silent_bugs.ipynb) (more silent DDP bugs).
+# <!-- opening:start -->
+# **You will be able to** find DDP mistakes that raise no error, with `assert_in_sync` or a value check. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,900 words at 200 words/min): about 10 min.
+# <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
 #
@@ -626,3 +618,8 @@ check_answer("ex2", answer_2, expected_2, hint="pad to 6 by repeating from the s
 padded = [0, 1, 2, 3, 4, 0]
 solution_2 = padded[2::3]
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [06e more silent DDP bugs](06e_more_silent_bugs.ipynb): predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do.
+# <!-- next:end -->

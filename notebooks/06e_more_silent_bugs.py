@@ -16,18 +16,9 @@
 # %% [markdown]
 # # 06e · More silent DDP bugs
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 29 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,500 words of prose at 200 words/min): about 8 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** tell, for four more DDP set-ups, whether a run raises, trains wrong
-# without a word, or dies far from the mistake, work out the wrong number by hand, and fix it:
-# activation checkpointing on a layer used twice, `static_graph=True` with a changing graph,
-# gradient clipping with a `GradScaler`, and a slow rank-0-only block under a collective
-# timeout. **You need** [06d](06d_silent_bugs.ipynb) (the replica checker `assert_in_sync`,
-# the tiny models) and [06a](06a_training_loop_pitfalls.ipynb) (unused parameters, short
-# timeout groups). The next lesson: [07a](07a_torchrun_and_many_nodes.ipynb) (torchrun and many
-# nodes).
+# <!-- opening:start -->
+# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# <!-- opening:end -->
 #
 # **The question:** more runs that finish and are wrong (or die for a reason far from the bug):
 # which are they, and what finds them?
@@ -489,3 +480,8 @@ check_answer("ex2", answer_2, expected_2, hint="iteration 1 is watched; step 2's
 # step 2 is unsynced (the checker raises after it); step 3's forward sees the unfinished reduction.
 solution_2 = [3, 2]
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb): run the same worker under `torchrun` on one or two nodes; say what a failed node does.
+# <!-- next:end -->

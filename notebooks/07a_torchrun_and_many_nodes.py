@@ -16,18 +16,9 @@
 # %% [markdown]
 # # 07a · torchrun and many nodes
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 83 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,900 words of prose at 200 words/min): about 10 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** run notebook 04's DDP training under `torchrun` on one node and on two
-# "nodes" (two torchrun agents meeting at a c10d rendezvous, over loopback and, where permitted,
-# over a real network interface), read what torchrun tells each rank (`RANK`, `GROUP_RANK`,
-# `LOCAL_RANK`, `WORLD_SIZE`), and say what happens when one node fails, with and without
-# `--max-restarts`. **You need** [04](04_mnist_single_dp_ddp.ipynb) (the MNIST recipe and its
-# worker) and [06a](06a_training_loop_pitfalls.ipynb)–[06c](06c_seeds_and_debugging.ipynb)
-# (what goes wrong in a DDP run). The next lesson: [07b](07b_hooks_and_after_ddp.ipynb)
-# (communication hooks, the GPU path, what comes after DDP).
+# <!-- opening:start -->
+# **You will be able to** run the same worker under `torchrun` on one or two nodes; say what a failed node does. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06b state across ranks](06b_state_across_ranks.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): 1 to 2 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# <!-- opening:end -->
 #
 # **The question:** the DDP training we started from a notebook cell in notebook 04 -- how do
 # we run the *same code* with `torchrun` on one machine, on several machines and under SLURM,
@@ -474,8 +465,6 @@ plt.show()
 #   on node 0). `--max-restarts` restarts the whole worker group from scratch; restart counts
 #   are per agent, and on this torch version restarts need `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`.
 #
-# Next: [07b](07b_hooks_and_after_ddp.ipynb), communication hooks and what comes after DDP.
-#
 # ## Going further
 #
 # * Run `python ci/run_notebooks.py 07a -p fail_at_step=1`. Before running, predict whether
@@ -548,3 +537,8 @@ check_answer("ex2", answer_2, expected_2,
 # (attempt 1, TORCHELASTIC_RESTART_COUNT = 1), which trains to the end: 2 starts, count 1.
 solution_2 = [2, 1]
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb): write a communication hook, count compressed bytes, size ZeRO and FSDP.
+# <!-- next:end -->

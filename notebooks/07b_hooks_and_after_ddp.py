@@ -16,16 +16,9 @@
 # %% [markdown]
 # # 07b · Communication hooks and what comes after DDP
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 41 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,100 words of prose at 200 words/min): about 10 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** write a DDP communication hook that does all of DDP's averaging (and
-# recognise the broken ones), say how many bytes each built-in hook (fp16, bf16, PowerSGD) sends
-# per step and what that cost in accuracy, run the course on a GPU, and count the model-state
-# memory per device of DDP and of ZeRO / FSDP. **You need** [04](04_mnist_single_dp_ddp.ipynb)
-# (the MNIST recipe and its worker) and [07a](07a_torchrun_and_many_nodes.ipynb) (torchrun and
-# many nodes). The next lesson: [08a](08a_zero_and_fsdp2.ipynb) (ZeRO-1 and FSDP2 run for real).
+# <!-- opening:start -->
+# **You will be able to** write a communication hook, count compressed bytes, size ZeRO and FSDP. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,000 words at 200 words/min): about 10 min.
+# <!-- opening:end -->
 #
 # **The question:** every DDP step all-reduces every gradient -- how can DDP send fewer bytes
 # (communication hooks), what does that cost, and what comes after DDP when the model no longer
@@ -557,14 +550,11 @@ for label, row in table.iterrows():
 # picks nccl when there is one GPU per rank, workers use `cuda:<LOCAL_RANK>`, and torchrun's
 # entry point does the same on every node. The next cell prints whether this run had a GPU.
 #
-# **Claim:** the notebook runner has a `gpu` profile (`python3 ci/run_notebooks.py --profile
-# gpu`, parameters in `ci/profiles.json`): notebooks 01 and 04 run with `world_size = 1`, so
-# `launch` picks nccl for one rank and `nn.DataParallel` runs for real on the one device; the
-# other notebooks use their defaults. **Claim (CPU):** where CUDA is missing, the runner refuses
-# to start the profile. `docs/CLUSTER.md` says what it needs. (The multi-GPU comparison with `world_size`
-# = the GPU count is not in the profile: pass `-p world_size=N`.)
+# To run the lessons' GPU branches on a GPU machine, the course's notebook runner has a `gpu`
+# profile; [docs/CLUSTER.md](../docs/CLUSTER.md) says what it needs and what it runs. The table
+# below says what each part of lessons 07a and 07b becomes with GPUs.
 
-# %% tags=["check"]
+# %%
 gpu_plan = pd.DataFrame([
     {"part": "07a §1. torchrun vs launch", "here": f"{backend}, {world_size} CPU processes",
      "1 GPU (-p world_size 1)": "nccl, 1 rank on cuda:0", "N >= 2 GPUs": "nccl, one rank per GPU"},
@@ -575,27 +565,6 @@ gpu_plan = pd.DataFrame([
      "1 GPU (-p world_size 1)": "nccl, 1 rank (bytes counted, nothing crosses a wire)",
      "N >= 2 GPUs": "nccl over NVLink / PCIe"},
 ]).set_index("part")
-import json
-
-from helpers import REPO_ROOT
-
-runner_profiles = json.loads((REPO_ROOT / "ci" / "profiles.json").read_text())
-gpu_notebooks = sorted(stem for stem, prof in runner_profiles.items() if isinstance(prof, dict) and "gpu" in prof)
-assert {"01_gradients_dp_vs_ddp", "04_mnist_single_dp_ddp"} <= set(gpu_notebooks), gpu_notebooks
-assert all(runner_profiles[stem]["gpu"].get("world_size") == 1 for stem in gpu_notebooks)
-from helpers.notebook import cpu_claim
-
-if cpu_claim("where CUDA is missing, the runner refuses to start the gpu profile"):  # before running anything
-    from ci.planning import ConfigError, require_device  # the check `ci/run_notebooks.py` makes
-
-    try:
-        require_device("gpu")
-        refused = None
-    except ConfigError as e:
-        refused = str(e)
-    assert refused and "torch.cuda.is_available() is False" in refused, refused
-    print("the runner refuses --profile gpu here:", refused[:120], "...")
-print(f"runner profile 'gpu' sets world_size = 1 for: {gpu_notebooks}")
 print(f"GPUs visible to this kernel: {n_gpus}. "
       + ("GPU rows NOT RUN here: no GPU." if n_gpus == 0 else f"this run used backend {backend!r}."))
 gpu_plan
@@ -777,3 +746,7 @@ solution_3 = launch(through_hook, 2, fp16_prescaled_hook, backend="gloo", timeou
 assert solution_3[0][0] == 35008.0 and solution_3[1] == solution_3[0], solution_3
 check_answer("ex3", solution_3, expected_3, strict=True)
 
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb): shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint.
+# <!-- next:end -->

@@ -16,19 +16,9 @@
 # %% [markdown]
 # # 08a · After DDP: ZeRO-1 and FSDP2, run for real
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,500 words of prose at 200 words/min): about 8 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** shard the optimizer state with `ZeroRedundancyOptimizer` (ZeRO-1) and
-# the whole model with FSDP2 (`fully_shard`), say which shard every rank holds, measure the bytes
-# of parameters, gradients and optimizer state per rank and compare them with the model-size
-# formula, check that sharded training follows DDP's loss curve, clip sharded gradients by the
-# right norm, and save a checkpoint that loads into a plain model. **You need**
-# [00b](00b_ddp_cell_by_cell.ipynb) (what DDP does in a step) and section 3 of
-# [07b](07b_hooks_and_after_ddp.ipynb)
-# (the ZeRO stages and their arithmetic, which this lesson runs). The next lesson:
-# [08b](08b_compile_and_ddp.ipynb) (`torch.compile` with DDP).
+# <!-- opening:start -->
+# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# <!-- opening:end -->
 #
 # **The question:** when I shard the model across ranks, what does each rank hold, and what
 # changes in my training loop?
@@ -551,3 +541,8 @@ check_answer("ex2", answer_2, expected_2, hint="chunks of ceil(7 / 3) rows; the 
 # ceil(7 / 3) = 3 rows per chunk: 3, 3, and the remaining 1.
 solution_2 = [3, 3, 7 - 3 - 3]
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [08b torch.compile with DDP](08b_compile_and_ddp.ipynb): count what `torch.compile` captures under DDP and where buckets split the graph.
+# <!-- next:end -->

@@ -16,16 +16,9 @@
 # %% [markdown]
 # # 08b · torch.compile with DDP
 #
-# <!-- run-time:start -->
-# **Run time** (measured): 17 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 1,300 words of prose at 200 words/min): about 6 min.
-# <!-- run-time:end -->
-#
-# **You will be able to** say what `torch.compile` captures when the model is wrapped in DDP, in
-# either order, predict into how many graphs the compiler splits it for a given `bucket_cap_mb`,
-# and save a checkpoint of a compiled DDP model that loads into a plain model. **You need**
-# [00b](00b_ddp_cell_by_cell.ipynb) (what DDP does in a step) and
-# [05b](05b_communication_and_cost_model.ipynb) (DDP's gradient buckets). It is the last lesson of the
-# path.
+# <!-- opening:start -->
+# **You will be able to** count what `torch.compile` captures under DDP and where buckets split the graph. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# <!-- opening:end -->
 #
 # **The question:** I put `torch.compile` and DDP together: what got compiled, and is my checkpoint
 # still a checkpoint of my model?
@@ -429,3 +422,8 @@ check_answer("ex2", answer_2, expected_2, hint="DDP is the outer wrapper: its pr
 # Solution of exercise 2 (try the exercise first)
 solution_2 = ("module._orig_mod.layers.1.bias", "layers.1.bias")
 check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)).
+# <!-- next:end -->

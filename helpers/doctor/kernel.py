@@ -86,12 +86,12 @@ print("RESULT every index once per epoch, 2 epochs")
 
 class DoctorKernel:
     """A ``python3`` kernel (the notebooks' kernelspec) started with jupyter_client, as JupyterLab
-    and papermill start it (``ipc`` transport: :func:`ci.cleanup.ipc_kernel_manager`)."""
+    and papermill start it (``ipc`` transport: :func:`helpers.ipc_kernel.ipc_kernel_manager`)."""
 
     def __init__(self, start_timeout: float):
         from jupyter_client.manager import KernelManager
 
-        from ci.cleanup import ipc_kernel_manager
+        from helpers.ipc_kernel import ipc_kernel_manager
 
         self.km = ipc_kernel_manager(KernelManager)(kernel_name="python3")
         self.kc = None

@@ -28,9 +28,10 @@ import nbformat
 import pytest
 
 from ci.gpu_claims import HELPER, MARKED, calls, check_cells, code_tree, device_branches
+from helpers import lessons as manifest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+NOTEBOOKS = [NOTEBOOKS_DIR / f"{stem}.ipynb" for stem in manifest.stems(None)]
 #: every bold label that starts with the word Claim or Claims, with or without a parenthesis and colon
 CLAIM = re.compile(r"\*\*Claims?\b[^*\n]*\*\*:?")
 ASSERTING_CALLS = {"assert_close", "assert_equal", "check_answer"}

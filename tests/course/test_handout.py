@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ci import agenda, path_table
+from ci import agenda, generate, marked
 from helpers import jupyter_hooks
+from helpers import lessons as manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "jupyter_lab_config.json"
@@ -30,7 +31,7 @@ def test_readme_starts_jupyterlab_at_the_root_with_the_config():
     assert command, "README: no `python3 -m jupyter lab ...` line"
     args = command.group(1).split()
     assert f"--config={CONFIG.name}" in args, args
-    assert args[-1] == f"notebooks/{path_table.lessons()[0]}.ipynb", "it opens the first lesson"
+    assert args[-1] == f"notebooks/{manifest.stems()[0]}.ipynb", "it opens the first lesson"
     config = json.loads(CONFIG.read_text())
     assert config["ServerApp"]["root_dir"] == ".", "the folder it starts in, not the notebook's folder"
     assert config["ContentsManager"]["pre_save_hook"] == "helpers.jupyter_hooks.pre_save"
@@ -77,7 +78,7 @@ class _Manager:
 
 
 def test_pre_save_drops_the_python_version_and_keeps_the_twins_jupytext_version(tmp_path):
-    committed = ROOT / "notebooks" / f"{path_table.lessons()[0]}.ipynb"
+    committed = ROOT / "notebooks" / f"{manifest.stems()[0]}.ipynb"
     nb = nbformat.read(str(committed), as_version=4)
     nb.metadata["language_info"] = {**jupyter_hooks.LANGUAGE_INFO, "version": "3.12.1"}  # what JupyterLab sends
     model = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
@@ -95,23 +96,23 @@ def test_pre_save_drops_the_python_version_and_keeps_the_twins_jupytext_version(
 
 
 def test_teaching_agendas_are_generated_from_the_recorded_times(capsys):
-    assert agenda.main(["--check"]) == 0, capsys.readouterr().err
+    assert generate.main(["--check"]) == 0, capsys.readouterr().err
     text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
-    block = text.split(agenda.START, 1)[1].split(agenda.END, 1)[0]
+    block = marked.between(text, agenda.START, agenda.END)
     assert "**3 hours**" in block and "**The whole course, day 1**" in block and "day 2**" in block
-    for stem in path_table.lessons():
+    for stem in manifest.stems():
         assert f"| {stem} |" in block, stem
     assert "python3 -m helpers.doctor" in text and "python3 -m ci.student_copies" in text
 
 
 def test_agenda_takes_the_measured_minutes(tmp_path):
     """A recorded time changes the slot: the table is computed, not typed."""
-    stem = path_table.lessons()[0]
-    times = {"profile": "full", "notebooks": {stem: {"seconds": 600, "date": "d", "machine": "m"}}}
+    stem = manifest.stems()[0]
+    times = {"smoke": {stem: {"seconds": 600, "date": "d", "machine": "m"}}}
     (row,) = agenda.slots([stem], times, ROOT / "notebooks")
     assert row["run_min"] == 10
     assert row["slot_min"] == 5 * -(-(10 + row["read_min"] + row["exercise_min"]) // 5)
-    (row0,) = agenda.slots([stem], {"notebooks": {}}, ROOT / "notebooks")
+    (row0,) = agenda.slots([stem], {}, ROOT / "notebooks")
     assert row0["run_min"] is None and row0["slot_min"] < row["slot_min"]
 
 
@@ -121,8 +122,8 @@ def test_agenda_reading_time_is_the_lessons_own():
 
     import nbformat
 
-    rows = agenda.slots(path_table.lessons(), {"notebooks": {}}, ROOT / "notebooks")
-    for row, stem in zip(rows, path_table.lessons()):
+    rows = agenda.slots(manifest.stems(), {}, ROOT / "notebooks")
+    for row, stem in zip(rows, manifest.stems()):
         nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
         shown = re.search(r"about (\d+) min\.", nb.cells[0].source)
         assert shown and int(shown.group(1)) == row["read_min"], (stem, row["read_min"], nb.cells[0].source[:300])

@@ -9,9 +9,10 @@ import nbformat
 import pytest
 
 from ci import run_notebooks as rn
+from helpers import lessons as manifest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+NOTEBOOKS = [NOTEBOOKS_DIR / f"{stem}.ipynb" for stem in manifest.stems(None)]  # the manifest's
 IDS = [p.stem for p in NOTEBOOKS]
 
 ABSOLUTE_PATH = re.compile(r"/home/|/root/|/work/|/Users/|\b[A-Za-z]:\\")
@@ -91,7 +92,7 @@ def test_first_cell_is_markdown(path):
 
 @pytest.mark.parametrize("profile", rn.PROFILES)
 def test_profiles_match_notebook_parameters(profile):
-    """ci/profiles.json names only declared parameters, with the defaults' types (no run)."""
+    """The manifest's profile tables name only declared parameters, with the defaults' types (no run)."""
     if not NOTEBOOKS:
         pytest.fail(f"no notebooks found in {NOTEBOOKS_DIR}")
     try:
@@ -144,8 +145,10 @@ def test_jupytext_twin_in_sync(path):
 
 
 def test_every_twin_has_a_notebook():
-    orphans = [p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.py") if not p.with_suffix(".ipynb").exists()]
-    assert not orphans, f"jupytext twins without a notebook: {orphans}; run `jupytext --sync` on them"
+    """Every .py in notebooks/ is a twin of a notebook of the manifest (tests/course/test_generate.py
+    checks that the manifest lists every notebook)."""
+    orphans = [p.name for p in NOTEBOOKS_DIR.glob("*.py") if p.with_suffix(".ipynb") not in NOTEBOOKS]
+    assert not orphans, f"jupytext twins without a notebook of the manifest: {orphans}; run `jupytext --sync` on them"
 
 
 def test_committed_language_info_is_ipykernels_without_its_version():

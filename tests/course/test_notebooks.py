@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from ci import path_table
 from ci.planning import effective_parameters, notebook_parameters, plan_run
 from ci.run_notebooks import run_notebooks
+from helpers import lessons as manifest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-# rough seconds of each smoke run on 2 cores (tests/conftest.py starts the longest first; the
-# order of the tests is all they are used for)
-SMOKE_SECONDS = {"00": 45, "05": 85, "06": 35, "07": 55}
+NOTEBOOKS = [NOTEBOOKS_DIR / f"{stem}.ipynb" for stem in manifest.stems(None)]
+# each smoke run's recorded seconds (docs/run_times.json; the full run's where smoke has none):
+# tests/conftest.py starts the longest first, the order of the tests is all they are used for
+TIMES = path_table.load_times()
 #: the lesson label of the Python matrix notebook (``pytest -m matrix``, ci/matrix.py): launch, warm ranks, %%px
 MATRIX_NOTEBOOK = "00a"
 
@@ -34,7 +36,7 @@ def test_effective_parameters_sees_profile_overrides():
     """A notebook whose full profile overrides a parameter runs with other values in the full
     profile than in smoke, and smoke is the notebook's own defaults (what a learner runs)."""
     overridden = [p for p in NOTEBOOKS if plan_run([str(p)], profile="full").jobs[0].params]
-    assert overridden, "no notebook has full-profile overrides: check ci/profiles.json"
+    assert overridden, "no notebook has full-profile overrides: check notebooks/lessons.toml"
     for path in NOTEBOOKS:
         smoke, full = effective_parameters(path, "smoke"), effective_parameters(path, "full")
         assert set(smoke) == set(full) == set(notebook_parameters(path)), path.stem
@@ -43,7 +45,8 @@ def test_effective_parameters_sees_profile_overrides():
 
 
 def _marks(path: Path) -> list:
-    marks = [pytest.mark.slow(SMOKE_SECONDS.get(path.stem[:2], 20))]
+    seconds = path_table.seconds(TIMES, "smoke", path.stem) or path_table.seconds(TIMES, "full", path.stem)
+    marks = [pytest.mark.slow(round(seconds or 20))]
     if path.stem.split("_")[0] == MATRIX_NOTEBOOK:
         return [*marks, pytest.mark.matrix]
     return [*marks, pytest.mark.lessons]

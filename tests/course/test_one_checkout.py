@@ -16,7 +16,8 @@ import nbformat
 import pytest
 
 from _support import REPO_ROOT
-from ci import path_table, student_copies
+from ci import student_copies
+from helpers import lessons as manifest
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
@@ -107,7 +108,7 @@ def test_handout_install_leaves_the_repositorys_mapping(tmp_path):
     pytest.importorskip("setuptools", minversion="64")  # editable installs of pyproject.toml projects
     repo = copy_course(tmp_path / "repo")
     handout = tmp_path / "handout"
-    student_copies.write_student_copies(path_table.lessons()[:1], handout)
+    student_copies.write_student_copies(manifest.stems()[:1], handout)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"

@@ -83,6 +83,9 @@ def course(tmp_path_factory) -> dict:
     (root / "README.md").write_text(README)
     (root / "docs" / "GLOSSARY.md").write_text(GLOSSARY)
     (root / "docs" / "TEACHING.md").write_text(TEACHING)
+    (root / "notebooks" / "lessons.toml").write_text(  # the course's order: the site's navigation follows it
+        '[[lesson]]\nstem = "01_one"\ntitle = "one"\noutcome = "do one"\n\n'
+        '[[lesson]]\nstem = "02_two"\ntitle = "two"\noutcome = "do two"\n')
     executed = root / "build" / "full"
     executed.mkdir(parents=True)
     for name, cells in (("01_one", ONE), ("02_two", TWO)):
@@ -92,7 +95,7 @@ def course(tmp_path_factory) -> dict:
                                        cwd=str(root / "notebooks"), progress_bar=False, kernel_name="python3")
         except papermill.PapermillExecutionError:
             assert name == "02_two"
-    # a notebook an older run left (a lesson since renamed) is not a lesson: no source in notebooks/
+    # a notebook an older run left (a lesson since renamed) is not a lesson: not in the manifest
     shutil.copyfile(executed / "01_one.ipynb", executed / "01_old_name.ipynb")
     index = site.build_site(executed, root=root)
     return {"root": root, "executed": executed, "site": index.parent}

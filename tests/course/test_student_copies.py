@@ -9,10 +9,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ci import path_table, student_copies
+from ci import student_copies
+from helpers import lessons as manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-LESSONS = path_table.lessons()
+LESSONS = manifest.stems(None)
 NOTEBOOKS = [ROOT / "notebooks" / f"{stem}.ipynb" for stem in LESSONS]
 
 
@@ -51,8 +52,8 @@ def test_a_scratch_notebook_is_not_a_lesson(tmp_path, capsys):
         nbformat.write(nb, str(nbs / f"{stem}.ipynb"))
     written = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=nbs, lessons=["01_t"])
     assert [p.name for p in written] == ["01_t.ipynb"]
-    assert sorted(p.name for p in (tmp_path / "out" / "notebooks").iterdir()) == ["01_t.ipynb"]
-    with pytest.raises(student_copies.ConfigError, match="not a lesson"):
+    assert sorted(p.name for p in (tmp_path / "out" / "notebooks").iterdir()) == ["01_t.ipynb", "lessons.toml"]
+    with pytest.raises(student_copies.ConfigError, match="not a notebook of the course"):
         student_copies.write_student_copies(["zz_scratch"], tmp_path / "out2", notebooks_dir=nbs, lessons=["01_t"])
 
 

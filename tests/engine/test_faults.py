@@ -349,14 +349,13 @@ def test_notebook_cell_hangs_under_papermill(row, tmp_path, monkeypatch):
         nbformat.v4.new_code_cell("launch(faults.skip_collective, world_size, timeout=None)"),
     ]
     (tmp_path / "nbs").mkdir()
-    (tmp_path / "none.json").write_text("{}")
     nbformat.write(nb, tmp_path / "nbs" / "99_hang.ipynb")
     kernel_tmp = tmp_path / "tmp"  # the kernel's temp directory, where the launch's run folder goes
     kernel_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     start = time.monotonic()
     rows = rn.run_notebooks(["99_hang"], cell_timeout=30, output_dir=tmp_path / "out",
-                            notebooks_dir=tmp_path / "nbs", profiles_file=tmp_path / "none.json")
+                            notebooks_dir=tmp_path / "nbs")
     secs = time.monotonic() - start
     (result,) = rows
     assert result["status"] == "TIMEOUT", result
@@ -494,9 +493,8 @@ def test_second_runner_on_the_same_output_folder(row, tmp_path):
     ]
     nbs.mkdir()
     nbformat.write(nb, nbs / "99_lock.ipynb")
-    (tmp_path / "none.json").write_text("{}")
     cmd = [sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "99_lock", "--notebooks-dir", str(nbs),
-           "--profiles", str(tmp_path / "none.json"), "--output-dir", str(out), "--cell-timeout", "300"]
+           "--output-dir", str(out), "--cell-timeout", "300"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

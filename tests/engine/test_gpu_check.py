@@ -36,7 +36,9 @@ def _gpu_marks_by_lesson() -> dict[str, int]:
     import nbformat
 
     counts = {}
-    for path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+    from helpers import lessons as manifest
+
+    for path in (REPO_ROOT / "notebooks" / f"{stem}.ipynb" for stem in manifest.stems(None)):
         n = sum(c.source.count("**Claim (GPU):**") + c.source.count("**Claims (GPU):**")
                 for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "markdown")
         if n:

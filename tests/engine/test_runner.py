@@ -105,13 +105,15 @@ def nbdir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def profiles(tmp_path: Path) -> Path:
-    p = tmp_path / "profiles.json"
-    p.write_text(json.dumps({"_comment": "test", "01_ok": {"smoke": {"n": 5}, "full": {"n": 50, "x": 2}}}))
+    """A lesson manifest with profile tables for 01_ok only (the folder's notebooks are not all in it)."""
+    p = tmp_path / "lessons.toml"
+    p.write_text('[[lesson]]\nstem = "01_ok"\ntitle = "ok"\noutcome = "pass"\n'
+                 '[lesson.smoke]\nn = 5\n[lesson.full]\nn = 50\nx = 2\n')
     return p
 
 
 def common_args(nbdir: Path, profiles: Path, tmp_path: Path) -> list[str]:
-    return ["--notebooks-dir", str(nbdir), "--profiles", str(profiles),
+    return ["--notebooks-dir", str(nbdir), "--manifest", str(profiles),
             "--output-dir", str(tmp_path / "build")]
 
 
@@ -240,7 +242,7 @@ def test_leftover_process_fails_the_notebook_and_is_killed(nbdir, profiles, tmp_
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     rows = rn.run_notebooks(["04_leak"], output_dir=tmp_path / "build", notebooks_dir=nbdir,
-                            profiles_file=profiles)
+                            manifest=profiles)
     (row,) = rows
     assert row["status"] == "FAILED", row
     assert row["processes_left"] == 1, row
@@ -258,7 +260,7 @@ def test_kernel_death_orphans_are_found(nbdir, profiles, tmp_path, monkeypatch):
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     (row,) = rn.run_notebooks(["05"], output_dir=tmp_path / "build", notebooks_dir=nbdir,
-                              profiles_file=profiles)
+                              manifest=profiles)
     assert row["status"] == "FAILED", row
     assert row["error"].startswith("05_die: cell 3: `os.kill(os.getpid(), 9)`: the kernel died"), row
     assert "1 process(es) left behind" in row["error"]
@@ -301,17 +303,18 @@ def test_cli_unknown_name_exit_code(nbdir, profiles, tmp_path):
 
 @pytest.mark.parametrize(
     "value, given",
-    [("many", "str"), (True, "bool"), (2.5, "float"), (None, "NoneType")],
+    [("many", "str"), (True, "bool"), (2.5, "float"), ([1], "list")],
 )
 def test_wrong_type_in_profile(nbdir, tmp_path, capsys, value, given):
-    prof = tmp_path / "bad.json"
-    prof.write_text(json.dumps({"01_ok": {"smoke": {"n": value}}}))
-    rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(prof),
+    prof = tmp_path / "bad.toml"
+    prof.write_text('[[lesson]]\nstem = "01_ok"\ntitle = "ok"\noutcome = "pass"\n'
+                    f'[lesson.smoke]\nn = {json.dumps(value)}\n')
+    rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--manifest", str(prof),
                              "--output-dir", str(tmp_path / "build")], capsys)
     assert rc == 2
     assert "01_ok: parameter 'n' must be an int, but it is " in err
-    assert f"({given}) (from profile 'smoke' in bad.json; the notebook's default is 2)" in err
-    assert '`"n": 2` in that profile' in err
+    assert f"({given}) (from profile 'smoke' in bad.toml; the notebook's default is 2)" in err
+    assert "`n = 2` in that profile's table" in err
     assert not (tmp_path / "build").exists()
 
 
@@ -346,7 +349,7 @@ def test_missing_parameters_cell(tmp_path, profiles, capsys):
     d = tmp_path / "nb"
     make_notebook(d / "01_ok.ipynb", OK_CELLS)
     make_notebook(d / "02_noparams.ipynb", ["print(1)"], params=None)
-    rc, out, err = run_main(["--notebooks-dir", str(d), "--profiles", str(profiles),
+    rc, out, err = run_main(["--notebooks-dir", str(d), "--manifest", str(profiles),
                              "--output-dir", str(tmp_path / "build")], capsys)
     assert rc == 2
     assert "02_noparams: no cell tagged 'parameters'" in err
@@ -355,7 +358,7 @@ def test_missing_parameters_cell(tmp_path, profiles, capsys):
 
 def test_empty_notebooks_dir(tmp_path, profiles, capsys):
     (tmp_path / "empty").mkdir()
-    rc, out, err = run_main(["--notebooks-dir", str(tmp_path / "empty"), "--profiles", str(profiles)], capsys)
+    rc, out, err = run_main(["--notebooks-dir", str(tmp_path / "empty"), "--manifest", str(profiles)], capsys)
     assert rc == 2 and "no notebooks" in err
 
 
@@ -387,7 +390,7 @@ def test_paths_that_cannot_work_are_refused_before_anything_runs(nbdir, profiles
     afile = tmp_path / "afile"
     afile.write_text("")
     for out in (afile, afile / "sub"):
-        rc, _, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(profiles),
+        rc, _, err = run_main(["01", "--notebooks-dir", str(nbdir), "--manifest", str(profiles),
                                "--output-dir", str(out)], capsys)
         assert rc == 2 and f"{afile} exists and is not a folder" in err, err
     assert student_copies.main(["01", "--output-dir", str(afile)]) == 2
@@ -396,7 +399,7 @@ def test_paths_that_cannot_work_are_refused_before_anything_runs(nbdir, profiles
     twin.write_text("# %%\n")
     rc, _, err = run_main([str(twin), *common_args(nbdir, profiles, tmp_path)], capsys)
     assert rc == 2 and "is a Python file, not a notebook" in err and "'01_ok.ipynb'" in err, err
-    rc, _, err = run_main(["01", "--notebooks-dir", str(tmp_path / "nowhere"), "--profiles", str(profiles),
+    rc, _, err = run_main(["01", "--notebooks-dir", str(tmp_path / "nowhere"), "--manifest", str(profiles),
                            "--output-dir", str(tmp_path / "build")], capsys)
     assert rc == 2 and "does not exist or is not a folder" in err and "nowhere" in err, err
     assert afile.read_text() == "" and not (tmp_path / "build").exists()
@@ -426,16 +429,20 @@ def test_cli_sigterm_ends_the_run_like_ctrl_c(nbdir, profiles, tmp_path):
     assert not left, f"kernel files left in the runner's temp directory: {left}"
 
 
-def test_bad_profiles_file(nbdir, tmp_path, capsys):
-    prof = tmp_path / "p.json"
+def test_bad_manifest(nbdir, tmp_path, capsys):
+    prof = tmp_path / "p.toml"
+    record = '[[lesson]]\nstem = "01_ok"\ntitle = "ok"\noutcome = "pass"\n'
     for content, message in [
-        ("{not json", "cannot read profiles file"),
-        ('{"01_ok": {"huge": {}}}', "unknown profile 'huge'"),
-        ('{"01_ok": {"smoke": [1]}}', "must be an object"),
+        ("[[lesson", "cannot read the lesson manifest"),
+        (record + "[lesson.huge]\nn = 1\n", "unknown keys ['huge']"),
+        (record.replace('title = "ok"\n', ""), "needs a text for title"),
     ]:
         prof.write_text(content)
-        rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--profiles", str(prof)], capsys)
+        rc, out, err = run_main(["01", "--notebooks-dir", str(nbdir), "--manifest", str(prof)], capsys)
         assert rc == 2 and message in err, err
+    (nbdir / "lessons.toml").write_text(record + record.replace("01_ok", "09_missing"))
+    rc, out, err = run_main(["--notebooks-dir", str(nbdir), "--list"], capsys)
+    assert rc == 2 and "09_missing.ipynb" in err, err
 
 
 def test_expected_type_inference():
@@ -453,7 +460,7 @@ def test_expected_type_inference():
 def test_parameter_papermill_cannot_parse_is_still_checked(tmp_path, profiles, capsys):
     d = tmp_path / "nb"
     make_notebook(d / "01_eq.ipynb", ["pass"], params="steps = 200  # 0 = all\nlr = 0.1\n")
-    args = ["--notebooks-dir", str(d), "--profiles", str(profiles), "--list"]
+    args = ["--notebooks-dir", str(d), "--manifest", str(profiles), "--list"]
     rc, out, err = run_main([*args, "-p", "steps=5"], capsys)
     assert rc == 0 and "01_eq: {'steps': 5}" in out, err
     rc, out, err = run_main([*args, "-p", "steps=0.5"], capsys)
@@ -468,6 +475,17 @@ def test_gpu_profile_refused_without_cuda(capsys):
         pytest.skip("this machine has CUDA: the gpu profile would run")
     assert rn.main(["--profile", "gpu", "01"]) == rn.EXIT_USAGE
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_gpu_profile_runs_01_and_04_on_one_rank():
+    """docs/CLUSTER.md's gpu profile: 01 and 04 run with world_size 1 (nccl for one rank, real
+    nn.DataParallel on the one device); the others keep their defaults."""
+    from helpers import lessons
+
+    profiles = {lesson.stem: lesson.profiles.get("gpu") for lesson in lessons.load()}
+    gpu = {stem for stem, values in profiles.items() if values}
+    assert {"01_gradients_dp_vs_ddp", "04_mnist_single_dp_ddp"} <= gpu, gpu
+    assert all(profiles[stem].get("world_size") == 1 for stem in gpu), profiles
 
 
 @pytest.mark.parametrize("value, default", [

@@ -196,13 +196,13 @@ def test_plain_torch_spawn_in_a_lesson_kernel_says_to_use_helpers_mp(kernel):
 # ---- docs/OWN_CODE.md's table is these edit lists ------------------------------------------------------
 
 def test_docs_table_is_written_from_these_edit_lists():
-    """docs/OWN_CODE.md (linked from the README) holds the table ci/changes_table.py writes from
+    """docs/OWN_CODE.md (linked from the README) holds the table python3 -m ci.generate writes from
     tutorial_edits.py: the edits these tests make, no more, no fewer."""
-    from ci import changes_table, params_table
+    from ci import changes_table, marked
 
     doc = (REPO_ROOT / "docs" / "OWN_CODE.md").read_text(encoding="utf-8")
-    wanted = params_table.render(doc, changes_table.table(edits.SOURCES), changes_table.START, changes_table.END)
-    assert doc == wanted, "docs/OWN_CODE.md's table is out of date: run python3 ci/changes_table.py"
+    wanted = marked.render(doc, changes_table.table(edits.SOURCES), changes_table.START, changes_table.END)
+    assert doc == wanted, "docs/OWN_CODE.md's table is out of date: run python3 -m ci.generate"
     section = doc[doc.index("\n## Code from tutorials\n"):]
     assert changes_table.START in section.split("\n## ", 2)[1]  # the table is in that section
     flat = " ".join(section.split())
@@ -211,16 +211,17 @@ def test_docs_table_is_written_from_these_edit_lists():
 
 
 def test_changes_table_check_finds_a_hand_edit_and_writing_fixes_it(tmp_path, capsys):
-    """``ci/changes_table.py --check`` exits 1 on a table edited by hand, 0 once rewritten; 2 without markers."""
-    from ci import changes_table
+    """The table edited by hand is out of date until rewritten; a lost marker is an error."""
+    from ci import changes_table, marked
 
     doc = tmp_path / "OWN_CODE.md"
     good = (REPO_ROOT / "docs" / "OWN_CODE.md").read_text(encoding="utf-8")
     doc.write_text(good.replace("`DDP(model)` for `DDP(model, device_ids=[rank])`; ", ""), encoding="utf-8")
-    assert changes_table.main(["--check", "--doc", str(doc)]) == 1
-    assert changes_table.main(["--doc", str(doc)]) == 0
-    assert doc.read_text(encoding="utf-8") == good
-    assert changes_table.main(["--check", "--doc", str(doc)]) == 0
-    doc.write_text(good.replace(changes_table.START, ""), encoding="utf-8")
-    assert changes_table.main(["--check", "--doc", str(doc)]) == 2
+    ((path, current, wanted, what),) = changes_table.outputs(doc)
+    assert marked.check_or_write(path, current, wanted, True, what) == 1
     assert "OUT OF DATE" in capsys.readouterr().err
+    assert marked.check_or_write(path, current, wanted, False, what) == 0
+    assert doc.read_text(encoding="utf-8") == good
+    doc.write_text(good.replace(changes_table.START, ""), encoding="utf-8")
+    with pytest.raises(ValueError, match="changes:start"):
+        changes_table.outputs(doc)

@@ -1,0 +1,78 @@
+"""Write every generated text of the course from the lesson manifest and the records: one command.
+
+Usage (from the repository root)::
+
+    python3 -m ci.generate                                          # write what is out of date
+    python3 -m ci.generate --check                                  # exit 1 if anything is
+    python3 -m ci.generate --record build/full/times.json --profile full   # take a run's times first
+
+What it writes, each between its markers (``ci/marked.py``): the README's path table and every
+notebook's opening block and "Next" link (``ci/path_table.py``, from ``notebooks/lessons.toml``
+and ``docs/run_times.json``), docs/RUNNER.md's parameter table (``ci/params_table.py``),
+docs/TEACHING.md's agendas (``ci/agenda.py``) and docs/OWN_CODE.md's table of tutorial edits
+(``ci/changes_table.py``). ``--record FILE`` first copies a runner's ``times.json`` (written by
+``ci/run_notebooks.py`` into ``build/<profile>/``) into ``docs/run_times.json`` under
+``--profile``; the other profile's times are kept.
+
+Exit codes: 0 written / up to date; 1 ``--check`` found something out of date; 2 the manifest, a
+record, a notebook or a marker is missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ci import agenda, changes_table, marked, params_table, path_table, planning
+from helpers.lessons import ManifestError
+
+
+def record(times_file: Path, run_file: Path, profile: str) -> None:
+    """Merge ``run_file`` (``{stem: {"seconds", "date", "machine"}}``) into ``times_file`` as
+    ``profile``'s times. Raises OSError or ValueError when a file is unreadable."""
+    run = json.loads(run_file.read_text(encoding="utf-8"))
+    current = json.loads(times_file.read_text(encoding="utf-8")) if times_file.is_file() else {}
+    profiles = current.get("profiles", {})
+    profiles[profile] = dict(sorted(run.items()))
+    times_file.write_text(json.dumps({"profiles": dict(sorted(profiles.items()))}, indent=1) + "\n",
+                          encoding="utf-8")
+
+
+def outputs(root: Path) -> list[tuple[Path, str, str, str]]:
+    """``(path, current, wanted, what)`` for every generated text of the checkout at ``root``."""
+    notebooks, times = root / "notebooks", root / "docs" / "run_times.json"
+    return [*path_table.outputs(root / "README.md", times, notebooks),
+            *params_table.outputs(root / "docs" / "RUNNER.md", notebooks),
+            *agenda.outputs(root / "docs" / "TEACHING.md", times, notebooks),
+            *changes_table.outputs(root / "docs" / "OWN_CODE.md", root / "tests" / "engine" / "tutorial_edits.py")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m ci.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if any generated text is out of date")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="a runner's times.json (e.g. build/full/times.json) to keep in docs/run_times.json")
+    parser.add_argument("--profile", choices=planning.PROFILES, default="full",
+                        help="the profile --record's file comes from (default full)")
+    parser.add_argument("--root", type=Path, default=path_table.REPO_ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.check and args.record:
+        parser.error("--check and --record do not go together")
+    try:
+        if args.record:
+            record(args.root / "docs" / "run_times.json", args.record, args.profile)
+        wanted = outputs(args.root)
+    except (ManifestError, planning.ConfigError, ValueError, OSError, KeyError, AttributeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rcs = [marked.check_or_write(path, now, new, args.check, what) for path, now, new, what in wanted]
+    stale = sum(rcs)
+    print(f"{len(wanted) - stale} of {len(wanted)} generated texts up to date" if args.check
+          else f"{len(wanted)} generated texts checked")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

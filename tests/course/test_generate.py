@@ -1,0 +1,171 @@
+"""The lesson manifest and ``python3 -m ci.generate``: one list of lessons, every generated text
+up to date, and adding a lesson is its two files, one record and one command.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from ci import agenda, generate, marked, params_table, path_table, planning
+from ci.outputs import record_times
+from helpers import lessons as manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def test_the_manifest_lists_every_notebook_once():
+    """notebooks/lessons.toml and notebooks/*.ipynb (and their .py twins) name the same notebooks."""
+    listed = manifest.stems(None)
+    on_disk = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    assert sorted(listed) == on_disk, (f"only in the manifest: {sorted(set(listed) - set(on_disk))}; "
+                                       f"only on disk: {sorted(set(on_disk) - set(listed))}")
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.py")) == on_disk, "a notebook without its twin, or the reverse"
+    assert [p.stem for p in planning.discover_notebooks()] == listed, "the runner runs the manifest, in its order"
+
+
+def test_every_generated_text_is_up_to_date(capsys):
+    rc = generate.main(["--check"])
+    out = capsys.readouterr()
+    assert rc == 0, out.out + out.err
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[lesson]]\nstem = "01_a"\ntitle = "a"\n', "needs a text for outcome"),
+    ('[[lesson]]\nstem = "01_a"\ntitle = "a"\noutcome = "do a"\nneeds = ["00"]\n', "needs ['00']"),
+    ('[[lesson]]\nstem = "a"\ntitle = "a"\noutcome = "do a"\n', "a stem is two digits"),
+    ('[[lesson]]\nstem = "01_a"\ntitle = "a"\noutcome = "do a"\ncolour = 1\n', "unknown keys ['colour']"),
+    ('[[lesson]]\nstem = "01_a"\ntitle = "a"\noutcome = "do a"\n[lesson.huge]\nn = 1\n', "unknown keys ['huge']"),
+    ("stem = ", "cannot read the lesson manifest"),
+])
+def test_a_bad_record_is_named(tmp_path, text, message):
+    path = tmp_path / "lessons.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(manifest.ManifestError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        manifest.load(path)
+
+
+def write_lesson(folder: Path, stem: str, prose: str = "Some prose.") -> None:
+    """A lesson ``<stem>.ipynb`` (opening, parameters, next cell) and its twin ``<stem>.py``,
+    written as ``jupytext --sync`` writes them, the generated blocks still empty."""
+    nb = nbformat.v4.new_notebook(metadata={"jupytext": {"formats": "ipynb,py:percent"},
+                                            "kernelspec": {"display_name": "Python 3", "language": "python",
+                                                           "name": "python3"}})
+    params = nbformat.v4.new_code_cell("steps = 3  # optimizer steps")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {stem}\n\n{path_table.OPEN_START}\n{path_table.OPEN_END}\n\n"
+                                              f"{prose}"),
+                params,
+                nbformat.v4.new_markdown_cell(f"{path_table.NEXT_START}\n{path_table.NEXT_END}")]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+    jupytext.write(nb, str(folder / f"{stem}.py"), fmt="py:percent")
+
+
+def block_of(path: Path, start: str, end: str, cell: int) -> str:
+    source = jupytext.read(str(path)).cells[cell].source
+    return marked.between(source, start, end).strip("\n")
+
+
+def copy_of_the_course(tmp_path: Path) -> Path:
+    """The files ``ci.generate`` reads and writes, copied to ``tmp_path / "course"``."""
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in ("README.md", "docs", "notebooks"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copyfile)(src, root / name)
+    (root / "tests" / "engine").mkdir(parents=True)
+    shutil.copyfile(ROOT / "tests" / "engine" / "tutorial_edits.py", root / "tests" / "engine" / "tutorial_edits.py")
+    return root
+
+
+@pytest.mark.slow(15)
+def test_adding_a_lesson_is_two_files_one_record_and_one_command(tmp_path, capsys):
+    """A throwaway lesson in a copy of the course: after its files and its record, ``--check``
+    fails; one run of ``ci.generate`` puts it in the README, the previous lesson's next link,
+    its own opening, the parameter table and the agendas; then the runner plans it."""
+    root = copy_of_the_course(tmp_path)
+    assert generate.main(["--check", "--root", str(root)]) == 0
+    last = [lesson for lesson in manifest.load() if lesson.kind == "lesson"][-1]
+    write_lesson(root / "notebooks", "99_throwaway")
+    with (root / "notebooks" / "lessons.toml").open("a", encoding="utf-8") as f:
+        f.write(f'\n[[lesson]]\nstem = "99_throwaway"\ntitle = "a throwaway lesson"\noutcome = "throw it away"\n'
+                f'needs = ["{last.label}"]\n[lesson.full]\nsteps = 30\n')
+    capsys.readouterr()
+    assert generate.main(["--check", "--root", str(root)]) == 1
+    assert "OUT OF DATE" in capsys.readouterr().err
+    assert generate.main(["--root", str(root)]) == 0
+    assert generate.main(["--check", "--root", str(root)]) == 0
+
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "| [99 a throwaway lesson](notebooks/99_throwaway.ipynb) | throw it away | " + last.label in readme
+    opening = block_of(root / "notebooks" / "99_throwaway.py", path_table.OPEN_START, path_table.OPEN_END, 0)
+    assert opening.startswith("**You will be able to** throw it away. **You need** "
+                              f"[{last.name}]({last.stem}.ipynb). **Run time**: not measured yet.")
+    for suffix in (".ipynb", ".py"):
+        nxt = block_of(root / "notebooks" / f"{last.stem}{suffix}", path_table.NEXT_START, path_table.NEXT_END, -1)
+        assert nxt == "**Next:** [99 a throwaway lesson](99_throwaway.ipynb): throw it away."
+    runner = (root / "docs" / "RUNNER.md").read_text(encoding="utf-8")
+    assert "| [99](../notebooks/99_throwaway.ipynb) | `steps` | int | `3` | `3` | **`30`** | `3` |" in runner
+    assert "99_throwaway" in marked.between((root / "docs" / "TEACHING.md").read_text(encoding="utf-8"),
+                                            agenda.START, agenda.END)
+    plan = planning.plan_run(["99"], "full", tmp_path / "build", notebooks_dir=root / "notebooks")
+    assert plan.jobs[0].params == {"steps": 30}
+    assert [p.stem for p in planning.discover_notebooks(root / "notebooks")][-1] == "99_throwaway"
+
+
+def test_recorded_times_reach_the_readme_and_the_openings(tmp_path, capsys):
+    """``--record`` keeps a runner's times per profile; the README shows seconds, each opening a
+    coarse range, so a new record changes a lesson only when its range changes."""
+    root = copy_of_the_course(tmp_path)
+    first, second = manifest.stems("lesson")[:2]
+    folder = tmp_path / "build" / "smoke"
+    record_times([{"notebook": first, "status": "ok", "seconds": 56.7},
+                  {"notebook": second, "status": "FAILED", "seconds": 3.0}],
+                 folder, when="2026-12-01", host="box, 2 cores")
+    full_before = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]["full"]
+    assert generate.main(["--record", str(folder / "times.json"), "--profile", "smoke", "--root", str(root)]) == 0
+    times = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]
+    assert times["smoke"] == {first: {"seconds": 56.7, "date": "2026-12-01", "machine": "box, 2 cores"}}
+    assert times["full"] == full_before, "recording one profile keeps the other"
+    row = next(line for line in (root / "README.md").read_text().splitlines() if f"(notebooks/{first}.ipynb)" in line)
+    assert row.split(" | ")[-2:] == ["57 s", path_table.fmt_seconds(full_before[first]["seconds"]) + " |"]
+    opening = block_of(root / "notebooks" / f"{first}.py", path_table.OPEN_START, path_table.OPEN_END, 0)
+    assert "**Run time** (measured): under 1 min as you run it (the `smoke` profile)" in opening
+    before = (root / "notebooks" / f"{first}.ipynb").read_text()
+    record_times([{"notebook": first, "status": "ok", "seconds": 41.0}], tmp_path / "b2", when="2026-12-02",
+                 host="box, 2 cores")
+    assert generate.main(["--record", str(tmp_path / "b2" / "times.json"), "--profile", "smoke",
+                          "--root", str(root)]) == 0
+    assert (root / "notebooks" / f"{first}.ipynb").read_text() == before, "same range: the lesson is untouched"
+    assert "| 41 s |" in (root / "README.md").read_text()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("seconds, words", [(None, "not measured yet"), (5, "under 1 min"), (60, "1 to 2 min"),
+                                            (299, "2 to 5 min"), (600, "over 10 min")])
+def test_time_ranges(seconds, words):
+    assert path_table.time_range(seconds) == words
+
+
+def test_a_hand_edit_or_a_lost_marker_is_caught(tmp_path, capsys):
+    root = copy_of_the_course(tmp_path)
+    stem = manifest.stems("lesson")[0]
+    twin = root / "notebooks" / f"{stem}.py"
+    text = twin.read_text(encoding="utf-8")
+    twin.write_text(text.replace("**You will be able to**", "**You can**", 1), encoding="utf-8")
+    assert generate.main(["--check", "--root", str(root)]) == 1
+    assert f"{stem}.py: the opening and next link is OUT OF DATE" in capsys.readouterr().err
+    twin.write_text(text.replace(f"# {path_table.NEXT_END}\n", ""), encoding="utf-8")
+    assert generate.main(["--check", "--root", str(root)]) == 2
+    assert "next:end" in capsys.readouterr().err
+    runner = root / "docs" / "RUNNER.md"
+    runner.write_text(runner.read_text().replace(params_table.START, ""), encoding="utf-8")
+    twin.write_text(text, encoding="utf-8")
+    assert generate.main(["--check", "--root", str(root)]) == 2
