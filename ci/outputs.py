@@ -16,8 +16,8 @@ writes atomically or locks), so two runs of one notebook interleave their writes
   system), so ``<stem>.ipynb`` is always a complete notebook: the previous run's, or this one's.
   Partial files a killed runner left are deleted when the next runner takes the lock.
 - :func:`record_times` keeps ``OUTPUT_DIR/<profile>/times.json``: each notebook's last passing
-  run time, when and on which machine it was measured (``ci/path_table.py`` puts them in the
-  README's path table).
+  run time, when and on which machine it was measured (``python3 -m ci.generate --record``
+  puts them in the README's path table).
 """
 
 from __future__ import annotations

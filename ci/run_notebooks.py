@@ -66,9 +66,8 @@ The course site is built from a run's executed notebooks by its own command, aft
 page says it failed), and ``python3 -m ci.site --check build/site`` clicks through it in a browser.
 
 Run times: after every run, each passing notebook's seconds, the date and this machine are
-merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3
-ci/path_table.py`` copies the full profile's into the README's path table and each lesson's
-run-time line.
+merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3 -m
+ci.generate --record`` keeps them in ``docs/run_times.json`` for the README and the lessons.
 
 Exit codes:
     0  every notebook ran without error;
@@ -259,7 +258,7 @@ def _execute_and_report(plan, args, progress) -> list[dict]:
     rows = execute_plan(plan, fail_fast=args.fail_fast, progress=progress)
     print()
     print(format_table(rows))
-    try:  # the passing notebooks' times, for the README's path table (ci/path_table.py)
+    try:  # the passing notebooks' times, for the README's path table (python3 -m ci.generate --record)
         print(f"\nrun times: {record_times(rows, plan.output_dir / plan.profile)}")
     except OSError as e:
         print(f"\nwarning: the run times could not be recorded: {e}", file=sys.stderr)

@@ -7,8 +7,8 @@ Recipe: what a notebook must contain
 ====================================
 
 Apply these in the notebook (or its jupytext twin ``notebooks/NN_*.py``), then add the
-notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/course/test_learner.py`` and run
-``python ci/params_table.py`` (the parameter table in docs/RUNNER.md).
+notebook's record to ``notebooks/lessons.toml`` and run ``python3 -m ci.generate``
+(docs/TESTING.md, "Adding a lesson").
 
 1. **Glossary link in the first cell.** The first (markdown) cell links to the glossary with a
    relative link, ``[glossary](../docs/GLOSSARY.md)``, ideally with the terms this notebook
@@ -34,9 +34,9 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/course/test_learner.py`` and
 
 3. **No typed times.** The prose never types a run time ("about 6 s") nor the machine's
    logistics (core counts, CI): it may say *why* a cell is slow (processes start, torch is
-   imported). The one measured time is the line between ``<!-- run-time:start -->`` and
-   ``<!-- run-time:end -->`` in the first cell, written by ``python3 ci/path_table.py`` from
-   docs/run_times.json. The per-cell durations of a papermill run are in the executed
+   imported). The one measured time is in the opening block between ``<!-- opening:start -->``
+   and ``<!-- opening:end -->`` in the first cell, written by ``python3 -m ci.generate`` from
+   notebooks/lessons.toml and docs/run_times.json. The per-cell durations of a papermill run are in the executed
    notebook (``build/<profile>/<stem>.ipynb``, cell metadata ``papermill.duration``).
 
 4. **Exercises at the end.** After the "What we saw" markdown (which ends with an
@@ -62,8 +62,8 @@ notebook's stem to ``LEARNER_NOTEBOOKS`` in ``tests/course/test_learner.py`` and
    Keep solutions cheap: no extra ``launch`` unless the exercise is about it (each launch costs
    3 to 6 s). Exercise keys are ``"ex1"``, ``"ex2"``, ... in order.
 
-Tests that hold a notebook to this recipe (``tests/course/test_learner.py``, for the stems in
-``LEARNER_NOTEBOOKS``): glossary link and anchors in the first cell; a ``check_parameters`` call
+Tests that hold a notebook to this recipe (``tests/course/test_learner.py``, for
+every notebook of the manifest): glossary link and anchors in the first cell; a ``check_parameters`` call
 naming every parameter in the cell right after the parameters cell; at least two cells tagged
 ``solution`` with ``source_hidden``, each calling ``check_answer(..., strict=True)``; every
 ``answer_N = None`` cell followed by its check cell. ``tests/course/test_notebooks.py`` executes the
