@@ -17,7 +17,7 @@
 # # 06a · DDP training-loop pitfalls: accumulation, uneven inputs, unused parameters, batch sizes
 #
 # <!-- opening:start -->
-# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** once `DistributedDataParallel` (DDP) runs at all, which mistakes in the
@@ -63,25 +63,21 @@ check_value("accum_steps", accum_steps, accum_steps >= 2, "at least 2 (no_sync n
 
 # %%
 import contextlib
-import datetime
-import os
 import re
 import time
 from fractions import Fraction
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.captured import captured_output, show_folded
-from helpers.engine import LaunchTimeout, launch, worker_device
+from helpers.engine import LaunchTimeout, launch, leftover_children, worker_device
 
 t_notebook = time.perf_counter()
 T = collective_timeout_s
@@ -105,37 +101,16 @@ print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {wo
 # returns it as text. With NCCL a timed-out collective is handled by a watchdog that tears the
 # process down instead of raising (the `timeout` argument of
 # [`init_process_group`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)),
-# so this lesson pins `backend="gloo"`.
+# so this lesson pins `backend="gloo"`. The next cell shows the small tools every section uses.
 
 # %%
-def wrap(model, **ddp_kwargs):
-    """DDP(model) on this rank's device (cuda:<local_rank> under nccl, else cpu)."""
-    device = worker_device()
-    model = model.to(device)
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_kwargs)
+# The tools live in helpers/ddp_tools.py, so that lessons 06b and 06c import these same ones.
+import inspect
 
+import helpers.ddp_tools
+from helpers.ddp_tools import cpu, error_text, grads, is_timeout_error, short_timeout_group, wrap
 
-def short_timeout_group(seconds):
-    """A new process group of all ranks whose collectives raise after `seconds` (gloo)."""
-    dist.barrier()  # a rank still finishing a previous timed-out demonstration catches up first
-    return dist.new_group(timeout=datetime.timedelta(seconds=seconds))
-
-
-def is_timeout_error(text):
-    """gloo words its timeout "Timed out waiting 3000ms for recv operation" or "Application timeout caused pair closure"."""
-    return text is not None and ("timed out" in text.lower() or "timeout" in text.lower())
-
-
-def cpu(t):
-    return t.detach().cpu().clone()
-
-
-def grads(module):
-    return {n: None if p.grad is None else cpu(p.grad) for n, p in module.named_parameters()}
-
-
-def error_text(e):
-    return f"{type(e).__name__}: {e}"
+print(inspect.getsource(helpers.ddp_tools).split("\n\n\n", 1)[1])  # the functions, less the imports
 
 # %% [markdown]
 # ## 1. Gradient accumulation with `no_sync()`
@@ -514,19 +489,7 @@ assert set(range(1, world_size)) <= set(hang.ranks_not_finished), (
 
 
 # children of this kernel, less the two that live as long as it does: multiprocessing's resource
-# tracker and launch's fork server, a direct child (the ranks forked from it do count)
-def leftover_children():
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd, direct = " ".join(p.cmdline()), p.ppid() == os.getpid()
-        except psutil.Error:  # ended meanwhile
-            continue
-        if "resource_tracker" not in cmd and not (direct and "multiprocessing.forkserver" in cmd):
-            found.append(p)
-    return found
-
-
+# tracker and launch's fork server (the ranks forked from it do count)
 assert not leftover_children(), f"processes left behind: {leftover_children()}"
 print("no worker process left behind")
 

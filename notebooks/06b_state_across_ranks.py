@@ -17,7 +17,7 @@
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
 # <!-- opening:start -->
-# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **The question:** DDP keeps the parameters equal on every rank; what about everything else a
@@ -61,7 +61,6 @@ check_value("world_size", world_size, world_size >= 2, "2 or more (one rank has 
 
 # %%
 import copy
-import datetime
 import os
 import tempfile
 import time
@@ -73,7 +72,6 @@ import torch.distributed as dist
 from IPython.display import Markdown, display
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 from helpers.captured import captured_output, show_folded
@@ -90,50 +88,13 @@ print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {wo
 # %% [markdown]
 # ## 0. Tools every section uses
 #
-# Every experiment below is a function `fn(rank, world_size, ...)` defined in a cell and run
-# with `launch(fn, world_size, ..., backend="gloo")`, which starts `world_size` new processes,
-# initialises the default process group in each, and returns `[result of rank 0, result of
-# rank 1, ...]` to the cell. Worker prints appear under the cell prefixed `[rank r]`.
-#
-# **How a hang is shown without hanging the notebook.** A section that demonstrates a hang
-# builds its DDP model on a fresh process group, `dist.new_group(timeout=...)` with
-# `collective_timeout_s` seconds: the rank left waiting in a collective gets gloo's timeout
-# error after those seconds (in a real job: after gloo's default 30 minutes), catches it and
-# returns it as text. With NCCL a timed-out collective is handled by a watchdog that tears the
-# process down instead of raising (the `timeout` argument of
-# [`init_process_group`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)),
-# so this lesson pins `backend="gloo"`. These are the tools of
-# [06a](06a_training_loop_pitfalls.ipynb)'s section 0, less what this lesson does not use.
+# Every experiment below is a function `fn(rank, world_size, ...)` run with `launch`, as in
+# [06a](06a_training_loop_pitfalls.ipynb). Its small tools are those of 06a's section 0, imported
+# from `helpers/ddp_tools.py`. A section that shows a hang builds its DDP model on a process
+# group whose collectives time out after `collective_timeout_s` seconds, on gloo (06a says why).
 
 # %%
-def wrap(model, **ddp_kwargs):
-    """DDP(model) on this rank's device (cuda:<local_rank> under nccl, else cpu)."""
-    device = worker_device()
-    model = model.to(device)
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_kwargs)
-
-
-def short_timeout_group(seconds):
-    """A new process group of all ranks whose collectives raise after `seconds` (gloo)."""
-    dist.barrier()  # a rank still finishing a previous timed-out demonstration catches up first
-    return dist.new_group(timeout=datetime.timedelta(seconds=seconds))
-
-
-def is_timeout_error(text):
-    """gloo words its timeout "Timed out waiting 3000ms for recv operation" or "Application timeout caused pair closure"."""
-    return text is not None and ("timed out" in text.lower() or "timeout" in text.lower())
-
-
-def cpu(t):
-    return t.detach().cpu().clone()
-
-
-def params(module):
-    return {n: cpu(p) for n, p in module.named_parameters()}
-
-
-def error_text(e):
-    return f"{type(e).__name__}: {e}"
+from helpers.ddp_tools import cpu, error_text, is_timeout_error, params, short_timeout_group, wrap
 
 # %% [markdown]
 # ## 1. BatchNorm
