@@ -17,7 +17,7 @@
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
 # <!-- run-time:start -->
-# **Run time** (measured): 23 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,300 words of prose at 200 words/min): about 12 min.
+# **Run time** (measured): 23 s in the `full` profile on Linux x86_64, 2 CPU cores, no GPU (2026-12-03). **Reading time** (estimate: about 2,500 words of prose at 200 words/min): about 12 min.
 # <!-- run-time:end -->
 #
 # **The question:** trained with the same recipe (same initial weights, same data order, same
@@ -561,9 +561,6 @@ plt.show()
 # matrix product uses). Each DDP rank runs the threads the launcher gave it, so single and DP
 # are timed in the kernel with that same count (`torch.set_num_threads`), then the kernel's own
 # count is restored. Only the number of processes differs.
-#
-# **Claim:** every mode was timed with the same intra-op threads per process: the count each
-# DDP rank reported.
 
 # %%
 def time_repeat(net, n_steps, batches) -> float:
@@ -634,6 +631,10 @@ threads_used[ddp_label] = sorted({r["threads"] for r in timed_ranks})
 tp = pd.DataFrame([{"mode": name, "median samples/s": statistics.median(v), "min": min(v), "max": max(v),
                     "repeats": len(v)} for name, v in samples_per_s.items()]).set_index("mode").round(0)
 tp
+
+# %% [markdown]
+# **Claim:** every mode was timed with the same intra-op threads per process: the count each
+# DDP rank reported.
 
 # %% tags=["check"]
 print(f"intra-op threads per process while timed: {threads_used}")
