@@ -157,7 +157,7 @@ def check_value(name: str, value: Any, ok: bool, requirement: str) -> None:
     if not ok:
         raise ValueError(
             f"parameter {name!r} = {value!r} is not allowed: it must be {requirement}. Change it in "
-            f"the parameters cell, or pass `-p {name}=VALUE` to ci/run_notebooks.py (`-p {name} VALUE` with papermill)."
+            f"the parameters cell, then run the cells from there again (with papermill: `-p {name} VALUE`)."
         )
 
 
@@ -447,6 +447,9 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
 #: The start of the line a check cell prints when its claim cannot be proven on this machine;
 #: ``ci/gpu_claims.py`` finds it in executed notebooks.
 NOT_PROVEN = "not proven here:"
+#: Who proves a GPU claim a learner's machine cannot: said in learner words, no script named
+#: (the course's GPU check, ``ci/gpu_check.py``, reads the ``not proven here:`` lines).
+GPU_RUN = "a GPU run proves it"
 #: ``{"claim": ..., "needs": "GPU" or "CPU", "why": ...}`` for every claim this kernel could not
 #: prove, in the order the check cells ran.
 UNPROVEN: list[dict[str, str]] = []
@@ -460,14 +463,14 @@ def _cuda_devices() -> int:
 
 def gpu_claim(claim: str, gpus: int = 1) -> bool:
     """Whether the check of a ``**Claim (GPU):**`` runs here: True when at least ``gpus`` CUDA
-    devices are visible. Else prints ``not proven here: needs a GPU; ci/gpu_check.py runs it``
+    devices are visible. Else prints ``not proven here: needs a GPU; a run on a GPU machine proves it``
     with ``claim``, appends it to :data:`UNPROVEN` and returns False. Use it as the condition
     of the claim's asserts: ``if gpu_claim("real DP ..."): assert ...``."""
     found = _cuda_devices()
     if found >= gpus:
         return True
     return _not_proven(claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); "
-                       "ci/gpu_check.py runs it")
+                       f"{GPU_RUN}")
 
 
 def cpu_claim(claim: str) -> bool:

@@ -46,3 +46,22 @@ def test_labels_name_the_place_as_the_learner_knows_it(capsys):
     assert lines[2] == "ex1: not yet: 9.0 at rank 1's result[0] is too large.", lines
     with pytest.raises(AssertionError, match="rank 1's rank_buffer"):
         hn.check_answer("ex4", wrong, LISTS, labels=("rank {}'s", FIELDS), strict=True)
+
+
+def test_learner_messages_name_no_ci_script(capsys, monkeypatch):
+    """What a learner reads from a parameter check, a wrong type or a GPU claim on a CPU machine
+    names no script of the course's CI (the handout is not a checkout of the repository)."""
+    messages = []
+    with pytest.raises(ValueError) as info:
+        hn.check_value("world_size", 1, False, "at least 2")
+    messages.append(str(info.value))
+    with pytest.raises(TypeError) as info:
+        hn.check_parameters(world_size=("2", int))
+    messages.append(str(info.value))
+    monkeypatch.setattr(hn, "_cuda_devices", lambda: 0)
+    assert hn.gpu_claim("real DP splits the batch") is False
+    hn.UNPROVEN.clear()
+    messages.append(capsys.readouterr().out)
+    for text in messages:
+        assert "parameters cell" in text or "not proven here" in text, text
+        assert "ci/" not in text and "gpu_check" not in text and "run_notebooks" not in text, text
