@@ -11,14 +11,20 @@ notebook in ``notebooks/`` is never copied. Each lesson is written to
 ``<output-dir>/notebooks/<stem>.ipynb`` by nbconvert's ``NotebookExporter`` with two of
 nbconvert's own preprocessors: ``TagRemovePreprocessor`` drops every cell tagged ``solution``
 and ``ClearOutputPreprocessor`` clears outputs and execution counts. Exercise cells (tag
-``exercise``) and the cells that check an answer (tag ``check``) stay.
+``exercise``) and the cells that check an answer (tag ``check``) stay. Two more changes keep the
+copies a student's own (:class:`StudentPreprocessor`): the check cell of an exercise runs its code
+inside a function, ``check_exercise_N()``, so the expected value it computes is never left in a
+kernel name a student could print (``expected_N``); and the jupytext pairing metadata is dropped,
+so saving a copy in JupyterLab writes no ``.py`` twin beside it.
 
 Next to them go what the lessons need to run and to link to, so the folder is the course
 without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...) and the
 Markdown files those link to in turn (``README.md``, other docs), the
 ``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
-``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and ``HANDOUT.md`` (how to
-install and open it: in a venv of the folder's own). The handout's ``pyproject.toml`` names the
+``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and its own ``README.md``
+(what a student does: install in a venv of the folder's own, run the preflight, open JupyterLab
+on the first lesson, the lessons in order), in place of the repository's README, which is about
+its tests and CI. The handout's ``pyproject.toml`` names the
 distribution :data:`HANDOUT_DIST`, not ``ddp-lab``: installed (``-e .``) into a Python that has the
 repository installed, it neither replaces the repository's install nor redirects its ``helpers`` and
 ``ci`` (pip's ``__editable__.ddp_lab-...`` mapping is read first: site-packages' ``.pth`` files load
@@ -43,7 +49,7 @@ from typing import Iterable
 
 import nbformat
 from nbconvert.exporters import NotebookExporter
-from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
+from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor, TagRemovePreprocessor
 from traitlets.config import Config
 
 from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
@@ -69,24 +75,67 @@ DOC_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)")
 HANDOUT = """# ddp-lab: the course, without the solutions
 
 This folder holds the lessons (`notebooks/`, in the order below), the glossary (`docs/`), the
-helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is downloaded). From this
-folder:
+helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is downloaded).
+
+## Before the workshop
+
+In a terminal, from this folder:
 
 ```bash
 python3 -m venv .venv && . .venv/bin/activate   # this folder's own Python (a new terminal: . .venv/bin/activate)
 python3 -m pip install -r requirements.txt      # once
-python3 -m helpers.doctor                       # every line must say ok
+python3 -m helpers.doctor                       # the preflight: every line must say ok
+```
+
+If a line of the doctor does not say ok, it says what to do; if that does not help, show its
+output to your instructor.
+
+## Open the lessons
+
+```bash
 python3 -m jupyter lab --config=jupyter_lab_config.json {first}
 ```
 
-Lessons, in order:
+JupyterLab opens in your browser on the first lesson. Run its cells from the top, in order
+(Shift+Enter). The lessons, in order:
 
 {lessons}
 
 Each lesson ends with exercises: write your answer in place of `None` and run the check cell
-after it. The notebooks find MNIST in `data/` next to `helpers/` by themselves; keep this
-folder's layout as it is.
+after it. When you finish a lesson, shut its kernel down (Kernel > Shut Down Kernel) before you
+open the next: each lesson's kernel keeps its processes and memory until then.
+
+The notebooks find MNIST in `data/` next to `helpers/` by themselves; keep this folder's layout
+as it is.
 """
+#: The call that marks an exercise's check cell: ``check_answer("ex2", answer_2, ...``.
+EXERCISE_CHECK = re.compile(r'check_answer\("ex(\d+)", answer_\1\b')
+#: The line that opens an exercise's check cell in a student copy (N: the exercise).
+SCOPE_LINE = "def check_exercise_{n}():  # a function: what it computes stays inside, out of your kernel's names"
+
+
+def scoped_check(source: str) -> str:
+    """An exercise's check cell, run inside ``check_exercise_N()`` (see the module docstring);
+    any other cell, and a cell magic (``%%px``), unchanged."""
+    found = EXERCISE_CHECK.search(source)
+    if not found or source.lstrip().startswith("%"):
+        return source
+    n = found.group(1)
+    body = "\n".join(f"    {line}" if line.strip() else "" for line in source.strip("\n").splitlines())
+    return f"{SCOPE_LINE.format(n=n)}\n{body}\n\n\ncheck_exercise_{n}()"
+
+
+class StudentPreprocessor(Preprocessor):
+    """Exercise checks in a function scope (:func:`scoped_check`), no jupytext pairing."""
+
+    def preprocess(self, nb, resources):
+        nb.metadata.pop("jupytext", None)
+        return super().preprocess(nb, resources)
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code" and "check" in cell.get("metadata", {}).get("tags", []):
+            cell.source = scoped_check(cell.source)
+        return cell, resources
 
 
 def student_exporter() -> NotebookExporter:
@@ -96,6 +145,7 @@ def student_exporter() -> NotebookExporter:
     exporter = NotebookExporter(config=config)
     exporter.register_preprocessor(TagRemovePreprocessor(config=config), enabled=True)
     exporter.register_preprocessor(ClearOutputPreprocessor(config=config), enabled=True)
+    exporter.register_preprocessor(StudentPreprocessor(config=config), enabled=True)
     return exporter
 
 
@@ -160,7 +210,7 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
         target.write_text(body, encoding="utf-8")
         written.append(target)
         linked.update(LINK.findall(body))
-    for rel in sorted(_with_linked_docs(root, linked)):  # the docs the lessons link to, and theirs
+    for rel in sorted(_with_linked_docs(root, linked) - {"README.md"}):  # the docs the lessons link to, and theirs
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, out / rel)
     for rel in SUPPORT:
@@ -175,7 +225,7 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
         raise ConfigError(f"{root / 'pyproject.toml'}: no line `name = \"{REPO_DIST}\"` to rename for the handout")
     pyproject.write_text(text, encoding="utf-8")
     listing = "\n".join(f"{i}. `notebooks/{p.name}`" for i, p in enumerate(written, 1))
-    (out / "HANDOUT.md").write_text(HANDOUT.format(first=f"notebooks/{written[0].name}", lessons=listing),
+    (out / "README.md").write_text(HANDOUT.format(first=f"notebooks/{written[0].name}", lessons=listing),
                                     encoding="utf-8")
     archive = out / f"{ARCHIVE_NAME}.zip"
     archive.unlink(missing_ok=True)

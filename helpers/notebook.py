@@ -157,7 +157,7 @@ def check_value(name: str, value: Any, ok: bool, requirement: str) -> None:
     if not ok:
         raise ValueError(
             f"parameter {name!r} = {value!r} is not allowed: it must be {requirement}. Change it in "
-            f"the parameters cell, or pass `-p {name}=VALUE` to ci/run_notebooks.py (`-p {name} VALUE` with papermill)."
+            f"the parameters cell, then run the cells from there again (with papermill: `-p {name} VALUE`)."
         )
 
 
@@ -194,11 +194,38 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, where: str = "") -> str | None:
+def _place(path: tuple, labels: tuple) -> str:
+    """Where in the answer ``path`` (indices and keys) points, named with ``labels``, one per level
+    (see :func:`check_answer`): ``(1, 2, 0)`` with ``("rank {}'s", ("weight", "bias", "rank_buffer"))``
+    is ``"rank 1's rank_buffer[0]"``; levels past ``labels`` are written ``[i]``."""
+    words, tail = [], ""
+    for level, key in enumerate(path):
+        label = labels[level] if level < len(labels) else None
+        if isinstance(label, str):
+            words.append(label.format(key))
+        elif label is not None and isinstance(key, int) and 0 <= key < len(label):
+            words.append(str(label[key]))
+        else:
+            tail += f"[{key!r}]"
+    return " ".join(words) + tail
+
+
+def _values(n: int) -> str:
+    return f"{n} value" + ("" if n == 1 else "s")
+
+
+def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path: tuple = (),
+                labels: tuple = ()) -> str | None:
     """``None`` when ``answer`` matches ``expected``, else a short reason (which never quotes
-    the expected value, so it does not give the answer away)."""
-    answer, expected = _plain(answer), _plain(expected)
+    the expected value, so it does not give the answer away). A list or tuple asked for must be
+    given as a list or tuple: a tensor or an array where a list is asked is a wrong type."""
+    where = _place(path, labels)
     at = f" at {where}" if where else ""
+    if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \
+            and getattr(answer, "tolist", None) is not None:
+        return (f"expected a list of {_values(len(expected))}{at}, you gave a {type(answer).__name__}: "
+                "turn it into a list (`.tolist()`)")
+    answer, expected = _plain(answer), _plain(expected)
     if isinstance(expected, bool):
         if isinstance(answer, bool):
             return None if answer == expected else f"True/False{at} is the other way round"
@@ -222,7 +249,7 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, wher
         if set(answer) != set(expected):
             return f"expected the keys {sorted(map(str, expected))}{at}, you gave {sorted(map(str, answer))}"
         for k in expected:
-            d = _difference(answer[k], expected[k], rel_tol, abs_tol, f"{where}[{k!r}]")
+            d = _difference(answer[k], expected[k], rel_tol, abs_tol, (*path, k), labels)
             if d:
                 return d
         return None
@@ -232,11 +259,11 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, wher
         return None if set(answer) == set(expected) else f"the set{at} is not it"
     if isinstance(expected, (list, tuple)):
         if not isinstance(answer, (list, tuple)):
-            return f"expected a list of {len(expected)} values{at}, you gave {answer!r} ({type(answer).__name__})"
+            return f"expected a list of {_values(len(expected))}{at}, you gave {answer!r} ({type(answer).__name__})"
         if len(answer) != len(expected):
             return f"expected {len(expected)} values{at}, you gave {len(answer)}"
         for i, (a, e) in enumerate(zip(answer, expected)):
-            d = _difference(a, e, rel_tol, abs_tol, f"{where}[{i}]")
+            d = _difference(a, e, rel_tol, abs_tol, (*path, i), labels)
             if d:
                 return d
         return None
@@ -265,6 +292,7 @@ def check_answer(
     abs_tol: float = 1e-9,
     hint: str | None = None,
     run: Any = None,
+    labels: tuple = (),
 ) -> None:
     """Compare an exercise answer with the expected value and say so.
 
@@ -286,6 +314,11 @@ def check_answer(
     exception it raises is printed as a crash, ``"ex4: your code crashed: rank 1 failed with
     ZeroDivisionError: ..."`` and its first lines (the rank's own frames), without ``hint``
     (which is about wrong values); with strict=True it propagates.
+
+    ``labels`` names the places of a nested answer as the learner knows them, one entry per
+    level: a text with ``{}`` (the index goes there) or a sequence of names. With
+    ``labels=("rank {}'s", ("weight", "bias", "rank_buffer"))`` a wrong ``answer[1][2][0]`` is
+    reported as ``rank 1's rank_buffer[0]``, not ``[1][2][0]``.
     """
     if run is not None and answer is not None:
         try:
@@ -302,7 +335,7 @@ def check_answer(
     if strict:
         if answer is None:
             raise AssertionError(f"{key}: the solution left its answer as None")
-        reason = _difference(answer, expected, rel_tol, abs_tol)
+        reason = _difference(answer, expected, rel_tol, abs_tol, (), tuple(labels))
         if reason is not None:
             raise AssertionError(
                 f"{key}: the solution gives {_plain(answer)!r} but the expected value is "
@@ -314,7 +347,7 @@ def check_answer(
         print(f"{key}: not answered yet (replace None with your answer, then run this cell again)")
         return
     try:
-        reason = _difference(answer, expected, rel_tol, abs_tol)
+        reason = _difference(answer, expected, rel_tol, abs_tol, (), tuple(labels))
     except Exception as e:  # noqa: BLE001 - never raise because of the learner's value
         reason = f"could not compare your answer ({type(e).__name__}: {e})"
     if reason is None:
@@ -414,6 +447,9 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
 #: The start of the line a check cell prints when its claim cannot be proven on this machine;
 #: ``ci/gpu_claims.py`` finds it in executed notebooks.
 NOT_PROVEN = "not proven here:"
+#: Who proves a GPU claim a learner's machine cannot: said in learner words, no script named
+#: (the course's GPU check, ``ci/gpu_check.py``, reads the ``not proven here:`` lines).
+GPU_RUN = "a GPU run proves it"
 #: ``{"claim": ..., "needs": "GPU" or "CPU", "why": ...}`` for every claim this kernel could not
 #: prove, in the order the check cells ran.
 UNPROVEN: list[dict[str, str]] = []
@@ -427,14 +463,14 @@ def _cuda_devices() -> int:
 
 def gpu_claim(claim: str, gpus: int = 1) -> bool:
     """Whether the check of a ``**Claim (GPU):**`` runs here: True when at least ``gpus`` CUDA
-    devices are visible. Else prints ``not proven here: needs a GPU; ci/gpu_check.py runs it``
+    devices are visible. Else prints ``not proven here: needs a GPU; a run on a GPU machine proves it``
     with ``claim``, appends it to :data:`UNPROVEN` and returns False. Use it as the condition
     of the claim's asserts: ``if gpu_claim("real DP ..."): assert ...``."""
     found = _cuda_devices()
     if found >= gpus:
         return True
     return _not_proven(claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); "
-                       "ci/gpu_check.py runs it")
+                       f"{GPU_RUN}")
 
 
 def cpu_claim(claim: str) -> bool:

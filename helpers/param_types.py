@@ -26,11 +26,9 @@ _TYPE_WORDS = {
     dict: ("a dict", "a dict in braces", '{"a": 1}'),
 }
 
-#: How to pass a right value, in a notebook: the parameters cell, the runner's ``-p NAME=VALUE``
-#: or papermill's ``-p NAME VALUE``.
+#: How to pass a right value, in a notebook: the parameters cell, or papermill's ``-p NAME VALUE``
 #: ``{name}``, ``{example}`` (a Python literal) and ``{cli}`` (the same for a shell) are filled in.
-NOTEBOOK_FIX = ("`{name} = {example}` in the parameters cell, `-p {name}={cli}` with ci/run_notebooks.py, or "
-                "`-p {name} {cli}` with papermill")
+NOTEBOOK_FIX = "`{name} = {example}` in the parameters cell (with papermill: `-p {name} {cli}`)"
 #: The note added when the value is text that would be right without its quotes.
 NOTEBOOK_TEXT_NOTE = "the value arrived as text: no quotes, and with papermill use -p, not -r."
 

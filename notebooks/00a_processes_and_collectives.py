@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 from IPython.display import display
 
-from helpers.engine import launch, start_ranks
+from helpers.engine import launch
 
 print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_size = {world_size}")
 
@@ -84,7 +84,10 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # imports torch, then the engines start from it); after that, a `%%px` cell costs milliseconds.
 
 # %%
-# after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
+# After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
+# Every %%px cell needs it (without it: "Cell magic `%%px` not found").
+from helpers.engine import start_ranks
+
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
 
 # %% [markdown]
@@ -120,11 +123,13 @@ pids = list(who["pid"])
 
 # %% tags=["check"]
 assert len(set(pids)) == world_size and os.getpid() not in pids, f"pids {pids}, kernel {os.getpid()}"
-assert list(who["group rank"]) == list(range(world_size)) and set(who["group size"]) == {world_size}
+assert list(who["group rank"]) == list(range(world_size)) and set(who["group size"]) == {world_size}, (
+    f"group ranks {list(who['group rank'])}, group sizes {list(who['group size'])}: re-run from the cell "
+    "`ranks = start_ranks(...)`, then the cells after it")
 from helpers.notebook import cpu_claim
 
 if cpu_claim("without GPUs the backend is gloo"):
-    assert set(who["backend"]) == {"gloo"}, who["backend"]
+    assert set(who["backend"]) == {"gloo"}, f"backends {list(who['backend'])}, expected gloo on CPU"
 
 # %% [markdown]
 # ## 2. Why spawn (or a fork server), never fork
@@ -154,7 +159,7 @@ fresh = pd.DataFrame(ranks.run(inherited)).set_index("rank")
 display(fresh)
 
 # %% tags=["check"]
-assert not fresh["has kernel_only"].any(), fresh
+assert not fresh["has kernel_only"].any(), f"a rank has the kernel's `kernel_only`:\n{fresh}\nre-run the cell above, then this one"
 parents = set(fresh["parent pid"])
 assert len(parents) == 1 and os.getpid() not in parents, f"parents {parents}, kernel {os.getpid()}"
 
@@ -177,9 +182,9 @@ print(missing.message if missing else "no error")
 ranks.push({"kernel_only": kernel_only})
 
 # %% tags=["check"]
-assert missing is not None, "the line should have raised on the ranks"
-assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message
-assert ranks.pull("kernel_only") == [kernel_only] * world_size
+assert missing is not None, "the line should have raised on the ranks: re-run the cell above, then this one"
+assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message, missing.message
+assert ranks.pull("kernel_only") == [kernel_only] * world_size, f"the ranks hold {ranks.pull('kernel_only')}"
 
 # %% [markdown]
 # The price of a process that is not a copy of the kernel: it cannot import this notebook. Plain `pickle` sends a
@@ -211,8 +216,9 @@ print("plain pickle:", by_reference.stderr.decode().strip().splitlines()[-1])
 print("cloudpickle: ", by_value.stdout.decode().strip())
 
 # %% tags=["check"]
-assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'square'" in by_reference.stderr.decode()
-assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7))
+assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'square'" in by_reference.stderr.decode(), (
+    by_reference.stderr.decode()[-500:])
+assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7)), by_value
 
 # %% [markdown]
 # That is the crash of the PyTorch DDP tutorial's `mp.spawn(demo_basic, ...)` pasted into a
@@ -236,7 +242,7 @@ spawned = mp.spawn(square, nprocs=world_size, timeout=timeout)
 print("helpers.mp.spawn(square):", spawned)
 
 # %% tags=["check"]
-assert spawned == [i * i for i in range(world_size)]
+assert spawned == [i * i for i in range(world_size)], f"helpers.mp.spawn returned {spawned}"
 
 # %% [markdown]
 # So why not fork this kernel, which would simply copy `square`? Because of what else it copies.
@@ -272,9 +278,9 @@ print(f"multiprocessing's default start method here: {multiprocessing.get_start_
       f"(Python {sys.version_info.major}.{sys.version_info.minor}, {sys.platform})")
 
 # %% tags=["check"]
-assert threading.active_count() > 1
+assert threading.active_count() > 1, f"{threading.active_count()} thread in this kernel"
 if sys.platform == "linux" and sys.version_info < (3, 14):
-    assert multiprocessing.get_start_method() == "fork"
+    assert multiprocessing.get_start_method() == "fork", f"the default start method is {multiprocessing.get_start_method()}"
 
 # %% [markdown]
 # The third way is the one `launch` uses (lesson [02](02_one_model_many_processes.ipynb) runs
@@ -303,8 +309,8 @@ launched = launch(rank_report, world_size, timeout=timeout)
 display(pd.DataFrame(launched).set_index("rank"))
 
 # %% tags=["check"]
-assert [r["rank"] for r in launched] == list(range(world_size))
-assert all(r["all_reduce"] == sum(range(1, world_size + 1)) and not r["has kernel_only"] for r in launched)
+assert [r["rank"] for r in launched] == list(range(world_size)), f"ranks {[r['rank'] for r in launched]}"
+assert all(r["all_reduce"] == sum(range(1, world_size + 1)) and not r["has kernel_only"] for r in launched), launched
 assert not set(r["pid"] for r in launched) & set(pids), "launch starts new processes, not the warm ranks"
 
 # %% [markdown]
@@ -331,8 +337,11 @@ print(f"[rank {rank}] all_reduce AVG -> {t_avg.tolist()}")
 
 # %% tags=["check"]
 # %%px
-assert t.tolist() == [sum(r + 1.0 for r in range(world_size))]
-assert t_avg.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size]
+assert t.tolist() == [sum(r + 1.0 for r in range(world_size))], (
+    f"rank {rank}: t is {t.tolist()}, not the SUM: a later cell changed t; re-run the %%px cell above "
+    "(`dist.all_reduce(t, ...)`), then this one")
+assert t_avg.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size], (
+    f"rank {rank}: t_avg is {t_avg.tolist()}; re-run the %%px cell above (`dist.all_reduce(t, ...)`), then this one")
 
 # %% [markdown]
 # **Claim:** `broadcast(t, src=1)` copies rank 1's tensor into every rank's `t`: all hold 2.
@@ -345,7 +354,8 @@ print(f"[rank {rank}] broadcast from rank 1 -> {t.tolist()}")
 
 # %% tags=["check"]
 # %%px
-assert t.tolist() == [2.0]
+assert t.tolist() == [2.0], (f"rank {rank}: t is {t.tolist()}, not rank 1's 2.0: another cell changed t; "
+                             "re-run the %%px cell above (`dist.broadcast(t, src=1)`), then this one")
 
 # %% [markdown]
 # **Claim:** `reduce(t, dst=0)` leaves the sum on the destination, rank 0 (3). What it leaves on
@@ -359,10 +369,11 @@ print(f"[rank {rank}] reduce SUM to rank 0 -> {t.tolist()}")
 
 # %% tags=["check"]
 # %%px
+again = "re-run the %%px cell above (`dist.reduce(t, dst=0, ...)`), then this one"
 if rank == 0:
-    assert t.tolist() == [3.0]
+    assert t.tolist() == [sum(r + 1.0 for r in range(world_size))], f"rank 0: t is {t.tolist()}, not the sum; {again}"
 else:  # not the sum on the other ranks
-    assert t.tolist() != [sum(r + 1.0 for r in range(world_size))], t
+    assert t.tolist() != [sum(r + 1.0 for r in range(world_size))], f"rank {rank}: t is {t.tolist()}; {again}"
 
 # %% [markdown]
 # **Claim:** `all_gather(out, t)` fills the list `out` (one tensor per rank, each the size of
@@ -377,7 +388,9 @@ print(f"[rank {rank}] all_gather -> {[g.tolist() for g in gathered]}")
 
 # %% tags=["check"]
 # %%px
-assert [g.tolist() for g in gathered] == [[r + 1.0] for r in range(world_size)]
+assert [g.tolist() for g in gathered] == [[r + 1.0] for r in range(world_size)], (
+    f"rank {rank}: gathered is {[g.tolist() for g in gathered]}; re-run the %%px cell above "
+    "(`dist.all_gather(gathered, t)`), then this one")
 
 # %% [markdown]
 # `reduce_scatter(out, inputs)` is a reduce followed by a scatter: every rank passes a list of
@@ -395,7 +408,8 @@ print(f"[rank {rank}] reduce_scatter of {[x.item() for x in inputs]} -> {out.tol
 
 # %% tags=["check"]
 # %%px
-assert out.tolist() == [sum(10.0 * r + rank for r in range(world_size))]
+assert out.tolist() == [sum(10.0 * r + rank for r in range(world_size))], (
+    f"rank {rank}: out is {out.tolist()}; re-run the %%px cell above (`dist.reduce_scatter(out, inputs)`), then this one")
 
 # %% [markdown]
 # ## 4. Behaviours people report, reproduced
@@ -428,8 +442,9 @@ dist.all_reduce(check)  # the group still works?
 
 # %% tags=["check"]
 # %%px
-assert error is not None and "invalid tensor size" in error
-assert check.item() == world_size, "the group still works after the refused all_gather"
+assert error is not None and "invalid tensor size" in error, (
+    f"rank {rank}: error is {error!r}; re-run the %%px cell above (the all_gather of `mine`), then this one")
+assert check.item() == world_size, f"rank {rank}: check is {check.item()}, expected {world_size}: the group still works"
 
 # %% [markdown]
 # (A failure that breaks the group, such as a collective one rank never joins, is another
@@ -459,8 +474,9 @@ print(f"[rank {rank}] padded then trimmed: {trimmed}; all_gather_object: {[o.tol
 
 # %% tags=["check"]
 # %%px
-assert trimmed == [[1.0], [2.0, 3.0]]
-assert [o.tolist() for o in objects] == [[1.0], [2.0, 3.0]]
+again = "re-run from the %%px cell with `mine = ...` (section 4.1), then the cells after it"
+assert trimmed == [[1.0], [2.0, 3.0]], f"rank {rank}: trimmed is {trimmed}; {again}"
+assert [o.tolist() for o in objects] == [[1.0], [2.0, 3.0]], f"rank {rank}: objects hold {[o.tolist() for o in objects]}; {again}"
 
 # %% [markdown]
 # ### 4.2 `ReduceOp.AVG` on gloo
@@ -485,9 +501,11 @@ print(f"[rank {rank}] float AVG -> {f.item()}; int64 AVG -> RuntimeError: {error
 
 # %% tags=["check"]
 # %%px
-assert f.item() == 2.0
-assert error is not None and "result type Float can't be cast to the desired output type Long" in error
-assert i.item() == 4
+again = "re-run the %%px cell above (`f = torch.tensor([1.0 + 2 * rank])`), then this one"
+assert f.item() == 2.0, f"rank {rank}: f is {f.item()}, not the mean; {again}"
+assert error is not None and "result type Float can't be cast to the desired output type Long" in error, (
+    f"rank {rank}: error is {error!r}; {again}")
+assert i.item() == 4, f"rank {rank}: the int tensor i holds {i.item()}; {again}"
 
 # %% [markdown]
 # **Claim:** `reduce(AVG, dst=0)` gives the destination the mean, 2.0, and leaves rank 1 at
@@ -502,7 +520,8 @@ print(f"[rank {rank}] reduce AVG to rank 0 -> {f.item()}")
 
 # %% tags=["check"]
 # %%px
-assert f.item() == (2.0 if rank == 0 else 3.0 / world_size)
+assert f.item() == (2.0 if rank == 0 else 3.0 / world_size), (
+    f"rank {rank}: f is {f.item()}; re-run the %%px cell above (`dist.reduce(f, dst=0, ...)`), then this one")
 
 # %% [markdown]
 # ### 4.3 `reduce` changes the other ranks' buffers too
@@ -524,7 +543,8 @@ print(f"[rank {rank}] after reduce to rank 0: {m.tolist()}")
 
 # %% tags=["check"]
 # %%px
-assert m.tolist() == ([[5, 7], [9, 11]] if rank == 0 else [[4, 5], [9, 11]])
+assert m.tolist() == ([[5, 7], [9, 11]] if rank == 0 else [[4, 5], [9, 11]]), (
+    f"rank {rank}: m is {m.tolist()}; re-run the %%px cell above (`dist.reduce(m, dst=0, ...)`), then this one")
 
 # %% [markdown]
 # ### 4.4 A non-contiguous view in a collective is silently wrong
@@ -551,8 +571,9 @@ print(f"[rank {rank}] contiguous? {column.is_contiguous()}; view reduced -> {wro
 
 # %% tags=["check"]
 # %%px
-assert wrong == ([11.0, 2.0] if rank == 0 else [11.0, 20.0])
-assert m[:, 0].tolist() == [11.0, 22.0]
+again = "re-run the %%px cell above (`column = m[:, 0]`), then this one"
+assert wrong == ([11.0, 2.0] if rank == 0 else [11.0, 20.0]), f"rank {rank}: wrong is {wrong}; {again}"
+assert m[:, 0].tolist() == [11.0, 22.0], f"rank {rank}: m[:, 0] is {m[:, 0].tolist()}; {again}"
 
 # %% [markdown]
 # ## What we saw
@@ -586,9 +607,11 @@ assert m[:, 0].tolist() == [11.0, 22.0]
 answer_1 = None  # your answer here
 
 # %% tags=["check"]
+ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_1 = [[sum((r + 1.0) ** 2 for r in range(world_size)) / world_size]] * world_size
 # your function runs on every warm rank (ranks.run); its results are your answer
-check_answer("ex1", answer_1, expected_1, run=ranks.run, hint="sum with dist.all_reduce, then divide by world_size")
+check_answer("ex1", answer_1, expected_1, run=ranks.run, labels=("rank {}'s result",),
+             hint="sum with dist.all_reduce, then divide by world_size")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -617,9 +640,11 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 answer_2 = None  # your answer here
 
 # %% tags=["check"]
+ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_2 = [[[float(i) for i in range(r + 1)] for r in range(world_size)]] * world_size
 # your function runs on every warm rank (ranks.run); its results are your answer
-check_answer("ex2", answer_2, expected_2, run=ranks.run, hint="all-gather the lengths first, pad to the longest, trim")
+check_answer("ex2", answer_2, expected_2, run=ranks.run, labels=("rank {}'s result",),
+             hint="all-gather the lengths first, pad to the longest, trim")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -642,6 +667,7 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).
+# An exercise's check cell run after this starts fresh ranks by itself.
 
 # %%
 ranks.stop()

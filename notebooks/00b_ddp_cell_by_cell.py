@@ -60,8 +60,6 @@ import torch
 from IPython.display import display
 from torch.testing import assert_close
 
-from helpers.engine import start_ranks
-
 print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_size = {world_size}")
 
 # %% [markdown]
@@ -70,7 +68,10 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # engines start and import torch). Section 4 compares the ranks' pids with these.
 
 # %%
-# after a kernel restart, run this cell again first: without it IPython answers a %%px cell with "Cell magic `%%px` not found"
+# After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
+# Every %%px cell needs it (without it: "Cell magic `%%px` not found").
+from helpers.engine import start_ranks
+
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
 
 
@@ -240,8 +241,10 @@ print(f"[rank {rank}] dist.all_gather: grad {grad_plain.item()} (averaged {avera
 
 # %% tags=["check"]
 # %%px
-assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item()
-assert averaged.tolist() == [2.0, 4.0]
+again = "re-run the %%px cell above (it builds `w` again), then this one"
+assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item(), (
+    f"rank {rank}: grad_plain {grad_plain.item()}, grad_autograd {grad_autograd.item()}, x {x.item()}; {again}")
+assert averaged.tolist() == [2.0, 4.0], f"rank {rank}: averaged is {averaged.tolist()}; {again}"
 
 # %% [markdown]
 # The one-process gradient, here in the kernel: **Claim:** it is 4.
@@ -249,7 +252,7 @@ assert averaged.tolist() == [2.0, 4.0]
 # %% tags=["check"]
 w = torch.tensor(1.0, requires_grad=True)
 (w * torch.tensor([1.0, 3.0])).sum().backward()
-assert w.grad.item() == 4.0
+assert w.grad.item() == 4.0, f"w.grad is {w.grad.item()}: run this cell once (it builds w itself)"
 
 # %% [markdown]
 # ## 3. Initialising the process group twice
@@ -307,9 +310,10 @@ twice = pd.DataFrame(ranks.run(init_twice, free_port(), free_port(), timeout)).s
 display(twice)
 
 # %% tags=["check"]
-assert all(s.startswith("ValueError: trying to initialize the default process group twice") for s in twice["second init"])
-assert not twice["initialized after destroy"].any()
-assert set(twice["all_reduce after re-init"]) == {float(world_size)}
+assert all(s.startswith("ValueError: trying to initialize the default process group twice") for s in twice["second init"]), (
+    f"second init: {list(twice['second init'])}; re-run the cell above, then this one")
+assert not twice["initialized after destroy"].any(), f"initialized after destroy: {list(twice['initialized after destroy'])}"
+assert set(twice["all_reduce after re-init"]) == {float(world_size)}, f"all_reduce gave {list(twice['all_reduce after re-init'])}"
 assert all(s == "AssertionError: Process group cannot be None" for s in twice["second destroy"]), twice["second destroy"]
 
 # %% [markdown]
@@ -374,7 +378,8 @@ display(fresh_ranks)
 
 # %% tags=["check"]
 assert not set(fresh_ranks["pid"]) & set(pids), "fresh ranks are new processes"
-assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks["has model"].any()
+assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks["has model"].any(), (
+    f"fresh ranks:\n{fresh_ranks}\nre-run from the cell with `only_rank_0_reduces`, then this one")
 assert not fresh_ranks["has weight"].any(), "the names of earlier %%px cells are gone"
 
 # %% [markdown]
@@ -421,6 +426,7 @@ def ddp_grad(rank, world_size):
     return model.weight.grad.item()
 
 
+ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_1 = ranks.run(ddp_grad)[0]
 check_answer("ex1", answer_1, expected_1, hint="DDP averages the ranks' local gradients")
 
@@ -468,6 +474,7 @@ def squared_through_gather(rank, world_size):
     return grads.tolist()
 
 
+ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_2 = ranks.run(squared_through_gather)[0]
 check_answer("ex2", answer_2, expected_2,
              hint="(a) each rank's gradient has only its own term, 2 x²; (b) every term reaches its owner")
@@ -481,6 +488,7 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).
+# An exercise's check cell run after this starts fresh ranks by itself.
 
 # %%
 ranks.stop()

@@ -66,6 +66,7 @@ check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(l
 # %%
 import contextlib
 import time
+import warnings
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -75,7 +76,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
-from helpers.engine import launch
+from helpers.engine import OversubscriptionWarning, launch
 
 assert world_size >= 2, f"world_size = {world_size}: use at least 2 (one rank has nobody to disagree with)"
 print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_seed}; lr = {lr}; "
@@ -161,14 +162,15 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 # models are on CPU; without `backend`, `launch` picks `nccl` when there is one GPU per rank),
 # sends them the worker and the class and functions it uses from this notebook, and returns
 # each rank's result in rank order. When there are more ranks than the machine has cores the launcher warns
-# `OversubscriptionWarning` (ranks share cores); the results are exact, and no time is
-# measured. The first `launch` in a kernel is the slowest: it also starts the process that
+# `OversubscriptionWarning` (ranks share cores), once: the results are exact, and no time is
+# measured, so the later launches of this lesson do not repeat it. The first `launch` in a kernel is the slowest: it also starts the process that
 # imports torch once for every later launch (lesson [00a](00a_processes_and_collectives.ipynb), section 2).
 
 # %%
 t0 = time.perf_counter()
 results = launch(replicas_worker, world_size, base_seed, lr, batch_size, backend="gloo")
 print(f"launch of {world_size} ranks took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
+warnings.filterwarnings("ignore", category=OversubscriptionWarning)  # said once, above: no need to repeat it
 
 # params[stage][r] = rank r's (weight (5, 5), bias (5,)) at that stage
 params = {s: [(res["stages"][s]["weight"], res["stages"][s]["bias"]) for res in results] for s in STAGES}
@@ -591,6 +593,7 @@ model_0, _, _ = make_replica(0, base_seed, 1)
 expected_4 = [[model_0.weight.tolist(), model_0.bias.tolist(), model_0.rank_buffer.tolist(), [100.0 + r] * 2]
               for r in range(world_size)]
 check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(run_sync_with(fn), world_size, base_seed, backend="gloo"),
+             labels=("rank {}'s", ("weight", "bias", "rank_buffer", "rank_attribute")),
              hint="broadcast every parameter and every buffer from rank 0 (model.parameters(), model.buffers())")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

@@ -17,7 +17,7 @@
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** trained with the same recipe (same initial weights, same data order, same
@@ -554,9 +554,13 @@ plt.show()
 # `timed_steps` steps; single and DP **alternate** in the kernel (single, DP, DP, single, ...)
 # so that neither always runs first. DDP is timed in its own workers (same warm-up and
 # repeats; the slowest rank's time counts, since every step ends with an all-reduce). We
-# report the median and the min–max of the repeats. Single and DP run in the kernel with
-# `torch.get_num_threads()` threads; each DDP rank runs the threads the launcher gave it.
-# The DDP launch takes most of the cell's time (starting processes, loading the data).
+# report the median and the min–max of the repeats. The DDP launch takes most of the cell's
+# time (starting processes, loading the data).
+#
+# Like with like: a process's speed on a CPU depends on its intra-op threads (the threads one
+# matrix product uses). Each DDP rank runs the threads the launcher gave it, so single and DP
+# are timed in the kernel with that same count (`torch.set_num_threads`), then the kernel's own
+# count is restored. Only the number of processes differs.
 
 # %%
 def time_repeat(net, n_steps, batches) -> float:
@@ -579,11 +583,19 @@ order = epoch_order(len(train_labels), seed, 0)[: timed_steps * global_batch_siz
 batches = [(train_images[i].to(device), train_labels[i].to(device)) for i in order]
 nets = {"single process": build_model(model, seed).to(device), dp_label: nn.DataParallel(build_model(model, seed).to(device))}
 samples_per_s = {name: [] for name in nets}
-for net in nets.values():
-    time_repeat(net, timed_steps, batches)  # warm-up, not counted
-for k in range(repeats):
-    for name in (list(nets) if k % 2 == 0 else list(nets)[::-1]):  # alternate which mode goes first
-        samples_per_s[name].append(timed_steps * global_batch_size / time_repeat(nets[name], timed_steps, batches))
+kernel_threads = torch.get_num_threads()
+rank_threads = ddp_ranks[0]["threads"]  # what each DDP rank ran with (section 6's launch)
+threads_used = {}
+torch.set_num_threads(rank_threads)  # the kernel times single and DP with a rank's threads
+try:
+    for net in nets.values():
+        time_repeat(net, timed_steps, batches)  # warm-up, not counted
+    for k in range(repeats):
+        for name in (list(nets) if k % 2 == 0 else list(nets)[::-1]):  # alternate which mode goes first
+            samples_per_s[name].append(timed_steps * global_batch_size / time_repeat(nets[name], timed_steps, batches))
+            threads_used[name] = torch.get_num_threads()
+finally:
+    torch.set_num_threads(kernel_threads)  # the kernel's own count again
 
 # %%
 def ddp_throughput(rank, world_size, cfg):
@@ -608,14 +620,26 @@ def ddp_throughput(rank, world_size, cfg):
         seconds.append(time.perf_counter() - t0)
     slowest = torch.tensor(seconds[1:])
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the step is as slow as the slowest rank
-    return (len(batches) * cfg["global_batch_size"] / slowest).tolist()
+    return {"samples_per_s": (len(batches) * cfg["global_batch_size"] / slowest).tolist(),
+            "threads": torch.get_num_threads()}
 
 
 ddp_label = f"DDP ({world_size} ranks)"
-samples_per_s[ddp_label] = launch(ddp_throughput, world_size, dict(cfg, timed_steps=timed_steps, repeats=repeats))[0]
+timed_ranks = launch(ddp_throughput, world_size, dict(cfg, timed_steps=timed_steps, repeats=repeats))
+samples_per_s[ddp_label] = timed_ranks[0]["samples_per_s"]
+threads_used[ddp_label] = sorted({r["threads"] for r in timed_ranks})
 tp = pd.DataFrame([{"mode": name, "median samples/s": statistics.median(v), "min": min(v), "max": max(v),
                     "repeats": len(v)} for name, v in samples_per_s.items()]).set_index("mode").round(0)
 tp
+
+# %% [markdown]
+# **Claim:** every mode was timed with the same intra-op threads per process: the count each
+# DDP rank reported.
+
+# %% tags=["check"]
+print(f"intra-op threads per process while timed: {threads_used}")
+assert threads_used == {"single process": rank_threads, dp_label: rank_threads, ddp_label: [rank_threads]}, threads_used
+assert torch.get_num_threads() == kernel_threads, "the kernel's own thread count is restored"
 
 # %% [markdown]
 # The figure shows every repeat as a point, the median as a bar-free marker and the min–max
@@ -637,15 +661,25 @@ ax.set_title(f"{repeats} timed repeats of {timed_steps} steps per mode, after a 
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 plt.show()
 names = list(samples_per_s)
-print(f"threads: kernel (single, DP) {torch.get_num_threads()}, each DDP rank {ddp_ranks[0]['threads']}; "
-      "DDP was timed in its own launch, not interleaved with the kernel's repeats")
+print(f"threads per process while timed: {rank_threads} in every mode ({world_size} processes for DDP, 1 for "
+      f"single and DP); DDP was timed in its own launch, not interleaved with the kernel's repeats")
 for a, b in [(names[0], names[1]), (names[0], names[2])]:
     va, vb = samples_per_s[a], samples_per_s[b]
     overlap = min(max(va), max(vb)) >= max(min(va), min(vb))
-    print(f"{b} vs {a}: median {statistics.median(vb):,.0f} vs {statistics.median(va):,.0f} samples/s; ranges "
+    print(f"{b} vs {a}: median {statistics.median(vb):,.0f} vs {statistics.median(va):,.0f} samples/s "
+          f"(ratio {statistics.median(vb) / statistics.median(va):.2f}); ranges "
           + ("overlap: this run cannot tell them apart" if overlap else "do not overlap in this run"))
 
 # %% [markdown]
+# What this comparison shows, on a laptop: with the threads equal, DDP differs from one process
+# only in running `world_size` processes at once, each on its share of every global batch, plus
+# one all-reduce per step. So its gain over one process is at most about `world_size` times. It
+# gets near that only when each rank has cores of its own. On a laptop the ranks share a few
+# cores with each other and with the browser. And this model is small, so each step's
+# all-reduce and fixed costs weigh as much as the work split between the ranks. So the ratio
+# printed above is lower, often below 1: DDP slower than one process. It changes from run to
+# run, and says nothing about GPUs, where each rank has a device of its own.
+#
 # ## 9. Memory, and the comparison
 #
 # Peak memory is the peak resident set size of each process: the notebook kernel for single

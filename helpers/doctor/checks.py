@@ -195,6 +195,23 @@ def check_ports(doc: Doctor) -> str:
     return f"free: {names}"
 
 
+#: Free memory a lesson needs, in MiB: its kernel and its ranks (measured as their USS with psutil,
+#: lesson 00a with its warm ranks and lesson 04 after training, docs/TEACHING.md), with a margin.
+MIN_FREE_MIB = 1500
+
+
+def check_memory(doc: Doctor) -> str:
+    """Free memory (``psutil.virtual_memory().available``) for one lesson's kernel and ranks."""
+    import psutil
+
+    free = psutil.virtual_memory().available / 2**20
+    if free < MIN_FREE_MIB:
+        raise Failed(f"{free:,.0f} MiB free; a lesson's kernel and its ranks need about {MIN_FREE_MIB:,} MiB",
+                     "close programs you do not need, and shut down the kernels of lessons you finished "
+                     "(JupyterLab: Kernel > Shut Down Kernel), then rerun the doctor")
+    return f"{free:,.0f} MiB free (a lesson needs about {MIN_FREE_MIB:,} MiB)"
+
+
 def _helper_failure(e: BaseException, what: str) -> Failed:
     """A failure of the project's own machinery, with the fix that fits its kind."""
     name = type(e).__name__

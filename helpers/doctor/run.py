@@ -17,6 +17,7 @@ from collections.abc import Callable
 from helpers import REPO_ROOT
 from helpers.doctor.checks import (
     check_launch,
+    check_memory,
     check_mnist,
     check_mp,
     check_ports,
@@ -39,6 +40,7 @@ CHECKS = [
     Check("torch", check_torch, 120, fix=REINSTALL),
     Check("MNIST", check_mnist, 180, needs=("torch",)),
     Check("ports", check_ports, 20),
+    Check("memory", check_memory, 10),
     Check("launch", check_launch, 180, needs=("torch",)),
     Check("mp", check_mp, 180, needs=("torch",)),
     Check("warm ranks", check_warm_ranks, 300, needs=("torch",)),

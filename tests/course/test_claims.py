@@ -179,6 +179,6 @@ def test_gpu_claim_prints_not_proven_here_without_a_gpu(capsys):
     before = len(notebook.UNPROVEN)
     assert notebook.gpu_claim("real DP on GPUs") is False and notebook.cpu_claim("DP on CPU") is True
     out = capsys.readouterr().out
-    assert out.startswith("not proven here: needs a GPU (found 0); ci/gpu_check.py runs it.") and "real DP" in out, out
+    assert out.startswith("not proven here: needs a GPU (found 0); a GPU run proves it.") and "real DP" in out, out
     assert notebook.UNPROVEN[before:] == [{"claim": "real DP on GPUs", "needs": "GPU",
-                                           "why": "needs a GPU (found 0); ci/gpu_check.py runs it"}]
+                                           "why": "needs a GPU (found 0); a GPU run proves it"}]

@@ -371,7 +371,7 @@ def test_check_answer_tensors_and_arrays(capsys):
     import numpy as np
     import torch
 
-    hn.check_answer("ex1", torch.tensor([0.25, 0.25, 0.0]), [0.25, 0.25, 0.0])
+    hn.check_answer("ex1", [0.25, 0.25, 0.0], torch.tensor([0.25, 0.25, 0.0]))
     hn.check_answer("ex1", np.float64(15.0), torch.tensor(15.0))
     hn.check_answer("ex1", torch.tensor(16.0), 15)
     lines = capsys.readouterr().out.splitlines()

@@ -3,6 +3,9 @@ preprocessors), with the glossary, helpers and data they need, as a folder and a
 
 from __future__ import annotations
 
+import ast
+import shutil
+import symtable
 import zipfile
 from pathlib import Path
 
@@ -73,7 +76,7 @@ def test_handout_opens_on_its_own(handout, copies):
         assert (handout / rel).is_file(), rel
     assert sorted(p.name for p in (handout / "data" / "MNIST" / "raw").iterdir()) == sorted(
         p.name for p in (ROOT / "data" / "MNIST" / "raw").glob("*.gz"))
-    text = (handout / "HANDOUT.md").read_text()
+    text = (handout / "README.md").read_text()
     assert f"notebooks/{LESSONS[0]}.ipynb" in text and "python3 -m helpers.doctor" in text and "data/" in text
     with zipfile.ZipFile(handout / f"{student_copies.ARCHIVE_NAME}.zip") as z:
         names = set(z.namelist())
@@ -95,9 +98,10 @@ def test_copy_without_solutions_keeps_exercises_and_checks(copies, source):
     nbformat.validate(copy)
     assert tagged(copy, "solution") == []
     assert tagged(copy, "exercise") == tagged(original, "exercise")
-    assert tagged(copy, "check") == tagged(original, "check")
+    assert tagged(copy, "check") == [student_copies.scoped_check(s) for s in tagged(original, "check")]
     assert tagged(copy, "parameters") == tagged(original, "parameters")
-    kept = [c.source for c in original.cells if "solution" not in c.get("metadata", {}).get("tags", [])]
+    kept = [student_copies.scoped_check(c.source) if "check" in c.get("metadata", {}).get("tags", []) else c.source
+            for c in original.cells if "solution" not in c.get("metadata", {}).get("tags", [])]
     assert [c.source for c in copy.cells] == kept, "only the solution cells may be removed, in order"
     for cell in copy.cells:
         if cell.cell_type == "code":
@@ -125,3 +129,94 @@ def test_unknown_notebook_writes_nothing(tmp_path, capsys):
     assert student_copies.main(["99", "--output-dir", str(tmp_path / "out")]) == 2
     assert "unknown notebook '99'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---- a student's own copy (issue 44, part 4) ------------------------------------------------------
+
+
+def _first_use_is_a_store(fn: ast.FunctionDef) -> list[str]:
+    """Names local to ``fn`` (assigned in its own body) that a line reads before one assigns them:
+    an ``UnboundLocalError`` once the check cell's code runs inside the function."""
+    table = symtable.symtable(ast.unparse(fn), "<check>", "exec").get_children()[0]
+    local = {s.get_name() for s in table.get_symbols() if s.is_local()}
+    loads, stores = {}, {}
+    for node in ast.walk(fn):
+        at = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        if isinstance(node, ast.Name):
+            bound = [(node.id, isinstance(node.ctx, ast.Load))]
+            if not bound[0][1]:
+                at = (node.lineno, 10**9)  # bound once the line's value is computed: `x = x + 1` reads first
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+            bound = [(node.name, False)]
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound = [(node.name, False)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound = [((a.asname or a.name).split(".")[0], False) for a in node.names]
+        else:
+            continue
+        for name, is_load in bound:
+            if name in local:
+                seen = loads if is_load else stores
+                seen[name] = min(seen.get(name, at), at)
+    return sorted(n for n in loads if n in stores and loads[n] < stores[n])
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_exercise_checks_keep_the_expected_value_in_a_function(copies, stem):
+    """Each exercise's check cell runs inside ``check_exercise_N()``: ``expected_N`` and what it is
+    computed from are the function's locals, never the kernel's names; no local is read before it is
+    assigned (the cell's code works the same inside the function)."""
+    copy = nbformat.read(str(copies[stem]), as_version=4)
+    exercises = [c.source for c in copy.cells if "exercise" in c.get("metadata", {}).get("tags", [])]
+    checks = [s for s in tagged(copy, "check") if student_copies.EXERCISE_CHECK.search(s)]
+    assert len(checks) == len(exercises), (len(checks), len(exercises))
+    for n, source in enumerate(checks, 1):
+        tree = ast.parse(source)
+        fn, call = tree.body
+        assert isinstance(fn, ast.FunctionDef) and fn.name == f"check_exercise_{n}", source[:200]
+        assert ast.unparse(call) == f"check_exercise_{n}()"
+        assert not _first_use_is_a_store(fn), (stem, n, _first_use_is_a_store(fn))
+
+
+def test_scoped_check_leaves_claims_and_magics_alone():
+    assert student_copies.scoped_check("assert x == 1") == "assert x == 1"
+    px = '%%px\ncheck_answer("ex1", answer_1, 1)'
+    assert student_copies.scoped_check(px) == px
+    wrapped = student_copies.scoped_check('expected_1 = 5\ncheck_answer("ex1", answer_1, expected_1)')
+    namespace = {"answer_1": 5, "check_answer": lambda *a: print("checked", a[1] == a[2])}
+    exec(wrapped, namespace)
+    assert "expected_1" not in namespace and callable(namespace["check_exercise_1"])
+    reads_first = student_copies.scoped_check('x = x + 1\nexpected_1 = x\ncheck_answer("ex1", answer_1, expected_1)')
+    assert _first_use_is_a_store(ast.parse(reads_first).body[0]) == ["x"], "the test of the copies can fail"
+
+
+def test_no_py_twin_after_a_save_through_jupytexts_contents_manager(handout, tmp_path):
+    """JupyterLab saves through its contents manager; with jupytext installed that is jupytext's,
+    which writes the paired ``.py`` of a notebook whose metadata pairs it. A copy is not paired:
+    saving it writes the notebook alone. (The lesson itself, paired, gets its twin: the test can fail.)"""
+    from jupytext import TextFileContentsManager
+
+    stem = LESSONS[0]
+    copy = handout / "notebooks" / f"{stem}.ipynb"
+    assert "jupytext" not in nbformat.read(str(copy), as_version=4).metadata
+    cm = TextFileContentsManager(root_dir=str(handout))
+    cm.save(cm.get(f"notebooks/{stem}.ipynb"), f"notebooks/{stem}.ipynb")
+    assert sorted(p.name for p in (handout / "notebooks").glob(f"{stem}.*")) == [f"{stem}.ipynb"]
+
+    (tmp_path / "nb").mkdir()
+    shutil.copyfile(ROOT / "notebooks" / f"{stem}.ipynb", tmp_path / "nb" / f"{stem}.ipynb")
+    paired = TextFileContentsManager(root_dir=str(tmp_path))
+    paired.save(paired.get(f"nb/{stem}.ipynb"), f"nb/{stem}.ipynb")
+    assert (tmp_path / "nb" / f"{stem}.py").is_file(), "the lesson itself is paired: a save writes its twin"
+
+
+def test_the_handout_readme_says_what_a_student_does(handout):
+    """Install, the preflight, JupyterLab on the first lesson, the lessons in order; not the
+    repository's tests or CI (the repository's README is not copied)."""
+    text = (handout / "README.md").read_text(encoding="utf-8")
+    assert "python3 -m helpers.doctor" in text and "python3 -m jupyter lab --config=jupyter_lab_config.json" in text
+    assert [line.split("`")[1] for line in text.splitlines() if line[:1].isdigit()] == \
+        [f"notebooks/{stem}.ipynb" for stem in LESSONS]
+    for word in ("pytest", "ci/", ".ci", "CI", "test suite", "run_notebooks"):
+        assert word not in text, word
+    assert not (handout / "HANDOUT.md").exists()

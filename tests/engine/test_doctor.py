@@ -129,3 +129,18 @@ def test_a_hanging_check_is_cut_at_its_time_limit(tmp_path, ignores_sigint):
     else:  # the doctor goes on to its summary
         assert "no answer within 3 s" in detail and "1 of 2 checks FAILED" in run.stdout, report(run)
     assert_no_traceback(run)
+
+
+def test_memory_check_reads_free_memory_and_says_what_to_close(monkeypatch):
+    """Issue 44, part 5: the doctor checks free memory (psutil's, real) against what one lesson's
+    kernel and ranks need; asked for more than this machine has, it fails with what to close."""
+    import psutil
+
+    from helpers.doctor import checks
+    from helpers.doctor.common import Failed
+
+    assert "MiB free" in checks.check_memory(None) or psutil.virtual_memory().available < checks.MIN_FREE_MIB * 2**20
+    monkeypatch.setattr(checks, "MIN_FREE_MIB", psutil.virtual_memory().total // 2**20 + 1)
+    with pytest.raises(Failed) as info:
+        checks.check_memory(None)
+    assert "MiB free" in info.value.detail and "Shut Down Kernel" in info.value.fix, (info.value.detail, info.value.fix)

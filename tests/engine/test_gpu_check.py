@@ -70,7 +70,7 @@ def test_a_gpu_claim_that_printed_not_proven_is_not_proven(tmp_path):
     mine = [r for r in gpu_check.gpu_claims() if r["lesson"] == stem]
     first = mine[0]
     cell = next(c for c in nb.cells[first["cell"] + 1:] if c.cell_type == "code")
-    line = f"not proven here: needs 2 GPUs (found 1); ci/gpu_check.py runs it. Claim (GPU): {first['helper_calls'][0]}"
+    line = f"not proven here: needs 2 GPUs (found 1); a GPU run proves it. Claim (GPU): {first['helper_calls'][0]}"
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
     nbformat.write(nb, str(tmp_path / f"{stem}.ipynb"))
     status = {(r["lesson"], r["cell"], r["claim"]): r["status"] for r in gpu_check.gpu_claims(tmp_path)}

@@ -1,0 +1,32 @@
+"""docs agree with the lessons (issue 44, part 5): the glossary says DDP divides first, then
+sums, as lesson 01 asserts; it says its Chinese column needs CJK fonts; docs/TEACHING.md gives
+memory per laptop, says to shut down the last lesson's kernel, and names the doctor's threshold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.doctor import checks
+
+ROOT = Path(__file__).resolve().parents[2]
+GLOSSARY = (ROOT / "docs" / "GLOSSARY.md").read_text(encoding="utf-8")
+
+
+def test_glossary_all_reduce_divides_first_as_lesson_01_asserts():
+    lesson = (ROOT / "notebooks" / "01_gradients_dp_vs_ddp.py").read_text(encoding="utf-8")
+    assert "DDP divides **first**" in lesson and 'p.grad /= world_size  # divide first, as DDP does' in lesson
+    entry = next(line for line in GLOSSARY.splitlines() if '<a id="all-reduce"></a>' in line)
+    assert "divides each gradient by the world size first" in entry and "then all-reduces (sums)" in entry, entry
+    assert "all-reduces the gradients during backward and divides" not in GLOSSARY
+
+
+def test_glossary_says_its_chinese_column_needs_cjk_fonts():
+    intro = GLOSSARY.split("| English |", 1)[0]
+    assert "CJK" in intro and "boxes" in intro, intro
+
+
+def test_teaching_gives_memory_and_says_to_shut_down_the_last_kernel():
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    assert "**Memory per laptop.**" in text and "USS" in text
+    assert "shut down the last lesson's kernel" in text and "Kernel > Shut Down Kernel" in text
+    assert f"{checks.MIN_FREE_MIB:,} MiB" in text and "MIN_FREE_MIB" in text
