@@ -267,3 +267,26 @@ def test_version_guard_names_versions_and_launch(monkeypatch):
     assert "checked on torch 2.14" in text and "helpers.engine.launch(fn, world_size)" in text, text
     assert threading.active_count() == before, "no thread may start"
     _restored()
+
+
+def test_doctor_line(monkeypatch):
+    from helpers.doctor.checks import check_simulate
+    from helpers.doctor.common import Failed
+
+    class Doc:  # the doctor's one method a check calls
+        def inner_timeout(self, name):
+            return 60.0
+
+    assert "all_reduce 2080 on each" in check_simulate(Doc())
+    import torch.testing._internal.distributed as package
+
+    monkeypatch.delattr(package, "multi_threaded_pg", raising=False)
+    monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.multi_threaded_pg", None)
+    sim._pieces.cache_clear()
+    try:
+        with pytest.raises(Failed) as info:
+            check_simulate(Doc())
+    finally:
+        monkeypatch.undo()
+        sim._pieces.cache_clear()
+    assert "multi_threaded_pg" in str(info.value) and "lesson 09" in info.value.fix, (str(info.value), info.value.fix)
