@@ -7,10 +7,9 @@ time, measured (``docs/run_times.json``: the ``smoke`` profile's, what students 
 ``full`` profile's as an upper bound); its reading time, estimated from its words of prose
 (``ci.path_table.reading_estimate``, the same minutes its opening line shows); and its exercise time, estimated at
 :data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
-summed, rounded up to 5 minutes. The 3-hour agenda takes the lessons in path order while they
-fit in :data:`SHORT_TEACHING_MIN` minutes (a break after about 90), and lists the rest as
-homework; the whole course is two days, split where half its minutes are done, each day from
-9:00 with lunch (:data:`LUNCH_MIN`) before the first lesson that would start after
+summed, rounded up to 5 minutes. The 3-hour agenda is the workshop path (:mod:`ci.workshop`:
+chosen sections of the lessons, timed section by section); the whole course is two days, split
+where half its minutes are done, each day from 9:00 with lunch (:data:`LUNCH_MIN`) before the first lesson that would start after
 :data:`LUNCH_AFTER_MIN` minutes.
 """
 
@@ -21,15 +20,13 @@ from pathlib import Path
 
 import nbformat
 
-from ci import marked, path_table
+from ci import marked, path_table, workshop
 from helpers import lessons as manifest
 
 TEACHING = path_table.REPO_ROOT / "docs" / "TEACHING.md"
 START = "<!-- agenda:start -->"
 END = "<!-- agenda:end -->"
 MIN_PER_EXERCISE = 8
-SHORT_TEACHING_MIN = 165  # 3 hours less a 15-minute break
-BREAK_AFTER_MIN = 90
 LUNCH_MIN = 60
 LUNCH_AFTER_MIN = 180  # 12:00 on a day that starts at 9:00
 
@@ -91,8 +88,9 @@ def _first_after(rows: list[dict], minutes: float) -> int:
     return len(rows)
 
 
-def block(rows: list[dict], times: dict) -> str:
-    """The generated text between the markers: the lesson table and the two agendas."""
+def block(rows: list[dict], times: dict, workshop_rows: list[dict] | None = None) -> str:
+    """The generated text between the markers: the lesson table, the 3-hour workshop path
+    (:mod:`ci.workshop`) and the two-day agenda."""
     profiles = sorted({run_seconds(times, r["stem"])[1] for r in rows if r["run_min"] is not None})
     machines = sorted({e["machine"] for p in profiles for e in times.get(p, {}).values()})
     out = ["| lesson | run time (measured) | reading (estimate) | exercises (estimate) | slot |",
@@ -106,18 +104,17 @@ def block(rows: list[dict], times: dict) -> str:
             f"{'; '.join(machines) or 'no machine'} (docs/run_times.json). Reading at "
             f"{path_table.WORDS_PER_MIN} words/min and {MIN_PER_EXERCISE} min per exercise are estimates. "
             "Written by `python3 -m ci.generate`, never by hand.", ""]
-    short, used = [], 0
-    for r in rows:
-        if used + r["slot_min"] > SHORT_TEACHING_MIN:
-            break
-        short.append(r)
-        used += r["slot_min"]
-    brk = _first_after(short, BREAK_AFTER_MIN)
-    out += ["**3 hours** (times from the start):", ""]
-    out += _schedule(short, 0, {brk: "break=15"} if 0 < brk < len(short) else {})
-    rest = rows[len(short):]
-    if rest:
-        out += ["", "Homework, or a second session: " + ", ".join(r["stem"] for r in rest) + "."]
+    if workshop_rows:
+        table, buffer = workshop.block(workshop_rows)
+        taught = {r["lesson"].stem for r in workshop_rows}
+        out += [f"**3 hours: the workshop path** (times from the start; {buffer} min of the "
+                f"{workshop.TEACHING_MIN} left as buffer). It reaches DDP on MNIST against one process and ends "
+                "with a silent bug found by a check. Run times are the measured seconds of the cells of those "
+                "sections (and of each lesson's set-up cells) in the `smoke` profile, as students run them; every "
+                "section runs in CI as part of its lesson. The sections and exercises are chosen in "
+                "`notebooks/lessons.toml` (`[[workshop]]`).", "", table, "",
+                "Homework, or a second session: the sections not taught above, and "
+                + ", ".join(r["stem"] for r in rows if r["stem"] not in taught) + "."]
     split = _first_after(rows, sum(r["slot_min"] for r in rows) / 2)
     for day, part in ((1, rows[:split]), (2, rows[split:])):
         lunch = _first_after(part, LUNCH_AFTER_MIN)
@@ -134,6 +131,9 @@ def outputs(teaching: Path = TEACHING, times_file: Path = path_table.TIMES, note
         ManifestError, ValueError, OSError, KeyError: the manifest, a lesson, the record or the markers.
     """
     times = path_table.load_times(times_file)
-    rows = slots(manifest.stems("lesson", manifest_file or notebooks / manifest.MANIFEST.name), times, notebooks)
+    manifest_file = manifest_file or notebooks / manifest.MANIFEST.name
+    rows = slots(manifest.stems("lesson", manifest_file), times, notebooks)
+    path = workshop.rows(manifest.workshop(manifest_file), manifest.load(manifest_file), times, notebooks,
+                         MIN_PER_EXERCISE)
     current = teaching.read_text(encoding="utf-8")
-    return [(teaching, current, marked.render(current, block(rows, times), START, END), "the agendas")]
+    return [(teaching, current, marked.render(current, block(rows, times, path), START, END), "the agendas")]

@@ -25,14 +25,20 @@ import json
 import sys
 from pathlib import Path
 
-from ci import agenda, changes_table, marked, params_table, path_table, planning
+from ci import agenda, changes_table, marked, params_table, path_table, planning, workshop
 from helpers.lessons import ManifestError
 
 
 def record(times_file: Path, run_file: Path, profile: str) -> None:
     """Merge ``run_file`` (``{stem: {"seconds", "date", "machine"}}``) into ``times_file`` as
-    ``profile``'s times. Raises OSError or ValueError when a file is unreadable."""
+    ``profile``'s times, each with ``"parts"``: its sections' seconds, read from the executed
+    notebook beside ``run_file`` (:func:`ci.workshop.part_seconds`). Raises OSError or
+    ValueError when a file is unreadable."""
     run = json.loads(run_file.read_text(encoding="utf-8"))
+    for stem, entry in run.items():
+        executed = run_file.parent / f"{stem}.ipynb"
+        if executed.is_file():
+            entry["parts"] = workshop.part_seconds(executed)
     current = json.loads(times_file.read_text(encoding="utf-8")) if times_file.is_file() else {}
     profiles = current.get("profiles", {})
     profiles[profile] = dict(sorted(run.items()))

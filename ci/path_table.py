@@ -119,20 +119,19 @@ def block(lessons: list[manifest.Lesson], times: dict) -> str:
     return "\n".join(out).strip("\n") + "\n\n" + measured_note(times)
 
 
+def markdown_words(text: str) -> int:
+    """Tokens with a letter or digit in one markdown cell's ``text``, the generated blocks and
+    HTML comments left out."""
+    for start, end in ((OPEN_START, OPEN_END), (NEXT_START, NEXT_END)):
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            text = head + rest.split(end, 1)[1]
+    return sum(1 for w in COMMENT.sub(" ", text).split() if re.search(r"\w", w))
+
+
 def prose_words(nb) -> int:
-    """Tokens with a letter or digit in ``nb``'s markdown cells, the generated blocks and HTML
-    comments left out."""
-    words = 0
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        text = cell.source
-        for start, end in ((OPEN_START, OPEN_END), (NEXT_START, NEXT_END)):
-            if start in text and end in text:
-                head, rest = text.split(start, 1)
-                text = head + rest.split(end, 1)[1]
-        words += sum(1 for w in COMMENT.sub(" ", text).split() if re.search(r"\w", w))
-    return words
+    """:func:`markdown_words` of every markdown cell of ``nb``."""
+    return sum(markdown_words(cell.source) for cell in nb.cells if cell.cell_type == "markdown")
 
 
 def reading_estimate(words: int) -> tuple[int, int]:

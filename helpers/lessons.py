@@ -1,7 +1,8 @@
 """The course's lessons, read from ``notebooks/lessons.toml``: the one list every tool uses.
 
 The README's path table, each lesson's opening block and "Next" link, the runner and its
-profiles, the site, the handout, the agendas and the tests all call :func:`load`. A record's
+profiles, the site, the handout, the agendas and the tests all call :func:`load`; the 3-hour
+workshop path (docs/TEACHING.md) is :func:`workshop`. A record's
 keys are described at the top of the manifest; :func:`load` checks them and raises
 :class:`ManifestError` naming the record and what to fix.
 """
@@ -89,6 +90,37 @@ def load(path: str | Path | None = None) -> list[Lesson]:
     if not lessons:
         raise ManifestError(f"{path} has no [[lesson]] record")
     return lessons
+
+
+@dataclass(frozen=True)
+class WorkshopPart:
+    """One lesson's part of the 3-hour workshop path: the ``## N.`` sections taught (their labels,
+    ``"1"``, ``"2b"``) and the exercises done in the room (numbers)."""
+
+    lesson: str  # a label, 00a
+    sections: tuple[str, ...]
+    exercises: tuple[int, ...] = ()
+
+
+def workshop(path: str | Path | None = None) -> list[WorkshopPart]:
+    """The ``[[workshop]]`` records of the manifest, in teaching order.
+
+    Raises:
+        ManifestError: a record names no known lesson, no section, or an unknown key.
+    """
+    path = Path(path) if path is not None else MANIFEST
+    labels = {lesson.label for lesson in load(path)}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    parts = []
+    for i, rec in enumerate(data.get("workshop", []), 1):
+        where = f"{path.name}, workshop record {i} ({rec.get('lesson', 'no lesson')})"
+        unknown = sorted(set(rec) - {"lesson", "sections", "exercises"})
+        if unknown or rec.get("lesson") not in labels or not rec.get("sections"):
+            raise ManifestError(f"{where}: needs lesson (a label of a record), sections (a list of the "
+                                f"lesson's section numbers) and optionally exercises; unknown keys {unknown}")
+        parts.append(WorkshopPart(rec["lesson"], tuple(str(s) for s in rec["sections"]),
+                                  tuple(int(n) for n in rec.get("exercises", []))))
+    return parts
 
 
 def stems(kind: str | None = "lesson", path: str | Path | None = None) -> list[str]:

@@ -425,5 +425,5 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # <!-- next:start -->
-# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)).
+# **Next:** [09 a cluster on the laptop](09_cluster_on_a_laptop.ipynb): run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show.
 # <!-- next:end -->

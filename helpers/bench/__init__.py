@@ -4,7 +4,7 @@ Run every benchmark from the repository root; each prints a table and writes JSO
 
     python -m helpers.bench                       # all benchmarks, full profile, to build/bench/
     python -m helpers.bench --profile smoke       # small and quick (05a and 05b CI sizes; no memory/launch runs)
-    python -m helpers.bench pipeline allreduce    # only some: pipeline scaling allreduce launch memory buckets
+    python -m helpers.bench pipeline allreduce    # only some (see BENCHMARKS for every name)
     python -m helpers.bench --out /tmp/bench      # another output folder
 
 The benchmarks (each has a ``bench_*`` function returning rows, plain dicts, for pandas), one
@@ -31,6 +31,9 @@ helpers, ``cli`` the command line:
               against ``torch.multiprocessing.spawn``, and the cost of ``import torch``.
 ``memory``    Peak RSS per rank when every rank holds its own copy of MNIST, against ranks that
               share one read-only memory map of the raw file.
+``simulated`` Seconds per DDP step and peak memory of lesson 09's MLP on 8, 64 and 256 simulated ranks
+              (:func:`helpers.engine.simulate`: threads of one process) beside 2 and 4 real gloo
+              ranks, as ratios to the real ones.
 ``buckets``   DDP ``bucket_cap_mb`` and ``gradient_as_bucket_view`` against step time, and a
               ``torch.profiler`` timeline of all-reduce overlapping backward.
 
@@ -119,6 +122,7 @@ from helpers.bench.scaling import (
     local_throughput,
     scaling_worker,
 )
+from helpers.bench.simulated import bench_simulated
 from helpers.bench.threads import (
     THREADS_REPORT_CODE,
     bench_threads_by_launcher,
@@ -149,6 +153,7 @@ __all__ = [
     "bench_memory",
     "bench_pipeline",
     "bench_scaling",
+    "bench_simulated",
     "bench_threads_by_launcher",
     "bench_warm_ranks",
     "bucket_worker",

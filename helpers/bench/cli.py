@@ -21,6 +21,7 @@ from helpers.bench.launch_overhead import WARM_RUN, WARM_START, WARM_START_FRESH
 from helpers.bench.memory import bench_memory
 from helpers.bench.pipeline import bench_pipeline
 from helpers.bench.scaling import bench_scaling
+from helpers.bench.simulated import bench_simulated
 
 #: The first line of ``--help``.
 DESCRIPTION = "Benchmarks: where the time goes when DDP trains MNIST (notebooks 05a and 05b, and a command line)."
@@ -46,6 +47,8 @@ def _run_one(name: str, cfg: dict[str, Any]) -> Any:
     if name == "buckets":
         return bench_buckets(cfg["world_size"], cfg["bucket_caps_mb"], cfg["as_view"], steps=cfg["steps"],
                              warmup=cfg["warmup"], profile_cap_mb=cfg["profile_cap_mb"], rounds=cfg["rounds"])
+    if name == "simulated":
+        return bench_simulated(cfg["simulated"], cfg["real"], cfg["steps"], cfg["batch"])
     raise ValueError(f"unknown benchmark {name!r}; choose from {BENCHMARKS}")
 
 
@@ -95,6 +98,10 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
         tl = timeline_overlap(result["timeline"]) if result["timeline"] else {}
         return [(f"DDP buckets (mlp, {MLP_PARAMS / 1e6:.1f} M parameters)", pd.DataFrame(result["rows"])[cols]),
                 ("all-reduce overlapping backward (profiler, rank 0)", pd.DataFrame([tl]))]
+    if name == "simulated":
+        cols = ["mode", "world_size", "step_s", "peak_rss_mib", "step_vs_real", "rss_vs_real"]
+        return [("simulated ranks (threads, one process) against real gloo ranks: lesson 09's MLP, one DDP step "
+                 "(ratios: to the smallest real world)", pd.DataFrame(result)[cols])]
     return []
 
 

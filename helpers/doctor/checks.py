@@ -241,6 +241,29 @@ def check_launch(doc: Doctor) -> str:
     return f"2-rank gloo all_reduce through helpers.engine.launch: {got}"
 
 
+#: ranks of the doctor's simulation (a lesson-sized world; threads of this process, milliseconds)
+SIMULATED_RANKS = 64
+
+
+def check_simulate(doc: Doctor) -> str:
+    from helpers.engine import SimulationUnavailable, simulate
+
+    try:
+        got = simulate(_allreduce, SIMULATED_RANKS, timeout=doc.inner_timeout("simulate"))
+    except SimulationUnavailable as e:
+        raise Failed(f"simulate: {_error_line(e)}",
+                     "lesson 09 needs the torch version requirements.txt pins: reinstall it (the other lessons "
+                     "run on launch)") from None
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, "simulate") from None
+    expected = float(sum(range(1, SIMULATED_RANKS + 1)))
+    if got != [expected] * SIMULATED_RANKS:
+        raise Failed(f"simulated all_reduce gave {sorted(set(got))}, expected {expected} on every rank",
+                     f"{REINSTALL}, rerun")
+    return (f"{SIMULATED_RANKS} simulated ranks (threads on torch's threaded process group) through "
+            f"helpers.engine.simulate: all_reduce {expected:g} on each")
+
+
 def check_mp(doc: Doctor) -> str:
     import helpers.mp as mp
     from helpers.engine import free_port

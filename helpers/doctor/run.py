@@ -22,6 +22,7 @@ from helpers.doctor.checks import (
     check_mp,
     check_ports,
     check_python,
+    check_simulate,
     check_torch,
     check_warm_ranks,
 )
@@ -43,6 +44,7 @@ CHECKS = [
     Check("memory", check_memory, 10),
     Check("launch", check_launch, 180, needs=("torch",)),
     Check("mp", check_mp, 180, needs=("torch",)),
+    Check("simulate", check_simulate, 120, needs=("torch",)),
     Check("warm ranks", check_warm_ranks, 300, needs=("torch",)),
     Check("JupyterLab", check_jupyterlab, 60),
     Check("kernel", check_kernel, 180),

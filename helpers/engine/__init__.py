@@ -6,13 +6,15 @@ Notebooks, the course's helpers, ``ci/`` and the docs use only this public surfa
     from helpers.engine import launch, worker_device    # fn(rank, world_size, ...) on N real ranks
     import helpers.mp as mp                             # torch.multiprocessing's spawn/Process, notebook-safe
     from helpers.engine import start_ranks              # warm ranks across cells (%%px)
+    from helpers.engine import simulate                 # fn(rank, world_size, ...) on N simulated ranks (threads)
     import helpers.engine.cluster as cluster            # notebook 07a: torchrun agents, two-node rehearsal
 
 Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import torch, nor do its
 ``fork_server``, ``run_dir`` and ``processes`` modules; the first name used imports what it needs):
 
 - starting ranks: :func:`launch`, :func:`spawn` (``helpers.mp.spawn``), :func:`start_ranks`,
-  :func:`current_ranks`, :class:`WarmRanks`;
+  :func:`current_ranks`, :class:`WarmRanks`; :func:`simulate` (8 to 256 ranks as threads of this
+  process on torch's threaded process group: real values, no real time);
 - inside a rank: :func:`worker_device` (``cuda:<local_rank>`` under nccl, else ``cpu``);
   :func:`main_from_env` (the torchrun entry for a worker written for :func:`launch`);
 - rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`),
@@ -22,7 +24,8 @@ Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import tor
   agent without its log lines, for code that calls the agent directly);
 - errors learners catch: :class:`LaunchError` (bad input, before any process starts),
   :class:`WorkerError` (a rank raised; names the root-cause rank), :class:`LaunchTimeout`,
-  :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`;
+  :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`,
+  :class:`SimulationUnavailable` (this torch lacks what :func:`simulate` needs);
   :class:`OversubscriptionWarning` (more ranks than cores);
 - :mod:`faults`: deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons.
 
@@ -36,6 +39,8 @@ import importlib
 #: public name -> the engine submodule that defines it
 _WHERE = {
     "launch": "launcher",
+    "simulate": "simulated",
+    "SimulationUnavailable": "simulated",
     "resolve_backend": "launcher",
     "threads_per_rank": "launcher",
     "MAX_RANKS_PER_CPU": "launcher",

@@ -394,7 +394,9 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
         self.in_startup = list(in_startup)
         self.default = default
         self.what = what
-        from helpers.engine.stacks import ranks_phrase, timeout_advice  # stacks imports this module
+        from helpers.engine.stacks import _spans, ranks_phrase, timeout_advice  # stacks imports this module
+
+        listed = self.ranks_not_finished if len(self.ranks_not_finished) <= 8 else _spans(self.ranks_not_finished)
 
         lift = (f"raise the timeout ({what}'s default timeout={timeout:g} s; pass timeout=None for no limit)"
                 if default else "pass a larger timeout, or timeout=None for no limit")
@@ -403,12 +405,12 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
                     f"counts only from when every rank runs your function) and "
                     f"{ranks_phrase(self.in_startup, verb=False)} had not yet started your function "
                     f"(new processes, imports, unpickling its arguments, the process group: slow on a loaded "
-                    f"machine); ranks not finished: {self.ranks_not_finished}. Close other heavy programs and "
+                    f"machine); ranks not finished: {listed}. Close other heavy programs and "
                     f"rerun, or {lift}.")
         else:
             since = "" if startup_s is None else f" (start-up took {startup_s:.1f} s before that)"
             head = (f"{what} timed out after {timeout:g} s, counted from when every rank was running your "
-                    f"function{since}; ranks not finished: {self.ranks_not_finished}. "
+                    f"function{since}; ranks not finished: {listed}. "
                     f"{timeout_advice(self.ranks_not_finished, self.stacks, lift)}")
         super().__init__(f"{head} All workers were ended.")
 

@@ -59,6 +59,14 @@ def skip_collective(rank, world_size, skip_rank=0):
     return _all_reduce_ones()
 
 
+def sleep_then_all_reduce(rank, world_size, slow_rank=1, seconds=4.0):
+    """Rank ``slow_rank`` sleeps ``seconds`` before the all_reduce the others already wait in (past a
+    short ``timeout``, a rank too slow rather than one that skips)."""
+    if rank == slow_rank:
+        time.sleep(seconds)
+    return _all_reduce_ones()
+
+
 def barrier_on_one_rank(rank, world_size, lonely_rank=0):
     """Only rank ``lonely_rank`` calls ``dist.barrier()`` (the classic ``if rank == 0: save();
     dist.barrier()``); the others return at once. The lonely rank waits forever."""

@@ -167,7 +167,10 @@ def _module(file: str) -> str:
 
 #: ``(file name ending, function)`` of the frame that calls the learner's code: a launch's rank
 #: (rank_main.py), a warm rank's ``run`` (warm_ranks_remote.call) and ``%%px`` cell (IPython's run_code).
-_ENTRIES = (("rank_main.py", "worker_entry"), ("warm_ranks_remote.py", "call"), ("interactiveshell.py", "run_code"))
+#: From this many stacks on, :func:`summary` shows ranks stuck at the same place once (a simulated cluster).
+_GROUP_FROM = 8
+_ENTRIES = (("rank_main.py", "worker_entry"), ("warm_ranks_remote.py", "call"), ("interactiveshell.py", "run_code"),
+            ("simulated.py", "_run_rank"))
 
 
 def _is_entry(frame: Frame) -> bool:
@@ -202,9 +205,14 @@ def state(dump: str) -> tuple[str, str]:
     - ``"ddp"``: in a backward (``loss.backward()``, ``torch.autograd.backward`` or ``grad``) or in DDP
       (``torch.nn.parallel``): computing, or waiting in DDP's all-reduce (C++ code, no Python frame);
     - ``"library"``: in another library's function called from the learner's code (computing);
+    - ``"turn"``: a simulated rank (:func:`helpers.engine.simulate`) waiting for its turn to start
+      its function (simulated ranks run one at a time);
     - ``"unknown"``: none of the learner's frames and no library call (an empty or cut dump).
     """
     own, call = stuck_frames(dump)
+    if not own and any(f.name == "_wait_turn" and "simulated" in os.path.basename(f.file)
+                   for t in _threads(dump) for f in t):
+        return "turn", ""
     if not call:
         return ("own" if own else "unknown"), ""
     if call.endswith(".init_process_group"):
@@ -246,15 +254,25 @@ def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks
     if not stacks:
         return []
     lines = [f"Where each rank was stuck (your code, most recent call last; all frames in {full}):"]
+    places: dict[tuple, tuple[list[int], list[Frame], str]] = {}  # where -> (ranks stuck there, frames, call)
     for rank in sorted(stacks):
         own, call = stuck_frames(stacks[rank])
-        own = [_in_cell(f, cells or {}) for f in own]
+        own = [_in_cell(f, cells or {}) for f in own][-most:]
+        if not own and state(stacks[rank])[0] == "turn":
+            call = "its turn"  # a simulated rank that has not started its function
+        key = (tuple(own), call) if len(stacks) > _GROUP_FROM else (rank,)
+        places.setdefault(key, ([], own, call))[0].append(rank)
+    for ranks, own, call in places.values():
+        name = ranks_phrase(ranks, verb=False)
         where = f" in {call}" if call else ""
-        if not own:
-            lines.append(f"  rank {rank}: not in your code{where}")
+        if call == "its turn":
+            lines.append(f"  {name}: waiting for a turn to start your function")
             continue
-        lines.append(f"  rank {rank}{where}, called from:" if call else f"  rank {rank}, at:")
-        lines += [f"  {line}" for line in format_frames(own[-most:], shell)]
+        if not own:
+            lines.append(f"  {name}: not in your code{where}")
+            continue
+        lines.append(f"  {name}{where}, called from:" if call else f"  {name}, at:")
+        lines += [f"  {line}" for line in format_frames(own, shell)]
     return lines
 
 
@@ -304,7 +322,11 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
     waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []) + kinds.get("ddp", []))
     parts = []
     if busy:
-        where = "; ".join(f"rank {r} in {calls[r]}" for r in busy if calls.get(r))
+        by_call: dict[str, list[int]] = {}
+        for r in busy:
+            if calls.get(r):
+                by_call.setdefault(calls[r], []).append(r)
+        where = "; ".join(f"{ranks_phrase(rs, verb=False)} in {call}" for call, rs in by_call.items())
         parts.append(f"{ranks_phrase(busy)} still running your function's own work (sleeping or computing"
                      f"{': ' + where if where else ''}), not waiting in a collective.")
     for group, how in ((sorted(kinds.get("collective", []) + kinds.get("rendezvous", [])), "waiting in {}"),
@@ -318,6 +340,10 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
         else:  # each rank's call, so that two different collectives read as such
             each = ", ".join(f"rank {r} in {calls[r]}" for r in group)
             parts.append(f"{ranks_phrase(group)} {how.format('different calls')} ({each}){end}")
+    if kinds.get("turn"):
+        behind = f", behind {ranks_phrase(busy, verb=False)}" if busy else ""
+        parts.append(f"{ranks_phrase(kinds['turn'])} waiting for a turn to start your function (simulated "
+                     f"ranks run one at a time and give their turn up only in a collective){behind}.")
     if kinds.get("unknown"):
         parts.append(f"No stack came from {ranks_phrase(kinds['unknown'], verb=False)}.")
     if set(kinds) == {"rendezvous"}:
@@ -338,8 +364,22 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
 
 
 def ranks_phrase(ranks: list[int], verb: bool = True) -> str:
-    """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``)."""
-    names = ", ".join(map(str, ranks))
+    """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``); four or
+    more consecutive ranks read as a span: ``"ranks 1-63"``."""
+    names = _spans(ranks)
     if not verb:
         return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
     return f"Rank {names} was" if len(ranks) == 1 else f"Ranks {names} were"
+
+
+def _spans(ranks: list[int]) -> str:
+    """``"0, 2, 5-9"``: ``ranks`` with each run of four or more consecutive ranks as a span."""
+    parts, run = [], []
+    for r in [*ranks, None]:
+        if run and r is not None and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 4 else [str(x) for x in run]
+        run = [] if r is None else [r]
+    return ", ".join(parts)

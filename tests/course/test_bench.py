@@ -242,7 +242,8 @@ def test_cli_help_runs_as_a_module():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps lines at the terminal width
-    assert "usage: python -m helpers.bench" in text and "pipeline, scaling, allreduce, launch, memory, buckets" in text
+    assert "usage: python -m helpers.bench" in text
+    assert "pipeline, scaling, allreduce, launch, memory, buckets, simulated" in text
 
 
 def test_cli_rejects_unknown_names():
@@ -255,6 +256,16 @@ def test_cli_rejects_unknown_names():
 # --------------------------------------------------------------------------------------------
 # tiny runs through the launcher (well-formed rows; no timing asserted)
 # --------------------------------------------------------------------------------------------
+
+@pytest.mark.slow(15)
+@pytest.mark.timeout(180)
+def test_simulated_rows_beside_real_ranks():
+    rows = bench.bench_simulated([4], [2], steps=2, batch=8)
+    assert [(r["mode"], r["world_size"]) for r in rows] == [("gloo", 2), ("simulated", 4)]
+    for r in rows:
+        assert r["step_s"] > 0 and r["peak_rss_mib"] > 0
+    assert rows[0]["step_vs_real"] == 1 and rows[0]["rss_vs_real"] == 1
+    assert rows[1]["step_vs_real"] == pytest.approx(rows[1]["step_s"] / rows[0]["step_s"])
 
 @pytest.mark.slow(20)
 @pytest.mark.timeout(120)

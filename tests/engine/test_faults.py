@@ -29,7 +29,16 @@ import launch_workers as w
 from _support import BUSY_PER_CORE, RANKS_MARK, REPO_ROOT, Kernel, busy_cpus, leftover_processes, wait_until_gone
 from ci import reliability
 from ci.cleanup import IPCKernelManager
-from helpers.engine import LaunchError, LaunchTimeout, WorkerError, faults, fork_server, launch
+from helpers.engine import (
+    LaunchError,
+    LaunchInterrupted,
+    LaunchTimeout,
+    WorkerError,
+    faults,
+    fork_server,
+    launch,
+    simulate,
+)
 from helpers.engine.processes import is_live
 
 # one xdist worker runs the whole matrix, so the report written after the module is complete
@@ -996,3 +1005,64 @@ def test_ranks_worker_destroys_the_group(row, warm, capsys):
     assert ranks.pids == pids and ranks.regroups == 2 and ranks.restarts == 0
     row.update(error="none: a new default group on the same ranks (names kept), with a note on stderr that "
                      "says why and to leave `destroy_process_group` out", seconds=secs, passed=True)
+
+
+# ---- simulated ranks (helpers.engine.simulate): threads of this process ------------------------
+
+def _simulated_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("simulated-rank-")]
+
+
+def _simulated_failure(expected, fn, *args, **kwargs):
+    """simulate(fn, ...) expecting ``expected``; then no rank thread is left, autograd multithreading is
+    back on and the next call works. Returns (exception, seconds to it)."""
+    start = time.monotonic()
+    with pytest.raises(expected) as info:
+        simulate(fn, *args, **kwargs)
+    secs = time.monotonic() - start
+    assert not _simulated_threads(), _simulated_threads()
+    assert torch._C._is_multithreading_enabled()
+    assert simulate(faults.ok, 4) == [0, 1, 2, 3]
+    return info.value, secs
+
+
+def test_simulated_rank_raises(row):
+    row.update(fault="simulated rank 5 of 64 raises during the collective",
+               injection="`simulate(faults.fail_at, 64, bad_rank=5, moment='during')`")
+    err, secs = _simulated_failure(WorkerError, faults.fail_at, 64, bad_rank=5, moment="during", timeout=60)
+    assert err.rank == 5 and err.exc_type == "ValueError", str(err)
+    assert secs < 5
+    row.update(error="`WorkerError` naming rank 5; no rank thread left, the next `simulate` fine", seconds=secs,
+               passed=True)
+
+
+def test_simulated_rank_skips_a_collective(row):
+    row.update(fault="simulated rank 0 of 64 skips an all_reduce: the others wait forever",
+               injection="`simulate(faults.skip_collective, 64, timeout=2)`")
+    err, secs = _simulated_failure(LaunchTimeout, faults.skip_collective, 64, timeout=2)
+    assert err.ranks_not_finished == list(range(1, 64)) and "ranks 1-63" in str(err), str(err)
+    row.update(error="`LaunchTimeout` naming ranks 1-63 and where they wait; no rank thread left, the next "
+                     "`simulate` fine", seconds=secs, passed=True)
+
+
+def test_simulated_rank_sleeps_past_the_timeout(row):
+    row.update(fault="simulated rank 1 of 4 sleeps 4 s past a 1 s timeout while rank 0 waits in all_reduce",
+               injection="`simulate(faults.sleep_then_all_reduce, 4, timeout=1)`")
+    err, secs = _simulated_failure(LaunchTimeout, faults.sleep_then_all_reduce, 4, timeout=1)
+    assert err.ranks_not_finished == [0, 1, 2, 3] and "ranks 2, 3 were waiting for a turn" in str(err).lower(), str(err)
+    assert secs > 3, "the error comes once the sleep returns"
+    row.update(error="`LaunchTimeout` naming where each rank was (ranks 2, 3 waiting for a turn); raised once the "
+                     "sleep returns (a thread cannot be stopped mid-sleep); no rank thread left",
+               seconds=secs, passed=True)
+
+
+def test_simulated_ranks_interrupted(row):
+    row.update(fault="KeyboardInterrupt in the caller while 64 simulated ranks hang in a collective",
+               injection="`_thread.interrupt_main()` after 2 s; `simulate(faults.skip_collective, 64, timeout=None)`")
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer.start()
+    err, secs = _simulated_failure(LaunchInterrupted, faults.skip_collective, 64, timeout=None)
+    timer.join()
+    assert isinstance(err, KeyboardInterrupt) and sorted(err.stacks) == list(range(1, 64))
+    row.update(error="`LaunchInterrupted` (a `KeyboardInterrupt`) with each rank's stack; no rank thread left, "
+                     "the next `simulate` fine", seconds=secs, passed=True)

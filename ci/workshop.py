@@ -1,0 +1,117 @@
+"""The 3-hour workshop path of docs/TEACHING.md: chosen sections of the lessons, each timed.
+
+The path is the manifest's ``[[workshop]]`` records (``notebooks/lessons.toml``): per lesson, the
+``## N.`` sections taught and the exercises done in the room. A lesson's cells fall into parts
+(:func:`parts_of_cells`): ``setup`` (before the first ``##`` heading: opening, parameters,
+imports, which always run), a section's label (``"1"``, ``"2b"``), ``exN`` (an exercise's cells,
+from its ``### Exercise N`` heading) and ``summary`` (other ``##`` headings: what we saw, the
+next link). A part's run time is the sum of its cells' ``papermill.duration`` in the smoke run
+(recorded by ``python3 -m ci.generate --record build/smoke/times.json --profile smoke``);
+its reading time, its markdown words at :data:`ci.path_table.WORDS_PER_MIN`; each exercise
+:data:`ci.agenda.MIN_PER_EXERCISE` minutes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+
+from ci import path_table
+from helpers import lessons as manifest
+
+SECTION = re.compile(r"^## (\d+[a-z]?)\.", re.M)
+OTHER_HEADING = re.compile(r"^## ", re.M)
+EXERCISE = re.compile(r"^### Exercise (\d+)", re.M)
+TEACHING_MIN = 180
+BREAK_MIN = 15
+BREAK_AFTER_MIN = 80
+MIN_BUFFER = 10
+
+
+def parts_of_cells(nb) -> list[str]:
+    """The part of each cell of ``nb``, in order (see the module's docstring)."""
+    current, out = "setup", []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            section, exercise = SECTION.search(cell.source), EXERCISE.search(cell.source)
+            if exercise:
+                current = f"ex{exercise.group(1)}"
+            elif section:
+                current = section.group(1)
+            elif OTHER_HEADING.search(cell.source):
+                current = "summary"
+        out.append(current)
+    return out
+
+
+def part_seconds(executed: Path) -> dict[str, float]:
+    """``{part: seconds}`` of an executed notebook (papermill's per-cell durations)."""
+    nb = nbformat.read(str(executed), as_version=4)
+    seconds: dict[str, float] = {}
+    for part, cell in zip(parts_of_cells(nb), nb.cells):
+        duration = cell.metadata.get("papermill", {}).get("duration")
+        if duration is not None:
+            seconds[part] = round(seconds.get(part, 0.0) + float(duration), 2)
+    return seconds
+
+
+def rows(parts: list[manifest.WorkshopPart], lessons: list[manifest.Lesson], times: dict,
+         notebooks: Path, per_exercise_min: int) -> list[dict]:
+    """One row per workshop part: ``lesson`` (the record), ``sections``, ``exercises``, ``run_min``
+    (measured, None when not recorded), ``read_min``, ``exercise_min``, ``slot_min``.
+
+    Raises:
+        ValueError: a section or exercise the lesson does not have.
+    """
+    by_label = manifest.by_label(lessons)
+    out = []
+    for part in parts:
+        lesson = by_label[part.lesson]
+        nb = nbformat.read(str(notebooks / f"{lesson.stem}.ipynb"), as_version=4)
+        labels = parts_of_cells(nb)
+        wanted = {"setup", *part.sections, *(f"ex{n}" for n in part.exercises)}
+        missing = sorted(wanted - set(labels))
+        if missing:
+            raise ValueError(f"the workshop path names parts {missing} that {lesson.stem} has no "
+                             f"section or exercise for (it has {sorted(set(labels))})")
+        words = sum(path_table.markdown_words(c.source) for c, lab in zip(nb.cells, labels)
+                    if c.cell_type == "markdown" and lab in wanted)
+        entry = times.get("smoke", {}).get(lesson.stem, {})
+        measured = entry.get("parts")
+        run_min = math.ceil(sum(measured.get(p, 0.0) for p in wanted) / 60) if measured else None
+        read_min = path_table.reading_estimate(words)[1]
+        exercise_min = per_exercise_min * len(part.exercises)
+        slot = 5 * math.ceil(((run_min or 0) + read_min + exercise_min) / 5)
+        out.append(dict(lesson=lesson, sections=part.sections, exercises=part.exercises, run_min=run_min,
+                        read_min=read_min, exercise_min=exercise_min, slot_min=slot))
+    return out
+
+
+def _clock(minutes: int) -> str:
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def block(rows_: list[dict]) -> tuple[str, int]:
+    """The workshop's agenda (markdown) and the minutes left as buffer in :data:`TEACHING_MIN`."""
+    lines = ["| starts | lesson | sections taught | exercises | run (measured) | reading (estimate) | slot |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    t, broke = 0, False
+    for r in rows_:
+        if not broke and t >= BREAK_AFTER_MIN:
+            lines.append(f"| {_clock(t)} | *break* | | | | | {BREAK_MIN} min |")
+            t += BREAK_MIN
+            broke = True
+        lesson = r["lesson"]
+        sections = ", ".join(f"§{s}" for s in r["sections"])
+        exercises = ", ".join(str(n) for n in r["exercises"]) or "none"
+        run = f"{r['run_min']} min" if r["run_min"] is not None else "not measured yet"
+        lines.append(f"| {_clock(t)} | [{lesson.name}](../notebooks/{lesson.stem}.ipynb) | {sections} | {exercises} | "
+                     f"{run} | {r['read_min']} min | {r['slot_min']} min |")
+        t += r["slot_min"]
+    if not broke:
+        t += BREAK_MIN
+    lines.append(f"| {_clock(t)} | *end* | | | | | |")
+    return "\n".join(lines), TEACHING_MIN - t

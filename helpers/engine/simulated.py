@@ -1,0 +1,420 @@
+"""Simulated ranks: ``fn(rank, world_size, ...)`` on threads of this process, for cluster-sized worlds.
+
+``simulate(fn, world_size, *args)`` has :func:`helpers.engine.launch`'s shape, but its ranks are
+threads of the calling process, not processes. Each thread has its own default process group on
+torch's threaded backend (``torch.testing._internal.distributed.multi_threaded_pg``, the machinery of
+torch's own ``spawn_threads_and_init_comms`` tests): ``dist.all_reduce``, ``DistributedDataParallel``
+and ``fully_shard`` run unchanged and give every rank the values real ranks get, at 64 or 256 ranks
+on a laptop. Time, the network and real parallelism are not simulated: one process, one GIL.
+
+What it adds to torch's threaded world, so that it behaves like ``launch``:
+
+- one rank runs at a time (:class:`_Turns`); a rank gives up its turn only while it waits in a
+  collective. Each rank keeps its own random state across turns (torch's CPU generator, Python's
+  ``random``, numpy's), seeded fresh at its start as a new process is: ``torch.manual_seed(rank)`` in
+  ``fn`` gives what a real rank gets, with no race on the one generator threads share. The caller's
+  random state is put back afterwards;
+- a rank that raises ends the run: the others are freed from their collectives
+  (``ProcessLocalGroup.exception_handle``) and :class:`~helpers.engine.errors.WorkerError` names the
+  rank that failed first;
+- ``timeout`` and an interrupt ("interrupt kernel") end the run too, with where each unfinished rank
+  was in the learner's code (threads' stacks are read in-process, :func:`sys._current_frames`, and
+  summarised by :mod:`helpers.engine.stacks`);
+- output each rank prints comes back line by line prefixed ``[rank r]``; from :data:`SUMMARY_FROM`
+  ranks on, by default, only rank 0's lines and a count of the others';
+- afterwards, whatever happened: the threaded world uninstalled, autograd multithreading back on,
+  torch's thread isolation off, no rank thread left, the next call fine;
+- the private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
+
+Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py`` and
+``spawn_threads_and_init_comms`` in ``torch/testing/_internal/common_distributed.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerError
+from helpers.engine.launcher import _check_callable, _check_timeout, _DefaultTimeout
+from helpers.engine.run_dir import rank_lines
+from helpers.engine.simulated_parts import (
+    _gives_turn,
+    _local,
+    _random_state,
+    _RankStream,
+    _set_random_state,
+    _Stopped,
+    _turn_given,
+    _Turns,
+)
+
+__all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
+
+#: torch versions the private pieces were checked on (``requirements.txt`` pins one of them).
+SUPPORTED_TORCH = ("2.14",)
+#: From this many ranks on, ``output=None`` shows only rank 0's lines and counts the others'.
+SUMMARY_FROM = 64
+#: The largest ``world_size`` :func:`simulate` accepts (one thread per rank).
+MAX_SIMULATED_RANKS = 1024
+#: :func:`simulate`'s default ``timeout`` (seconds).
+DEFAULT_TIMEOUT_S = _DefaultTimeout(300.0)
+BACKEND = "simulated"  # the name dist.get_backend() gives inside a simulated rank
+
+_POLL_S = 0.05  # how often the caller relays output and checks the ranks (seconds)
+_END_GRACE_S = 2.0  # after the ranks are told to end: how long before a running rank is interrupted
+_LEFTOVER_S = 30.0  # ... and how long the caller waits for every rank thread to end (seconds)
+_STARTUP_S = 120.0  # the ranks' process groups may take max(timeout, this) seconds to form
+
+
+class SimulationUnavailable(LaunchError):
+    """This torch lacks the private pieces :func:`simulate` is built on; raised before any thread starts."""
+
+
+_ONE_AT_A_TIME = threading.Lock()
+_leftovers: list[threading.Thread] = []  # rank threads a past run could not end in time
+
+
+# ---- the private pieces: checked before any thread starts --------------------------------------
+
+def _unavailable(what: str) -> SimulationUnavailable:
+    return SimulationUnavailable(
+        f"simulate() needs a private part of torch that this torch ({torch.__version__}) lacks: {what}. "
+        f"It was checked on torch {', '.join(SUPPORTED_TORCH)} (the version requirements.txt pins). "
+        "Install that version, or run the same function on real processes with "
+        "helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
+
+
+@functools.lru_cache(maxsize=1)
+def _pieces():
+    """``(ProcessLocalGroup, install, uninstall, set_isolation, store_barrier, group class)`` or raise
+    :class:`SimulationUnavailable` naming what is missing."""
+    try:
+        from torch.testing._internal.distributed import multi_threaded_pg as mtpg
+    except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
+        raise _unavailable(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})") from None
+    missing = [f"multi_threaded_pg.{n}" for n in ("ProcessLocalGroup", "_install_threaded_pg",
+                                                   "_uninstall_threaded_pg") if not hasattr(mtpg, n)]
+    plg = getattr(mtpg, "ProcessLocalGroup", None)
+    missing += [f"ProcessLocalGroup.{n}" for n in ("exception_handle", "reset", "_terminate", "allreduce", "broadcast",
+                                                   "allgather") if plg is not None and not hasattr(plg, n)]
+    c10d = torch._C._distributed_c10d
+    if not hasattr(c10d, "_set_thread_isolation_mode"):
+        missing.append("torch._C._distributed_c10d._set_thread_isolation_mode")
+    barrier = getattr(dist.distributed_c10d, "_store_based_barrier", None)
+    if barrier is None:
+        missing.append("torch.distributed.distributed_c10d._store_based_barrier")
+    if missing:
+        raise _unavailable(", ".join(missing))
+    group = type("SimulatedGroup", (plg,), {n: _gives_turn(f) for n, f in vars(plg).items()
+                                            if callable(f) and not n.startswith("_")
+                                            and not isinstance(f, (classmethod, staticmethod))
+                                            and n not in ("size", "getBackendName")})
+
+    def create(store, rank, world_size, timeout):
+        pg = group(rank, world_size)
+        with _turn_given():  # the store barrier waits for the other ranks
+            barrier(rank, store, "", world_size, timeout)
+        return pg
+
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, create, devices=["cpu"])
+    return plg, mtpg._install_threaded_pg, mtpg._uninstall_threaded_pg, c10d._set_thread_isolation_mode
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+class _Run:
+    def __init__(self, fn, world_size, args, kwargs, group_timeout, summary):
+        self.fn, self.world_size, self.args, self.kwargs = fn, world_size, args, kwargs
+        self.group_timeout, self.summary = group_timeout, summary
+        self.turns = _Turns(world_size)
+        self.store = dist.HashStore()
+        self.lock = threading.Lock()
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, dict] = {}
+        self.phase = dict.fromkeys(range(world_size), "start")  # start, ready, fn, after, ended
+        self.stopping = False
+        self.changed = threading.Event()
+        self.pending: dict[tuple[int, str], str] = {}
+        self.hidden_lines = 0
+        self.hidden_ranks: set[int] = set()
+        self.threads: list[threading.Thread] = []
+
+    def relay(self, streams: dict[str, Any], final: bool = False) -> None:
+        with self.lock:
+            items = sorted(self.pending.items())
+            self.pending = {}
+        for (rank, name), text in items:
+            *lines, rest = text.split("\n")
+            if final and rest:
+                lines.append(rest)
+                rest = ""
+            if rest:
+                with self.lock:
+                    self.pending[(rank, name)] = rest + self.pending.get((rank, name), "")
+            if not lines:
+                continue
+            if self.summary and rank != 0:
+                self.hidden_lines += len(lines)
+                self.hidden_ranks.add(rank)
+                continue
+            streams[name].write(rank_lines(rank, lines))
+            streams[name].flush()
+
+    def error(self, rank: int, e: BaseException) -> None:
+        secondary = self.stopping and isinstance(e, (SystemExit, _Stopped))
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        with self.lock:
+            self.errors[rank] = {"rank": rank, "type": type(e).__name__, "message": str(e), "traceback": tb,
+                                 "time": time.time(), "secondary": secondary}
+        if not secondary:
+            self.stop()
+
+    def stop(self) -> None:
+        """Free every rank: the turns stop, collectives end (torch raises SystemExit in their waits)."""
+        with self.lock:
+            if self.stopping:
+                return
+            self.stopping = True
+        self.turns.stop()
+        _pieces()[0].exception_handle(RuntimeError("simulation ended"))
+        self.changed.set()
+
+
+def _run_rank(run: _Run, rank: int) -> None:
+    """A rank thread: its default group, its turn, ``fn``; what happened goes to ``run``."""
+    _local.rank, _local.run, _local.holding = rank, run, False
+    try:
+        try:
+            dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
+                                    timeout=run.group_timeout)
+            run.phase[rank] = "ready"
+            run.changed.set()
+            run.turns._wait_turn(rank)
+            _local.holding = True
+            run.phase[rank] = "fn"
+            run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
+            run.phase[rank] = "after"
+        finally:
+            run.phase[rank] = "after"
+            if _local.holding:
+                _local.holding = False
+                run.turns.give(rank)
+    except BaseException as e:  # noqa: BLE001 - handed to the caller
+        run.error(rank, e)
+    finally:
+        with contextlib.suppress(BaseException):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        _local.run = _local.rank = None
+        run.phase[rank] = "ended"
+        run.changed.set()
+
+
+def _stack_text(thread: threading.Thread) -> str:
+    """``thread``'s Python stack in faulthandler's format (what :mod:`helpers.engine.stacks` reads)."""
+    frame = sys._current_frames().get(thread.ident)
+    lines = [f"Thread 0x{thread.ident or 0:016x} (most recent call first):"]
+    while frame is not None:
+        lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
+        frame = frame.f_back
+    return "\n".join(lines) + "\n"
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise :class:`_Stopped` in ``thread`` at its next Python line (a loop in the rank's own code)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Stopped))
+
+
+def _end(run: _Run) -> list[int]:
+    """Stop every rank and wait for their threads; returns the ranks whose thread still runs."""
+    run.stop()
+    start = time.monotonic()
+    interrupted = False
+    try:
+        while any(t.is_alive() for t in run.threads) and time.monotonic() - start < _LEFTOVER_S:
+            if not interrupted and time.monotonic() - start > _END_GRACE_S:
+                interrupted = True
+                for rank, t in enumerate(run.threads):
+                    if t.is_alive() and run.phase[rank] == "fn":
+                        _interrupt(t)
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:  # a second interrupt: stop waiting
+        pass
+    alive = [r for r, t in enumerate(run.threads) if t.is_alive()]
+    _leftovers.extend(run.threads[r] for r in alive)
+    return alive
+
+
+@contextlib.contextmanager
+def _threaded_world():
+    """torch's threaded world installed for the block, everything it changes put back after."""
+    plg, install, uninstall, isolation = _pieces()
+    plg.reset()
+    caller_random = _random_state()
+    install()
+    isolation(True)
+    try:
+        yield
+    finally:
+        isolation(False)
+        uninstall()
+        _set_random_state(caller_random)
+
+
+def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
+    """Relay output and watch the ranks until they end; ``(reason, startup_s)``, reason one of
+    ``None`` (all ended), ``"error"``, ``"timeout"``, ``"interrupt"``."""
+    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    start = time.monotonic()
+    running_since = None
+    startup_limit = None if timeout is None else max(timeout, _STARTUP_S)
+    sys.stdout = _RankStream(streams["stdout"], "stdout", run)
+    sys.stderr = _RankStream(streams["stderr"], "stderr", run)
+    try:
+        for rank in range(run.world_size):
+            t = threading.Thread(target=_run_rank, args=(run, rank), name=f"simulated-rank-{rank}", daemon=True)
+            run.threads.append(t)
+            t.start()
+        while True:
+            run.changed.wait(_POLL_S)
+            run.changed.clear()
+            run.relay(streams)
+            phases = list(run.phase.values())
+            if all(p == "ended" for p in phases):
+                return ("error" if any(not e["secondary"] for e in run.errors.values()) else None), \
+                    (running_since or time.monotonic()) - start
+            if run.stopping:
+                return "error", None
+            now = time.monotonic()
+            if running_since is None and all(p != "start" for p in phases):
+                running_since = now
+            if running_since is not None and timeout is not None and now - running_since > timeout:
+                return "timeout", running_since - start
+            if running_since is None and startup_limit is not None and now - start > startup_limit:
+                return "timeout", now - start
+    except KeyboardInterrupt:
+        return "interrupt", None
+    finally:
+        sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
+        run.streams = streams
+
+
+def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
+             output: str | None = None, **kwargs) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks: threads of this
+    process, each with its own default process group on torch's threaded backend.
+
+    Collectives, ``DistributedDataParallel`` and ``fully_shard`` give every rank the values real ranks
+    would get. Time does not: the ranks share one process and run one at a time (a rank gives its
+    turn up while it waits in a collective). Each rank starts with freshly seeded random generators,
+    as a new process does, and keeps its own: ``torch.manual_seed(rank)`` in ``fn`` gives what rank
+    ``rank`` of a real job gets.
+
+    Args:
+        fn: the worker, as for :func:`helpers.engine.launch`; nothing is pickled (same process).
+        world_size: number of ranks, 1 to :data:`MAX_SIMULATED_RANKS`.
+        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: treat them
+            as read-only).
+        timeout: seconds ``fn`` may run, counted from when every rank has its process group
+            (``None``: no limit; default 300 s).
+        output: ``"all"``: every line a rank prints, prefixed ``[rank r]``; ``"summary"``: rank 0's
+            lines and a count of the others'; ``None``: ``"all"`` below :data:`SUMMARY_FROM` ranks.
+
+    Returns:
+        list: ``fn``'s return value on each rank, in rank order.
+
+    Raises:
+        SimulationUnavailable: this torch lacks the private pieces (before any thread starts).
+        LaunchError: bad input (before any thread starts), or a call from inside a simulated rank.
+        WorkerError: a rank raised; names the rank that failed first; the others were ended.
+        LaunchTimeout: ``fn`` ran past ``timeout``; says where each unfinished rank was.
+        LaunchInterrupted: the caller was interrupted; the ranks were ended.
+    """
+    default = isinstance(timeout, _DefaultTimeout)
+    if getattr(_local, "rank", None) is not None:
+        raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_SIMULATED_RANKS:
+        raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
+    _check_callable(fn)
+    _check_timeout(timeout)
+    if output not in (None, "all", "summary"):
+        raise LaunchError(f"output must be 'all', 'summary' or None, got {output!r}.")
+    _pieces()
+    summary = output == "summary" or (output is None and world_size >= SUMMARY_FROM)
+    timeout = None if timeout is None else float(timeout)
+    group_timeout = timedelta(seconds=2 * max(timeout or 900.0, _STARTUP_S))
+    with _ONE_AT_A_TIME:
+        _wait_for_leftovers()
+        run = _Run(fn, world_size, args, kwargs, group_timeout, summary)
+        with _threaded_world():
+            reason, startup_s = None, None
+            try:
+                reason, startup_s = _supervise(run, timeout)
+            finally:
+                stacks = {}
+                if reason in ("timeout", "interrupt"):
+                    stacks = {r: _stack_text(t) for r, t in enumerate(run.threads)
+                              if run.phase[r] not in ("after", "ended") and t.is_alive()}
+                alive = _end(run)
+                run.relay(run.streams, final=True)
+                if run.hidden_lines:
+                    run.streams["stdout"].write(_hidden_note(run))
+        _raise_failure(run, reason, timeout, startup_s, stacks, alive, default)
+        return [run.results[r] for r in range(world_size)]
+
+
+def _hidden_note(run: _Run) -> str:
+    ranks = sorted(run.hidden_ranks)
+    span = f"ranks {ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else f"{len(ranks)} ranks"
+    return (f"[{span}] {run.hidden_lines} more lines not shown ({run.world_size} ranks: only rank 0's are); "
+            "simulate(..., output='all') shows every rank's\n")
+
+
+def _wait_for_leftovers() -> None:
+    """Rank threads a past run could not end: wait for them a while, or refuse to start."""
+    deadline = time.monotonic() + _LEFTOVER_S
+    while _leftovers and time.monotonic() < deadline:
+        _leftovers[:] = [t for t in _leftovers if t.is_alive()]
+        time.sleep(_POLL_S)
+    if _leftovers:
+        raise LaunchError(f"{len(_leftovers)} rank threads of an earlier simulate() still run their code (a thread "
+                          "cannot be stopped from outside while it sleeps or waits in C code); wait for them to "
+                          "end, or restart the kernel.")
+
+
+def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default) -> None:
+    still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a sleep or C code); "
+             "they end when that call returns") if alive else None
+    if reason == "interrupt":
+        raise LaunchInterrupted(f"simulate interrupted; all {run.world_size} ranks were ended"
+                                + (f"; {still}" if still else ""), stacks=stacks)
+    if reason == "timeout":
+        not_finished = [r for r in range(run.world_size) if r not in run.results]
+        raise LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
+    primary = [e for e in run.errors.values() if not e["secondary"]]
+    if not primary:
+        return
+    first = min(primary, key=lambda e: e["time"])
+    others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200]
+              for r, e in run.errors.items() if r != first["rank"] and not e["secondary"]}
+    others.update({r: "ended by the simulation" for r in range(run.world_size)
+                   if r != first["rank"] and r not in others and r not in run.results})
+    if len(others) > 8:  # a cluster-sized world: one line
+        ended = [r for r, s in others.items() if s == "ended by the simulation"]
+        others = {r: s for r, s in others.items() if s != "ended by the simulation"}
+        if ended:
+            others[ended[0]] = f"ended by the simulation, with {len(ended) - 1} other ranks"
+    raise WorkerError(first["rank"], first["type"], first["message"], first["traceback"], others,
+                      notes=(still,) if still else ())

@@ -1,0 +1,424 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · A cluster on the laptop: DDP, the sampler and FSDP2 at 64 ranks
+#
+# <!-- opening:start -->
+# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,000 words at 200 words/min): about 5 min.
+# <!-- opening:end -->
+#
+# **The question:** what changes when the job has 64 ranks instead of 2, and what stays the same?
+#
+# A laptop has a few cores, so the other lessons run 2 to 4 real ranks. Here
+# `simulate(fn, world_size)` runs `fn(rank, world_size)` on threads of this process. Each thread has
+# its own default process group on torch's threaded backend, the one torch's own tests use. The
+# values are real: `all_reduce`, DDP and FSDP2 run unchanged. The time is not: the ranks share one
+# process and take turns. Each claim (in bold, "Claim:") is asserted in the code cell after it.
+#
+# 1. DDP on many ranks · 2. bytes per rank and the cost model · 3. the sampler at 64 and 256
+# replicas · 4. global batch and schedule · 5. FSDP2 shards · 6. what a simulation cannot show
+#
+# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
+# [bucket](../docs/GLOSSARY.md#bucket), [DDP](../docs/GLOSSARY.md#ddp),
+# [DistributedSampler](../docs/GLOSSARY.md#distributedsampler),
+# [global batch size](../docs/GLOSSARY.md#global-batch-size).
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+world_size = 64  # simulated ranks of sections 1, 4 and 5
+batch_per_rank = 32  # samples per rank per step
+bandwidth_GBps = 12.5  # the modelled network: link bandwidth in GB/s (100 Gb/s Ethernet)
+alpha_us = 10.0  # the modelled network: latency per ring step in microseconds
+compute_ms = 5.0  # the modelled step: one rank's forward, backward and optimizer step without communication (ms)
+
+# %%
+from helpers.notebook import check_answer, check_parameters, check_value
+
+check_parameters(world_size=(world_size, int), batch_per_rank=(batch_per_rank, int),
+                 bandwidth_GBps=(bandwidth_GBps, float), alpha_us=(alpha_us, float), compute_ms=(compute_ms, float))
+check_value("world_size", world_size, 16 <= world_size <= 512, "16 to 512 (a cluster-sized world)")
+check_value("batch_per_rank", batch_per_rank, 1 <= batch_per_rank <= 256, "1 to 256")
+check_value("bandwidth_GBps", bandwidth_GBps, bandwidth_GBps > 0, "above 0")
+check_value("alpha_us", alpha_us, alpha_us >= 0, "0 or more")
+check_value("compute_ms", compute_ms, compute_ms > 0, "above 0")
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.utils.data import DataLoader, DistributedSampler
+
+from helpers.at_scale import MLP_PARAMS, ddp_steps, mlp, rank_batch
+from helpers.costmodel import predict_data_parallel, ring_allreduce_seconds
+from helpers.engine import launch, simulate
+
+N_TRAIN, N_TEST = 60_000, 10_000  # MNIST's sizes
+
+# %% [markdown]
+# ## 1. DDP on many ranks: the gradient is the mean
+#
+# The worker is the one a real job runs. `ddp_steps` builds a small MNIST-sized MLP
+# (784 → 64 → 10), wraps it in DDP and trains on this rank's batch. Each rank's batch comes
+# from a generator seeded with its rank, so a one-process reference can rebuild every batch.
+
+# %%
+print(f"the MLP has {MLP_PARAMS:,} parameters")
+results = simulate(ddp_steps, world_size, 1, batch_per_rank)
+
+reference = mlp()
+local = []
+for rank in range(world_size):
+    reference.zero_grad()
+    x, y = rank_batch(rank, batch_per_rank)
+    F.cross_entropy(reference(x), y).backward()
+    local.append([p.grad.clone() for p in reference.parameters()])
+mean = [torch.stack(gs).mean(0) for gs in zip(*local)]
+
+# %% [markdown]
+# **Claim:** after the backward, every one of the ranks holds the same gradient, the mean of the
+# local gradients computed one by one in this process; no rank's local gradient equals it.
+
+# %% tags=["check"]
+for out in results:
+    for g, m in zip(out["grads"], mean):
+        torch.testing.assert_close(g, m, rtol=1e-5, atol=1e-7)
+assert not any(all(torch.equal(a, b) for a, b in zip(loc, mean)) for loc in local)
+print(f"{world_size} ranks, one gradient: the mean of {world_size} local gradients")
+
+# %% [markdown]
+# Is the simulation itself right? Run the same worker on 2 real ranks: 2 processes and gloo.
+#
+# **Claim:** the simulation at 2 ranks gives the values 2 real gloo ranks give, for every
+# parameter's gradient and weight.
+
+# %% tags=["check"]
+real = launch(ddp_steps, 2, 2, batch_per_rank)
+simulated = simulate(ddp_steps, 2, 2, batch_per_rank)
+for r in range(2):
+    for key in ("grads", "weights"):
+        for a, b in zip(real[r][key], simulated[r][key]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+print("2 simulated ranks = 2 real gloo ranks")
+
+# %% [markdown]
+# ## 2. Bytes per rank, and what the network would cost
+#
+# DDP packs gradients into buckets and all-reduces each bucket. A communication hook sees every
+# bucket. A ring all-reduce makes each rank send `2(N-1)/N` times the bucket's bytes.
+
+# %%
+def bucket_bytes(rank, world_size):
+    model = mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    seen = []
+
+    def hook(state, bucket):
+        seen.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    for step in range(2):  # DDP rebuilds its buckets after the first step
+        ddp.zero_grad()
+        x, y = rank_batch(rank, batch_per_rank, step)
+        F.cross_entropy(ddp(x), y).backward()
+    return seen[-1:] if len(seen) == 2 else seen
+
+
+buckets = simulate(bucket_bytes, world_size)
+grad_bytes = 4 * MLP_PARAMS
+print(f"bucket bytes on rank 0: {buckets[0]}; all float32 gradients: {grad_bytes:,} bytes")
+
+# %% [markdown]
+# **Claim:** every rank sees the same buckets, and they hold all the gradient bytes: 4 bytes per
+# parameter.
+
+# %% tags=["check"]
+assert all(b == buckets[0] for b in buckets)
+assert sum(buckets[0]) == grad_bytes
+
+# %%
+sizes = [2, 4, 8, 16, 32, 64, 128, 256]
+sent = [2 * (n - 1) / n * grad_bytes for n in sizes]
+bandwidth = bandwidth_GBps * 1e9
+model_rows = predict_data_parallel(sizes, MLP_PARAMS, compute_ms / 1e3, alpha_us * 1e-6,
+                                   bandwidth, bucket_bytes=max(buckets[0]))
+table = pd.DataFrame({"ranks": sizes, "bytes sent per rank": sent,
+                      "all-reduce (ms)": [r["comm_ms"] for r in model_rows],
+                      "step, no overlap (ms)": [r["step_ms_no_overlap"] for r in model_rows]})
+table
+
+# %% [markdown]
+# **Claim:** the bytes each rank sends grow towards twice the gradient bytes, never past them.
+# The cost model's all-reduce time is the ring formula's, one bucket at a time.
+
+# %% tags=["check"]
+assert all(a < b for a, b in zip(sent, sent[1:])) and sent[-1] < 2 * grad_bytes
+for n, row in zip(sizes, model_rows):
+    ring = len(buckets[0]) * 2 * (n - 1) * alpha_us * 1e-6 + ring_allreduce_seconds(grad_bytes, n, 0.0, bandwidth)
+    assert math.isclose(row["comm_ms"], ring * 1e3, rel_tol=1e-9)
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+ax1.plot(sizes, [s / 1e3 for s in sent], marker="o")
+ax1.set(xscale="log", xlabel="ranks N", ylabel="bytes sent per rank per step (kB)",
+        title="Ring all-reduce: 2(N-1)/N × gradient bytes")
+ax2.plot(sizes, table["step, no overlap (ms)"], marker="o")
+ax2.set(xscale="log", xlabel="ranks N", ylabel="modelled step time (ms)",
+        title=f"Cost model: {bandwidth_GBps:g} GB/s, {alpha_us:g} µs per ring step")
+fig.tight_layout()
+
+# %% [markdown]
+# The step time here is the model's, for the network you named in the parameters. The
+# simulation's own wall time says nothing about a cluster: its ranks take turns on this machine.
+#
+# ## 3. The sampler at 64 and 256 replicas
+#
+# `DistributedSampler` gives every rank the same number of items. When the dataset does not divide
+# evenly it pads by repeating items from the start, or with `drop_last=True` it drops the tail.
+
+# %%
+def sampler_sizes(rank, world_size):
+    train = DistributedSampler(range(N_TRAIN), shuffle=True, seed=0)
+    dropped = DistributedSampler(range(N_TRAIN), shuffle=True, seed=0, drop_last=True)
+    test = DistributedSampler(range(N_TEST), shuffle=False)
+    return {"train": len(train), "drop_last": len(dropped), "test": list(test)}
+
+
+sampler = {n: simulate(sampler_sizes, n) for n in (64, 256)}
+rows = []
+for n, outs in sampler.items():
+    rows.append({"replicas": n, "train per rank": outs[0]["train"], "train padding": n * outs[0]["train"] - N_TRAIN,
+                 "drop_last per rank": outs[0]["drop_last"], "dropped": N_TRAIN - n * outs[0]["drop_last"],
+                 "test per rank": len(outs[0]["test"]), "test items seen twice": n * len(outs[0]["test"]) - N_TEST})
+pd.DataFrame(rows)
+
+# %% [markdown]
+# **Claim:** at 64 replicas each rank gets 938 training items, 32 of them padding; `drop_last`
+# gives 937 and drops 32. At 256 replicas: 235 and 160 of padding. The test set at 64 replicas
+# has 48 items seen twice, at 256 replicas 240.
+
+# %% tags=["check"]
+by = {r["replicas"]: r for r in rows}
+assert (by[64]["train per rank"], by[64]["train padding"]) == (938, 32)
+assert (by[64]["drop_last per rank"], by[64]["dropped"]) == (937, 32)
+assert (by[256]["train per rank"], by[256]["train padding"]) == (235, 160)
+assert by[64]["test items seen twice"] == 48 and by[256]["test items seen twice"] == 240
+for outs in sampler.values():
+    seen = [i for o in outs for i in o["test"]]
+    assert sorted(set(seen)) == list(range(N_TEST))  # every item at least once
+
+# %% [markdown]
+# The duplicates skew an accuracy computed over what the ranks saw. Say the model is right on
+# every test item but those whose index is a multiple of 7. The padding repeats the first items.
+#
+# **Claim:** at 256 replicas the accuracy over the padded test set differs from the true one.
+# The gap is what the 240 repeated items add.
+
+# %% tags=["check"]
+seen = [i for o in sampler[256] for i in o["test"]]
+right = [i % 7 != 0 for i in seen]
+true_acc = sum(i % 7 != 0 for i in range(N_TEST)) / N_TEST
+padded_acc = sum(right) / len(seen)
+repeats = len(seen) - N_TEST
+repeated_right = sum(right) - sum(i % 7 != 0 for i in range(N_TEST))
+assert padded_acc != true_acc
+assert math.isclose(padded_acc, (true_acc * N_TEST + repeated_right) / (N_TEST + repeats))
+print(f"true accuracy {true_acc:.4%}, over the padded set {padded_acc:.4%} ({repeats} repeats)")
+
+# %% [markdown]
+# ## 4. Global batch and the learning-rate schedule
+#
+# With 64 ranks each taking `batch_per_rank` items, one step consumes 64 times as many. An epoch
+# has 64 times fewer steps. Goyal et al. (2017, "Accurate, Large Minibatch SGD") scale the
+# learning rate with the global batch and warm it up; whatever the rule, the schedule must count
+# the steps each rank really takes.
+
+# %%
+def steps_per_epoch(rank, world_size, batch):
+    sharded = DataLoader(range(N_TRAIN), batch_size=batch, sampler=DistributedSampler(range(N_TRAIN)))
+    unsharded = DataLoader(range(N_TRAIN), batch_size=batch)
+    return len(sharded), len(unsharded)
+
+
+sharded_steps, unsharded_steps = simulate(steps_per_epoch, world_size, batch_per_rank)[0]
+global_batch = world_size * batch_per_rank
+print(f"global batch {global_batch}; steps per epoch: {sharded_steps} sharded, {unsharded_steps} unsharded")
+
+# %% [markdown]
+# **Claim:** each rank takes `ceil(ceil(60,000 / N) / batch)` steps per epoch. A linear decay
+# counted on the unsharded loader's length has barely moved when the epoch ends: the learning rate
+# is still above 90% of its peak, where it should be 0.
+
+# %% tags=["check"]
+assert sharded_steps == math.ceil(math.ceil(N_TRAIN / world_size) / batch_per_rank)
+assert unsharded_steps == math.ceil(N_TRAIN / batch_per_rank)
+opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+wrong = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 - step / unsharded_steps)
+for _ in range(sharded_steps):
+    opt.step()
+    wrong.step()
+lr_left = opt.param_groups[0]["lr"]
+assert lr_left > 0.9
+print(f"after one epoch of {sharded_steps} steps the wrong schedule is at {lr_left:.1%} of its peak")
+
+# %% [markdown]
+# ## 5. FSDP2: each rank holds one chunk
+#
+# `fully_shard` splits every parameter along its first dimension into `world_size` chunks. Rank r
+# keeps chunk r. At 64 ranks the first layer's 64 rows give each rank one row. The last layer's
+# weight has 10 rows, so ranks 10 and up keep none of it.
+
+# %%
+def fsdp_shards(rank, world_size):
+    from torch.distributed.fsdp import fully_shard
+
+    model = mlp()
+    for layer in (model[1], model[3]):
+        fully_shard(layer)
+    fully_shard(model)
+    return [p.to_local().detach().clone() for p in model.parameters()]
+
+
+shards = simulate(fsdp_shards, world_size)
+full = [p.detach() for p in mlp().parameters()]
+shard_bytes = [sum(s.numel() * s.element_size() for s in ranks) for ranks in shards]
+ddp_bytes = 4 * MLP_PARAMS
+memory = pd.DataFrame({"rank": [0, 9, 10, world_size - 1],
+                       "FSDP2 parameter bytes": [shard_bytes[r] for r in (0, 9, 10, world_size - 1)],
+                       "DDP parameter bytes": ddp_bytes})
+memory
+
+# %% [markdown]
+# **Claim:** rank r's shard of every parameter is chunk r of the full parameter (empty where
+# there is no chunk r). Together the shards hold every byte once; DDP holds all of them on every
+# rank.
+
+# %% tags=["check"]
+for rank, ranks in enumerate(shards):
+    for shard, p in zip(ranks, full):
+        chunks = p.chunk(world_size)
+        expected = chunks[rank] if rank < len(chunks) else p[:0]
+        assert torch.equal(shard, expected), rank
+assert sum(shard_bytes) == ddp_bytes
+assert max(shard_bytes) < ddp_bytes / 10
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ax.bar(range(world_size), [b / 1e3 for b in shard_bytes], label="FSDP2: this rank's shards")
+ax.axhline(ddp_bytes / 1e3, color="tab:red", label="DDP: the whole model on every rank")
+ax.set(yscale="log", xlabel="rank", ylabel="parameter bytes on the rank (kB)",
+       title=f"Parameters held per rank at {world_size} ranks")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, off the data
+fig.tight_layout()
+
+# %% [markdown]
+# ## 6. What a simulation cannot show
+#
+# The simulation gets values right. It cannot show three things. Time: the ranks take turns on
+# this machine's cores. The network: bytes move by memory copies, so section 2 uses a model.
+# Parallel compute: one process has one GIL.
+#
+# torch also has a `fake` backend. Its collectives return at once and do nothing. It shows shapes,
+# never values. With a hook that skips the all-reduce, DDP's gradient stays the local one.
+#
+# **Claim:** under the `fake` backend, with `world_size` ranks, rank 0's gradient is its local gradient, not
+# the mean of section 1.
+
+# %% tags=["check"]
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+try:
+    model = mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+
+    def skip_all_reduce(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, skip_all_reduce)
+    x, y = rank_batch(0, batch_per_rank)
+    F.cross_entropy(ddp(x), y).backward()
+    fake = [p.grad.clone() for p in model.parameters()]
+finally:
+    dist.destroy_process_group()
+assert all(torch.equal(a, b) for a, b in zip(fake, local[0]))
+assert not all(torch.allclose(a, b) for a, b in zip(fake, mean))
+print("fake backend: rank 0 keeps its local gradient; the threaded simulation gave the mean")
+
+# %% [markdown]
+# ## What we saw
+#
+# - `simulate` ran DDP unchanged at 64 ranks. Every rank's gradient was the mean, as at 2 real ranks.
+# - Each rank sends `2(N-1)/N` times the gradient bytes per step: under twice the gradient, at any N.
+# - The sampler pads at 64 and 256 replicas, and repeated test items move an accuracy.
+# - A schedule must count the sharded loader's steps, not the dataset's.
+# - FSDP2 rank r keeps chunk r of every parameter; some ranks keep nothing of a small layer.
+# - Values, yes; time, network and parallel compute, no.
+#
+# ## Exercises
+#
+# Type your answer in the `answer_N` cell and run the check below it. A solution follows each
+# check, collapsed; student copies leave the solutions out.
+
+# %% [markdown]
+# ### Exercise 1: padding at 128 replicas
+#
+# How many test items does `DistributedSampler` repeat when 10,000 items are split over 128
+# replicas? Answer with a number.
+
+# %% tags=["exercise"]
+answer_1 = None  # your answer here
+
+# %% tags=["check"]
+expected_1 = 128 * len(DistributedSampler(range(N_TEST), num_replicas=128, rank=0, shuffle=False)) - N_TEST
+check_answer("ex1", answer_1, expected_1, hint="each rank gets ceil(10,000 / 128) items")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 1 (try the exercise first)
+solution_1 = 128 * math.ceil(10_000 / 128) - 10_000
+check_answer("ex1", solution_1, expected_1, strict=True)
+
+# %% [markdown]
+# ### Exercise 2: bytes per rank at 256 ranks
+#
+# How many bytes does each rank send per step in the ring all-reduce of this MLP's float32
+# gradients at 256 ranks? Answer with a number.
+
+# %% tags=["exercise"]
+answer_2 = None  # your answer here
+
+# %% tags=["check"]
+expected_2 = sent[sizes.index(256)]
+check_answer("ex2", answer_2, expected_2, hint="2(N-1)/N times 4 bytes per parameter")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution of exercise 2 (try the exercise first)
+solution_2 = 2 * 255 / 256 * sum(b for b in buckets[0])
+check_answer("ex2", solution_2, expected_2, strict=True)
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)).
+# <!-- next:end -->
