@@ -54,7 +54,7 @@ epochs = 3  # epochs of the persistent-workers case
 from helpers.notebook import check_parameters, check_value
 
 check_parameters(n_items=(n_items, int), num_workers=(num_workers, int), epochs=(epochs, int))
-check_value("n_items", n_items, 4 <= n_items <= 200, "4 to 200")
+check_value("n_items", n_items, 4 <= n_items <= 200 and n_items % 2 == 0, "an even number from 4 to 200 (2 ranks share it without padding)")
 check_value("num_workers", num_workers, 2 <= num_workers <= 4, "2 to 4 (the cases need several workers)")
 check_value("epochs", epochs, 2 <= epochs <= 6, "2 to 6")
 

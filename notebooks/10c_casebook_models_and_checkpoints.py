@@ -151,7 +151,7 @@ for how, kwargs in (("torch.load", {}), ("weights_only=False", {"weights_only": 
     except (pickle.UnpicklingError, ValueError) as e:
         errors[how] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
 bare = nn.Linear(2, 1)
-bare.load_state_dict(torch.load(work / "weights.pt"))  # 06b's recipe loads anywhere
+_ = bare.load_state_dict(torch.load(work / "weights.pt"))  # 06b's recipe loads anywhere
 
 # %% [markdown]
 # **Claim:** in this notebook's process, which has no process group, the default `torch.load`
