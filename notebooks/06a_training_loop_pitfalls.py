@@ -786,6 +786,8 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # * **Unequal batch sizes:** DDP averages ranks, not samples; `sum * world_size / N` restores
 #   the global mean.
 #
+# Casebook: [an epoch that ends inside an accumulation window](10a_casebook_training_loop.ipynb#case-epoch-ends-inside-accumulation).
+#
 # Next: [06b](06b_state_across_ranks.ipynb), the state that lives on each rank (BatchNorm
 # buffers, checkpoints, evaluation).
 #

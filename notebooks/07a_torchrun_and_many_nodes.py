@@ -474,6 +474,8 @@ plt.show()
 #   on node 0). `--max-restarts` restarts the whole worker group from scratch; restart counts
 #   are per agent, and on this torch version restarts need `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`.
 #
+# Casebook: [`--local-rank` against `--local_rank` and `LOCAL_RANK`](10d_casebook_launch_and_platform.ipynb#case-local-rank-argument).
+#
 # Next: [07b](07b_hooks_and_after_ddp.ipynb), communication hooks and what comes after DDP.
 #
 # ## Going further
