@@ -9,8 +9,8 @@ time, measured (``docs/run_times.json``: the ``smoke`` profile's, what students 
 :data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
 summed, rounded up to 5 minutes. The 3-hour agenda is the workshop path (:mod:`ci.workshop`:
 chosen sections of the lessons, timed section by section); the whole course is two days, split
-where half its minutes are done, each day from 9:00 with lunch (:data:`LUNCH_MIN`) before the first lesson that would start after
-:data:`LUNCH_AFTER_MIN` minutes.
+where half its minutes are done, each day from 9:00 with lunch (:data:`LUNCH_MIN`) before the
+first lesson that would start after :data:`LUNCH_AFTER_MIN` minutes.
 """
 
 from __future__ import annotations

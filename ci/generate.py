@@ -9,8 +9,9 @@ Usage (from the repository root)::
 What it writes, each between its markers (``ci/marked.py``): the README's path table and every
 notebook's opening block and "Next" link (``ci/path_table.py``, from ``notebooks/lessons.toml``
 and ``docs/run_times.json``), docs/RUNNER.md's parameter table (``ci/params_table.py``),
-docs/TEACHING.md's agendas (``ci/agenda.py``) and docs/OWN_CODE.md's table of tutorial edits
-(``ci/changes_table.py``). ``--record FILE`` first copies a runner's ``times.json`` (written by
+docs/TEACHING.md's agendas (``ci/agenda.py``, ``ci/workshop.py``), docs/OWN_CODE.md's table of
+tutorial edits (``ci/changes_table.py``) and docs/CASEBOOK.md, the casebook by symptom
+(``ci/casebook.py``, the whole file). ``--record FILE`` first copies a runner's ``times.json`` (written by
 ``ci/run_notebooks.py`` into ``build/<profile>/``) into ``docs/run_times.json`` under
 ``--profile``; the other profile's times are kept.
 
@@ -25,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from ci import agenda, changes_table, marked, params_table, path_table, planning, workshop
+from ci import agenda, casebook, changes_table, marked, params_table, path_table, planning, workshop
 from helpers.lessons import ManifestError
 
 
@@ -52,7 +53,8 @@ def outputs(root: Path) -> list[tuple[Path, str, str, str]]:
     return [*path_table.outputs(root / "README.md", times, notebooks),
             *params_table.outputs(root / "docs" / "RUNNER.md", notebooks),
             *agenda.outputs(root / "docs" / "TEACHING.md", times, notebooks),
-            *changes_table.outputs(root / "docs" / "OWN_CODE.md", root / "tests" / "engine" / "tutorial_edits.py")]
+            *changes_table.outputs(root / "docs" / "OWN_CODE.md", root / "tests" / "engine" / "tutorial_edits.py"),
+            *casebook.outputs(root / "docs" / "CASEBOOK.md", notebooks)]
 
 
 def main(argv: list[str] | None = None) -> int:

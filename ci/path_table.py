@@ -108,7 +108,7 @@ def block(lessons: list[manifest.Lesson], times: dict) -> str:
             continue
         if kind == "casebook":
             out += ["", "**The casebook**: mistakes people report, each run with its wrong value, its fix and "
-                    "the check that catches it; read a page when you meet its symptom.", ""]
+                    "the check that catches it; find yours [by symptom](docs/CASEBOOK.md).", ""]
         out += [f"| {kind} | {head} | needs | run time (smoke) | full |", "| --- | --- | --- | --- | --- |"]
         for lesson in chosen:
             smoke, full = seconds(times, "smoke", lesson.stem), seconds(times, "full", lesson.stem)
@@ -153,7 +153,8 @@ def opening(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times: dict
     else:
         run = f"**Run time** (measured): {time_range(smoke)} as you run it (the `smoke` profile)"
         run += f", {time_range(full)} in the larger `full` profile" if full is not None else ""
-    return (f"**You will be able to** {lesson.outcome}. **You need** "
+    does = f"**You will be able to** {lesson.outcome}. " if lesson.kind == "lesson" else ""
+    return (f"{does}**You need** "
             f"{_needs(lesson, manifest.by_label(lessons))}. {run}. **Reading time** (estimate: about "
             f"{rounded:,} words at {WORDS_PER_MIN} words/min): about {minutes} min.")
 

@@ -48,7 +48,7 @@ from helpers import lessons as manifest
 ROOT = Path(__file__).resolve().parent.parent
 CONF = Path(__file__).resolve().parent / "site_conf.py"
 #: docs pages listed first in the navigation, for learners and instructors; the rest follow
-LEARNER_DOCS = ("GLOSSARY", "TEACHING", "CLUSTER", "GPU")
+LEARNER_DOCS = ("GLOSSARY", "CASEBOOK", "TEACHING", "CLUSTER", "GPU")
 #: cell tags collapsed on the site: their code sits behind a toggle, their output stays shown
 COLLAPSED_TAGS = ("check", "solution")
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")

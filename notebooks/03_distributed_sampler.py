@@ -619,6 +619,9 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r
 #   `world_size` datasets and nothing warns you; comparing a fingerprint across ranks (an
 #   `all_gather`) catches it.
 #
+# The casebook's [data page](10b_casebook_data.ipynb) runs what people report next: an
+# `IterableDataset` under DDP, `shuffle=True` without the sampler, epoch state with persistent workers.
+#
 # ## Exercises
 #
 # Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the

@@ -741,6 +741,8 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # * **Unequal batch sizes:** DDP averages ranks, not samples; `sum * world_size / N` restores
 #   the global mean.
 #
+# Casebook: [an epoch that ends inside an accumulation window](10a_casebook_training_loop.ipynb#case-epoch-ends-inside-accumulation).
+#
 # ## Exercises
 #
 # Exercises 1 and 2 ask for code: set `answer_N` to your function and run the check cell, which

@@ -688,6 +688,9 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 #   broadcast, bucket rebuild): a BatchNorm model after training hangs even under `eval()` and
 #   `no_grad()`.
 #
+# Casebook: [a rank-0-only `validate()` that leaves rank 0 in `eval()`](10a_casebook_training_loop.ipynb#case-rank0-validate-leaves-eval),
+# and [`torch.save` of the whole DDP object](10c_casebook_models_and_checkpoints.ipynb#case-torch-save-whole-ddp).
+#
 # ## Exercises
 #
 # Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run

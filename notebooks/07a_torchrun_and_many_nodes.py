@@ -465,6 +465,8 @@ plt.show()
 #   on node 0). `--max-restarts` restarts the whole worker group from scratch; restart counts
 #   are per agent, and on this torch version restarts need `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`.
 #
+# Casebook: [`--local-rank` against `--local_rank` and `LOCAL_RANK`](10d_casebook_launch_and_platform.ipynb#case-local-rank-argument).
+#
 # ## Going further
 #
 # * Run `python ci/run_notebooks.py 07a -p fail_at_step=1`. Before running, predict whether

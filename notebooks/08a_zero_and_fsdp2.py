@@ -485,7 +485,7 @@ print(f"lesson 08a ran in {time.perf_counter() - t_notebook:.0f} s")
 # | | each rank holds | bytes per rank (fp32, Adam) | in the loop |
 # | --- | --- | --- | --- |
 # | DDP | everything | `16P` | nothing changes |
-# | ZeRO-1 | all parameters and gradients, Adam's state for its share of the parameters | `8P + 8P / N` | swap the optimizer |
+# | ZeRO-1 | all parameters and gradients, Adam's state for its share of the parameters | `8P + 8P / N` | swap the optimizer; `consolidate_state_dict(to=0)` on every rank before saving |
 # | FSDP2 | `torch.chunk` rows of every parameter, gradient and state | `16P / N` plus padding | global clip norm, gathered checkpoint |
 #
 # Sharding leaves the loss curve where DDP puts it. It changes what "the gradient" and "the
@@ -493,6 +493,9 @@ print(f"lesson 08a ran in {time.perf_counter() - t_notebook:.0f} s")
 # a checkpoint) is partial. Use the `DTensor`-aware tools: `clip_grad_norm_` on the sharded
 # gradients, and `get_model_state_dict` with `full_state_dict=True` (or `full_tensor()`) for a
 # checkpoint that a plain model loads.
+#
+# Casebook: [ZeRO-1's checkpoint needs `consolidate_state_dict(to=0)` on every rank](10c_casebook_models_and_checkpoints.ipynb#case-zero-checkpoint),
+# and [FSDP2's optimizer comes after `fully_shard`, before any forward](10c_casebook_models_and_checkpoints.ipynb#case-fsdp2-optimizer-order).
 #
 # ## Exercises
 #

@@ -420,5 +420,5 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # <!-- next:start -->
-# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)).
+# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)). The casebook starts at [10a casebook: the training loop](10a_casebook_training_loop.ipynb).
 # <!-- next:end -->

@@ -1,0 +1,434 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10a · Casebook: the training loop
+#
+# <!-- opening:start -->
+# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# <!-- opening:end -->
+#
+# **What this page is.** A casebook page, not a lesson: one section per mistake that people
+# report, found by its symptom. Each case gives the symptom in people's words and the thread it
+# comes from, the shortest program that shows it, the wrong and the right value (both computed
+# and asserted), the fix, and the check that catches it. Read only the case you came for.
+#
+# Cases on this page:
+#
+# * [my GAN's replicas drift apart](#case-two-forwards-two-backwards)
+# * [the replicas split at the end of every epoch](#case-epoch-ends-inside-accumulation)
+# * [validation on rank 0 broke training](#case-rank0-validate-leaves-eval)
+# * [my token-averaged loss differs from one GPU's](#case-token-weighted-loss)
+# * [the gradients I logged are all the same](#case-bucket-view-kept-grad)
+#
+# Every program runs on 2 real ranks (`launch`, backend `gloo`, CPU) with 06d's model: one
+# weight `w = 1`, input `x = 1` on rank 0 and `x = 3` on rank 1, learning rate 1/8. Each claim
+# (in bold, "Claim:") is asserted in the code cell right after it.
+#
+# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
+# [DDP](../docs/GLOSSARY.md#ddp), [bucket](../docs/GLOSSARY.md#bucket),
+# [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation).
+
+# %% tags=["parameters"]
+# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+epoch_micro_batches = 3  # micro-batches in one epoch of the accumulation case
+accum_steps = 2  # micro-batches per optimizer step in the accumulation case
+steps_after_validate = 2  # training steps after the rank-0-only validate()
+
+# %%
+from helpers.notebook import check_parameters, check_value
+
+check_parameters(epoch_micro_batches=(epoch_micro_batches, int), accum_steps=(accum_steps, int),
+                 steps_after_validate=(steps_after_validate, int))
+check_value("accum_steps", accum_steps, 2 <= accum_steps <= 8, "2 to 8")
+check_value("epoch_micro_batches", epoch_micro_batches,
+            accum_steps < epoch_micro_batches <= 40 and epoch_micro_batches % accum_steps != 0,
+            "more than accum_steps, at most 40, and not a multiple of accum_steps (the case needs a leftover)")
+check_value("steps_after_validate", steps_after_validate, 1 <= steps_after_validate <= 10, "1 to 10")
+
+# %%
+import contextlib
+import time
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.engine import launch
+from helpers.tiny import checked, one, x_of
+
+t_notebook = time.perf_counter()
+WORLD = 2  # every value below is worked out for 2 ranks
+LR = 0.125  # SGD learning rate: 1/8, so the weights are exact in float32
+print(f"torch {torch.__version__}")
+
+# %% [markdown]
+# <a id="case-two-forwards-two-backwards"></a>
+# ## Case: my GAN's replicas drift apart
+#
+# **Symptom.** "The discriminator sees real and fake images in two forward passes, then I call
+# backward twice. The ranks' weights drift apart." From
+# [pytorch/pytorch#47260](https://github.com/pytorch/pytorch/issues/47260).
+#
+# **Why.** A DDP forward prepares the reducer for one backward. Two forwards, then two
+# backwards: the first backward's hooks all-reduce the gradient; the second one's are not
+# armed, so it adds a rank-local gradient. It extends [06a](06a_training_loop_pitfalls.ipynb)
+# (what a DDP step does) and [06d](06d_silent_bugs.ipynb) (bypassing the wrapper).
+#
+# The program: the discriminator is `one()`, real input `x` (1 or 3), fake input 2 on rank 0
+# and 4 on rank 1.
+
+# %%
+def gan_step(rank, world_size, one_backward, ddp_kwargs):
+    real = x_of(rank)  # 1 on rank 0, 3 on rank 1
+    fake = torch.tensor([[2.0 if rank == 0 else 4.0]])
+    ddp = DDP(one(), **ddp_kwargs)  # the discriminator, weight 1
+    d_real, d_fake = ddp(real), ddp(fake)  # two forwards through one wrapper
+    if one_backward:
+        (d_real.sum() + d_fake.sum()).backward()  # the fix: one backward of the sum
+    else:
+        d_real.sum().backward()
+        d_fake.sum().backward()  # adds a gradient no all-reduce sees
+    grad = ddp.module.weight.grad.item()
+    torch.optim.SGD(ddp.parameters(), lr=LR).step()
+    return grad, checked(ddp)
+
+
+GAN_SETUPS = {"two backwards, default": (False, {}),
+              "two backwards, find_unused_parameters": (False, {"find_unused_parameters": True}),
+              "two backwards, static_graph": (False, {"static_graph": True}),
+              "one backward of the sum": (True, {})}
+GAN = launch(lambda rank, world_size: {name: gan_step(rank, world_size, *setup) for name, setup in GAN_SETUPS.items()},
+             WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** the true gradient is the mean over ranks of `real + fake`, `((1 + 2) + (3 + 4)) / 2
+# = 5`. With two backwards, rank 0 gets 4 and rank 1 gets 6: the all-reduced real part 2 plus
+# its own fake input. `find_unused_parameters` and `static_graph` change nothing. One backward
+# of the sum gives 5 on both ranks. The replica checker catches the wrong runs after the first
+# step; the one-process reference is the gradient of the summed loss in one process.
+
+# %% tags=["check"]
+w = torch.ones(1, requires_grad=True)
+(w * (1.0 + 2.0) + w * (3.0 + 4.0)).sum().div(WORLD).backward()  # one process: the mean loss over the ranks
+reference = w.grad.item()
+assert reference == 5.0
+for name in GAN_SETUPS:
+    grads = [GAN[r][name][0] for r in range(WORLD)]
+    if name == "one backward of the sum":
+        assert grads == [reference, reference] and GAN[0][name][1] == "ok", (name, GAN[0][name])
+    else:
+        assert grads == [2.0 + 2.0, 2.0 + 4.0], (name, grads)
+        assert "parameter 'weight'" in GAN[0][name][1], GAN[0][name][1]
+pd.DataFrame({name: [GAN[0][name][0], GAN[1][name][0], "ok" if GAN[0][name][1] == "ok" else "raises"]
+              for name in GAN_SETUPS}, index=["gradient, rank 0", "gradient, rank 1", "assert_in_sync"]).T
+
+# %% [markdown]
+# **Fix.** Sum the two losses and call `backward()` once. Or give each forward its own backward
+# before the next forward (`d_real` forward, backward; then `d_fake`). A GAN's generator and
+# discriminator are best two DDP wrappers, each with its own optimizer.
+#
+# **Caught by** `assert_in_sync(ddp)` after the step, and by the one-process reference.
+#
+# <a id="case-epoch-ends-inside-accumulation"></a>
+# ## Case: the replicas split at the end of every epoch
+#
+# **Symptom.** "With gradient accumulation my ranks agree during the epoch and disagree after
+# it." The epoch's length is not a multiple of the accumulation steps; the leftover micro-batches
+# ran under `no_sync()` and the loop steps them anyway. accelerate syncs the dataloader's last
+# batch for this reason ([huggingface/accelerate#2134](https://github.com/huggingface/accelerate/pull/2134)).
+# It extends [06a](06a_training_loop_pitfalls.ipynb), section 1 (accumulation with `no_sync()`).
+#
+# The program: `epoch_micro_batches` micro-batches, a step every `accum_steps`; what happens to
+# the leftover is `leftover`: `"step"` (the bug), `"sync"` (the last micro-batch syncs) or
+# `"drop"`.
+
+# %%
+def accumulate(rank, world_size, micro_batches, accum, leftover):
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for i in range(micro_batches):
+        sync = (i + 1) % accum == 0 or (leftover == "sync" and i == micro_batches - 1)
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            ddp(x_of(rank)).sum().backward()
+        if sync:
+            opt.step()
+            opt.zero_grad()
+    if leftover == "step":  # the bug: the leftover gradients were never all-reduced
+        opt.step()
+    opt.zero_grad()  # "drop": the leftover is thrown away
+    return ddp.module.weight.item(), checked(ddp)
+
+
+ACC = launch(lambda rank, world_size: {how: accumulate(rank, world_size, epoch_micro_batches, accum_steps, how)
+                                       for how in ("step", "sync", "drop")}, WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** each full window moves the weight by `accum_steps × 2 × LR` on both ranks (2 is the
+# averaged gradient of one micro-batch). Stepping the leftover `k = epoch_micro_batches mod
+# accum_steps` micro-batches moves rank 0 by `k × 1 × LR` and rank 1 by `k × 3 × LR`: the
+# replicas split, and the checker names `weight`. Syncing the leftover moves both by `k × 2 × LR`;
+# dropping it leaves both at the last full window.
+
+# %% tags=["check"]
+windows, k = divmod(epoch_micro_batches, accum_steps)
+after_windows = 1 - windows * accum_steps * 2 * LR
+step = [ACC[r]["step"][0] for r in range(WORLD)]
+assert step == [after_windows - k * 1 * LR, after_windows - k * 3 * LR], step
+assert "parameter 'weight'" in ACC[0]["step"][1], ACC[0]["step"][1]
+assert [ACC[r]["sync"][0] for r in range(WORLD)] == [after_windows - k * 2 * LR] * WORLD
+assert [ACC[r]["drop"][0] for r in range(WORLD)] == [after_windows] * WORLD
+assert all(ACC[r][how][1] == "ok" for r in range(WORLD) for how in ("sync", "drop"))
+pd.DataFrame({how: [ACC[0][how][0], ACC[1][how][0], "ok" if ACC[0][how][1] == "ok" else "raises"]
+              for how in ACC[0]}, index=["weight, rank 0", "weight, rank 1", "assert_in_sync"]).T
+
+# %% [markdown]
+# **Fix.** Let the last micro-batch of the epoch sync
+# (`sync = (i + 1) % accum == 0 or i == last`), or drop the leftover with `zero_grad()`. Never
+# call `step()` on gradients that ran only under `no_sync()`.
+#
+# **Caught by** `assert_in_sync(ddp)` after the epoch's last step.
+#
+# <a id="case-rank0-validate-leaves-eval"></a>
+# ## Case: validation on rank 0 broke training
+#
+# **Symptom.** "After the first validation my loss curve changed; the ranks still agree." The
+# loop validates on rank 0 only, and `validate()` calls `model.eval()` without restoring the
+# mode: rank 0 trains in `eval()` from then on. The rank-0-only evaluation is a common pattern
+# ("only test on rank 0", [zifuwan/Sigma#41](https://github.com/zifuwan/Sigma/issues/41)). It
+# extends the rank-0-only block of [06e](06e_more_silent_bugs.ipynb), section 4, and the
+# `evaluate()` of [06b](06b_state_across_ranks.ipynb), section 3.
+#
+# **Why.** A model in `eval()` uses BatchNorm's running statistics instead of the batch's. The
+# all-reduce averages rank 0's eval-mode gradient with rank 1's train-mode gradient: both ranks
+# hold the same numbers, from a mix of two models. DDP also broadcasts rank 0's buffers at each
+# forward, so rank 0's frozen running mean overwrites rank 1's.
+#
+# The program: `BatchNorm1d(1, affine=False)` then `Linear(1, 1)`; rank 0's batch is `[1, 3]`, rank 1's
+# `[2, 6]`. In train mode the normalised batch sums to 0, so the `Linear` weight's gradient is 0.
+
+# %%
+def validate_case(rank, world_size, steps_after, restore):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(1, affine=False), nn.Linear(1, 1, bias=False))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    x = torch.tensor([[1.0], [3.0]]) * (rank + 1)
+    out = []
+    for step in range(1 + steps_after):
+        opt.zero_grad()
+        ddp(x).sum().backward()
+        opt.step()
+        modes = [None] * world_size
+        dist.all_gather_object(modes, ddp.training)  # the check: every rank in the same mode?
+        out.append({"modes": modes, "grad": model[1].weight.grad.item(),
+                    "running_mean": model[0].running_mean.item()})
+        if step == 0 and rank == 0:  # validate() on rank 0 only
+            was_training = ddp.training
+            ddp.eval()
+            with torch.no_grad():
+                ddp.module(x)
+            if restore:
+                ddp.train(was_training)  # the fix
+    return out
+
+
+VAL = {restore: launch(validate_case, WORLD, steps_after_validate, restore, backend="gloo", timeout=120)
+       for restore in (False, True)}
+
+# %% [markdown]
+# **Claim:** at the first step both ranks train and the gradient is 0. On every step after the
+# rank-0-only `validate()`, the gathered modes are `[False, True]` and both ranks hold the same
+# gradient, which is not 0. Rank 0's running mean stays frozen at its value before validation.
+# With the mode restored, the gradient stays 0 and rank 0's running mean keeps moving. The
+# one-process reference, the model in train mode on rank 0's batch, gives 0.
+
+# %% tags=["check"]
+reference_model = nn.Sequential(nn.BatchNorm1d(1, affine=False), nn.Linear(1, 1, bias=False))
+reference_model(torch.tensor([[1.0], [3.0]])).sum().backward()  # one process, train mode
+reference = reference_model[1].weight.grad.item()
+assert abs(reference) < 1e-6, reference
+wrong, right = VAL[False], VAL[True]
+for r in range(WORLD):
+    assert wrong[r][0]["modes"] == [True, True] and abs(wrong[r][0]["grad"]) < 1e-6, wrong[r][0]
+    for later in wrong[r][1:]:
+        assert later["modes"] == [False, True], later
+        assert abs(later["grad"]) > 0.5 and later["grad"] == wrong[1 - r][wrong[r].index(later)]["grad"], later
+    assert all(s["modes"] == [True, True] and abs(s["grad"] - reference) < 1e-6 for s in right[r]), right[r]
+frozen = [s["running_mean"] for s in wrong[0]]
+assert len(set(frozen)) == 1, frozen
+assert len({s["running_mean"] for s in right[0]}) == len(right[0]), right[0]
+pd.DataFrame({"modes, no restore": [s["modes"] for s in wrong[0]], "gradient, no restore": [s["grad"] for s in wrong[0]],
+              "running mean rank 0, no restore": frozen, "gradient, restored": [s["grad"] for s in right[0]]},
+             index=pd.Index(range(1, 2 + steps_after_validate), name="step"))
+
+# %% [markdown]
+# **Fix.** Restore the mode in `validate()`: `was = model.training; model.eval(); ...;
+# model.train(was)`. Or call `ddp.train()` at the top of every training step. Better still,
+# validate on every rank with a sharded loader, as [06e](06e_more_silent_bugs.ipynb) shows.
+#
+# **Caught by** a value that must be equal on every rank: the gathered `model.training` flags.
+# The one-process reference catches the gradient. The parameters and gradients stay identical,
+# so a check of those alone does not see it; the replica checker's coverage of modes and buffers
+# is being extended.
+#
+# <a id="case-token-weighted-loss"></a>
+# ## Case: my token-averaged loss differs from one GPU's
+#
+# **Symptom.** "Sequences have different lengths. On one GPU the loss is the mean over all
+# tokens; with DDP and accumulation it comes out different." Fixed in trainers in 2024-2026:
+# [meta-pytorch/torchtune#1875](https://github.com/meta-pytorch/torchtune/pull/1875),
+# [pytorch/torchtitan#2206](https://github.com/pytorch/torchtitan/pull/2206). It extends
+# [06a](06a_training_loop_pitfalls.ipynb) (accumulation) and [06d](06d_silent_bugs.ipynb),
+# section 3 (what DDP averages).
+#
+# **Why.** DDP divides the summed gradient by the world size. A per-micro-batch mean weights each
+# micro-batch the same, whatever its token count; so does a per-rank token mean for each rank.
+# The mean over all tokens needs the token count of the whole window, over every rank.
+#
+# The program: each token's loss is `w x`; rank 0's micro-batches hold tokens `[1]` and
+# `[2, 3, 4]`, rank 1's `[5, 6]` and `[7]`.
+
+# %%
+TOKENS = {0: [[1.0], [2.0, 3.0, 4.0]], 1: [[5.0, 6.0], [7.0]]}
+
+
+def token_loss(rank, world_size, weighting):
+    micro_batches = TOKENS[rank]
+    ddp = DDP(one())
+    tokens = torch.tensor([float(sum(len(mb) for mb in micro_batches))])
+    if weighting == "global token mean":
+        dist.all_reduce(tokens)  # the fix: tokens of the whole window, on every rank
+    for i, mb in enumerate(micro_batches):
+        per_token = ddp(torch.tensor(mb).unsqueeze(1))  # each token's loss: w x
+        if weighting == "mean per micro-batch":
+            loss = per_token.mean() / len(micro_batches)
+        else:  # divide by the token count; DDP's average divides by world_size again
+            loss = per_token.sum() / tokens * (world_size if weighting == "global token mean" else 1)
+        with contextlib.nullcontext() if i == len(micro_batches) - 1 else ddp.no_sync():
+            loss.backward()
+    return ddp.module.weight.grad.item()
+
+
+WEIGHTINGS = ("mean per micro-batch", "per-rank token mean", "global token mean")
+TOK = launch(lambda rank, world_size: {how: token_loss(rank, world_size, how) for how in WEIGHTINGS},
+             WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** the one-process reference, the mean of `w x` over all 7 tokens, has gradient
+# `28 / 7 = 4`. The mean per micro-batch gives `((1 + 3) / 2 + (5.5 + 7) / 2) / 2 = 4.125`; the
+# mean of per-rank token means gives `(10/4 + 18/3) / 2 = 4.25`. The all-reduced token count
+# gives 4. All three agree across ranks, so only the reference catches it.
+
+# %% tags=["check"]
+w = torch.ones(1, requires_grad=True)
+all_tokens = torch.tensor([t for r in range(WORLD) for mb in TOKENS[r] for t in mb])
+(w * all_tokens).mean().backward()  # one process: the mean over every token
+reference = w.grad.item()
+assert abs(reference - 4.0) < 1e-6, reference
+for r in range(WORLD):
+    assert abs(TOK[r]["mean per micro-batch"] - 4.125) < 1e-6, TOK[r]
+    assert abs(TOK[r]["per-rank token mean"] - 4.25) < 1e-6, TOK[r]
+    assert abs(TOK[r]["global token mean"] - reference) < 1e-6, TOK[r]
+pd.Series(TOK[0], name="gradient (both ranks)").to_frame().assign(reference=reference)
+
+# %% [markdown]
+# **Fix.** Before the window's first backward, all-reduce the token count of the window; make
+# each micro-batch's loss `sum of token losses / global tokens × world_size`. The
+# `× world_size` undoes DDP's division by the world size. Log the same quantity: sum the loss
+# and the token count, all-reduce both, divide once.
+#
+# **Caught by** the one-process reference: the gradient of the mean over all tokens.
+#
+# <a id="case-bucket-view-kept-grad"></a>
+# ## Case: the gradients I logged are all the same
+#
+# **Symptom.** "I keep each step's `.grad` for a plot. With `gradient_as_bucket_view=True` the
+# kept values change after the fact." The views came with
+# [pytorch/pytorch#41954](https://github.com/pytorch/pytorch/pull/41954) ("Make grad point to
+# bucket buffer in DDP to save memory usage"). It extends [07b](07b_hooks_and_after_ddp.ipynb)
+# (DDP's buckets and hooks).
+#
+# **Why.** With `gradient_as_bucket_view=True`, each `.grad` is a view into DDP's bucket, the
+# memory that the all-reduce fills. A tensor kept from an earlier step is the same memory, and
+# the next backward overwrites it.
+#
+# The program: three steps with inputs `k x` (`k` = 1, 2, 3), so the averaged gradients are 2,
+# 4 and 6; the loop keeps `weight.grad` of every step.
+
+# %%
+def kept_grads(rank, world_size, bucket_view, clone):
+    ddp = DDP(one(), gradient_as_bucket_view=bucket_view)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.0)
+    kept = []
+    for k in (1, 2, 3):
+        opt.zero_grad()
+        ddp(k * x_of(rank)).sum().backward()
+        grad = ddp.module.weight.grad
+        kept.append(grad.detach().clone() if clone else grad)  # the fix: a copy
+        opt.step()
+    return [g.item() for g in kept]
+
+
+BUCKET = launch(lambda rank, world_size: {(view, clone): kept_grads(rank, world_size, view, clone)
+                                          for view in (False, True) for clone in (False, True)},
+                WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** without bucket views the kept gradients are `[2, 4, 6]`. With
+# `gradient_as_bucket_view=True` they are `[2, 6, 6]`: step 2's tensor is step 3's bucket memory.
+# A copy, `grad.detach().clone()`, keeps `[2, 4, 6]` in both settings.
+
+# %% tags=["check"]
+reference = [2.0 * k for k in (1, 2, 3)]  # one process: (1 + 3) / 2 × k
+for r in range(WORLD):
+    assert BUCKET[r][False, False] == reference, BUCKET[r]
+    assert BUCKET[r][True, False] == [2.0, 6.0, 6.0], BUCKET[r]
+    assert BUCKET[r][True, True] == BUCKET[r][False, True] == reference, BUCKET[r]
+pd.DataFrame({f"bucket view={view}, copy={clone}": v for (view, clone), v in BUCKET[0].items()},
+             index=["step 1", "step 2", "step 3"]).T
+
+# %% [markdown]
+# **Fix.** Keep a copy (`.detach().clone()`, or `.item()` for a number), never the `.grad`
+# tensor itself. The same holds for any tensor that may be a view into memory torch reuses.
+#
+# **Caught by** the one-process reference, the gradient each step should have; the replicas
+# agree throughout.
+
+# %%
+print(f"casebook 10a ran in {time.perf_counter() - t_notebook:.0f} s")
+
+# %% [markdown]
+# ## What we saw
+#
+# | symptom | mistake | fix | caught by |
+# | --- | --- | --- | --- |
+# | [GAN replicas drift](#case-two-forwards-two-backwards) | two forwards, then two backwards, one wrapper | one backward of the sum | `assert_in_sync`; one-process gradient |
+# | [split at the epoch's end](#case-epoch-ends-inside-accumulation) | stepping an unsynced leftover | sync or drop the leftover | `assert_in_sync` |
+# | [rank-0 validation broke training](#case-rank0-validate-leaves-eval) | `eval()` never undone on rank 0 | restore the mode | the modes gathered; one-process gradient |
+# | [token mean differs](#case-token-weighted-loss) | mean of means | all-reduce the token count | one-process gradient |
+# | [logged gradients all the same](#case-bucket-view-kept-grad) | a kept `.grad` bucket view | keep a copy | one-process values |
+#
+# Two of these five move the replicas apart, and `assert_in_sync` in the loop finds them at the
+# first wrong step. The other three keep the replicas identical and wrong: only a check of the
+# value itself finds them, against one process or across the ranks.
+
+# %% [markdown]
+# <!-- next:start -->
+# **Next:** [10b casebook: the data](10b_casebook_data.ipynb): an IterableDataset under DDP, shuffle=True without DistributedSampler, epoch state on the Dataset with persistent workers, the same seed on every rank, Docker's /dev/shm.
+# <!-- next:end -->
