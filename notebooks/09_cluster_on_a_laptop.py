@@ -324,7 +324,7 @@ assert max(shard_bytes) < ddp_bytes / 10
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.2))
-ax.bar(range(world_size), [b / 1e3 for b in shard_bytes], label="FSDP2: this rank's shards")
+ax.plot(range(world_size), [b / 1e3 for b in shard_bytes], "o", markersize=3, label="FSDP2: this rank's shards")
 ax.axhline(ddp_bytes / 1e3, color="tab:red", label="DDP: the whole model on every rank")
 ax.set(yscale="log", xlabel="rank", ylabel="parameter bytes on the rank (kB)",
        title=f"Parameters held per rank at {world_size} ranks")

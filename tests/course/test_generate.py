@@ -169,3 +169,58 @@ def test_a_hand_edit_or_a_lost_marker_is_caught(tmp_path, capsys):
     runner.write_text(runner.read_text().replace(params_table.START, ""), encoding="utf-8")
     twin.write_text(text, encoding="utf-8")
     assert generate.main(["--check", "--root", str(root)]) == 2
+
+
+def test_the_workshop_path_reaches_mnist_and_a_silent_bug_with_a_buffer():
+    """docs/TEACHING.md's 3 hours: from processes (00a) through the gradient (01) to DDP on MNIST
+    against one process (04), ending with a bug a check finds (06d), a break and a buffer left."""
+    from ci import workshop
+
+    path = manifest.workshop()
+    assert path[0].lesson == "00a" and "01" in [p.lesson for p in path] and path[-1].lesson == "06d"
+    assert {"5", "6"} <= set(next(p for p in path if p.lesson == "04").sections), "04's DDP and its comparison"
+    times = path_table.load_times()
+    rows = workshop.rows(path, manifest.load(), times, NOTEBOOKS, agenda.MIN_PER_EXERCISE)
+    table, buffer = workshop.block(rows)
+    assert buffer >= workshop.MIN_BUFFER, f"only {buffer} min of buffer in 3 hours:\n{table}"
+    assert "*break*" in table
+    assert all(r["run_min"] is not None for r in rows), "record the smoke run: python3 -m ci.generate --record"
+
+
+def test_a_workshop_part_must_exist(tmp_path):
+    from ci import workshop
+
+    lesson = manifest.load()[0]
+    bad = manifest.WorkshopPart(lesson.label, ("1", "99"), (1,))
+    with pytest.raises(ValueError, match=r"\['99'\]"):
+        workshop.rows([bad], manifest.load(), {}, NOTEBOOKS, 8)
+
+
+def test_section_times_come_from_the_executed_cells(tmp_path):
+    """A part's seconds are the sum of papermill's durations of its cells; set-up cells and
+    exercises are parts of their own."""
+    from ci import workshop
+
+    nb = nbformat.v4.new_notebook()
+    sources = [("markdown", "# t"), ("code", "x = 1"), ("markdown", "## 1. First"), ("code", "a"), ("code", "b"),
+               ("markdown", "## 2b. Second"), ("code", "c"), ("markdown", "## What we saw"),
+               ("markdown", "### Exercise 1: e"), ("code", "answer_1 = None")]
+    for i, (kind, src) in enumerate(sources):
+        cell = nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src)
+        cell.metadata["papermill"] = {"duration": float(i)}
+        nb.cells.append(cell)
+    path = tmp_path / "run.ipynb"
+    nbformat.write(nb, str(path))
+    assert workshop.parts_of_cells(nb) == ["setup", "setup", "1", "1", "1", "2b", "2b", "summary", "ex1", "ex1"]
+    assert workshop.part_seconds(path) == {"setup": 1.0, "1": 9.0, "2b": 11.0, "summary": 7.0, "ex1": 17.0}
+
+
+def test_the_casebook_index_lists_every_case():
+    from ci import casebook
+
+    text = (ROOT / "docs" / "CASEBOOK.md").read_text(encoding="utf-8")
+    for stem in manifest.stems("casebook"):
+        found = casebook.cases(NOTEBOOKS / f"{stem}.ipynb")
+        assert found, stem
+        for anchor, _ in found:
+            assert f"(../notebooks/{stem}.ipynb#{anchor})" in text

@@ -99,7 +99,7 @@ def test_teaching_agendas_are_generated_from_the_recorded_times(capsys):
     assert generate.main(["--check"]) == 0, capsys.readouterr().err
     text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
     block = marked.between(text, agenda.START, agenda.END)
-    assert "**3 hours**" in block and "**The whole course, day 1**" in block and "day 2**" in block
+    assert "**3 hours: the workshop path**" in block and "**The whole course, day 1**" in block and "day 2**" in block
     for stem in manifest.stems():
         assert f"| {stem} |" in block, stem
     assert "python3 -m helpers.doctor" in text and "python3 -m ci.student_copies" in text
