@@ -4,7 +4,7 @@ Run every benchmark from the repository root; each prints a table and writes JSO
 
     python -m helpers.bench                       # all benchmarks, full profile, to build/bench/
     python -m helpers.bench --profile smoke       # small and quick (05a and 05b CI sizes; no memory/launch runs)
-    python -m helpers.bench pipeline allreduce    # only some: pipeline scaling allreduce launch memory buckets
+    python -m helpers.bench pipeline allreduce    # only some: pipeline scaling allreduce launch memory buckets replicas
     python -m helpers.bench --out /tmp/bench      # another output folder
 
 The benchmarks (each has a ``bench_*`` function returning rows, plain dicts, for pandas), one
@@ -33,6 +33,8 @@ helpers, ``cli`` the command line:
               share one read-only memory map of the raw file.
 ``buckets``   DDP ``bucket_cap_mb`` and ``gradient_as_bucket_view`` against step time, and a
               ``torch.profiler`` timeline of all-reduce overlapping backward.
+``replicas``  :func:`helpers.replicas.assert_in_sync` beside one DDP step of an MLP, as a ratio:
+              the every-call check (target: 5% of a step) and the full comparison.
 
 Timings are wall-clock (``time.perf_counter``), with ``torch.cuda.synchronize`` on GPUs. They
 depend on the machine and on whatever else runs on it: every JSON file records the machine and

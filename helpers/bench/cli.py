@@ -46,6 +46,10 @@ def _run_one(name: str, cfg: dict[str, Any]) -> Any:
     if name == "buckets":
         return bench_buckets(cfg["world_size"], cfg["bucket_caps_mb"], cfg["as_view"], steps=cfg["steps"],
                              warmup=cfg["warmup"], profile_cap_mb=cfg["profile_cap_mb"], rounds=cfg["rounds"])
+    if name == "replicas":  # imported here: ``python -m helpers.bench.replicas_cost`` runs it as __main__
+        from helpers.bench.replicas_cost import bench_replicas_cost
+
+        return bench_replicas_cost(**cfg)
     raise ValueError(f"unknown benchmark {name!r}; choose from {BENCHMARKS}")
 
 
@@ -95,6 +99,14 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
         tl = timeline_overlap(result["timeline"]) if result["timeline"] else {}
         return [(f"DDP buckets (mlp, {MLP_PARAMS / 1e6:.1f} M parameters)", pd.DataFrame(result["rows"])[cols]),
                 ("all-reduce overlapping backward (profiler, rank 0)", pd.DataFrame([tl]))]
+    if name == "replicas":
+        df = pd.DataFrame([result])
+        for col in ("step_s", "check_s", "full_s"):
+            df[col.replace("_s", "_ms")] = df[col] * 1e3
+        cols = ["world_size", "parameters", "step_ms", "check_ms", "check_per_step", "target", "full_ms",
+                "full_per_step"]
+        return [("assert_in_sync beside one DDP step of an MLP (every-call check; full comparison when "
+                 "replicas differ)", df[cols])]
     return []
 
 
