@@ -220,7 +220,8 @@ def test_warm_ranks_synced_and_cost(ranks):
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     rows = ranks.run(cost_worker, width=8, depth=2, batch=4, repeats=2)
-    assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step"}
+    assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step", "full_s",
+                              "full_per_step", "target"}
     assert rows[0]["world_size"] == 2 and rows[0]["parameters"] == 2 * (8 * 8 + 8) + 8 + 1
 
 
