@@ -5,6 +5,9 @@ check (replicas in sync: one small all-gather) and the full comparison that runs
     python -m helpers.bench replicas               # 2 ranks, gloo (nccl with 2 GPUs)
     python -m helpers.bench.replicas_cost          # the same, one line
 
+Each is timed after a barrier: without it, the wait for a rank still in its step would count in
+the check, a wait the next step's all-reduce has anyway without the check.
+
 Units: seconds (s); ``check_per_step`` and ``full_per_step`` are ratios; the target for the
 every-call check is :data:`TARGET` of a step. Nothing is asserted about the times.
 """
@@ -70,18 +73,19 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
         t0 = time.perf_counter()
         step()
         sync()
+        steps.append(time.perf_counter() - t0)
+        dist.barrier()  # a rank still in its step would count in the other's check
+        sync()
         t1 = time.perf_counter()
         assert_in_sync(ddp)
         sync()
-        t2 = time.perf_counter()
+        checks.append(time.perf_counter() - t1)
         dist.barrier()
         sync()
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         full()
         sync()
-        fulls.append(time.perf_counter() - t3)
-        checks.append(t2 - t1)
-        steps.append(t1 - t0)
+        fulls.append(time.perf_counter() - t2)
     step_s, check_s, full_s = statistics.median(steps), statistics.median(checks), statistics.median(fulls)
     return {"world_size": world_size, "parameters": sum(p.numel() for p in ddp.parameters()),
             "step_s": step_s, "check_s": check_s, "check_per_step": check_s / step_s,

@@ -262,3 +262,16 @@ def test_one_differing_element_is_caught(launched):
     assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
     assert "parameter 'weight' (100, 100): rank 0 sum=" in msg, msg
     assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
+
+
+def test_bench_command_line_prints_the_ratios(tmp_path, capsys):
+    """``python -m helpers.bench replicas``: the step, the every-call check and the full comparison
+    side by side, as ratios (structure only; the times depend on the machine)."""
+    from helpers.bench import run_benchmarks
+
+    result = run_benchmarks(["replicas"], "smoke", tmp_path)["replicas"]
+    out = capsys.readouterr().out
+    for col in ("step_ms", "check_ms", "check_per_step", "target", "full_ms", "full_per_step"):
+        assert col in out, out
+    assert result["target"] == 0.05 and result["check_per_step"] == result["check_s"] / result["step_s"]
+    assert (tmp_path / "replicas.json").exists()
