@@ -26,6 +26,7 @@ a training step.
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -156,8 +157,25 @@ def _modes(module) -> list:
     return [(n, type(m).__name__, m.training) for n, m in module.named_modules()]
 
 
-def _ddp_notes(ddp, module, ignored) -> list[str]:
-    """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank).
+_wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _wrap_record(ddp):
+    """(ids of the parameters DDP wrapped, those parameters, tensors the reducer got), read once
+    per wrapper; None when this DDP keeps no list."""
+    if ddp not in _wraps:
+        wrapped = getattr(ddp, "_module_parameters", None)
+        try:
+            at_wrap = int(ddp._get_ddp_logging_data()["num_parameter_tensors"])
+        except (AssertionError, AttributeError, KeyError, RuntimeError):
+            at_wrap = None
+        _wraps[ddp] = None if wrapped is None else (frozenset(id(p) for p in wrapped), list(wrapped), at_wrap)
+    return _wraps[ddp]
+
+
+def _ddp_notes(ddp, named: list) -> list[str]:
+    """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank);
+    ``named``: the module's (name, parameter) pairs now, those DDP ignores left out.
 
     Uses ``ddp._module_parameters`` (the list ``DistributedDataParallel.__init__`` builds from
     ``module.named_parameters()``, torch/nn/parallel/distributed.py, torch 2.14) for parameters
@@ -166,21 +184,19 @@ def _ddp_notes(ddp, module, ignored) -> list[str]:
     the trainable ones now, the reducer's own parameters (``ddp.reducer._get_zeros_like_grad_buckets()``,
     each bucket's ``parameters()``; DDP calls it in ``_register_fused_optim``).
     """
-    wrapped = getattr(ddp, "_module_parameters", None)
-    if wrapped is None:
+    record = _wrap_record(ddp)
+    if record is None:
         return []
+    wrapped_ids, wrapped, at_wrap = record
     notes = []
-    named = [(n, p) for n, p in module.named_parameters() if n not in ignored]
-    wrapped_ids = {id(p) for p in wrapped}
     added = [n for n, p in named if id(p) not in wrapped_ids]
     notes += [f"'{n}' was added or replaced after the wrap (a new nn.Parameter): DDP does not "
               "all-reduce its gradient" for n in added]
-    gone = len(wrapped_ids - {id(p) for _, p in named})
-    if gone > len(added):
-        notes.append(f"{gone - len(added)} parameter(s) DDP wrapped are no longer in the module")
-    try:
-        at_wrap = int(ddp._get_ddp_logging_data()["num_parameter_tensors"])
-    except (AssertionError, AttributeError, KeyError, RuntimeError):
+    if len(named) - len(added) < len(wrapped_ids):
+        gone = len(wrapped_ids - {id(p) for _, p in named})
+        if gone > len(added):
+            notes.append(f"{gone - len(added)} parameter(s) DDP wrapped are no longer in the module")
+    if at_wrap is None:
         return notes
     if at_wrap != sum(p.requires_grad for p in wrapped):
         reduced = {id(t) for b in ddp.reducer._get_zeros_like_grad_buckets() for t in b.parameters()}
@@ -331,18 +347,27 @@ def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) 
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
     inner, ignored, ddp = _unwrap(module)
     entries = _entries(inner, ignored, grads, buffers)
-    notes = _ddp_notes(ddp, inner, ignored) if ddp is not None else []
+    named = [(n, t) for kind, n, t, _, _ in entries if kind == "parameter"]
+    notes = _ddp_notes(ddp, named) if ddp is not None else []
     modes = _modes(inner)
     if quick and _quick_agree(entries, modes, notes, grads, buffers, group, world, device):
         return
     _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol)
 
 
+_digests: dict = {}
+
+
 def _digest(entries, modes, grads, buffers) -> int:
-    """63 bits of a hash of everything but the values: names, shapes, states, modes, options."""
-    key = repr(([(k, n, st, s) for k, n, _, st, s in entries], [t for _, _, t in modes], grads,
-                buffers)).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+    """63 bits of a hash of everything but the values: names, shapes, states, modes, options (the
+    same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
+    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple(t for _, _, t in modes), grads, buffers)
+    if key not in _digests:
+        if len(_digests) > 64:
+            _digests.clear()
+        text = repr(([list(e) for e in key[0]], list(key[1]), grads, buffers)).encode()
+        _digests[key] = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+    return _digests[key]
 
 
 _fold_cache: dict = {}
