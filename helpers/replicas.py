@@ -11,23 +11,34 @@ Usable wherever a process group is initialised: a :func:`helpers.engine.launch` 
         if step % 100 == 0:
             assert_in_sync(ddp, grads=True)   # every rank calls it: it is a collective
 
-Cost: a 3-value header and a ``(number of tensors, 4)`` float64 table, each all-gathered once,
-plus one pass over each tensor's elements (:func:`fingerprint`); extra collectives only on the
-error path. ``python -m helpers.bench.replicas_cost`` prints it next to a training step.
+It compares parameters, the ``train()``/``eval()`` mode of every submodule and the integer
+buffers (counters such as BatchNorm's ``num_batches_tracked``) on every call; ``grads=True`` and
+``buffers=True`` (all buffers) check more.
+
+Cost: every call sums each tensor's bits (one pass over its elements, in integer arithmetic, so
+the same bits give the same sum on every rank) and all-gathers one fixed-size int64 vector: a digest
+of the names, shapes, requires_grad and modes, and the bit sums folded into :data:`SLOTS` values.
+Only when the vectors differ does the full comparison run (:func:`fingerprint` of each tensor,
+a table all-gathered, the error message). ``python -m helpers.bench replicas`` prints both next to
+a training step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["assert_in_sync", "fingerprint", "ReplicasDiverged", "SAMPLE"]
+__all__ = ["assert_in_sync", "fingerprint", "bit_sums", "ReplicasDiverged", "SAMPLE", "SLOTS"]
 
 #: Elements of each tensor (evenly strided) in the fingerprint's pseudo-random projection.
 SAMPLE = 64
+#: Values the every-call check folds the per-tensor bit sums into (tensor i adds to slot i % SLOTS).
+SLOTS = 64
+_PRIME = 2_147_483_647  # bit sums are kept modulo this prime: they fit float64 and int64 sums exactly
 _SHOWN = 3  # diverging tensors named in a message, then "and N more"
 _SEED = 30  # the projection's weights: the same on every rank and every call
 
@@ -37,6 +48,11 @@ CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), dd
 BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each "
                 "rank updates its own (BatchNorm running stats): they differ after a training forward "
                 "unless the model uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
+COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer "
+                 "forwards in train() mode, or stopped updating its statistics (left in eval()).")
+MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running "
+              "statistics, Dropout is off. Usual cause: a validate() on one rank that never calls "
+              "model.train() again; restore the mode after evaluating, on every rank.")
 
 
 class ReplicasDiverged(AssertionError):
@@ -75,6 +91,46 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
                         x.sum(), torch.dot(x, x), proj])
 
 
+_INT_VIEW = {8: (torch.int64, torch.int64), 4: (torch.int32, torch.int32),
+             2: (torch.int16, torch.int32), 1: (torch.uint8, torch.int32)}
+
+
+def _bit_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of ``t``'s elements read as integers (0-d, int32 or int64, wrapping on overflow)."""
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    view, acc = _INT_VIEW[x.element_size()]
+    return x.view(view).sum(dtype=acc)
+
+
+def _raw_bit_sums(tensors: list, device: torch.device) -> torch.Tensor:
+    """:func:`bit_sums` before the modulo (int64, wrapped); None tensors give -1."""
+    sums = [_bit_sum(t) for t in tensors if t is not None]
+    if not sums:
+        return torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
+    if all(s.dtype == torch.int32 for s in sums):
+        packed = torch.stack(sums).to(device=device, dtype=torch.int64)
+    else:
+        packed = torch.stack([s.to(torch.int64) for s in sums]).to(device)
+    if len(sums) == len(tensors):
+        return packed
+    out = torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
+    out[[i for i, t in enumerate(tensors) if t is not None]] = packed
+    return out
+
+
+def bit_sums(tensors: list, device: torch.device) -> torch.Tensor:
+    """``(len(tensors),)`` int64 on ``device``: each tensor's elements read as integers, summed,
+    modulo 2**31 - 1; a None tensor gives -1.
+
+    Integer addition does not depend on the order of the additions, so equal tensors give equal
+    sums whatever the threads; any single element that differs changes the sum (unless the
+    difference of its bits is a multiple of 2**31 - 1). What it misses: elements swapped.
+    """
+    return _raw_bit_sums(tensors, device).remainder(_PRIME)
+
+
 def _unwrap(module):
     """(the learner's module, names DDP ignores, the outermost DDP wrapper or None)."""
     ddp, ignored = None, set()
@@ -91,14 +147,35 @@ def _entries(module, ignored, grads: bool, buffers: bool) -> list:
     out = [("parameter", n, p, float(p.requires_grad), tuple(p.shape)) for n, p in params]
     if grads:
         out += [("gradient", n, p.grad, float(p.grad is not None), tuple(p.shape)) for n, p in params]
-    if buffers:
-        out += [("buffer", n, b, 1.0, tuple(b.shape)) for n, b in module.named_buffers()
-                if n not in ignored]
+    out += [("buffer", n, b, 1.0, tuple(b.shape)) for n, b in module.named_buffers()
+            if n not in ignored and (buffers or not (b.is_floating_point() or b.is_complex()))]
     return out
 
 
-def _ddp_notes(ddp, module, ignored) -> list[str]:
-    """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank).
+def _modes(module) -> list:
+    """(name, class name, training) of the module and each submodule."""
+    return [(n, type(m).__name__, m.training) for n, m in module.named_modules()]
+
+
+_wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _wrap_record(ddp):
+    """(ids of the parameters DDP wrapped, those parameters, tensors the reducer got), read once
+    per wrapper; None when this DDP keeps no list."""
+    if ddp not in _wraps:
+        wrapped = getattr(ddp, "_module_parameters", None)
+        try:
+            at_wrap = int(ddp._get_ddp_logging_data()["num_parameter_tensors"])
+        except (AssertionError, AttributeError, KeyError, RuntimeError):
+            at_wrap = None
+        _wraps[ddp] = None if wrapped is None else (frozenset(id(p) for p in wrapped), list(wrapped), at_wrap)
+    return _wraps[ddp]
+
+
+def _ddp_notes(ddp, named: list) -> list[str]:
+    """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank);
+    ``named``: the module's (name, parameter) pairs now, those DDP ignores left out.
 
     Uses ``ddp._module_parameters`` (the list ``DistributedDataParallel.__init__`` builds from
     ``module.named_parameters()``, torch/nn/parallel/distributed.py, torch 2.14) for parameters
@@ -107,21 +184,19 @@ def _ddp_notes(ddp, module, ignored) -> list[str]:
     the trainable ones now, the reducer's own parameters (``ddp.reducer._get_zeros_like_grad_buckets()``,
     each bucket's ``parameters()``; DDP calls it in ``_register_fused_optim``).
     """
-    wrapped = getattr(ddp, "_module_parameters", None)
-    if wrapped is None:
+    record = _wrap_record(ddp)
+    if record is None:
         return []
+    wrapped_ids, wrapped, at_wrap = record
     notes = []
-    named = [(n, p) for n, p in module.named_parameters() if n not in ignored]
-    wrapped_ids = {id(p) for p in wrapped}
     added = [n for n, p in named if id(p) not in wrapped_ids]
     notes += [f"'{n}' was added or replaced after the wrap (a new nn.Parameter): DDP does not "
               "all-reduce its gradient" for n in added]
-    gone = len(wrapped_ids - {id(p) for _, p in named})
-    if gone > len(added):
-        notes.append(f"{gone - len(added)} parameter(s) DDP wrapped are no longer in the module")
-    try:
-        at_wrap = int(ddp._get_ddp_logging_data()["num_parameter_tensors"])
-    except (AssertionError, AttributeError, KeyError, RuntimeError):
+    if len(named) - len(added) < len(wrapped_ids):
+        gone = len(wrapped_ids - {id(p) for _, p in named})
+        if gone > len(added):
+            notes.append(f"{gone - len(added)} parameter(s) DDP wrapped are no longer in the module")
+    if at_wrap is None:
         return notes
     if at_wrap != sum(p.requires_grad for p in wrapped):
         reduced = {id(t) for b in ddp.reducer._get_zeros_like_grad_buckets() for t in b.parameters()}
@@ -150,16 +225,53 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _describe(kind: str, row: torch.Tensor, show_proj: bool) -> str:
+def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
+    """One rank's values; ``detail`` 0: sums, 1: and the projection, 2: and the bit sum."""
     state = row[0].item()
     if kind == "gradient" and state == 0:
         return "None"
+    if kind == "buffer" and shape == ():
+        return f"value={_fmt(row[1].item())}"
     text = f"sum={_fmt(row[1].item())} sumsq={_fmt(row[2].item())}"
-    if show_proj:
+    if detail >= 1:
         text += f" proj={_fmt(row[3].item())}"
+    if detail >= 2:
+        text += f" bits={int(row[4].item())}"
     if kind == "parameter":
         text += "" if state else " requires_grad=False"
     return text
+
+
+def _owner(module, name: str) -> str:
+    """"in BatchNorm1d '1'" for buffer '1.running_mean'; "in Net (the model)" for a root buffer."""
+    path = name.rpartition(".")[0]
+    try:
+        owner = module.get_submodule(path)
+    except AttributeError:
+        return ""
+    return f" in {type(owner).__name__} " + (f"'{path}'" if path else "(the model)")
+
+
+def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
+    """Modules whose train()/eval() mode differs from rank 0's, top-most only; the ranks that differ."""
+    ref = {n: (c, t) for n, c, t in all_modes[0]}
+    lines, differ = [], []
+    for r, modes in enumerate(all_modes[1:], start=1):
+        diff = [(n, c, t) for n, c, t in modes if n in ref and ref[n][1] != t]
+        if not diff:
+            continue
+        differ.append(r)
+        names = [n for n, _, _ in diff]
+        for n, c, t in diff:
+            parent = [m for m in names if m != n and (m == "" or n.startswith(m + "."))]
+            if parent:
+                continue
+            below = sum(1 for m in names if m != n and (n == "" or m.startswith(n + ".")))
+            what = f"module '{n}' ({c})" if n else f"the model ({c})"
+            what += f" and {below} submodule{'s' * (below != 1)}" if below else ""
+            ref_mode = "train()" if ref[n][1] else "eval()"
+            lines.append(f"  {what}: {ref_mode} on rank 0, {'train()' if t else 'eval()'} on rank {r}")
+    return lines, differ
 
 
 def _ranks(rs, verbs: tuple[str, str] = ("", "")) -> str:
@@ -201,23 +313,32 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     Every rank of the group must call it (the same number of times, with the same options): a
     rank that does not call it leaves the others waiting until the group's timeout. A DDP model is
     unwrapped (``.module``), so names are the module's own (no ``module.`` prefix); parameters DDP
-    ignores are skipped.
+    ignores are skipped. Always compared: parameters, the ``train()``/``eval()`` mode of each
+    submodule, integer buffers (counters). One small all-gather when they agree (the module
+    docstring); the full comparison and its message only when they do not.
 
     Args:
         module: an ``nn.Module`` or a ``DistributedDataParallel`` around one.
         grads: also compare each parameter's ``.grad`` (a None grad on some ranks only differs).
-        buffers: also compare buffers (BatchNorm running statistics).
+        buffers: also compare floating-point buffers (BatchNorm running statistics); integer
+            buffers (counters) are always compared.
         group: the process group (default: the default group). Ranks in messages are group ranks.
         atol: allowed absolute difference of each fingerprint value (sum, sum of squares,
-            projection: :func:`fingerprint`), not of each element; 0 means bitwise-equal sums.
+            projection: :func:`fingerprint`), not of each element; 0 means bitwise-equal tensors.
 
     Raises:
         ReplicasDiverged: on every rank, with the same message: the first diverging tensors (at
-            most 3 named), the ranks that differ from rank 0, their values, the usual causes; or a
+            most 3 named, a buffer with its module), the ranks that differ from rank 0, their
+            values, the usual causes; modules in another train()/eval() mode than on rank 0; or a
             model whose names/shapes differ across ranks; or, for a DDP model, parameters added,
             replaced, removed or whose requires_grad changed since the wrap.
         RuntimeError: no process group is initialised.
     """
+    _check(module, grads, buffers, group, atol, quick=True)
+
+
+def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) -> None:
+    """:func:`assert_in_sync`; ``quick=False`` skips the every-call check (the benchmark times both)."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("assert_in_sync needs a process group: call it inside the ranks (a launch or "
                            "helpers.mp worker, ranks.run, a %%px cell) after init_process_group.")
@@ -226,8 +347,55 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
     inner, ignored, ddp = _unwrap(module)
     entries = _entries(inner, ignored, grads, buffers)
-    notes = _ddp_notes(ddp, inner, ignored) if ddp is not None else []
+    named = [(n, t) for kind, n, t, _, _ in entries if kind == "parameter"]
+    notes = _ddp_notes(ddp, named) if ddp is not None else []
+    modes = _modes(inner)
+    if quick and _quick_agree(entries, modes, notes, grads, buffers, group, world, device):
+        return
+    _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol)
 
+
+_digests: dict = {}
+
+
+def _digest(entries, modes, grads, buffers) -> int:
+    """63 bits of a hash of everything but the values: names, shapes, states, modes, options (the
+    same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
+    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple(t for _, _, t in modes), grads, buffers)
+    if key not in _digests:
+        if len(_digests) > 64:
+            _digests.clear()
+        text = repr(([list(e) for e in key[0]], list(key[1]), grads, buffers)).encode()
+        _digests[key] = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+    return _digests[key]
+
+
+_fold_cache: dict = {}
+
+
+def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
+    """The every-call check: one all-gather of ``2 + SLOTS`` int64; True when all ranks agree and no
+    rank has a note about its DDP wrap."""
+    n = len(entries)
+    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64)
+    if n <= SLOTS:  # one bit sum per slot, zeros after
+        sums = _raw_bit_sums([t for _, _, t, _, _ in entries], device)
+        vec = torch.cat([header.to(device), sums, torch.zeros(SLOTS - n, dtype=torch.int64, device=device)])
+    else:  # tensor i adds to slot i % SLOTS, times 1 + i // SLOTS
+        if (n, device) not in _fold_cache:
+            i = torch.arange(n)
+            _fold_cache[(n, device)] = ((i % SLOTS).to(device), (i // SLOTS + 1).to(device))
+        index, weight = _fold_cache[(n, device)]
+        folded = torch.zeros(SLOTS, dtype=torch.int64, device=device).index_add_(
+            0, index, bit_sums([t for _, _, t, _, _ in entries], device) * weight)
+        vec = torch.cat([header.to(device), folded])
+    rows = [torch.empty_like(vec) for _ in range(world)]
+    dist.all_gather(rows, vec, group=group)
+    return all(torch.equal(r, vec) for r in rows) and not notes
+
+
+def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol) -> None:
+    """The comparison that names what differs (extra collectives); raises ReplicasDiverged or returns."""
     header = torch.tensor([len(entries), _structure_hash(entries, grads, buffers), len(notes)],
                           dtype=torch.float64, device=device)
     headers = _gather(header, group, world)
@@ -237,20 +405,32 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
         dist.all_gather_object(infos, (opts, [(k, n, s) for k, n, _, _, s in entries]), group=group)
         raise ReplicasDiverged(_structure_message(infos))
 
+    all_modes = [None] * world
+    dist.all_gather_object(all_modes, modes, group=group)
+    mode_lines, mode_ranks = _modes_lines(all_modes)
+
     problems, differ = [], set()
     if entries:
-        table = torch.stack([fingerprint(t, state).to(device) for _, _, t, state, _ in entries])
-        tables = _gather(table, group, world)  # (world, tensors, 4)
+        tensors = [t for _, _, t, _, _ in entries]
+        table = torch.cat([torch.stack([fingerprint(t, state).to(device) for _, _, t, state, _ in entries]),
+                           bit_sums(tensors, device).to(torch.float64)[:, None]], dim=1)
+        tables = _gather(table, group, world)  # (world, tensors, 5)
         ref = tables[0]
         same = ((tables - ref).abs() <= atol) | (tables == ref) | (tables.isnan() & ref.isnan())
+        if atol > 0:
+            same[..., 4] = True  # the bit sums are exact: a tolerance compares only the 4 values
+        else:
+            same[..., 4] = tables[..., 4] == ref[..., 4]
         bad = ~same.all(dim=2)  # (world, tensors)
         differ = {r for r in range(1, world) if bool(bad[r].any())}
         for i in bad.any(dim=0).nonzero().flatten().tolist():
             kind, name, _, _, shape = entries[i]
             rs = [r for r in range(1, world) if bad[r, i]]
-            show_proj = all(bool(same[r, i, 1:3].all()) for r in rs)
-            values = "; ".join(f"rank {r} {_describe(kind, tables[r, i], show_proj)}" for r in [0] + rs[:_SHOWN])
-            problems.append(f"  {kind} '{name}' {shape}: {values}")
+            detail = max(int(bool(same[r, i, 1:3].all())) + int(bool(same[r, i, 1:4].all())) for r in rs)
+            values = "; ".join(f"rank {r} {_describe(kind, tables[r, i], shape, detail)}"
+                               for r in [0] + rs[:_SHOWN])
+            where = _owner(inner, name) if kind == "buffer" else ""
+            problems.append((kind, tensors[i], f"  {kind} '{name}' {shape}{where}: {values}"))
 
     ddp_lines = []
     if bool((headers[:, 2] > 0).any()):
@@ -262,18 +442,28 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
                 seen.setdefault(n, []).append(r)
         ddp_lines = [f"  {n} ({_ranks(rs)})" for n, rs in seen.items()]
 
-    if not problems and not ddp_lines:
+    if not problems and not ddp_lines and not mode_lines:
         return
     text = []
+    if mode_lines:
+        text.append(f"Replicas differ: {_ranks(mode_ranks, (' differs', ' differ'))} from rank 0 in "
+                    "train()/eval() mode:\n" + "\n".join(mode_lines[:_SHOWN]) +
+                    (f"\n  ... and {len(mode_lines) - _SHOWN} more" if len(mode_lines) > _SHOWN else ""))
     if problems:
         more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
         text.append(f"Replicas differ: {_ranks(sorted(differ), (' differs', ' differ'))} from rank 0 "
-                    f"({len(problems)} of {len(entries)} tensors):\n" + "\n".join(problems[:_SHOWN]) + more)
+                    f"({len(problems)} of {len(entries)} tensors):\n" +
+                    "\n".join(line for _, _, line in problems[:_SHOWN]) + more)
     if ddp_lines:
         text.append("The DDP model changed after DistributedDataParallel(...) wrapped it (wrap it again "
                     "after the change):\n" + "\n".join(ddp_lines[:_SHOWN]) +
                     (f"\n  ... and {len(ddp_lines) - _SHOWN} more" if len(ddp_lines) > _SHOWN else ""))
-    if any(p.startswith("  buffer ") for p in problems):
+    if mode_lines:
+        text.append(MODES_NOTE)
+    if any(k == "buffer" and t.is_floating_point() for k, t, _ in problems):
         text.append(BUFFERS_NOTE)
-    text.append(CAUSES)
+    if any(k == "buffer" and not t.is_floating_point() for k, t, _ in problems):
+        text.append(COUNTERS_NOTE)
+    if problems or ddp_lines:
+        text.append(CAUSES)
     raise ReplicasDiverged("\n".join(text))

@@ -17,7 +17,7 @@
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
 # <!-- opening:start -->
-# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
+# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
 # <!-- opening:end -->
 #
 # **The question:** DDP keeps the parameters equal on every rank; what about everything else a
@@ -542,10 +542,16 @@ def classification_data(n, offset=0):
 
 
 def evaluate(model, x, labels):
-    """Sums, so ranks can all-reduce them and divide once: {"loss_sum", "correct", "count"} (floats)."""
+    """Sums, so ranks can all-reduce them and divide once: {"loss_sum", "correct", "count"} (floats).
+
+    Leaves every submodule in the train()/eval() mode it found, so a training loop can call it.
+    """
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     with torch.no_grad():
         logits = model(x)
+    for m, training in modes:
+        m.training = training  # as it was: train() again in a training loop
     return {"loss_sum": float(nn.functional.cross_entropy(logits, labels, reduction="sum")),
             "correct": float((logits.argmax(1) == labels).sum()), "count": float(labels.numel())}
 
@@ -605,13 +611,14 @@ def evaluation_worker(rank, world_size, timeout_s):
     x_val, y_val = classification_data(eval_samples, offset=999)
     shard = slice(rank * eval_samples // world_size, (rank + 1) * eval_samples // world_size)
     local = evaluate(ddp.module, x_val[shard], y_val[shard])  # the bare model: no collective
+    modes_after = [m.training for m in model.modules()]
     totals = torch.tensor([local["loss_sum"], local["correct"], local["count"]], dtype=torch.float64)
     dist.all_reduce(totals)  # sums, then divide once
     loss, acc = float(totals[0] / totals[2]), float(totals[1] / totals[2])
     if rank == 0:
         print(f"validation: loss {loss:.4f}, accuracy {acc:.3f} over {int(totals[2])} samples (all ranks)")
     return {"state_dict": {k: cpu(v) for k, v in model.state_dict().items()}, "local": local,
-            "global": {"loss": loss, "accuracy": acc},
+            "global": {"loss": loss, "accuracy": acc}, "modes_after": modes_after,
             "hang_cases": {case: eval_hang_case(rank, case, timeout_s) for case in EVAL_HANG_CASES}}
 
 # %% [markdown]
@@ -643,6 +650,22 @@ pd.DataFrame([{"who": f"rank {r} (its shard)", "samples": e["local"]["count"], "
                 {"who": "one process, whole set", "samples": eval_samples,
                  "mean loss": one_process["loss_sum"] / one_process["count"],
                  "accuracy": one_process["correct"] / one_process["count"]}]).set_index("who").round(4)
+
+# %% [markdown]
+# **Claim:** `evaluate()` leaves the model in the mode it found. On every rank the model is
+# back in `train()` after it, every submodule included. A model in `eval()` stays in `eval()`.
+
+# %% tags=["check"]
+for r, e in enumerate(E):
+    assert all(e["modes_after"]), f"rank {r}: evaluate() left a module in eval(): {e['modes_after']}"
+model_ref.eval()
+evaluate(model_ref, x_val, y_val)
+assert not any(m.training for m in model_ref.modules()), "evaluate() changed an eval() model to train()"
+model_ref.train()
+evaluate(model_ref, x_val, y_val)
+assert all(m.training for m in model_ref.modules()), "evaluate() left a train() model in eval()"
+print(f"after evaluate(): train() on ranks {[r for r, e in enumerate(E) if all(e['modes_after'])]}; "
+      "an eval() model stays in eval()")
 
 # %% [markdown]
 # **Claim:** a forward through the wrapper on rank 0 alone waits until the group's timeout

@@ -36,6 +36,8 @@ helpers, ``cli`` the command line:
               ranks, as ratios to the real ones.
 ``buckets``   DDP ``bucket_cap_mb`` and ``gradient_as_bucket_view`` against step time, and a
               ``torch.profiler`` timeline of all-reduce overlapping backward.
+``replicas``  :func:`helpers.replicas.assert_in_sync` beside one DDP step of an MLP, as a ratio:
+              the every-call check (target: 5% of a step) and the full comparison.
 
 Timings are wall-clock (``time.perf_counter``), with ``torch.cuda.synchronize`` on GPUs. They
 depend on the machine and on whatever else runs on it: every JSON file records the machine and

@@ -49,6 +49,10 @@ def _run_one(name: str, cfg: dict[str, Any]) -> Any:
                              warmup=cfg["warmup"], profile_cap_mb=cfg["profile_cap_mb"], rounds=cfg["rounds"])
     if name == "simulated":
         return bench_simulated(cfg["simulated"], cfg["real"], cfg["steps"], cfg["batch"])
+    if name == "replicas":  # imported here: ``python -m helpers.bench.replicas_cost`` runs it as __main__
+        from helpers.bench.replicas_cost import bench_replicas_cost
+
+        return bench_replicas_cost(**cfg)
     raise ValueError(f"unknown benchmark {name!r}; choose from {BENCHMARKS}")
 
 
@@ -102,6 +106,14 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
         cols = ["mode", "world_size", "step_s", "peak_rss_mib", "step_vs_real", "rss_vs_real"]
         return [("simulated ranks (threads, one process) against real gloo ranks: lesson 09's MLP, one DDP step "
                  "(ratios: to the smallest real world)", pd.DataFrame(result)[cols])]
+    if name == "replicas":
+        df = pd.DataFrame([result])
+        for col in ("step_s", "check_s", "full_s"):
+            df[col.replace("_s", "_ms")] = df[col] * 1e3
+        cols = ["world_size", "parameters", "step_ms", "check_ms", "check_per_step", "target", "full_ms",
+                "full_per_step"]
+        return [("assert_in_sync beside one DDP step of an MLP (every-call check; full comparison when "
+                 "replicas differ)", df[cols])]
     return []
 
 

@@ -1,9 +1,15 @@
 """What :func:`helpers.replicas.assert_in_sync` costs next to one DDP training step (forward,
-backward, optimizer step) of a small MLP, measured side by side in the same ranks.
+backward, optimizer step) of a small MLP, measured side by side in the same ranks: the every-call
+check (replicas in sync: one small all-gather) and the full comparison that runs when they differ.
 
-    python -m helpers.bench.replicas_cost          # 2 ranks, gloo (nccl with 2 GPUs)
+    python -m helpers.bench replicas               # 2 ranks, gloo (nccl with 2 GPUs)
+    python -m helpers.bench.replicas_cost          # the same, one line
 
-Units: seconds (s); ``check_per_step`` is a ratio. Nothing is asserted about the times.
+Each is timed after a barrier: without it, the wait for a rank still in its step would count in
+the check, a wait the next step's all-reduce has anyway without the check.
+
+Units: seconds (s); ``check_per_step`` and ``full_per_step`` are ratios; the target for the
+every-call check is :data:`TARGET` of a step. Nothing is asserted about the times.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import time
 
 import torch
 import torch.distributed as dist
+
+#: The every-call check should cost at most this fraction of the benchmark's step.
+TARGET = 0.05
 
 
 def _mlp(width: int, depth: int) -> torch.nn.Module:
@@ -24,16 +33,17 @@ def _mlp(width: int, depth: int) -> torch.nn.Module:
 
 def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, batch: int = 64,
                 repeats: int = 20) -> dict:
-    """Per rank: median seconds of a DDP step and of ``assert_in_sync(ddp)``, alternated.
+    """Per rank: median seconds of a DDP step, of ``assert_in_sync(ddp)`` (in sync: the every-call
+    check) and of the full comparison it runs when the replicas differ, alternated.
 
     Returns:
         dict: ``world_size``, ``parameters`` (count of elements), ``step_s``, ``check_s``,
-        ``check_per_step`` (``check_s / step_s``).
+        ``check_per_step`` (``check_s / step_s``), ``full_s``, ``full_per_step``, ``target``.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from helpers.engine import worker_device
-    from helpers.replicas import assert_in_sync
+    from helpers.replicas import _check, assert_in_sync
 
     device = worker_device()
     torch.manual_seed(0)
@@ -50,23 +60,36 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
         ddp(x).pow(2).mean().backward()
         opt.step()
 
+    def full():
+        _check(ddp, False, False, None, 0.0, quick=False)
+
     step()
-    assert_in_sync(ddp)  # warm-up of both
-    steps, checks = [], []
+    assert_in_sync(ddp)  # warm-up of all three
+    full()
+    steps, checks, fulls = [], [], []
     for _ in range(repeats):
         dist.barrier()
         sync()
         t0 = time.perf_counter()
         step()
         sync()
+        steps.append(time.perf_counter() - t0)
+        dist.barrier()  # a rank still in its step would count in the other's check
+        sync()
         t1 = time.perf_counter()
         assert_in_sync(ddp)
         sync()
         checks.append(time.perf_counter() - t1)
-        steps.append(t1 - t0)
-    step_s, check_s = statistics.median(steps), statistics.median(checks)
+        dist.barrier()
+        sync()
+        t2 = time.perf_counter()
+        full()
+        sync()
+        fulls.append(time.perf_counter() - t2)
+    step_s, check_s, full_s = statistics.median(steps), statistics.median(checks), statistics.median(fulls)
     return {"world_size": world_size, "parameters": sum(p.numel() for p in ddp.parameters()),
-            "step_s": step_s, "check_s": check_s, "check_per_step": check_s / step_s}
+            "step_s": step_s, "check_s": check_s, "check_per_step": check_s / step_s,
+            "full_s": full_s, "full_per_step": full_s / step_s, "target": TARGET}
 
 
 def bench_replicas_cost(world_size: int = 2, **kwargs) -> dict:
@@ -76,8 +99,13 @@ def bench_replicas_cost(world_size: int = 2, **kwargs) -> dict:
     return launch(cost_worker, world_size, **kwargs)[0]
 
 
+def summary(row: dict) -> str:
+    """One line: the step, the every-call check and the full comparison, each as a ratio."""
+    return (f"{row['world_size']} ranks, MLP of {row['parameters']:,} parameters: "
+            f"step {row['step_s'] * 1e3:.2f} ms, assert_in_sync {row['check_s'] * 1e3:.3f} ms "
+            f"({row['check_per_step']:.3f} x a step; target {row['target']:.2f}), full comparison "
+            f"{row['full_s'] * 1e3:.2f} ms ({row['full_per_step']:.2f} x)")
+
+
 if __name__ == "__main__":
-    row = bench_replicas_cost()
-    print(f"{row['world_size']} ranks, MLP of {row['parameters']:,} parameters: "
-          f"step {row['step_s'] * 1e3:.2f} ms, assert_in_sync {row['check_s'] * 1e3:.2f} ms "
-          f"({row['check_per_step']:.2f} x a step)")
+    print(summary(bench_replicas_cost()))

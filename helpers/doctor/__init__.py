@@ -22,6 +22,8 @@ kernel     the notebooks' ``python3`` kernel (ipykernel) starts and imports torc
 cell code  a function defined in a kernel cell (``__main__``) runs on 2 ranks through ``launch``
 DataLoader a cell-defined ``Dataset`` with ``DataLoader(num_workers=2, persistent_workers=True)``
            inside 2 ranks: every index once per epoch, two epochs
+shm        ``/dev/shm`` (where DataLoader workers pass their batches) holds at least 256 MiB:
+           Docker's 64 MiB default fails, with the fix (``--shm-size=1g`` or ``--ipc=host``)
 ========== =====================================================================================
 
 Every check is bounded: past its time limit the doctor interrupts it (SIGINT, which the helpers
@@ -32,7 +34,8 @@ inside the checks, so a broken torch gives a fix line, not a traceback.
 Options: ``--data-root PATH`` (the MNIST root, default ``<repo>/data``), ``--port N`` (a fixed
 ``MASTER_PORT`` to check, repeatable; default 12355 and 29500; the first one free is the one the
 ``mp`` check uses), ``--only NAME,...`` (run some checks; ``cell code`` and ``DataLoader`` bring
-``kernel``), ``--time-limit S`` (cap every check's time limit).
+``kernel``), ``--time-limit S`` (cap every check's time limit), ``--shm PATH`` (the shared
+memory to check, default ``/dev/shm``).
 """
 
 from helpers.doctor.run import CHECKS, Doctor, main

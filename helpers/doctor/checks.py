@@ -212,6 +212,31 @@ def check_memory(doc: Doctor) -> str:
     return f"{free:,.0f} MiB free (a lesson needs about {MIN_FREE_MIB:,} MiB)"
 
 
+#: Below this size of /dev/shm the shm check fails (Docker's default is 64 MiB).
+SHM_MIN_MIB = 256
+SHM_FIX = ("give the container more shared memory: `docker run --shm-size=1g ...` (or `--ipc=host`); "
+           "docker compose: `shm_size: 1gb`; Kubernetes: an emptyDir with `medium: Memory` at /dev/shm")
+
+
+def check_shm(doc: Doctor) -> str:
+    """/dev/shm (``--shm PATH``): DataLoader workers hand every batch to their rank through it
+    (torch's ``file_descriptor`` sharing strategy on Linux), and a Dataset's tensors too when workers
+    start by spawn or forkserver. Docker's 64 MiB default kills them ("bus error", "insufficient
+    shared memory")."""
+    path = Path(doc.shm)
+    if not path.exists():
+        if sys.platform.startswith("linux"):
+            raise Failed(f"{path} does not exist: DataLoader workers (num_workers > 0) need it", SHM_FIX)
+        return f"no {path} on {platform.system()}: DataLoader workers share memory another way there"
+    st = os.statvfs(path)
+    total, free = st.f_blocks * st.f_frsize / 2**20, st.f_bavail * st.f_frsize / 2**20
+    sizes = f"{path}: {total:,.0f} MiB, {free:,.0f} MiB free"
+    if min(total, free) < SHM_MIN_MIB:
+        raise Failed(f"{sizes} (under {SHM_MIN_MIB} MiB): DataLoader workers (num_workers > 0) "
+                     "pass their batches through it and die when it is full", SHM_FIX)
+    return f"{sizes}, for DataLoader workers"
+
+
 def _helper_failure(e: BaseException, what: str) -> Failed:
     """A failure of the project's own machinery, with the fix that fits its kind."""
     name = type(e).__name__

@@ -22,6 +22,7 @@ from helpers.doctor.checks import (
     check_mp,
     check_ports,
     check_python,
+    check_shm,
     check_simulate,
     check_torch,
     check_warm_ranks,
@@ -50,6 +51,7 @@ CHECKS = [
     Check("kernel", check_kernel, 180),
     Check("cell code", check_cell_code, 240, needs=("torch", "kernel")),
     Check("DataLoader", check_dataloader, 240, needs=("torch", "kernel")),
+    Check("shm", check_shm, 10),
 ]
 _BY_KEY = {c.name.lower().replace(" ", ""): c for c in CHECKS}
 
@@ -86,8 +88,9 @@ class Doctor:
     """Runs the checks in order and prints the table (to ``out``)."""
 
     def __init__(self, data_root: str, ports: list[int], only: set[str] | None, out=None,
-                 time_limit: float | None = None):
+                 time_limit: float | None = None, shm: str = "/dev/shm"):
         self.data_root = data_root
+        self.shm = shm
         self.time_limit = time_limit
         self.ports = ports
         self.free_fixed_ports = list(ports)
@@ -211,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{' and '.join(map(str, TUTORIAL_PORTS))}")
     parser.add_argument("--only", metavar="NAME,...",
                         help=f"run only these checks: {', '.join(_BY_KEY)} (cell code and DataLoader bring kernel)")
+    parser.add_argument("--shm", default="/dev/shm", metavar="PATH",
+                        help="the shared memory DataLoader workers use (default /dev/shm)")
     parser.add_argument("--time-limit", type=float, metavar="S",
                         help="cap every check's time limit at S seconds (default: each check's own, 10-300 s)")
     args = parser.parse_args(argv)
@@ -223,4 +228,5 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown check(s) {', '.join(sorted(unknown))}; known: {', '.join(_BY_KEY)}")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the deadline's SIGINT is a KeyboardInterrupt
-    return Doctor(args.data_root, args.ports or list(TUTORIAL_PORTS), only, time_limit=args.time_limit).run()
+    return Doctor(args.data_root, args.ports or list(TUTORIAL_PORTS), only, time_limit=args.time_limit,
+                  shm=args.shm).run()

@@ -7,7 +7,8 @@
 - :class:`OversubscriptionWarning`: more ranks than CPU cores.
 - :func:`worker_error`: turn what the ranks left behind (their error markers, the elastic
   agent's failures) into one :class:`WorkerError` naming the rank that failed first.
-- :data:`HINTS`: the one table of (pattern, what to do) that adds a hint to a rank's error.
+- :data:`HINTS` (in :mod:`helpers.engine.hints`): the one table of (pattern, what to do) that adds a
+  hint to a rank's error.
 
 All are importable from :mod:`helpers.engine.launcher`, where learners meet them. In IPython/Jupyter they
 show as a few lines (IPython's ``_render_traceback_`` hook, see :class:`Readable`): the cell's own
@@ -27,69 +28,11 @@ from typing import NamedTuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from helpers.engine.hints import HINTS, hint_for
 from helpers.engine.start_method import install_spawn_hint
 
 __all__ = ["HINTS", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "OversubscriptionWarning", "Readable",
            "WorkerError", "hint_for", "own_frames", "worker_error"]
-
-
-# ---- what to do: one table ------------------------------------------------------------------
-
-#: ``(pattern, hint)``: the first pattern found (``re.search``) in a failing rank's
-#: ``"<type>: <message>"`` adds ``"What to do: <hint>"`` to its :class:`WorkerError`.
-HINTS: list[tuple[re.Pattern, str]] = [
-    (re.compile(r"trying to initialize the default process group twice"),
-     "launch and warm ranks have already initialised the default process group for your code: remove "
-     "init_process_group and destroy_process_group from it (dist.all_reduce and DDP use that group), "
-     "or run code that sets up its own group with helpers.mp.spawn."),
-    (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected"
-                r"|KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)'"),
-     "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
-     "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
-     "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
-     "helpers.engine.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does."),
-    (re.compile(r"environment variable MASTER_(ADDR|PORT) expected"),
-     "init_process_group's env:// rendezvous needs both: set os.environ['MASTER_ADDR'] = 'localhost' and "
-     "os.environ['MASTER_PORT'] = '12355' (any free port) before calling it, as the DDP tutorial's "
-     "setup() does, or use helpers.engine.launch, which sets them."),
-    (re.compile(r"^TypeError: \S+\(\) (takes|missing) .*positional argument"),
-     "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
-     "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
-     "parameters (e.g. def fn(rank, world_size): ...)."),
-    (re.compile(r"Detected mismatch between collectives on ranks"),
-     "TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives (the OpType of each above, "
-     "e.g. ALLREDUCE on one rank, BARRIER on another): every rank must call the same collectives in the "
-     "same order; look for a collective inside `if rank == ...:` or a loop that runs a different number "
-     "of times on some rank."),
-    (re.compile(r"EADDRINUSE|[Aa]ddress already in use"),
-     "another program (or a run still ending) holds the port in MASTER_PORT: before init_process_group, set "
-     "os.environ['MASTER_PORT'] to another port (one free now: `from helpers.engine import free_port`, "
-     "str(free_port())), or use helpers.engine.launch, which picks a free port for every launch."),
-    # GPU code on a machine without one: CUDA builds say "no NVIDIA driver"; CPU builds (torch 2.13's, seen)
-    # "not compiled" for .cuda() and "Cannot access accelerator device" for .to(rank)
-    (re.compile(r"ProcessGroupNCCL is only supported with GPUs"),
-     "backend nccl needs a GPU per rank and this machine has none: use \"gloo\" "
-     "(init_process_group(\"gloo\", rank=rank, world_size=world_size)), and drop the code's .to(rank), "
-     ".cuda() and torch.cuda.set_device(rank): on CPU, models and tensors stay where they are. "
-     "docs/OWN_CODE.md, \"Code from tutorials\", lists each tutorial's changes."),
-    (re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled"
-                r"|Cannot access accelerator device when none is available"),
-     "this line moves something to a GPU and this machine has none: drop .cuda() and .to(rank) (an int "
-     "device is a GPU's index) and torch.cuda.set_device(rank), or write .to(worker_device()) (from "
-     "helpers.engine: cpu under gloo); backend \"gloo\" for nccl. docs/OWN_CODE.md, \"Code from "
-     "tutorials\", lists each tutorial's changes."),
-    (re.compile(r"device_ids and output_device arguments only work with single-device"),
-     "the model is on CPU, and device_ids names a GPU: on CPU wrap it as DDP(model), without device_ids "
-     "(and output_device); device_ids is for a model on one GPU: DDP(model.to(rank), device_ids=[rank])."),
-]
-
-
-def hint_for(text: str) -> str | None:
-    """The hint of the first :data:`HINTS` pattern found in ``text``, or ``None``."""
-    for pattern, hint in HINTS:
-        if pattern.search(text):
-            return hint
-    return None
 
 
 # ---- the learner's own frames ---------------------------------------------------------------

@@ -90,6 +90,59 @@ def scenarios(rank, world_size):
         w = ddp.module.weight.detach().clone()
     ddp.module.weight = torch.nn.Parameter(w)
     out["replaced"] = _check(ddp)
+    out.update(modes_and_buffers(rank, world_size))
+    return out
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+
+
+def modes_and_buffers(rank, world_size, steps=4):
+    """A rank left in eval(), counters and buffers that differ, one element that differs."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {}
+    for case in ("healthy", "validate_on_rank_0"):
+        ddp = DDP(_bn_model())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        found = []
+        for step in range(steps):
+            opt.zero_grad()
+            ddp(torch.randn(6, 2, generator=g)).pow(2).mean().backward()
+            opt.step()
+            if case == "validate_on_rank_0" and step == 1 and rank == 0:
+                ddp.module.eval()  # a validate() that never calls train() again
+                with torch.no_grad():
+                    ddp.module(torch.randn(6, 2, generator=g))
+            found.append(_check(ddp, grads=True))
+        out[case] = found
+
+    # a plain module: rank 1 runs one more training forward (its counter moves on)
+    bn = _bn_model()
+    for _ in range(1 + rank):
+        bn(torch.ones(3, 2) * torch.arange(3.0)[:, None])
+    out["counter"] = _check(bn)
+    out["counter_all_buffers"] = _check(bn, buffers=True)
+
+    # a buffer of the model itself that differs (and one submodule left in eval() on rank 1)
+    net = _bn_model()
+    net.register_buffer("scale", torch.tensor([1.0 + rank]))
+    out["root_buffer"] = _check(net, buffers=True)
+    net[1].train(rank == 0)
+    out["sub_mode"] = _check(net)
+
+    # one element of 10,000, away from the fingerprint's sampled elements, one float32 step apart
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(100, 100)
+    with torch.no_grad():
+        if rank == 1:
+            flat = lin.weight.view(-1)
+            flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
+    out["one_element"] = _check(lin)
+    out["one_element_atol"] = _check(lin, atol=1e-6)
     return out
 
 
@@ -105,7 +158,7 @@ def ranks():
 
 def test_same_error_on_every_rank(launched):
     assert launched[0] == launched[1]
-    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 8
+    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 13
 
 
 def test_synced_ddp_passes_in_launch(launched):
@@ -167,7 +220,8 @@ def test_warm_ranks_synced_and_cost(ranks):
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     rows = ranks.run(cost_worker, width=8, depth=2, batch=4, repeats=2)
-    assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step"}
+    assert rows[0].keys() == {"world_size", "parameters", "step_s", "check_s", "check_per_step", "full_s",
+                              "full_per_step", "target"}
     assert rows[0]["world_size"] == 2 and rows[0]["parameters"] == 2 * (8 * 8 + 8) + 8 + 1
 
 
@@ -176,3 +230,48 @@ def test_without_a_process_group_says_where_to_call_it():
 
     with pytest.raises(RuntimeError, match="needs a process group: call it inside the ranks"):
         assert_in_sync(torch.nn.Linear(1, 1))
+
+
+def test_rank_left_in_eval_is_named_at_that_step(launched):
+    healthy, broken = launched[0]["healthy"], launched[0]["validate_on_rank_0"]
+    assert healthy == ["ok"] * 4, healthy
+    assert broken[:1] == ["ok"], broken
+    msg = broken[1]  # the check right after rank 0's validate()
+    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 in train()/eval() mode"), msg
+    assert "the model (Sequential) and 3 submodules: eval() on rank 0, train() on rank 1" in msg, msg
+    assert "validate()" in msg and "model.train()" in msg, msg
+    assert "tensors" not in msg, "parameters and gradients still agree at that step"
+    later = broken[2]  # rank 0 trained a step in eval(): its BatchNorm counter stopped
+    assert "buffer '1.num_batches_tracked' () in BatchNorm1d '1': rank 0 value=2; rank 1 value=3" in later, later
+
+
+def test_diverged_buffer_named_with_module_and_rank(launched):
+    r = launched[0]
+    counter = r["counter"]
+    assert "rank 1 differs from rank 0 (1 of 7 tensors)" in counter, counter
+    assert "buffer '1.num_batches_tracked' () in BatchNorm1d '1': rank 0 value=1; rank 1 value=2" in counter
+    assert "stopped updating" in counter and "SyncBatchNorm" not in counter, counter
+    assert "buffer '1.running_mean' (4,) in BatchNorm1d '1'" in r["counter_all_buffers"], r["counter_all_buffers"]
+    root = r["root_buffer"]
+    assert "buffer 'scale' (1,) in Sequential (the model): rank 0 sum=1 sumsq=1; rank 1 sum=2 sumsq=4" in root, root
+    assert "module '1' (BatchNorm1d): train() on rank 0, eval() on rank 1" in r["sub_mode"], r["sub_mode"]
+
+
+def test_one_differing_element_is_caught(launched):
+    msg = launched[0]["one_element"]
+    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
+    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg, msg
+    assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
+
+
+def test_bench_command_line_prints_the_ratios(tmp_path, capsys):
+    """``python -m helpers.bench replicas``: the step, the every-call check and the full comparison
+    side by side, as ratios (structure only; the times depend on the machine)."""
+    from helpers.bench import run_benchmarks
+
+    result = run_benchmarks(["replicas"], "smoke", tmp_path)["replicas"]
+    out = capsys.readouterr().out
+    for col in ("step_ms", "check_ms", "check_per_step", "target", "full_ms", "full_per_step"):
+        assert col in out, out
+    assert result["target"] == 0.05 and result["check_per_step"] == result["check_s"] / result["step_s"]
+    assert (tmp_path / "replicas.json").exists()

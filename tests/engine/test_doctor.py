@@ -144,3 +144,23 @@ def test_memory_check_reads_free_memory_and_says_what_to_close(monkeypatch):
     with pytest.raises(Failed) as info:
         checks.check_memory(None)
     assert "MiB free" in info.value.detail and "Shut Down Kernel" in info.value.fix, (info.value.detail, info.value.fix)
+
+
+def test_small_shm_gives_the_docker_fix(tmp_path):
+    """A real 64 MiB tmpfs, Docker's default /dev/shm, where DataLoader workers pass their batches:
+    the shm check fails with the fix; the machine's own /dev/shm passes in test_doctor_exits_0_here."""
+    small = tmp_path / "shm"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (root and CAP_SYS_ADMIN needed): {mounted.stderr.strip()}")
+    try:
+        run = doctor("--shm", str(small), "--only", "shm")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert run.returncode == 1, report(run)
+    status, detail, fix = table(run.stdout)["shm"]
+    assert status == "FAIL" and f"{small}: 64 MiB" in detail and "DataLoader workers" in detail, report(run)
+    assert "--shm-size=1g" in fix and "--ipc=host" in fix, report(run)
+    assert_no_traceback(run)

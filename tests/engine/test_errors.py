@@ -336,3 +336,68 @@ def test_script_without_a_file_launches(how, tmp_path):
     done = subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
     assert done.returncode == 0 and "results [0, 10] [1, 2]" in done.stdout, done.stderr[-3000:]
     assert "warm ranks [0, 10]" in done.stdout, done.stderr[-3000:]
+
+
+# ---- hints for the casebook's errors (issue 42) ----------------------------------------------
+
+def zero_saved_on_rank_0(rank, world_size):
+    """06b's rank-0-only save, with a ZeroRedundancyOptimizer: no consolidate_state_dict first."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.Linear(2, 2)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    if rank == 0:
+        return opt.state_dict()
+
+
+def test_hint_zero_state_dict_without_consolidating_under_launch():
+    with pytest.raises(WorkerError) as info:
+        launch(zero_saved_on_rank_0, 2, backend="gloo", timeout=120)
+    text = short(info.value)
+    assert "Optimizer state has not been consolidated on this rank" in text, text
+    assert "What to do:" in text and "consolidate_state_dict(to=0) on every rank" in text, text
+
+
+def torch_library_strings(start: str) -> list[str]:
+    """The NUL-terminated strings of the installed torch's C++ library (libtorch_cpu) that begin
+    with ``start``: where torch's C++ error messages live in an installed torch."""
+    import mmap
+    import pathlib
+
+    lib = next(pathlib.Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*"))
+    found = []
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        at = data.find(start.encode())
+        while at != -1:
+            found.append(data[at:data.find(b"\0", at)].decode())
+            at = data.find(start.encode(), at + 1)
+    return found
+
+
+def test_hint_mps_tensor_in_a_gloo_collective_matches_torchs_messages():
+    """No MPS tensor can exist on Linux: the hint must match the messages torch builds, read from
+    the installed torch (c10::str(prefix, device type))."""
+    from helpers.engine.errors import hint_for
+
+    assert "mps" not in dist.Backend.backend_capability["gloo"] + dist.Backend.backend_capability["nccl"]
+    for prefix in ("No backend type associated with device type ", "unsupported device type "):
+        assert torch_library_strings(prefix) == [prefix], f"torch's message changed: {prefix!r}"
+    gloo_op = torch_library_strings("ProcessGroupGloo::allreduce: ")
+    assert "ProcessGroupGloo::allreduce: " in gloo_op, gloo_op
+    for message in ("RuntimeError: No backend type associated with device type mps",
+                    "RuntimeError: ProcessGroupGloo::allreduce: unsupported device type mps"):
+        hint = hint_for(message)
+        assert hint and "mps" in hint and "t.cpu()" in hint, (message, hint)
+    assert hint_for("RuntimeError: No backend type associated with device type meta") is None
+
+
+def test_hint_use_libuv_matches_torchs_message():
+    """Windows builds without libuv: the message read from the installed torch (TCPStore's check)."""
+    from helpers.engine.errors import hint_for
+
+    (message,) = torch_library_strings("use_libuv was requested")
+    assert "PyTorch was built without libuv support" in message, message
+    hint = hint_for(f"RuntimeError: {message}")
+    assert hint and 'os.environ["USE_LIBUV"] = "0"' in hint and "use_libuv=0" in hint, hint
