@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- opening:start -->
-# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist, and what does each
@@ -48,7 +48,7 @@
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
+world_size = 2  # number of warm ranks (processes): 2, 3 or 4; every asserted value is worked out from it
 timeout = 60.0  # seconds a %%px cell, ranks.run or helpers.mp.spawn may take before the ranks are ended
 
 # %%
@@ -56,7 +56,8 @@ timeout = 60.0  # seconds a %%px cell, ranks.run or helpers.mp.spawn may take be
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), timeout=(timeout, float))
-check_value("world_size", world_size, world_size == 2, "2 (every value this lesson asserts is worked out for two ranks, as the reports it reproduces were)")
+check_value("world_size", world_size, world_size in (2, 3, 4),
+            "2, 3 or 4 (one rank has nobody to exchange with; more ranks than a laptop's cores only slow every cell)")
 check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
 
 # %%
@@ -233,7 +234,7 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 # docs/OWN_CODE.md.
 #
 # **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes, as
-# `square(i)` in process `i`, and returns `[0, 1]` for two processes.
+# `square(i)` in process `i`, and returns the squares of 0 to `world_size - 1`, in order.
 
 # %%
 import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
@@ -318,13 +319,15 @@ assert not set(r["pid"] for r in launched) & set(pids), "launch starts new proce
 #
 # A *collective* is a call that **every** rank of the group makes; it returns when its part of
 # the exchange is done, and the result is written **in place** into the tensors passed in.
-# Rank `r` starts with `torch.tensor([r + 1.])`, so with two ranks: rank 0 holds 1, rank 1
-# holds 2. Each `%%px` cell below runs the collective on every rank, prints what each rank
-# holds, and asserts it on every rank (an `AssertionError` on any rank fails the cell). The
-# expected values are worked out by hand from the inputs, not by calling the collective.
+# Rank `r` starts with `torch.tensor([r + 1.])`: rank 0 holds 1, rank 1 holds 2, and so on up to
+# `world_size`. Predict each result before you run a cell. Each `%%px` cell below runs the
+# collective on every rank and prints what each rank holds. The check after it asserts that on
+# every rank (an `AssertionError` on any rank fails the cell). The expected values are worked
+# out from the inputs with a formula, not by calling the collective.
 #
-# **Claim:** `all_reduce` with `SUM` leaves the sum of all ranks' values on every rank
-# (1 + 2 = 3); with `AVG` the mean (1.5).
+# **Claim:** `all_reduce` with `SUM` leaves the sum of all ranks' values on every rank:
+# 1 + 2 + … + `world_size`, that is `world_size (world_size + 1) / 2`. With `AVG` it leaves the
+# mean, `(world_size + 1) / 2`.
 
 # %%
 # %%px
@@ -337,14 +340,15 @@ print(f"[rank {rank}] all_reduce AVG -> {t_avg.tolist()}")
 
 # %% tags=["check"]
 # %%px
-assert t.tolist() == [sum(r + 1.0 for r in range(world_size))], (
+assert t.tolist() == [world_size * (world_size + 1) / 2], (
     f"rank {rank}: t is {t.tolist()}, not the SUM: a later cell changed t; re-run the %%px cell above "
     "(`dist.all_reduce(t, ...)`), then this one")
-assert t_avg.tolist() == [sum(r + 1.0 for r in range(world_size)) / world_size], (
+assert t_avg.tolist() == [(world_size + 1) / 2], (
     f"rank {rank}: t_avg is {t_avg.tolist()}; re-run the %%px cell above (`dist.all_reduce(t, ...)`), then this one")
 
 # %% [markdown]
-# **Claim:** `broadcast(t, src=1)` copies rank 1's tensor into every rank's `t`: all hold 2.
+# **Claim:** `broadcast(t, src=1)` copies rank 1's tensor into every rank's `t`: all hold 2,
+# whatever `world_size` is.
 
 # %%
 # %%px
@@ -358,8 +362,9 @@ assert t.tolist() == [2.0], (f"rank {rank}: t is {t.tolist()}, not rank 1's 2.0:
                              "re-run the %%px cell above (`dist.broadcast(t, src=1)`), then this one")
 
 # %% [markdown]
-# **Claim:** `reduce(t, dst=0)` leaves the sum on the destination, rank 0 (3). What it leaves on
-# the *other* ranks is not the sum; section 4 shows what.
+# **Claim:** `reduce(t, dst=0)` leaves the sum on the destination, rank 0: the same
+# `world_size (world_size + 1) / 2` as `all_reduce`. What it leaves on the *other* ranks is not
+# the sum; section 4 shows what.
 
 # %%
 # %%px
@@ -371,13 +376,13 @@ print(f"[rank {rank}] reduce SUM to rank 0 -> {t.tolist()}")
 # %%px
 again = "re-run the %%px cell above (`dist.reduce(t, dst=0, ...)`), then this one"
 if rank == 0:
-    assert t.tolist() == [sum(r + 1.0 for r in range(world_size))], f"rank 0: t is {t.tolist()}, not the sum; {again}"
+    assert t.tolist() == [world_size * (world_size + 1) / 2], f"rank 0: t is {t.tolist()}, not the sum; {again}"
 else:  # not the sum on the other ranks
-    assert t.tolist() != [sum(r + 1.0 for r in range(world_size))], f"rank {rank}: t is {t.tolist()}; {again}"
+    assert t.tolist() != [world_size * (world_size + 1) / 2], f"rank {rank}: t is {t.tolist()}; {again}"
 
 # %% [markdown]
 # **Claim:** `all_gather(out, t)` fills the list `out` (one tensor per rank, each the size of
-# `t`) with every rank's `t`, in rank order, on every rank: `[[1.], [2.]]`.
+# `t`) with every rank's `t`, in rank order, on every rank: `[[1.], [2.], …, [world_size]]`.
 
 # %%
 # %%px
@@ -388,16 +393,19 @@ print(f"[rank {rank}] all_gather -> {[g.tolist() for g in gathered]}")
 
 # %% tags=["check"]
 # %%px
-assert [g.tolist() for g in gathered] == [[r + 1.0] for r in range(world_size)], (
+assert [g.tolist() for g in gathered] == [[float(n)] for n in range(1, world_size + 1)], (
     f"rank {rank}: gathered is {[g.tolist() for g in gathered]}; re-run the %%px cell above "
     "(`dist.all_gather(gathered, t)`), then this one")
 
 # %% [markdown]
 # `reduce_scatter(out, inputs)` is a reduce followed by a scatter: every rank passes a list of
 # `world_size` tensors; slot `i` of all ranks is summed and lands on rank `i`. DDP does not
-# use it, but ZeRO / FSDP (lesson 07b) are built on it. Rank `r` passes `[10 r + 0, 10 r + 1]`.
+# use it, but ZeRO / FSDP (lesson 07b) are built on it. Rank `r` passes `[10 r + 0, 10 r + 1,
+# …, 10 r + world_size - 1]`: slot `i` holds `10 r + i`.
 #
-# **Claim:** rank 0 receives 0 + 10 = 10 (everyone's slot 0), rank 1 receives 1 + 11 = 12.
+# **Claim:** rank `i` receives everyone's slot `i`: the sum over `r` of `10 r + i`, that is
+# `10 (0 + 1 + … + world_size - 1) + world_size · i`. With two ranks: rank 0 receives
+# 0 + 10 = 10, rank 1 receives 1 + 11 = 12.
 
 # %%
 # %%px
@@ -408,31 +416,31 @@ print(f"[rank {rank}] reduce_scatter of {[x.item() for x in inputs]} -> {out.tol
 
 # %% tags=["check"]
 # %%px
-assert out.tolist() == [sum(10.0 * r + rank for r in range(world_size))], (
+assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * rank], (
     f"rank {rank}: out is {out.tolist()}; re-run the %%px cell above (`dist.reduce_scatter(out, inputs)`), then this one")
 
 # %% [markdown]
 # ## 4. Behaviours people report, reproduced
 #
 # Each of these was reported as a bug or a surprise. All are measured on torch 2.14.1 with
-# `gloo` and two ranks; each cell asserts what happens, so if a future torch changes it, this
-# notebook fails and says so.
+# `gloo` and 2, 3 and 4 ranks. Each cell asserts what happens with your `world_size`, so if a
+# future torch changes it, this notebook fails and says so.
 #
 # ### 4.1 `all_gather` with tensors of different sizes
 #
-# Rank 0 holds `[1.]`, rank 1 holds `[2., 3.]`. `all_gather` needs every rank's tensor to have
-# the same size.
+# Rank `r` holds `r + 1` values, from `r + 1` up: rank 0 holds `[1.]`, rank 1 `[2., 3.]`,
+# rank 2 `[3., 4., 5.]`, and so on. `all_gather` needs every rank's tensor to have the same size.
 #
-# **Claim:** with output tensors sized per rank (`[zeros(1), zeros(2)]`), gloo raises a
-# `RuntimeError` containing "invalid tensor size" **on both ranks**, and the group is still
+# **Claim:** with output tensors sized per rank (`[zeros(1), zeros(2), …]`), gloo raises a
+# `RuntimeError` containing "invalid tensor size" **on every rank**, and the group is still
 # usable: an `all_reduce` right after it works. (Each rank compares the sizes locally before
 # sending anything: `ProcessGroupGloo::allgather` in `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`.)
 
 # %%
 # %%px
-mine = torch.tensor([1.0]) if rank == 0 else torch.tensor([2.0, 3.0])
+mine = torch.arange(rank + 1.0) + rank + 1  # rank + 1 values, from rank + 1 up
 try:
-    dist.all_gather([torch.zeros(1), torch.zeros(2)], mine)
+    dist.all_gather([torch.zeros(r + 1) for r in range(world_size)], mine)
     error = None
 except RuntimeError as e:
     error = str(e)
@@ -456,7 +464,8 @@ assert check.item() == world_size, f"rank {rank}: check is {check.item()}, expec
 # (slower: it pickles, all-gathers the sizes, pads and trims the bytes, which is (a) done for
 # you; see `all_gather_object` in `torch/distributed/distributed_c10d.py`).
 #
-# **Claim:** both give `[[1.], [2., 3.]]` on both ranks.
+# **Claim:** both give every rank's values, in rank order, on every rank:
+# `[[1.], [2., 3.], …]`.
 
 # %%
 # %%px
@@ -475,23 +484,27 @@ print(f"[rank {rank}] padded then trimmed: {trimmed}; all_gather_object: {[o.tol
 # %% tags=["check"]
 # %%px
 again = "re-run from the %%px cell with `mine = ...` (section 4.1), then the cells after it"
-assert trimmed == [[1.0], [2.0, 3.0]], f"rank {rank}: trimmed is {trimmed}; {again}"
-assert [o.tolist() for o in objects] == [[1.0], [2.0, 3.0]], f"rank {rank}: objects hold {[o.tolist() for o in objects]}; {again}"
+everyone = [[float(r + 1 + i) for i in range(r + 1)] for r in range(world_size)]  # rank r: r + 1, r + 2, ...
+assert trimmed == everyone, f"rank {rank}: trimmed is {trimmed}, expected {everyone}; {again}"
+assert [o.tolist() for o in objects] == everyone, f"rank {rank}: objects hold {[o.tolist() for o in objects]}; {again}"
 
 # %% [markdown]
 # ### 4.2 `ReduceOp.AVG` on gloo
 #
-# **Claim:** for floats 1.0 and 3.0, `all_reduce(AVG)` gives 2.0. For int64 1 and 3 it raises
-# `RuntimeError` ("result type Float can't be cast to the desired output type Long"), but only
-# **after** the sum was written into the tensor: both ranks are left holding 4, not 1 and 3.
-# The values fit gloo computing AVG as a SUM followed by a division by `world_size` on
-# each rank (the division of an int64 tensor is what fails).
+# Rank `r` holds `2 r + 1`: 1, 3, 5, and so on. The sum of the first `world_size` odd numbers
+# is `world_size²`, so their mean is `world_size`.
+#
+# **Claim:** for these values as floats, `all_reduce(AVG)` gives the mean, `world_size`. As int64
+# it raises `RuntimeError` ("result type Float can't be cast to the desired output type Long"),
+# but only **after** the sum was written into the tensor: every rank is left holding
+# `world_size²`, not its own value. The values fit gloo computing AVG as a SUM followed by a
+# division by `world_size` on each rank (the division of an int64 tensor is what fails).
 
 # %%
 # %%px
-f = torch.tensor([1.0 + 2 * rank])  # 1.0 on rank 0, 3.0 on rank 1
+f = torch.tensor([1.0 + 2 * rank])  # 1.0 on rank 0, 3.0 on rank 1, 5.0 on rank 2, ...
 dist.all_reduce(f, op=dist.ReduceOp.AVG)
-i = torch.tensor([1 + 2 * rank])  # int64: 1 on rank 0, 3 on rank 1
+i = torch.tensor([1 + 2 * rank])  # the same values as int64
 try:
     dist.all_reduce(i, op=dist.ReduceOp.AVG)
     error = None
@@ -502,15 +515,17 @@ print(f"[rank {rank}] float AVG -> {f.item()}; int64 AVG -> RuntimeError: {error
 # %% tags=["check"]
 # %%px
 again = "re-run the %%px cell above (`f = torch.tensor([1.0 + 2 * rank])`), then this one"
-assert f.item() == 2.0, f"rank {rank}: f is {f.item()}, not the mean; {again}"
+assert f.item() == world_size, f"rank {rank}: f is {f.item()}, not the mean {world_size}; {again}"
 assert error is not None and "result type Float can't be cast to the desired output type Long" in error, (
     f"rank {rank}: error is {error!r}; {again}")
-assert i.item() == 4, f"rank {rank}: the int tensor i holds {i.item()}; {again}"
+assert i.item() == world_size**2, f"rank {rank}: the int tensor i holds {i.item()}, not the sum {world_size**2}; {again}"
 
 # %% [markdown]
-# **Claim:** `reduce(AVG, dst=0)` gives the destination the mean, 2.0, and leaves rank 1 at
-# 1.5: its own 3.0 divided by `world_size`, not 1.0 and not 2.0 (consistent with a division
-# on every rank, where only the destination had the sum).
+# **Claim:** `reduce(AVG, dst=0)` gives the destination the mean, `world_size`. Every rank `r`
+# is left with the sum of the values of ranks `r` to `world_size - 1`, divided by `world_size`.
+# That sum is `world_size² - r²`. With two ranks, rank 1 holds its own 3.0 / 2 = 1.5: not 3.0,
+# not 2.0. The values fit gloo passing the sum along a chain, from the last rank to rank 0,
+# then dividing on every rank, where only the destination had the whole sum.
 
 # %%
 # %%px
@@ -520,20 +535,22 @@ print(f"[rank {rank}] reduce AVG to rank 0 -> {f.item()}")
 
 # %% tags=["check"]
 # %%px
-assert f.item() == (2.0 if rank == 0 else 3.0 / world_size), (
-    f"rank {rank}: f is {f.item()}; re-run the %%px cell above (`dist.reduce(f, dst=0, ...)`), then this one")
+left = (world_size**2 - rank**2) / world_size  # (2 rank + 1) + ... + (2 world_size - 1), divided
+assert abs(f.item() - left) < 1e-6, (
+    f"rank {rank}: f is {f.item()}, expected {left}; re-run the %%px cell above (`dist.reduce(f, dst=0, ...)`), then this one")
 
 # %% [markdown]
 # ### 4.3 `reduce` changes the other ranks' buffers too
 #
 # The docs say "Only the process with rank `dst` is going to receive the final result"
 # (`torch.distributed.reduce`, https://pytorch.org/docs/stable/distributed.html); they do not
-# promise the other ranks' tensors are left alone. Rank 0 holds `[[1, 2], [3, 4]]`, rank 1 holds `[[4, 5], [6, 7]]`.
+# promise the other ranks' tensors are left alone. Rank `r` holds `[[1, 2], [3, 4]] + 3 r`:
+# rank 0 `[[1, 2], [3, 4]]`, rank 1 `[[4, 5], [6, 7]]`, and so on.
 #
-# **Claim:** after `reduce(SUM, dst=0)` rank 0 holds the sum `[[5, 7], [9, 11]]`, and rank 1
-# holds `[[4, 5], [9, 11]]`: its second row was overwritten with part of the sum. Treat the
-# input of `reduce` on non-destination ranks as garbage afterwards (clone it first if you
-# need it).
+# **Claim:** after `reduce(SUM, dst=0)` rank 0 holds the sum. Every other rank's `m` has changed
+# too. Each of its entries is now a sum over some of the ranks, its own included. On rank 1 the
+# second row is the sum's second row. Treat the input of `reduce` on non-destination ranks as
+# garbage afterwards (clone it first if you need it).
 
 # %%
 # %%px
@@ -543,22 +560,39 @@ print(f"[rank {rank}] after reduce to rank 0: {m.tolist()}")
 
 # %% tags=["check"]
 # %%px
-assert m.tolist() == ([[5, 7], [9, 11]] if rank == 0 else [[4, 5], [9, 11]]), (
-    f"rank {rank}: m is {m.tolist()}; re-run the %%px cell above (`dist.reduce(m, dst=0, ...)`), then this one")
+from itertools import combinations
+
+again = "re-run the %%px cell above (`dist.reduce(m, dst=0, ...)`), then this one"
+before = [torch.tensor([[1, 2], [3, 4]]) + 3 * r for r in range(world_size)]  # every rank's m, before
+total = sum(before)
+others = [r for r in range(world_size) if r != rank]
+partial = [before[rank] + sum(before[r] for r in group) for n in range(world_size) for group in combinations(others, n)]
+if rank == 0:
+    assert m.tolist() == total.tolist(), f"rank 0: m is {m.tolist()}, not the sum {total.tolist()}; {again}"
+else:
+    assert not torch.equal(m, before[rank]), f"rank {rank}: m is unchanged, {m.tolist()}; {again}"
+    is_partial = torch.stack([m == p for p in partial]).any(dim=0)  # each entry: a sum over ranks with its own?
+    assert is_partial.all(), f"rank {rank}: m is {m.tolist()}, an entry is no sum over ranks; {again}"
+    if rank == 1:
+        assert m[1].tolist() == total[1].tolist(), (
+            f"rank 1: m's second row is {m[1].tolist()}, not the sum's {total[1].tolist()}; {again}")
+
 
 # %% [markdown]
 # ### 4.4 A non-contiguous view in a collective is silently wrong
 #
 # A column of a 2-D tensor is a *view* with a stride: its elements are not next to each other in
-# memory. Rank 0's column holds `[1, 2]`, rank 1's `[10, 20]`.
+# memory. Rank `r`'s column holds `[10^r, 2 · 10^r]`: rank 0 `[1, 2]`, rank 1 `[10, 20]`, and
+# so on. Call the sum of the first elements `S = 1 + 10 + … + 10^(world_size - 1)`: 11 with two
+# ranks, 111 with three.
 #
-# **Claim:** `all_reduce(SUM)` on the column view gives rank 0 `[11, 2]` and rank 1 `[11, 20]`
-# (only the first element was reduced; no error, no warning), not `[11, 22]`. Reducing a
-# contiguous copy and copying it back gives `[11, 22]` on both.
+# **Claim:** `all_reduce(SUM)` on the column view reduces only the first element: rank `r` gets
+# `[S, 2 · 10^r]`, not `[S, 2 S]`. No error, no warning. Reducing a contiguous copy and copying
+# it back gives `[S, 2 S]` on every rank.
 
 # %%
 # %%px
-scale = 10.0 ** rank  # 1 on rank 0, 10 on rank 1
+scale = 10.0 ** rank  # 1 on rank 0, 10 on rank 1, 100 on rank 2, ...
 m = torch.tensor([[1.0, 0.0], [2.0, 0.0]]) * scale
 column = m[:, 0]  # a view, stride 2: not contiguous
 dist.all_reduce(column)
@@ -572,8 +606,9 @@ print(f"[rank {rank}] contiguous? {column.is_contiguous()}; view reduced -> {wro
 # %% tags=["check"]
 # %%px
 again = "re-run the %%px cell above (`column = m[:, 0]`), then this one"
-assert wrong == ([11.0, 2.0] if rank == 0 else [11.0, 20.0]), f"rank {rank}: wrong is {wrong}; {again}"
-assert m[:, 0].tolist() == [11.0, 22.0], f"rank {rank}: m[:, 0] is {m[:, 0].tolist()}; {again}"
+S = sum(10.0**r for r in range(world_size))  # 1 + 10 + ... + 10^(world_size - 1)
+assert wrong == [S, 2 * 10.0**rank], f"rank {rank}: wrong is {wrong}, expected {[S, 2 * 10.0**rank]}; {again}"
+assert m[:, 0].tolist() == [S, 2 * S], f"rank {rank}: m[:, 0] is {m[:, 0].tolist()}, expected {[S, 2 * S]}; {again}"
 
 # %% [markdown]
 # ## What we saw
@@ -630,9 +665,9 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: all-gather tensors of different lengths
 #
-# Rank `r` holds `torch.arange(r + 1.0)` (rank 0 `[0.]`, rank 1 `[0., 1.]`). Write a function
-# `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in rank
-# order (`[[0.0], [0.0, 1.0]]`) using `dist.all_gather` on tensors (not `all_gather_object`):
+# Rank `r` holds `torch.arange(r + 1.0)` (rank 0 `[0.]`, rank 1 `[0., 1.]`, and so on). Write a
+# function `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in
+# rank order (`[[0.0], [0.0, 1.0], …]`) using `dist.all_gather` on tensors (not `all_gather_object`):
 # section 4.1 showed why the sizes must be equal and how to get around it. Set
 # `answer_2 = fn`; the check cell runs it on the warm ranks.
 

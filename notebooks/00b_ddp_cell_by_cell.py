@@ -17,7 +17,7 @@
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
 # <!-- opening:start -->
-# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
+# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
 # **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,
@@ -38,7 +38,7 @@
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-world_size = 2  # number of warm ranks (processes); must be 2: the asserted values are worked out for two ranks
+world_size = 2  # number of warm ranks (processes): 2, 3 or 4; every asserted value is worked out from it
 timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
 hang_timeout = 3.0  # seconds section 4's deliberate hang waits before RanksTimeout ends it
 
@@ -47,7 +47,8 @@ hang_timeout = 3.0  # seconds section 4's deliberate hang waits before RanksTime
 from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), timeout=(timeout, float), hang_timeout=(hang_timeout, float))
-check_value("world_size", world_size, world_size == 2, "2 (every value this lesson asserts is worked out for two ranks)")
+check_value("world_size", world_size, world_size in (2, 3, 4),
+            "2, 3 or 4 (one rank has nobody to average with; more ranks than a laptop's cores only slow every cell)")
 check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
 check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seconds")
 
@@ -114,11 +115,13 @@ def rebuilt(r):
     return torch.nn.Linear(5, 5)
 
 
-weights_before = ranks.view.pull("weight", block=True)  # [rank 0's weight, rank 1's weight]
+weights_before = ranks.view.pull("weight", block=True)  # [rank 0's weight, rank 1's, ...]
 for r in range(world_size):
     assert_close(weights_before[r], rebuilt(r).weight.detach(), rtol=0, atol=0)
-assert not torch.equal(weights_before[0], weights_before[1]), "the ranks should start different"
-print("max |rank 1 - rank 0| before DDP:", (weights_before[1] - weights_before[0]).abs().max().item())
+distinct = {tuple(w.flatten().tolist()) for w in weights_before}
+assert len(distinct) == world_size, "the ranks should start different"
+for r in range(1, world_size):
+    print(f"max |rank {r} - rank 0| before DDP:", (weights_before[r] - weights_before[0]).abs().max().item())
 
 # %% [markdown]
 # Now wrap it. `DistributedDataParallel(model)` is itself a collective: at construction it
@@ -171,10 +174,10 @@ for r in range(world_size):
     torch.nn.functional.mse_loss(plain(x_r), y_r).backward()
     local_grads.append(plain.weight.grad)
 mean_grad = sum(local_grads) / world_size
-assert torch.equal(grads[0], grads[1]), "DDP leaves the same gradient on every rank"
+assert all(torch.equal(g, grads[0]) for g in grads), "DDP leaves the same gradient on every rank"
 assert_close_once(grads[0], mean_grad, what="rank 0's weight.grad",
                   rerun_from="the first %%px cell of section 1 (`model = torch.nn.Linear(5, 5)`)")
-assert not torch.allclose(local_grads[0], local_grads[1]), "the local gradients differ (different data)"
+assert not any(torch.allclose(g, local_grads[0]) for g in local_grads[1:]), "the local gradients differ (different data)"
 print("max |DDP grad - mean of local grads|:", (grads[0] - mean_grad).abs().max().item())
 
 # %% [markdown]
@@ -193,24 +196,28 @@ print(f"[rank {rank}] weight[0] after the step = {[round(v, 4) for v in weight[0
 
 # %% tags=["check"]
 weights_after = ranks.view.pull("weight", block=True)
-assert torch.equal(weights_after[0], weights_after[1])
+replicas_equal = all(torch.equal(w, weights_after[0]) for w in weights_after)
+assert replicas_equal, "the replicas differ after the step: re-run from the cell `model = torch.nn.Linear(5, 5)`"
 assert_close(weights_after[0], rebuilt(0).weight.detach() - 0.1 * mean_grad)
-print("replicas equal after the step:", torch.equal(weights_after[0], weights_after[1]))
+print("replicas equal after the step:", replicas_equal)
 
 # %% [markdown]
 # ## 2. `all_gather` cuts autograd
 #
-# `w = 1` (a parameter), rank 0 holds `x = 1`, rank 1 holds `x = 3`; every rank gathers all the
-# `w * x` and takes `loss = sum`. In one process, with both x's, `loss = w * 1 + w * 3` and
-# d loss / d w = 4. In DDP each rank computes the *same* loss and the gradients are then
-# averaged (as DDP's backward does), so the averaged gradient should be 4 too.
+# `w = 1` (a parameter) and rank `r` holds `x = 2 r + 1`: 1, 3, 5, and so on. Every rank
+# gathers all the `w * x` and takes `loss = sum`. In one process, with all the x's,
+# `loss = w * 1 + w * 3 + …` and d loss / d w is the sum of the x's. The first `world_size` odd
+# numbers sum to `world_size²`: 4 with two ranks. In DDP each rank computes the *same* loss and
+# the gradients are then averaged (as DDP's backward does), so the averaged gradient should be
+# `world_size²` too.
 #
 # **Claim:** with `dist.all_gather` (which returns no graph) and the rank's own slot put back
 # into the list (so at least the local term has a gradient), the gradient on rank `r` is only
-# its own x (1 and 3), averaged 2.0: half the right answer. With
-# `torch.distributed.nn.functional.all_gather` (autograd-aware: its backward sums each slot's
-# gradient over the ranks and returns it to the rank that owns the slot, a reduce_scatter) the per-rank gradients are 2 and 6, averaged 4.0, the
-# one-process gradient.
+# its own x. Averaged, that is `world_size² / world_size = world_size`: the right answer divided
+# by `world_size` (half of it with two ranks). With `torch.distributed.nn.functional.all_gather`
+# (autograd-aware: its backward sums each slot's gradient over the ranks and returns it to the
+# rank that owns the slot, a reduce_scatter) rank `r`'s gradient is `world_size · x`. Averaged,
+# that is `world_size²`, the one-process gradient.
 
 # %%
 # %%px
@@ -218,7 +225,7 @@ import warnings
 
 import torch.distributed.nn.functional as distnn
 
-x = torch.tensor(1.0 + 2 * rank)
+x = torch.tensor(1.0 + 2 * rank)  # 1 on rank 0, 3 on rank 1, 5 on rank 2, ...
 
 w = torch.tensor(1.0, requires_grad=True)
 slots = [torch.zeros(()) for _ in range(world_size)]
@@ -244,15 +251,20 @@ print(f"[rank {rank}] dist.all_gather: grad {grad_plain.item()} (averaged {avera
 again = "re-run the %%px cell above (it builds `w` again), then this one"
 assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item(), (
     f"rank {rank}: grad_plain {grad_plain.item()}, grad_autograd {grad_autograd.item()}, x {x.item()}; {again}")
-assert averaged.tolist() == [2.0, 4.0], f"rank {rank}: averaged is {averaged.tolist()}; {again}"
+one_process = float(world_size**2)  # 1 + 3 + ... + (2 world_size - 1)
+assert averaged.tolist() == [one_process / world_size, one_process], (
+    f"rank {rank}: averaged is {averaged.tolist()}, expected {[one_process / world_size, one_process]}; {again}")
 
 # %% [markdown]
-# The one-process gradient, here in the kernel: **Claim:** it is 4.
+# The one-process gradient, here in the kernel, with every rank's x in one tensor:
+# **Claim:** it is `world_size²`.
 
 # %% tags=["check"]
 w = torch.tensor(1.0, requires_grad=True)
-(w * torch.tensor([1.0, 3.0])).sum().backward()
-assert w.grad.item() == 4.0, f"w.grad is {w.grad.item()}: run this cell once (it builds w itself)"
+every_x = torch.tensor([1.0 + 2 * r for r in range(world_size)])
+(w * every_x).sum().backward()
+print(f"x = {every_x.tolist()}: one-process gradient {w.grad.item()}")
+assert w.grad.item() == world_size**2, f"w.grad is {w.grad.item()}, not {world_size**2}: run this cell once (it builds w itself)"
 
 # %% [markdown]
 # ## 3. Initialising the process group twice
@@ -327,8 +339,8 @@ assert all(s == "AssertionError: Process group cannot be None" for s in twice["s
 # ones by themselves before the next call. We give this call a limit of `hang_timeout`
 # seconds (a parameter), so the next cell waits that long before it raises.
 #
-# **Claim:** the call raises `RanksTimeout` naming rank 0 (rank 1 skipped the collective and
-# returned at once) as not finished.
+# **Claim:** the call raises `RanksTimeout` naming rank 0 as not finished. Every other rank
+# skipped the collective and returned at once.
 
 # %%
 from helpers.engine import RanksTimeout
@@ -337,7 +349,7 @@ from helpers.engine import RanksTimeout
 def only_rank_0_reduces(rank, world_size):
     import torch
     import torch.distributed as dist
-    if rank == 0:  # the bug: rank 1 never joins this all_reduce
+    if rank == 0:  # the bug: the other ranks never join this all_reduce
         t = torch.ones(1)
         dist.all_reduce(t)
     return rank
@@ -351,7 +363,8 @@ except RanksTimeout as e:
 print(f"{type(hang).__name__}: {hang}")
 
 # %% tags=["check"]
-assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0]
+assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0], (
+    f"{hang!r}: re-run the cell above (`only_rank_0_reduces`), then this one")
 
 # %% [markdown]
 # **Claim:** the next call runs on fresh ranks: new processes (new pids), a working process
@@ -392,7 +405,7 @@ assert not fresh_ranks["has weight"].any(), "the names of earlier %%px cells are
 #   identical. Running the backward cell again adds to `.grad` (gradients accumulate): re-run
 #   from the cell that builds the model.
 # - `dist.all_gather` returns tensors without a graph: gradients through it miss the other
-#   ranks' terms (half the gradient here); `torch.distributed.nn.functional.all_gather` keeps them.
+#   ranks' terms (here the gradient divided by `world_size`); `torch.distributed.nn.functional.all_gather` keeps them.
 # - Initialising the default group twice raises `ValueError`; destroy it first.
 # - A collective only one rank calls hangs; the warm ranks' timeout ends it, names the ranks that
 #   had not finished, and the next call runs on fresh ranks, with none of the old names.
@@ -432,18 +445,19 @@ check_answer("ex1", answer_1, expected_1, hint="DDP averages the ranks' local gr
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 1 (try the exercise first)
-local = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # 2 w x^2 on each rank: 2 and 8
-solution_1 = sum(local) / world_size  # DDP averages them: 5
+local = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # 2 w x^2 on each rank: 2, 8, 18, ...
+solution_1 = sum(local) / world_size  # DDP averages them: 5 with two ranks
 check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
 # ### Exercise 2: a squared loss through `all_gather`
 #
-# Section 2 again, with a squared loss: `w = 1`, rank `r` holds `x = r + 1` (1 and 2), every
-# rank gathers all the `w * x` and takes `loss = sum of their squares`, then the gradients are
-# averaged over the ranks. What averaged `w.grad` do you get (a) with `dist.all_gather` and the
-# rank's own slot put back, (b) with `torch.distributed.nn.functional.all_gather`? Work it out
-# by hand (d/dw of (w x)² is 2 w x²; the one-process gradient is 2 · (1 + 4) = 10) and answer
+# Section 2 again, with a squared loss: `w = 1`, rank `r` holds `x = r + 1` (1, 2, and so on),
+# every rank gathers all the `w * x` and takes `loss = sum of their squares`, then the gradients
+# are averaged over the ranks. What averaged `w.grad` do you get with your `world_size` ranks
+# (a) with `dist.all_gather` and the rank's own slot put back, (b) with
+# `torch.distributed.nn.functional.all_gather`? Work it out by hand (d/dw of (w x)² is 2 w x²;
+# the one-process gradient is 2 · (1² + 2² + … + world_size²), 10 with two ranks) and answer
 # with a list of two numbers, `[a, b]`. The check cell runs both on the warm ranks.
 
 # %% tags=["exercise"]
@@ -481,9 +495,9 @@ check_answer("ex2", answer_2, expected_2,
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 2 (try the exercise first)
-own = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # (a) rank r keeps only 2 w x_r^2: 2 and 8
-autograd = [world_size * g for g in own]  # (b) the backward sums slot r's gradient over the ranks: 4 and 16
-solution_2 = [sum(own) / world_size, sum(autograd) / world_size]  # averaged: 5 (half of 10) and 10
+own = [2 * 1.0 * (r + 1.0) ** 2 for r in range(world_size)]  # (a) rank r keeps only 2 w x_r^2: 2, 8, 18, ...
+autograd = [world_size * g for g in own]  # (b) the backward sums slot r's gradient over the ranks
+solution_2 = [sum(own) / world_size, sum(autograd) / world_size]  # averaged: the one-process gradient / world_size, and it
 check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
