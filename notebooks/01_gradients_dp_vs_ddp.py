@@ -17,17 +17,16 @@
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
-# **The question:** when one batch is spread over several devices, which gradient does the
-# model end up with under `nn.DataParallel` (DP) and under `DistributedDataParallel` (DDP)?
+# **The question:** one batch is spread over several devices. Which gradient does the model end
+# up with under `nn.DataParallel` (DP)? And under `DistributedDataParallel` (DDP)?
 #
-# We use a toy small enough to check by hand: a `Linear(2, world_size + 1)`, the loss
-# `(model(x) * labels).sum()`, one sample per process, labels one-hot on the process index.
-# All the code that builds, wraps and steps the models is in this notebook's cells; each
-# statement marked *Claim* is followed by the code cell that checks it
-# (`torch.testing.assert_close` or `assert`), so a wrong claim stops the notebook.
+# We use a toy small enough to check by hand. The model is a `Linear(2, world_size + 1)`. The
+# loss is `(model(x) * labels).sum()`. Each process gets one sample, labelled one-hot on its
+# index. A code cell follows every statement marked *Claim* and asserts it. A wrong claim stops
+# the notebook.
 #
 # **What runs where**
 #
@@ -38,15 +37,15 @@
 # | real `nn.DataParallel` (sections 3b and 4) | **skipped, and says so**: DP has `device_ids == []` and just calls the module (3a) | real DP over all visible GPUs |
 # | DP **emulation** written in section 3c | runs (clearly labelled emulation) | runs too, for comparison |
 #
-# **New here:** the launcher (`launch(fn, world_size, ...)` runs a function defined in a
-# cell on `world_size` new processes and returns each rank's result to the cell),
-# [DP](../docs/GLOSSARY.md#dp)'s scatter / replicate / gather,
-# [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients
-# over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank), the
-# same all-reduce written by hand, and sum versus mean losses. Every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Most of the run time is worker
-# processes starting (five launches; more ranks take longer). The notebook ends with four
-# exercises, each checked by a cell; the last one asks you to fix a DDP worker.
+# **New here:** the launcher `launch(fn, world_size, ...)`. It runs a function defined in a cell
+# on `world_size` new processes. It returns each rank's result to the cell. You also meet
+# [DP](../docs/GLOSSARY.md#dp)'s scatter, replicate and gather. You meet
+# [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients over
+# the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank). You write
+# that all-reduce by hand, and compare sum and mean losses. The [glossary](../docs/GLOSSARY.md)
+# defines every term, with its Chinese name. Most of the run time is worker processes starting.
+# There are five launches, and more ranks take longer. Four exercises close the notebook. The
+# last one asks you to fix a DDP worker.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -84,10 +83,10 @@ print("DP branch that will run:",
 # %% [markdown]
 # ## 1. The toy and its single-device gradient
 #
-# The global batch has `world_size` samples `x[r]` (2 features each, small integers so the
-# numbers read exactly); sample `r` is the one rank `r` will see under DDP, and its label is
-# one-hot on index `r`. The model is `Linear(2, world_size + 1)`; the last output unit matches
-# no label, a control row. The same seed gives the same model in every process.
+# The global batch has `world_size` samples `x[r]` of 2 features each. They are small integers,
+# so the numbers read exactly. Under DDP, rank `r` sees sample `r`. Its label is one-hot on
+# index `r`. The model is `Linear(2, world_size + 1)`. Its last output unit matches no label: it
+# is a control row. The same seed gives the same model in every process.
 
 # %%
 def make_toy_model(world_size, seed):
@@ -123,12 +122,12 @@ print("labels =", labels.tolist())
 
 # %% [markdown]
 # With loss $L = \sum_i \sum_j \text{out}_{ij}\,\text{labels}_{ij} = \sum_r (W x_r + b)_r$,
-# sample `r` touches only row `r`: $\partial L/\partial W_{r\cdot} = x_r$ and
+# sample `r` touches only row `r`. So $\partial L/\partial W_{r\cdot} = x_r$ and
 # $\partial L/\partial b_r = 1$.
 #
-# **Claim:** on one device, the gradient over the whole batch is the **sum** of the
-# per-sample gradients: weight row `r` equals `x[r]`, the last row is zero, and the bias
-# gradient is 1 for the first `world_size` entries and 0 for the last.
+# **Claim:** on one device, the gradient over the whole batch is the **sum** of the per-sample
+# gradients. Weight row `r` equals `x[r]` and the last row is zero. The bias gradient is 1 for
+# the first `world_size` entries and 0 for the last.
 
 # %%
 full = grads_of(model, x, labels)  # the reference: one device, whole batch
@@ -148,14 +147,16 @@ print("single-device bias gradient:", full["bias"].tolist())
 # %% [markdown]
 # ## 2. DDP: each rank's own gradient, then all-reduce and average
 #
-# The worker below is what every rank runs. `launch(ddp_gradients, world_size, ...)` starts
-# `world_size` processes with the default process group initialised, sends them the function
-# (and the helpers it calls) from this notebook, calls `ddp_gradients(rank, world_size, ...)`
-# on each and returns each rank's result, in rank order. On each rank the worker takes sample
-# `rank`, computes its gradient **without** DDP (the *local* gradient), then wraps a fresh
-# copy in `DistributedDataParallel` and runs backward again: DDP's backward divides each
-# gradient by `world_size` and **all-reduces** the quotients across ranks (a sum), which leaves
-# the mean on every rank (section 2b writes it by hand and shows the order).
+# Every rank runs the worker below. `launch(ddp_gradients, world_size, ...)` starts `world_size`
+# processes and initialises the default process group. It sends them the function and the
+# helpers it calls. Each rank calls `ddp_gradients(rank, world_size, ...)`. The results come
+# back in rank order.
+#
+# On each rank the worker takes sample `rank`. It first computes the gradient **without** DDP:
+# the *local* gradient. Then it wraps a fresh copy in `DistributedDataParallel` and runs
+# backward again. DDP's backward divides each gradient by `world_size`. It then
+# **all-reduces** the quotients across ranks, which sums them. Every rank is left with the mean.
+# Section 2b writes this by hand and shows the order.
 
 # %%
 def ddp_gradients(rank, world_size, x, labels, seed):
@@ -174,7 +175,7 @@ def ddp_gradients(rank, world_size, x, labels, seed):
 
 
 # %% [markdown]
-# The launch (most of its time is starting processes). Worker prints appear below prefixed
+# The launch. Most of its time is starting processes. Worker prints appear below, prefixed
 # `[rank r]`.
 
 # %%
@@ -183,15 +184,18 @@ lin = launch(ddp_gradients, world_size, x, labels, seed)
 print(f"launch of {world_size} rank(s) took {time.perf_counter() - t0:.1f} s (mostly process start-up)")
 
 # %% [markdown]
-# **Claim:** rank `r`'s local gradient has only row `r` non-zero, equal to `x[r]` (bias:
-# one-hot on `r`). After DDP's backward, **every** rank holds the same gradient: row `r` equals
-# `x[r] / world_size`, the last row is zero, and the bias gradient is `1 / world_size` for the
-# first `world_size` entries, 0 for the last. For `world_size = 2`: row `r` is `x[r] / 2`,
-# row 2 is zero, bias gradient `[0.5, 0.5, 0]`; for `world_size = 4`, `x[r] / 4` and
-# `[0.25, 0.25, 0.25, 0.25, 0]`. So here DDP's gradient is the single-device gradient divided
-# by `world_size`.
+# **Claim:** rank `r`'s local gradient is zero except row `r`, which equals `x[r]`. Its bias
+# gradient is one-hot on `r`. After DDP's backward, **every** rank holds the same gradient: the
+# single-device gradient divided by `world_size`.
+#
+# | `world_size` | row `r` | last row | bias gradient |
+# |---|---|---|---|
+# | any | `x[r] / world_size` | zero | `1 / world_size`, then 0 |
+# | 2 | `x[r] / 2` | zero | `[0.5, 0.5, 0]` |
+# | 4 | `x[r] / 4` | zero | `[0.25, 0.25, 0.25, 0.25, 0]` |
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's local and DDP gradients, against the hand computation
 rows = []
 for r, res in enumerate(lin):
     assert_close(res["x"], x[r], msg=f"rank {r} should have taken sample x[{r}]")
@@ -223,19 +227,21 @@ pd.DataFrame(rows).set_index("rank")
 # %% [markdown]
 # ## 2b. The same averaging, written by hand
 #
-# What DDP's backward adds is one collective per gradient (DDP groups them into buckets and
-# overlaps them with the backward; see notebook
-# [05b](05b_communication_and_cost_model.ipynb)): `dist.all_reduce(grad)` leaves the
-# element-wise **sum** over ranks on every rank. DDP divides **first**: its reducer multiplies
-# each gradient by `1 / world_size` while copying it into its bucket, then all-reduces the
-# bucket with `SUM` (`torch/csrc/distributed/c10d/reducer.cpp`: "Divides while copying into the
-# bucket view"; the built-in hook does the same, `_allreduce_fut` in
+# DDP's backward adds one collective per gradient. DDP groups them into buckets and overlaps
+# them with the backward, as notebook [05b](05b_communication_and_cost_model.ipynb) shows.
+# `dist.all_reduce(grad)` leaves the element-wise **sum** over ranks on every rank.
+#
+# DDP divides **first**. Its reducer multiplies each gradient by `1 / world_size` while copying
+# it into its bucket. Then it all-reduces the bucket with `SUM`. The sum of the quotients is the
+# mean. The source says so in `torch/csrc/distributed/c10d/reducer.cpp`: "Divides while copying
+# into the bucket view". The built-in hook does the same. See `_allreduce_fut` in
 # `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`: "Apply the division first to
-# avoid overflow, especially for FP16"). The sum of the quotients is the mean. The worker below
-# does exactly that on a plain, unwrapped model, and also runs DDP on a second copy for
-# comparison. It then shows why the order is chosen: every rank's gradient set to float32's
-# largest value, averaged by DDP, by `average_gradients`, and in the other order (sum, then
-# divide).
+# avoid overflow, especially for FP16".
+#
+# The worker below does exactly that on a plain, unwrapped model. It also runs DDP on a second
+# copy, to compare. Then it shows why the order matters. Every rank's gradient is set to
+# float32's largest value. It is averaged three ways: by DDP, by `average_gradients`, and in
+# the other order, sum then divide.
 
 # %%
 def average_gradients(model, world_size):
@@ -277,15 +283,16 @@ by_hand = launch(by_hand_vs_ddp, world_size, x, labels, seed)
 print(f"launch took {time.perf_counter() - t0:.1f} s")
 
 # %% [markdown]
-# **Claim:** on every rank the hand-written divide-and-all-reduce gives the same gradient as
-# DDP's backward, for the weight and the bias, and both equal the per-sample gradients of
-# section 1 averaged in this process (no collectives involved). With 2 or more ranks whose
-# gradients are all float32's largest value (`torch.finfo(torch.float32).max`, about 3.4e38),
-# DDP and `average_gradients` (divide, then sum) give that value back, while the other order
-# (sum, then divide) overflows to `inf`: DDP divides before it sums. (With 1 rank there is
-# nothing to sum, and all three give the value back.)
+# **Claim:** on every rank, the hand-written divide-and-all-reduce gives DDP's gradient, for the
+# weight and the bias. Both equal the mean of section 1's per-sample gradients, computed here
+# without collectives.
+#
+# **Claim:** take 2 or more ranks whose gradients are all float32's largest value. DDP and
+# `average_gradients` give that value back. Summing first overflows to `inf`. So DDP divides
+# before it sums. With 1 rank there is nothing to sum, and all three give the value back.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: by hand equals DDP; dividing first does not overflow
 mean_of_samples = {n: sum(g[n] for g in per_sample) / world_size for n in ("weight", "bias")}
 for r, res in enumerate(by_hand):
     for n in ("weight", "bias"):
@@ -305,21 +312,23 @@ print("rank 0, weight gradient by hand:\n", by_hand[0]["by hand"]["weight"])
 # %% [markdown]
 # ## 3. DP: one process, replicas, gradients summed into the original model
 #
-# `nn.DataParallel` is one process driving several GPUs. On every forward it **scatters** the
-# batch over `device_ids` (chunks along dim 0), **replicates** the module onto them, runs the
-# replicas **in parallel** (one thread per GPU) and **gathers** the outputs on `device_ids[0]`.
-# The loss is computed on the gathered output, i.e. over the whole batch, and backward **sums**
-# the replicas' gradients into the original parameters (source: `DataParallel.forward` in
+# `nn.DataParallel` is one process driving several GPUs. On every forward it does four things.
+# It **scatters** the batch over `device_ids`, in chunks along dim 0. It **replicates** the
+# module onto them. It runs the replicas **in parallel**, one thread per GPU. It **gathers** the
+# outputs on `device_ids[0]`.
+#
+# The loss is computed on the gathered output, so over the whole batch. Backward **sums** the
+# replicas' gradients into the original parameters. Sources: `DataParallel.forward` in
 # `torch/nn/parallel/data_parallel.py`, and the
-# [DataParallel docs](https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html)).
-# So DP's gradient should be the single-device gradient of the whole batch: row `r` is `x[r]`,
+# [DataParallel docs](https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html).
+# So DP's gradient should be the single-device gradient of the whole batch. Row `r` is `x[r]`,
 # not `x[r] / world_size`. Sections 3b and 3c check that.
 #
 # ### 3a. `nn.DataParallel` on this machine
 #
-# **Claim (CPU):** without GPUs, `nn.DataParallel(model).device_ids == []` and its forward
-# simply calls the module, once, on the whole batch: no scatter, no replicas, no speed-up.
-# (`torch/nn/parallel/data_parallel.py`: `if not self.device_ids: return self.module(*inputs, **kwargs)`.)
+# **Claim (CPU):** without GPUs, `nn.DataParallel(model).device_ids == []`. Its forward just
+# calls the module once, on the whole batch. There is no scatter, no replica and no speed-up.
+# The source is `data_parallel.py`: `if not self.device_ids: return self.module(*inputs, **kwargs)`.
 
 # %%
 from helpers.notebook import cpu_claim, gpu_claim
@@ -338,14 +347,15 @@ if cpu_claim("without GPUs nn.DataParallel has device_ids == [] and calls the mo
     assert_close(cpu_model.weight.grad, full["weight"], msg="DP on CPU is the plain module: same gradient")
 
 # %% [markdown]
-# ### 3b. Real `nn.DataParallel` on GPUs (runs only when `torch.cuda.device_count() >= 1`)
+# ### 3b. Real `nn.DataParallel` on GPUs
 #
-# **Claim (GPU):** real DP's gradient equals the single-device gradient of the whole batch. With one
-# GPU, DP calls the module directly on the whole batch; with several, the forward hook below
-# fires once per chunk of `x.chunk(n_gpus)`, each on its own GPU: DP's scatter splits a batch
-# that way (`torch/csrc/cuda/comm.cpp`), so a batch smaller than the GPU count, or one that
-# does not divide, runs on fewer replicas than GPUs. On a CPU-only machine this cell prints
-# that it skipped, and why.
+# This section runs only when `torch.cuda.device_count() >= 1`. On a CPU-only machine the cell
+# prints that it skipped, and why.
+#
+# **Claim (GPU):** real DP's gradient equals the single-device gradient of the whole batch. With
+# one GPU, DP calls the module directly on the whole batch. With several, the forward hook below
+# fires once per chunk of `x.chunk(n_gpus)`, each chunk on its own GPU. DP's scatter splits a
+# batch that way, in `torch/csrc/cuda/comm.cpp`.
 
 # %%
 dp_real = None  # filled only when real DP runs
@@ -369,19 +379,47 @@ display(Markdown(f"**DP branch that ran:** real `nn.DataParallel` on {n_gpus} GP
                  "(`torch.cuda.device_count() == 0`); the CPU **emulation** in 3c stands in for it."))
 
 # %% [markdown]
-# ### 3c. What DP does, emulated on CPU (an **emulation**, not torch's DP)
+# How many GPUs does a batch use? `chunk` cuts `n` rows into pieces of `ceil(n / k)` rows each,
+# so fewer than `k` pieces can come out. Each piece goes to one GPU.
 #
-# The function below follows `DataParallel.forward` step by step, on CPU:
+# **Claim:** a batch smaller than the GPU count runs on fewer replicas than GPUs. A batch that
+# does not divide may still use every GPU. The pieces, from `torch.chunk`:
+#
+# | rows | GPUs | pieces | GPUs used |
+# |---|---|---|---|
+# | 1 | 2 | `[1]` | 1 |
+# | 3 | 2 | `[2, 1]` | 2 |
+# | 7 | 4 | `[2, 2, 2, 1]` | 4 |
+# | 5 | 4 | `[2, 2, 1]` | 3 |
+# | 6 | 4 | `[2, 2, 2]` | 3 |
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the pieces DP's scatter makes, with torch.chunk on CPU
+dp_pieces = {(1, 2): [1], (3, 2): [2, 1], (7, 4): [2, 2, 2, 1], (5, 4): [2, 2, 1], (6, 4): [2, 2, 2]}
+for (batch, devices), sizes in dp_pieces.items():
+    got = [len(c) for c in torch.arange(batch).chunk(devices)]
+    assert got == sizes, f"{batch} rows over {devices} GPUs: torch.chunk gives {got}, the table says {sizes}"
+    assert scatter_chunk_sizes(batch, devices) == got, f"scatter_chunk_sizes({batch}, {devices}) != torch.chunk"
+    print(f"{batch} rows over {devices} GPUs: pieces {got}, {len(got)} GPU(s) used")
+assert len(torch.arange(1).chunk(2)) < 2, "a batch smaller than the GPU count uses fewer GPUs"
+for batch, devices in ((3, 2), (7, 4)):  # they do not divide, yet every GPU gets a piece
+    assert batch % devices and len(torch.arange(batch).chunk(devices)) == devices, (batch, devices)
+
+# %% [markdown]
+# ### 3c. What DP does, emulated on CPU
+#
+# This is an **emulation**, not torch's DP. The function below follows `DataParallel.forward`
+# step by step, on CPU:
 #
 # 1. **scatter**: `x.chunk(num_replicas)` along dim 0, as DP's `scatter` chunks a tensor;
-# 2. **replicate**: differentiable copies of the parameters (`p.clone()`), as DP's
-#    `Broadcast` autograd function makes them on each GPU (`torch.nn.parallel.replicate` itself
-#    refuses CPU devices, which the cell checks);
-# 3. **apply** each replica to its chunk, here one after the other (no speed-up);
+# 2. **replicate**: differentiable copies of the parameters, `p.clone()`, as DP's `Broadcast`
+#    autograd function makes them on each GPU. `torch.nn.parallel.replicate` itself refuses CPU
+#    devices, which the cell checks;
+# 3. **apply** each replica to its chunk, here one after the other, with no speed-up;
 # 4. **gather**: `torch.cat` of the outputs.
 #
-# In backward, autograd accumulates every replica's gradient into the original parameter, a
-# sum, as DP's `Broadcast.backward` (`ReduceAddCoalesced`) does across GPUs.
+# In backward, autograd accumulates every replica's gradient into the original parameter. That
+# is a sum, as DP's `Broadcast.backward` does across GPUs with `ReduceAddCoalesced`.
 
 # %%
 def emulated_data_parallel(module, x, num_replicas):
@@ -414,12 +452,13 @@ for r, g in enumerate(replica_grads):
     print(f"  replica {r} weight gradient rows: {g.tolist()}")
 
 # %% [markdown]
-# **Claim:** with `world_size` replicas, replica `r` gets chunk `r` (sample `x[r]`), its
-# gradient is that sample's gradient (only row `r`), and the replicas' gradients **sum** to the
-# original model's gradient, which equals the single-device gradient: `world_size` times
-# DDP's.
+# **Claim:** with `world_size` replicas, replica `r` gets chunk `r`, which is sample `x[r]`. Its
+# gradient is that sample's gradient, with only row `r` non-zero. The replicas' gradients
+# **sum** to the original model's gradient. That equals the single-device gradient, which is
+# `world_size` times DDP's.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the emulated replicas' gradients sum to the single-device one
 for r, g in enumerate(replica_grads):
     assert_close(chunks[r], x[r : r + 1], msg=f"replica {r} should get chunk x[{r}:{r + 1}]")
     assert_close(g, per_sample[r]["weight"], msg=f"replica {r}'s gradient should be sample {r}'s gradient")
@@ -437,10 +476,10 @@ print("DP gradient shown in the figure:", dp_label)
 # %% [markdown]
 # ### The same numbers as pictures
 #
-# One heatmap per gradient of the weight matrix (rows: output units, columns: input
-# features), on one colour scale: each rank's local gradient fills only its own row; DDP's
-# all-reduced gradient is their average (every rank holds it); DP's gradient, like the
-# single-device one, is their sum. The last row, matching no label, stays zero everywhere.
+# One heatmap per gradient of the weight matrix, all on one colour scale. Rows are output
+# units; columns are input features. Each rank's local gradient fills only its own row. DDP's
+# all-reduced gradient is their average, and every rank holds it. DP's gradient, like the
+# single-device one, is their sum. The last row matches no label and stays zero everywhere.
 
 # %%
 panels = [(f"rank {r}: local gradient\n(no DDP)", res["local"]["weight"]) for r, res in enumerate(lin)]
@@ -468,20 +507,20 @@ plt.show()
 # %% [markdown]
 # ## 4. Sum versus mean
 #
-# A scalar model `y = w * x` with `w = 1`, target 0, a fixed **global batch**
-# `x = [-1, 2, -3, 4]` (4 samples per optimizer step, split evenly: `4 / world_size` per rank),
-# learning rate `1e-3`, one real SGD step each. By hand:
+# A scalar model `y = w * x` starts at `w = 1`, with target 0. The fixed **global batch** is
+# `x = [-1, 2, -3, 4]`: 4 samples per optimizer step. They are split evenly, `4 / world_size`
+# per rank. The learning rate is `1e-3`, and each run takes one real SGD step. By hand:
 #
 # * Summed loss $L = \sum_i (w x_i)^2$: $dL/dw = 2w\sum_i x_i^2 = 2 \cdot 30 = 60$, and
 #   $w \leftarrow 1 - 10^{-3}\cdot 60 = 0.94$.
 # * Mean loss $L = \frac14\sum_i (w x_i)^2$: gradient 15, $w = 0.985$.
-# * DDP with 2 ranks of 2 samples and the **summed** loss: rank 0 (`[-1, 2]`) has local
-#   gradient 10, rank 1 (`[-3, 4]`) 50; DDP averages them: **30**, $w = 0.97$, half the
-#   single-process gradient. In general $60 / \text{world\_size}$.
-# * DDP with the **mean** loss: local gradients 5 and 25, average **15**, $w = 0.985$:
-#   the same as one process (for any `world_size` that splits the batch evenly).
-# * DP computes the loss on the gathered whole batch, so it should match the single process
-#   for both reductions.
+# * DDP, 2 ranks of 2 samples, **summed** loss: rank 0 holds `[-1, 2]`, local gradient 10. Rank
+#   1 holds `[-3, 4]`, local gradient 50. DDP averages them to **30**, so $w = 0.97$. That is
+#   half the single-process gradient. In general it is $60 / \text{world\_size}$.
+# * DDP, **mean** loss: local gradients 5 and 25, average **15**, $w = 0.985$. That matches one
+#   process, for any `world_size` that splits the batch evenly.
+# * DP computes the loss on the gathered whole batch. So it should match the single process for
+#   both reductions.
 #
 # The step, the single-process run and the DDP worker:
 
@@ -548,11 +587,17 @@ else:
 print(f"single process: {single}\nDP (emulated): {dp_emulated}")
 
 # %% [markdown]
-# **Claim:** these numbers, from real SGD steps: one process 60 / 0.94 (sum) and
-# 15 / 0.985 (mean); DP emulated the same as one process; DDP
-# `60 / world_size` (30 / 0.97 for 2 ranks, 15 / 0.985 for 4) with the summed loss and
-# 15 / 0.985 with the mean loss, identical on every rank. **Claim (GPU):** real DP on GPUs
-# gives the one-process numbers too.
+# **Claim:** real SGD steps give these numbers. DDP's are identical on every rank.
+#
+# | run | summed loss: grad / `w` | mean loss: grad / `w` |
+# |---|---|---|
+# | one process | 60 / 0.94 | 15 / 0.985 |
+# | DP, emulated | 60 / 0.94 | 15 / 0.985 |
+# | DDP, 2 ranks | 30 / 0.97 | 15 / 0.985 |
+# | DDP, 4 ranks | 15 / 0.985 | 15 / 0.985 |
+# | DDP, any `world_size` | `60 / world_size` | 15 / 0.985 |
+#
+# **Claim (GPU):** real DP on GPUs gives the one-process numbers too.
 
 # %%
 def check(measured, grad, what):
@@ -590,15 +635,15 @@ print(f"DDP (rank 0): {ddp}")
 # %% [markdown]
 # ## 5. A common mistake: multiplying the loss by `world_size`
 #
-# "DDP divides by `world_size`, so multiply the loss by `world_size` to undo it." With a
-# **summed** loss that gives back the single process: $60/\text{world\_size}\cdot\text{world\_size} = 60$.
-# With a **mean** loss, which DDP already got right, it gives $15 \cdot \text{world\_size}$:
-# **30** for 2 ranks, which is neither the sum (60) nor the mean (15) of one process: it
-# silently multiplies the learning rate by `world_size`.
+# A common thought: "DDP divides by `world_size`, so multiply the loss by `world_size` to undo
+# it." With a **summed** loss that gives back the single process:
+# $60/\text{world\_size}\cdot\text{world\_size} = 60$. With a **mean** loss, DDP was already
+# right. Scaling gives $15 \cdot \text{world\_size}$, **30** for 2 ranks. That is neither one
+# process's sum, 60, nor its mean, 15. It silently multiplies the learning rate by `world_size`.
 #
-# **Claim:** loss × `world_size` under DDP gives 60 with the summed loss and
-# `15 * world_size` (30 for 2 ranks, 60 for 4), not 15, with the mean loss. The same worker
-# as in section 4, with `loss_scale = world_size`.
+# **Claim:** under DDP, loss × `world_size` gives 60 with the summed loss. With the mean loss it
+# gives `15 * world_size`, not 15: 30 for 2 ranks, 60 for 4. The cell reruns section 4's worker
+# with `loss_scale = world_size`.
 
 # %%
 t0 = time.perf_counter()
@@ -619,8 +664,9 @@ print(f"DDP, mean loss x {world_size}: grad {ddp_x_world['mean']['grad']:g}, w {
 # %% [markdown]
 # ### Summary table and chart
 #
-# Gradient before the step and `w` after one SGD step, for each mode and loss reduction.
-# "same as single process?" compares with the single process using the same reduction.
+# Each row shows the gradient before the step and `w` after one SGD step. There is one row per
+# mode and loss reduction. "same as single process?" compares with the single process using
+# the same reduction.
 
 # %%
 dp_mode = "DP (real, GPU)" if dp_real_scalar is not None else "DP (EMULATED, CPU)"
@@ -636,8 +682,8 @@ table = pd.DataFrame([
 table
 
 # %% [markdown]
-# The gradients are bars from zero; the weights differ only in the second decimal, so they are
-# shown as points on a zoomed axis (a bar there would exaggerate the differences).
+# The gradients are bars from zero. The weights differ only in the second decimal. So they are
+# points on a zoomed axis, where bars would exaggerate the differences.
 
 # %%
 fig, (ax_g, ax_w) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
@@ -667,39 +713,41 @@ plt.show()
 # %% [markdown]
 # ## What we saw
 #
-# * **DP** (one process, many GPUs) computes the loss on the gathered whole batch and sums the
-#   replicas' gradients into one model: its gradient **is** the single-device gradient. On a
-#   CPU-only machine `nn.DataParallel` has no devices and just calls the module; the emulation
-#   written in section 3c showed the data flow, and its gradient matched the single device.
-# * **DDP** (one process per rank) computes each rank's gradient on its own shard, then its
-#   backward divides each gradient by `world_size` and **all-reduces** (sums) the quotients:
-#   every rank ends with the same gradient, the mean of the local ones (row `r` =
-#   `x[r] / world_size` in the toy). A division and `dist.all_reduce`, in that order, give the
-#   same numbers; summing first overflows where dividing first does not (section 2b).
-# * With a **mean** loss and an evenly split global batch, DDP's averaging gives exactly the
-#   single-process gradient (15, `w = 0.985`). With a **summed** loss it gives
-#   `1 / world_size` of it. Multiplying a mean loss by `world_size` "to undo the averaging"
-#   is a mistake (`15 * world_size` instead of 15).
+# * **DP** is one process driving many GPUs. It computes the loss on the gathered whole batch. It
+#   sums the replicas' gradients into one model. So its gradient **is** the single-device
+#   gradient. Without GPUs, `nn.DataParallel` has no devices and just calls the module. Section
+#   3c's emulation showed the data flow, and its gradient matched the single device.
+# * **DDP** runs one process per rank. Each rank computes the gradient of its own shard. Its
+#   backward divides each gradient by `world_size` and **all-reduces** the quotients. Every rank
+#   ends with the same gradient, the mean of the local ones. In the toy, row `r` is
+#   `x[r] / world_size`.
+# * A division and `dist.all_reduce`, in that order, give the same numbers. Summing first
+#   overflows where dividing first does not.
+# * With a **mean** loss and an evenly split global batch, DDP gives exactly the single-process
+#   gradient: 15, `w = 0.985`. With a **summed** loss it gives `1 / world_size` of it.
+# * Multiplying a mean loss by `world_size` "to undo the averaging" is a mistake. It gives
+#   `15 * world_size` instead of 15.
 #
 # ## Exercises
 #
-# Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
-# (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
-# hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. Every solution runs when the full
-# notebook runs, so each is known to pass its check. Only exercise 4 starts processes.
+# Predict each answer by hand first; exercise 4 asks for code. Put it into `answer_N` in place of
+# `None`. Then run the check cell below it. It prints "correct", or "not yet" with a hint. In the
+# full notebook, a collapsed solution follows each check. Click the "…" or the bar on its left
+# to open it. Student copies leave the solutions out. Every solution runs when the full notebook
+# runs, so each is known to pass its check. Only exercise 4 starts processes.
 
 # %% [markdown]
 # ### Exercise 1: the Linear toy on 4 ranks
 #
-# Run in your head what section 2 ran for `world_size = 4`: the toy is then `Linear(2, 5)`,
-# 4 samples, one per rank, labels one-hot on the rank. After DDP's backward, what is the
-# **bias gradient** every rank holds? Answer with a list of 5 numbers.
+# Run section 2 in your head for `world_size = 4`. The toy is then `Linear(2, 5)` with 4
+# samples, one per rank. Labels are one-hot on the rank. After DDP's backward, what **bias
+# gradient** does every rank hold? Answer with a list of 5 numbers.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, the bias gradient DDP gives on 4 ranks
 # expected: each rank's local gradient of its own sample (this notebook's functions, no processes),
 # averaged as DDP's all-reduce and division by the world size do
 x4, labels4 = make_toy_batch(4, seed)
@@ -723,14 +771,15 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: the summed loss on 4 ranks
 #
-# Section 4's scalar toy (`w = 1`, `x = [-1, 2, -3, 4]`, summed loss `sum((w x)^2)`) on
-# `world_size = 4`: each rank holds one sample. What gradient `dL/dw` does every rank hold
+# Take section 4's scalar toy: `w = 1`, `x = [-1, 2, -3, 4]`, summed loss `sum((w x)^2)`. Run it
+# on `world_size = 4`, so each rank holds one sample. What gradient `dL/dw` does every rank hold
 # after DDP's backward? Answer with a number.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, the summed-loss gradient on 4 ranks
 # expected: one real SGD step on each rank's one-sample shard, in this process, averaged as DDP does
 expected_2 = 0.0
 for v in SCALAR_X:
@@ -751,17 +800,19 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 # %% [markdown]
 # ### Exercise 3: uneven shards
 #
-# The global batch `[-1, 2, -3, 4, 5]` (5 samples) is split 3 + 2 over two ranks
-# (`[-1, 2, -3]` and `[4, 5]`, as `x.chunk(2)` splits it), each rank uses the **mean** loss
-# `mean((w x)^2)` at `w = 1`. What gradient does DDP give every rank? Answer with a number
-# (4 significant digits are enough) or a fraction as text, such as `"7/12"`. Then compare
-# with one process's mean-loss gradient over the 5 samples: why do they differ, and what
-# loss on each rank would make DDP match?
+# The global batch `[-1, 2, -3, 4, 5]` has 5 samples. `x.chunk(2)` splits it 3 + 2 over two
+# ranks: `[-1, 2, -3]` and `[4, 5]`. Each rank uses the **mean** loss `mean((w x)^2)` at `w = 1`.
+# What gradient does DDP give every rank? Answer with a number, 4 significant digits being
+# enough, or a fraction as text, such as `"7/12"`.
+#
+# Then compare with one process's mean-loss gradient over the 5 samples. Why do they differ?
+# What loss on each rank would make DDP match?
 
 # %% tags=["exercise"]
 answer_3 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 3, the mean-loss gradient of uneven shards
 # expected: the real mean-loss gradient of each rank's shard (torch's chunk(2): 3 + 2), averaged
 batch5 = torch.tensor([-1.0, 2.0, -3.0, 4.0, 5.0])
 expected_3 = 0.0
@@ -792,8 +843,8 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # %% [markdown]
 # ### Exercise 4: fix a DDP worker
 #
-# A colleague wrote this worker, with the mean loss and the "undo DDP's averaging" habit of
-# section 5:
+# A colleague wrote this worker. It uses the mean loss and section 5's habit of "undoing" DDP's
+# averaging:
 #
 # ```python
 # def colleague_worker(rank, world_size, global_x, lr):
@@ -805,17 +856,19 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 #     return one_step(model, ddp_model, shard, "mean", lr, loss_scale=world_size)
 # ```
 #
-# Write a fixed worker with the same signature (you may use `scalar_model`, `as_column`,
-# `one_step` from section 4) so that, with any `world_size` that divides the global batch,
-# every rank ends with the single process's mean-loss gradient and weight (`single["mean"]`).
-# Replace the `None` line below with your `def my_worker(rank, world_size, global_x, lr): ...`
-# followed by `answer_4 = my_worker`. The check runs your worker on `world_size` real ranks
-# and compares every rank's `[grad, w]`.
+# Write a fixed worker with the same signature. You may use `scalar_model`, `as_column` and
+# `one_step` from section 4. Take any `world_size` that divides the global batch. Every rank
+# must end with the single process's mean-loss gradient and weight, `single["mean"]`.
+#
+# Replace the `None` line below with your `def my_worker(rank, world_size, global_x, lr): ...`.
+# Follow it with `answer_4 = my_worker`. The check runs your worker on `world_size` real ranks. It
+# compares every rank's `[grad, w]`.
 
 # %% tags=["exercise"]
 answer_4 = None  # your fixed worker function (def my_worker ...; answer_4 = my_worker)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 4, your worker on world_size real ranks
 # expected on every rank: one process's mean-loss step on the whole global batch (section 4)
 expected_4 = [[single["mean"]["grad"], single["mean"]["w"]]] * world_size
 # runs your worker on world_size real ranks; a crash is reported as one, with the rank's error

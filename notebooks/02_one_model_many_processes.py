@@ -20,17 +20,16 @@
 # **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
-# **The question:** every DDP process (rank) builds its *own* copy of the model, from its own
-# random numbers, and trains it on its *own* data. Why are the copies nevertheless identical,
-# before and after every optimizer step?
+# **The question:** every DDP process, or rank, builds its *own* copy of the model. It uses its
+# own random numbers and trains on its *own* data. Why are the copies still identical, before
+# and after every optimizer step?
 #
-# The experiment is the seed's: each of `world_size` processes builds a `Linear(5, 5)` with
-# `torch.manual_seed(base_seed + rank)` (so the copies start **different**), wraps it in
-# `DistributedDataParallel`, runs one forward pass on its own random data, an MSE loss against
-# random labels, backward, and one SGD step with learning rate `lr`. The worker that does it
-# is written in this notebook's cells; we gather every rank's parameters back into the
-# notebook after each stage, and each statement marked *Claim* is checked by the code cell
-# after it (`torch.testing.assert_close`, `assert`).
+# The experiment: each of `world_size` processes builds a `Linear(5, 5)` with
+# `torch.manual_seed(base_seed + rank)`. So the copies start **different**. Each wraps its copy
+# in `DistributedDataParallel` and runs one forward pass on its own random data. Then comes an
+# MSE loss against random labels, backward, and one SGD step with learning rate `lr`. The worker
+# is written in this notebook's cells. We gather every rank's parameters back into the notebook
+# after each stage. A code cell follows every statement marked *Claim* and asserts it.
 #
 # **What runs where**
 #
@@ -39,16 +38,16 @@
 # | the DDP workers defined here, run by `helpers.engine.launch` | `world_size` processes, backend `gloo`, model on CPU | the same: this toy runs on CPU with `gloo` everywhere (it is about *what* DDP synchronises, not speed) |
 # | the single-process reference, tables and figures | this notebook's process, CPU | the same |
 #
-# **New here** (after notebook 01): DDP's **broadcast** of rank 0's parameters and buffers at
-# construction, exactly when it broadcasts buffers again before a forward, what it does *not*
-# synchronise (a plain tensor attribute), and why "all ranks start equal + all ranks apply the
-# same all-reduced gradient" keeps them equal: each [rank](../docs/GLOSSARY.md#rank) holds its
-# own [replica](../docs/GLOSSARY.md#replica), and
-# [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
-# [all-reduce](../docs/GLOSSARY.md#all-reduce) in the [process group](../docs/GLOSSARY.md#process-group).
-# Every term is defined (with its Chinese name) in the [glossary](../docs/GLOSSARY.md).
-# Almost all of the run time is worker processes starting (three launches). The notebook ends
-# with four exercises, each checked by a cell; the last one asks you to write DDP's
+# **New here:** DDP **broadcasts** rank 0's parameters and buffers at construction. You see
+# exactly when it broadcasts buffers again before a forward. You see what it does *not*
+# synchronise: a plain tensor attribute. And you see why the replicas stay equal: all ranks
+# start equal, and all apply the same all-reduced gradient. Each [rank](../docs/GLOSSARY.md#rank)
+# holds its own [replica](../docs/GLOSSARY.md#replica).
+# [Gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation) is an
+# [all-reduce](../docs/GLOSSARY.md#all-reduce) in the
+# [process group](../docs/GLOSSARY.md#process-group). The [glossary](../docs/GLOSSARY.md) defines
+# every term, with its Chinese name. Almost all of the run time is worker processes starting, in
+# three launches. Four exercises close the notebook. The last one asks you to write DDP's
 # construction-time broadcast yourself.
 
 # %% tags=["parameters"]
@@ -85,10 +84,10 @@ print(f"torch {torch.__version__}; world_size = {world_size}; base_seed = {base_
 # %% [markdown]
 # ## 1. The seed's experiment on `world_size` processes
 #
-# Every rank builds its model and data from its own seed. The model is a `Linear(5, 5)`
-# subclass, `TaggedLinear`, that also carries two pieces of state filled with `100 + rank`
-# (100, not 0, on rank 0, so that "rank 0's value" cannot be mistaken for "reset to zero"): a
-# **registered buffer** and a **plain tensor attribute**; section 3 uses them. Calling
+# Every rank builds its model and data from its own seed. The model is `TaggedLinear`, a
+# `Linear(5, 5)` subclass. It also carries two pieces of state filled with `100 + rank`: a
+# **registered buffer** and a **plain tensor attribute**. Section 3 uses them. Rank 0 holds 100,
+# not 0, so "rank 0's value" cannot be mistaken for "reset to zero". Calling
 # `make_replica(r, ...)` in this notebook rebuilds exactly what rank `r` builds.
 
 # %%
@@ -120,8 +119,8 @@ def max_cross_rank_diff(tensors):
 
 # %% [markdown]
 # The worker each rank runs: record, wrap in `DDP`, record, one training step, record. At each
-# stage it also **all-gathers** every rank's flattened parameters (`dist.all_gather`) and
-# computes the largest cross-rank difference itself; that is the number printed on each
+# stage it also **all-gathers** every rank's flattened parameters with `dist.all_gather`. It
+# computes the largest cross-rank difference itself. That is the number printed on each
 # `[rank r]` line.
 
 # %%
@@ -158,13 +157,15 @@ def replicas_worker(rank, world_size, base_seed, lr, batch_size):
 
 # %% [markdown]
 # The launch: `launch(replicas_worker, world_size, ..., backend="gloo")` starts `world_size`
-# processes, each with the default process group initialised with backend `gloo` (the
-# models are on CPU; without `backend`, `launch` picks `nccl` when there is one GPU per rank),
-# sends them the worker and the class and functions it uses from this notebook, and returns
-# each rank's result in rank order. When there are more ranks than the machine has cores the launcher warns
-# `OversubscriptionWarning` (ranks share cores), once: the results are exact, and no time is
-# measured, so the later launches of this lesson do not repeat it. The first `launch` in a kernel is the slowest: it also starts the process that
-# imports torch once for every later launch (lesson [00a](00a_processes_and_collectives.ipynb), section 2).
+# processes. Each initialises the default process group with backend `gloo`, since the models
+# are on CPU. Without `backend`, `launch` picks `nccl` when there is one GPU per rank. The
+# launcher sends the worker, and the class and functions it uses, from this notebook. It returns
+# each rank's result in rank order.
+#
+# The launcher may warn `OversubscriptionWarning` once, when ranks share cores. The results are
+# exact and no time is measured, so later launches do not repeat it. The first `launch` in a
+# kernel is the slowest. It also starts the process that imports torch once for every later
+# launch, as lesson [00a](00a_processes_and_collectives.ipynb) shows in section 2.
 
 # %%
 t0 = time.perf_counter()
@@ -193,13 +194,14 @@ table
 # %% [markdown]
 # ## 2. Three claims about the parameters
 #
-# **Claim:** (1, before wrapping) each rank's parameters are exactly what `Linear(5, 5)` gives
-# after `torch.manual_seed(base_seed + rank)` (we rebuild every rank's model here, in one
-# process, with `make_replica`), so they **differ** across ranks: the largest
-# cross-rank difference is greater than 0. The number the workers computed with `all_gather`
-# is the same one we compute here from the launcher's results.
+# **Claim 1, before wrapping:** each rank's parameters are exactly what `Linear(5, 5)` gives after
+# `torch.manual_seed(base_seed + rank)`. So they **differ** across ranks: the largest cross-rank
+# difference is above 0. The workers' `all_gather` number equals the one computed here.
+#
+# The cell rebuilds every rank's model in this one process, with `make_replica`.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's model and data come from its own seed
 rebuilt = [make_replica(r, base_seed, batch_size) for r in range(world_size)]  # (model, x, y) per rank
 for r, (model_r, x_r, y_r) in enumerate(rebuilt):
     w, b = params["before DDP"][r]
@@ -216,12 +218,13 @@ for r, res in enumerate(results):
 print(f"before DDP: max cross-rank difference {diffs['before DDP']:.4f} (> 0: every rank built its own model)")
 
 # %% [markdown]
-# **Claim:** (2, after `DDP(model)`) the constructor **broadcasts** rank 0's parameters (and
-# buffers) to every rank. The maximum absolute difference across ranks is exactly `0.0`
-# (bitwise equal), and every rank now holds rank 0's **pre-wrap** values: the other ranks'
-# initialisations are simply overwritten.
+# **Claim 2, after `DDP(model)`:** the constructor **broadcasts** rank 0's parameters and buffers
+# to every rank. The largest difference across ranks is exactly `0.0`, bitwise equal. Every rank
+# now holds rank 0's **pre-wrap** values. The other ranks' initialisations are simply
+# overwritten.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: after DDP(...), every rank holds rank 0's pre-wrap values
 w0_before, b0_before = params["before DDP"][0]
 assert diffs["after DDP(...)"] == 0.0, f"after DDP(...) the ranks should be bitwise equal, max difference {diffs['after DDP(...)']}"
 for r, (w, b) in enumerate(params["after DDP(...)"]):
@@ -230,19 +233,16 @@ for r, (w, b) in enumerate(params["after DDP(...)"]):
 print(f"after DDP(...): max cross-rank difference {diffs['after DDP(...)']} -- every rank holds rank 0's initial values")
 
 # %% [markdown]
-# **Claim:** (3, after one step) each rank computed its loss on **different** data (the losses
-# differ), yet after `backward()` every rank holds the same gradient: DDP divides each
-# gradient by `world_size` and all-reduces (sums) the quotients (that order, division first,
-# is shown in notebook 01, section 2b), so each rank gets the **mean over ranks** of the
-# gradient each rank computed on its own data. Every rank then applies the same SGD step to
-# the same parameters, so the parameters stay bitwise identical (difference `0.0`) and equal
-# an independent single-process computation:
+# **Claim 3, after one step:** each rank computed its loss on **different** data, so the losses
+# differ. Yet after `backward()` every rank holds the same gradient: the **mean over ranks** of
+# the local gradients. The parameters stay bitwise identical and equal a single-process step:
 #
 # $$w_\text{after} = w_\text{rank 0} - \text{lr}\cdot\frac{1}{\text{world\_size}}\sum_{r} \nabla_w \text{MSE}(x_r, y_r;\, w_\text{rank 0})$$
 #
-# Because every rank has the same `batch_size` and `MSELoss` takes a mean, that is also one
-# process taking one step on the **global batch** (all ranks' data concatenated) with the
-# same mean loss.
+# DDP divides each gradient by `world_size`, then all-reduces the quotients. Notebook 01, section
+# 2b, shows that order. Every rank then applies the same SGD step to the same parameters. Every
+# rank has the same `batch_size`, and `MSELoss` takes a mean. So this is also one process taking
+# one step on the **global batch**, all ranks' data together, with the same mean loss.
 
 # %%
 def local_gradient(weight, bias, x, y):
@@ -289,16 +289,16 @@ pd.DataFrame([{"weight gradient from": name, **{f"dW[0, {j}]": g[0, j].item() fo
 # %% [markdown]
 # ## 3. What DDP synchronises, and what it does not
 #
-# DDP synchronises what it can see in the module: **registered parameters** (broadcast at
-# construction; afterwards kept equal by averaging their gradients) and **registered
-# buffers** (`register_buffer`, e.g. BatchNorm's running statistics). A **plain tensor
-# attribute** (`self.t = torch.tensor(...)`) is neither: DDP never touches it.
+# DDP synchronises what it can see in the module. **Registered parameters** are broadcast at
+# construction. Afterwards, averaging their gradients keeps them equal. **Registered buffers**
+# come from `register_buffer`, like BatchNorm's running statistics. A **plain tensor attribute**,
+# `self.t = torch.tensor(...)`, is neither: DDP never touches it.
 #
-# **Claim:** after `DDP(...)` and after the step of section 1, `rank_buffer` is `[100, 100]`
-# (rank 0's value) on every rank, while `rank_attribute` is still `[100 + r, 100 + r]` on
-# rank `r`.
+# **Claim:** after `DDP(...)` and after section 1's step, `rank_buffer` is `[100, 100]` on every
+# rank: rank 0's value. Meanwhile `rank_attribute` is still `[100 + r, 100 + r]` on rank `r`.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the buffer is rank 0's, the plain attribute stays per-rank
 sync_rows = []
 for s in STAGES:
     for r, res in enumerate(results):
@@ -316,22 +316,26 @@ pd.DataFrame(sync_rows).set_index(["stage", "rank"])
 # %% [markdown]
 # ### When exactly are buffers broadcast again?
 #
-# Buffers change during training (BatchNorm updates its running statistics in every training
-# forward, from the local batch), so DDP can also broadcast them again. In torch 2.14.1 the
-# rule is in `torch/nn/parallel/distributed.py`: before a forward, `_pre_forward` broadcasts
-# rank 0's buffers when `will_sync_module_buffers()` is true, that is when
-# `forward_sync_buffers` is on (the default; the deprecated `broadcast_buffers` sets it) **and**
-# `require_forward_param_sync` is true. That flag starts true and `_post_forward` sets it after
-# every forward: true when the forward ran with gradients enabled and outside `no_sync()`,
-# false otherwise. `model.train()` / `model.eval()` plays no part. Lesson
-# [06b](06b_state_across_ranks.ipynb), section 1, shows what this does to BatchNorm statistics.
+# Buffers change during training. BatchNorm updates its running statistics in every training
+# forward, from the local batch. So DDP can also broadcast buffers again. In torch 2.14.1 the rule
+# is in `torch/nn/parallel/distributed.py`:
 #
-# The experiment: after wrapping, each rank overwrites its buffer with `value + rank` (a
-# rank-local change, as a BatchNorm forward makes), runs one forward (and backward, when
-# gradients are on) in a given situation, and reports the buffer it holds afterwards. The
-# linear layer does not read the buffer, so the forward itself leaves it alone: `value` on
-# every rank means DDP broadcast rank 0's buffer before that forward; `value + rank` means it
-# did not.
+# * Before a forward, `_pre_forward` broadcasts rank 0's buffers when `will_sync_module_buffers()`
+#   is true.
+# * That needs `forward_sync_buffers` on, the default. The deprecated `broadcast_buffers` sets it.
+# * It also needs `require_forward_param_sync` to be true. That flag starts true.
+# * After every forward, `_post_forward` sets the flag. It is true when the forward ran with
+#   gradients enabled and outside `no_sync()`, false otherwise.
+# * `model.train()` and `model.eval()` play no part.
+#
+# Lesson [06b](06b_state_across_ranks.ipynb), section 1, shows what this does to BatchNorm
+# statistics.
+#
+# The experiment: after wrapping, each rank overwrites its buffer with `value + rank`. That is a
+# rank-local change, as a BatchNorm forward makes. Each rank runs one forward in a given
+# situation, with backward when gradients are on. It reports the buffer it holds afterwards. The
+# linear layer does not read the buffer, so the forward itself leaves it alone. `value` on every
+# rank means DDP broadcast rank 0's buffer before that forward. `value + rank` means it did not.
 
 # %%
 SITUATIONS = [  # (name, forward_sync_buffers, grad enabled, train mode, inside no_sync)
@@ -372,12 +376,18 @@ print(f"launch took {time.perf_counter() - t0:.1f} s")
 pd.DataFrame(buffer_runs).T.rename(columns=lambda r: f"rank {r}")
 
 # %% [markdown]
-# **Claim:** the rule above, applied to the eight situations in order, predicts every value
-# each rank reported: the broadcast happens in situations 1, 2, 4 and 5 (including the
-# forward under `no_grad()`, because the forward *before* it had gradients, and the one in
-# `eval()` mode); it does **not** happen in 3 and 6 (the forward before them ran without
-# gradients or inside `no_sync()`), nor ever with `forward_sync_buffers=False`, although that
-# wrapper's construction still broadcast rank 0's buffer (`100` on every rank).
+# **Claim:** the rule above, applied to the eight situations in order, predicts every value each
+# rank reported.
+#
+# | situation | broadcast before the forward? | why |
+# |---|---|---|
+# | 1, 2 | yes | 2 runs under `no_grad()`, but the forward before it had gradients |
+# | 3 | no | the forward before ran without gradients |
+# | 4, 5 | yes | 4 runs in `eval()` mode, which plays no part |
+# | 6 | no | the forward before ran inside `no_sync()` |
+# | 7, 8 | no | `forward_sync_buffers=False` |
+#
+# That last wrapper's construction still broadcast rank 0's buffer, `100` on every rank.
 
 # %%
 def predicted_broadcasts(situations):
@@ -404,13 +414,14 @@ print("broadcast before the forward:", {name.split(".")[0]: synced for (name, *_
 # %% [markdown]
 # ## 4. The same story as pictures
 #
-# One heatmap per rank (rows) and stage (first three columns): the `5 x 5` weight with the
-# bias as a sixth column, on one colour scale. Before wrapping every rank's picture is
-# different; after `DDP(...)` every rank shows rank 0's picture; after the step all ranks show
-# the same picture again. A small `lr` moves each entry too little to see on that scale (the
-# cell prints the largest change next to the largest value), so the last column shows the
-# change the step made (after the step minus after `DDP(...)`) on its own scale: the same on
-# every rank.
+# One heatmap per rank and stage, all on one colour scale. Rows are ranks; the first three
+# columns are stages. Each shows the `5 x 5` weight, with the bias as a sixth column. Before
+# wrapping, every rank's picture differs. After `DDP(...)`, every rank shows rank 0's picture.
+# After the step, all ranks again show the same picture.
+#
+# A small `lr` moves each entry too little to see on that scale. The cell prints the largest
+# change next to the largest value. So the last column shows the change the step made, on its
+# own scale: after the step minus after `DDP(...)`. It is the same on every rank.
 
 # %%
 mats = {s: [torch.cat([w, b.unsqueeze(1)], dim=1) for w, b in params[s]] for s in STAGES}  # (5, 6) per rank
@@ -439,8 +450,8 @@ print(f"largest |parameter| {vmax:.3f}; largest change made by the step {vstep:.
 assert max_cross_rank_diff(steps) == 0.0, "the step's change should be identical on every rank"
 
 # %% [markdown]
-# The bar chart shows the largest absolute difference between any rank's parameters and
-# rank 0's, at each stage: large before wrapping, exactly 0 afterwards.
+# The bar chart shows the largest absolute difference between any rank's parameters and rank
+# 0's, at each stage. It is large before wrapping, and exactly 0 afterwards.
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 4.0), layout="constrained")
@@ -461,28 +472,29 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 # %% [markdown]
 # ## What we saw
 #
-# * Every rank built a **different** `Linear(5, 5)` (its own seed). `DistributedDataParallel(model)`
-#   **broadcast** rank 0's parameters and buffers: afterwards all ranks were bitwise equal to
-#   rank 0's initial values.
-# * Each rank then computed its loss and gradient on its **own** data; DDP's backward
-#   divided the gradients by `world_size` and **all-reduced** them, so every rank applied the same
-#   averaged gradient and the parameters stayed bitwise identical: equal to
-#   `w_rank0 - lr * mean_r(grad_r)`, and (equal shards, mean loss) to one process stepping on
-#   the global batch.
-# * DDP only synchronises what is registered: parameters and buffers. Buffers are broadcast
-#   from rank 0 at construction and, with `forward_sync_buffers` on, before a forward whose
-#   previous forward ran with gradients outside `no_sync()` (and before the first); not
-#   "before every forward", and train/eval mode does not matter. A plain tensor attribute kept
-#   each rank's own value. State you keep outside parameters and buffers (counters, masks,
-#   caches) is your job to keep consistent.
+# * Every rank built a **different** `Linear(5, 5)` from its own seed.
+#   `DistributedDataParallel(model)` **broadcast** rank 0's parameters and buffers. Afterwards
+#   all ranks were bitwise equal to rank 0's initial values.
+# * Each rank then computed its loss and gradient on its **own** data. DDP's backward divided the
+#   gradients by `world_size` and **all-reduced** them. So every rank applied the same averaged
+#   gradient, and the parameters stayed bitwise identical. They equal
+#   `w_rank0 - lr * mean_r(grad_r)`. With equal shards and a mean loss, they also equal one
+#   process stepping on the global batch.
+# * DDP only synchronises what is registered: parameters and buffers. It broadcasts buffers from
+#   rank 0 at construction. With `forward_sync_buffers` on, it broadcasts them again before the
+#   first forward. It also does so before a forward whose previous forward ran with gradients,
+#   outside `no_sync()`. That is not "before every forward", and train or eval mode does not
+#   matter.
+# * A plain tensor attribute kept each rank's own value. Counters, masks and caches kept outside
+#   parameters and buffers are your job to keep consistent.
 #
 # ## Exercises
 #
-# Predict each answer by hand first (exercise 4: write the code), put it into `answer_N`
-# (replacing `None`) and run the check cell below it: it prints "correct" or "not yet" with a
-# hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. Every solution runs when the full
-# notebook runs, so each is known to pass its check. Only exercise 4 starts processes.
+# Predict each answer by hand first; exercise 4 asks for code. Put it into `answer_N` in place of
+# `None`. Then run the check cell below it. It prints "correct", or "not yet" with a hint. In the
+# full notebook, a collapsed solution follows each check. Click the "…" or the bar on its left
+# to open it. Student copies leave the solutions out. Every solution runs when the full notebook
+# runs, so each is known to pass its check. Only exercise 4 starts processes.
 
 # %% [markdown]
 # ### Exercise 1: what rank 1 holds
@@ -493,7 +505,8 @@ assert values[1] == values[2] == 0.0 < values[0], f"the chart should show > 0, t
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, what rank 1 reported
 # expected: what rank 1 itself reported from the launch of section 1
 after = results[1]["stages"]["after one SGD step"]
 expected_1 = [after["rank_buffer"][0].item(), after["rank_attribute"][0].item()]
@@ -510,16 +523,17 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: a rank with its own learning rate
 #
-# Suppose rank 1 had built its optimizer with `2 * lr` while every other rank used `lr`,
-# everything else unchanged. After the one step, what would be the largest
-# `|parameter on rank 1 - parameter on rank 0|` over all weight and bias entries? Answer
-# with a number (it is small: give 3 significant digits). What does that say about where
-# identical replicas come from: DDP, or every rank doing the same thing?
+# Suppose rank 1 had built its optimizer with `2 * lr`, while every other rank used `lr`.
+# Everything else is unchanged. After the one step, what is the largest
+# `|parameter on rank 1 - parameter on rank 0|` over all weight and bias entries? Answer with a
+# number. It is small, so give 3 significant digits. What does that say about where identical
+# replicas come from: DDP, or every rank doing the same thing?
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, two SGD steps with lr and 2 lr
 # expected: two real SGD optimizers (lr and 2 lr) stepping from rank 0's pre-wrap parameters
 # with the gradient DDP gave every rank (rank 0's .grad from the launch)
 stepped = []
@@ -544,13 +558,14 @@ check_answer("ex2", solution_2, expected_2, rel_tol=1e-3, strict=True)
 # %% [markdown]
 # ### Exercise 3: how much DDP all-reduces
 #
-# How many numbers does DDP all-reduce in each backward pass of this `Linear(5, 5)`
-# (buffers are broadcast, not all-reduced)? Answer with a whole number.
+# How many numbers does DDP all-reduce in each backward pass of this `Linear(5, 5)`? Buffers are
+# broadcast, not all-reduced. Answer with a whole number.
 
 # %% tags=["exercise"]
 answer_3 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 3, the entries DDP all-reduces
 # expected: DDP all-reduces one gradient entry per trainable parameter entry
 model_0, _, _ = make_replica(0, base_seed, batch_size)
 expected_3 = sum(p.numel() for p in model_0.parameters() if p.requires_grad)
@@ -566,18 +581,21 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # %% [markdown]
 # ### Exercise 4: DDP's construction-time broadcast, by hand
 #
-# Write `sync_from_rank0(model)`: called on every rank, it must leave every rank holding rank
-# 0's parameters **and** registered buffers, as `DDP(model)` does at construction (section 2,
-# claim 2), with `torch.distributed` collectives (`dist.broadcast(tensor, src=0)` overwrites
-# `tensor` in place on every rank except rank 0, with rank 0's values). Replace the `None` line below with your `def sync_from_rank0(model): ...` followed by
+# Write `sync_from_rank0(model)`. Called on every rank, it must leave every rank holding rank 0's
+# parameters **and** registered buffers. That is what `DDP(model)` does at construction, as claim
+# 2 showed. Use `torch.distributed` collectives. `dist.broadcast(tensor, src=0)` overwrites
+# `tensor` in place with rank 0's values, on every rank except rank 0.
+#
+# Replace the `None` line below with your `def sync_from_rank0(model): ...`. Follow it with
 # `answer_4 = sync_from_rank0`. The check builds each rank's own `make_replica(rank, ...)` on
-# `world_size` real ranks, calls your function, and compares what every rank then holds with
+# `world_size` real ranks and calls your function. It compares what every rank then holds with
 # rank 0's model rebuilt here.
 
 # %% tags=["exercise"]
 answer_4 = None  # your function (def sync_from_rank0(model): ...; answer_4 = sync_from_rank0)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 4, your broadcast on world_size real ranks
 def run_sync_with(sync_fn):
     def run_sync(rank, world_size, base_seed):  # the worker: each rank's own model, then sync_fn
         model, _, _ = make_replica(rank, base_seed, 1)

@@ -17,18 +17,17 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- opening:start -->
-# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does
-# `torch.utils.data.DistributedSampler` decide which dataset items each rank gets, and when
-# does that split mislead you (duplicated items, dropped items, the same order every epoch,
-# different data behind the same index)?
+# `torch.utils.data.DistributedSampler` decide which dataset items each rank gets? And when does
+# that split mislead you? It can duplicate items, drop items, repeat the same order every epoch,
+# or hide different data behind the same index.
 #
-# The seed: a dataset of 8 items on 4 processes with `DistributedSampler(shuffle=False)` and
-# `batch_size=1`: process `r` receives items `r` and `r + 4`. Every claim below (in bold) is
-# followed by the code cell that checks it (`assert` / `torch.testing.assert_close`), so a
-# wrong claim stops the notebook.
+# The seed: a dataset of 8 items on 4 processes, with `DistributedSampler(shuffle=False)` and
+# `batch_size=1`. Process `r` receives items `r` and `r + 4`. A code cell follows every bold
+# claim below and asserts it. A wrong claim stops the notebook.
 #
 # **What runs where**
 #
@@ -37,16 +36,16 @@
 # | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the issue's fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
 # | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.engine.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
 #
-# **New here:** how `DistributedSampler` shards indices (padding, `drop_last`, `set_epoch`),
-# why every rank must hold the *same* dataset, and a correct distributed evaluation
-# (unpadded shards + all-reduced correct/total counts). Sections 1–3 use the issue's fixed
+# **New here:** how `DistributedSampler` shards indices, with padding, `drop_last` and
+# `set_epoch`. Why every rank must hold the *same* dataset. And a correct distributed
+# evaluation: unpadded shards, then all-reduced correct and total counts. Sections 1–3 use fixed
 # sizes whatever `world_size` is; section 4 uses `world_size`. Terms:
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
-# [global batch size](../docs/GLOSSARY.md#global-batch-size); every term is defined (with its
-# Chinese name) in the [glossary](../docs/GLOSSARY.md). Most of the run time is worker
-# processes starting (five launches). The notebook ends with four exercises, each checked by a
-# cell; the last one asks you to write distributed code.
+# [global batch size](../docs/GLOSSARY.md#global-batch-size). The
+# [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name. Most of the run time
+# is worker processes starting, in five launches. Four exercises close the notebook. The last one
+# asks you to write distributed code.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -64,6 +63,7 @@ check_value("world_size and epochs", (world_size, epochs), world_size >= 2 and e
 # %%
 import math
 import time
+import warnings
 from fractions import Fraction
 
 import matplotlib.pyplot as plt
@@ -92,22 +92,25 @@ print(f"torch {torch.__version__}; world_size = {world_size} (section 4); base_s
 # ## 1. Asking the real sampler
 #
 # `DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)` only needs
-# `len(dataset)`; given `num_replicas` and `rank` explicitly it needs no process group, so we
+# `len(dataset)`. Given `num_replicas` and `rank` explicitly, it needs no process group. So we
 # can ask it, in this one process, what every rank would receive.
-# `helpers.sampler.sampler_assignment(N, num_replicas, ...)` does exactly that and returns a
-# table with one row per `(rank, position, index)`: `position` is the batch number with
-# `batch_size=1`.
+# `helpers.sampler.sampler_assignment(N, num_replicas, ...)` does exactly that. It returns a
+# table with one row per `(rank, position, index)`. With `batch_size=1`, `position` is the batch
+# number.
 #
-# What the sampler does (`torch/utils/data/distributed.py`): take `range(N)` (shuffled with
-# seed `seed + epoch` if `shuffle=True`), **pad** it up to a multiple of `num_replicas` by
-# repeating the list from its start (its first items when only a few are missing; the whole
-# list again, as often as needed, when more are missing than it holds), or, with
-# `drop_last=True`, cut it down to a multiple; then rank `r` takes every `num_replicas`-th
-# index starting at `r`.
+# What the sampler does, in `torch/utils/data/distributed.py`:
+#
+# 1. take `range(N)`, shuffled with seed `seed + epoch` if `shuffle=True`;
+# 2. **pad** it up to a multiple of `num_replicas` by repeating the list from its start. When
+#    only a few are missing, that repeats its first items. When more are missing than the list
+#    holds, it repeats the whole list as often as needed;
+# 3. or, with `drop_last=True`, cut it down to a multiple;
+# 4. then rank `r` takes every `num_replicas`-th index, starting at `r`.
 #
 # **Claim (the seed):** 8 items, 4 ranks, `shuffle=False`: rank `r` gets `[r, r + 4]`.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: 8 items on 4 ranks, asked of the real sampler
 case_a = sampler_assignment(8, 4, shuffle=False)
 lists_a = assignment_lists(case_a)
 for r in range(4):
@@ -118,13 +121,16 @@ case_a.pivot(index="rank", columns="position", values="index")
 
 # %% [markdown]
 # **Claim (padding):** 10 items, 3 ranks, `shuffle=False`: the ranks get `[0, 3, 6, 9]`,
-# `[1, 4, 7, 0]`, `[2, 5, 8, 1]`. Ten items do not split evenly over three ranks, so the
-# sampler pads the index list to 12 with its first two items: items 0 and 1 are seen
-# **twice** in one epoch. The point of the padding: every rank gets the same number of
-# batches (4), so every rank makes the same number of DDP backward passes (each one an
-# all-reduce) and none is left waiting forever for a collective its peers never start.
+# `[1, 4, 7, 0]` and `[2, 5, 8, 1]`. Ten items do not split evenly over three ranks. So the
+# sampler pads the list to 12 with its first two items, and items 0 and 1 are seen **twice** in
+# one epoch.
+#
+# Why pad? Every rank gets the same number of batches, 4. So every rank makes the same number of
+# DDP backward passes, each one an all-reduce. No rank is left waiting forever for a collective
+# its peers never start.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: 10 items on 3 ranks, padded
 case_b = sampler_assignment(10, 3, shuffle=False)
 lists_b = assignment_lists(case_b)
 assert lists_b == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]], f"10 items, 3 ranks, padded: got {lists_b}"
@@ -136,12 +142,13 @@ print("10 items, 3 ranks, padded:", lists_b)
 case_b.pivot(index="rank", columns="position", values="index")
 
 # %% [markdown]
-# **Claim (padding, fewer items than ranks):** 3 items on 7 ranks, `shuffle=False`: four
-# indices are missing and the list holds only three, so the sampler repeats the **whole** list
-# (`[0, 1, 2, 0, 1, 2, 0]`, not only its first items): ranks 0 to 6 get `[0]`, `[1]`, `[2]`,
-# `[0]`, `[1]`, `[2]`, `[0]`; item 0 is seen three times, items 1 and 2 twice.
+# **Claim (padding, fewer items than ranks):** 3 items on 7 ranks, `shuffle=False`. Four indices
+# are missing and the list holds only three. So the sampler repeats the **whole** list:
+# `[0, 1, 2, 0, 1, 2, 0]`. Ranks 0 to 6 get `[0]`, `[1]`, `[2]`, `[0]`, `[1]`, `[2]`, `[0]`.
+# Item 0 is seen three times, items 1 and 2 twice.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: 3 items on 7 ranks, the whole list repeated
 case_d = sampler_assignment(3, 7, shuffle=False)
 lists_d = assignment_lists(case_d)
 assert lists_d == [[0], [1], [2], [0], [1], [2], [0]], f"3 items, 7 ranks, padded: got {lists_d}"
@@ -149,10 +156,11 @@ assert times_seen(case_d, 3).tolist() == [3, 2, 2], times_seen(case_d, 3).to_dic
 print("3 items, 7 ranks, padded:", lists_d)
 
 # %% [markdown]
-# **Claim (`drop_last=True`):** the same 10 items and 3 ranks give `[0, 3, 6]`, `[1, 4, 7]`,
-# `[2, 5, 8]`: the list is cut to 9, and item 9 is **never** seen.
+# **Claim (`drop_last=True`):** the same 10 items and 3 ranks give `[0, 3, 6]`, `[1, 4, 7]` and
+# `[2, 5, 8]`. The list is cut to 9, and item 9 is **never** seen.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: 10 items on 3 ranks with drop_last
 case_c = sampler_assignment(10, 3, shuffle=False, drop_last=True)
 lists_c = assignment_lists(case_c)
 assert lists_c == [[0, 3, 6], [1, 4, 7], [2, 5, 8]], f"10 items, 3 ranks, drop_last: got {lists_c}"
@@ -163,9 +171,9 @@ print("10 items, 3 ranks, drop_last:", lists_c)
 case_c.pivot(index="rank", columns="position", values="index")
 
 # %% [markdown]
-# The three cases as pictures: ranks as rows, dataset indices as columns; a filled cell is an
-# item the rank receives, labelled with its position (`p0` = first batch). Items handed out
-# twice are orange with a red edge; items never handed out have a grey hatched column.
+# The three cases as pictures. Ranks are rows and dataset indices are columns. A filled cell is
+# an item the rank receives, labelled with its position: `p0` is the first batch. Items handed
+# out twice are orange with a red edge. Items never handed out have a grey hatched column.
 
 # %%
 cases = [(case_a, 8, "8 items, 4 ranks, shuffle=False"),
@@ -180,19 +188,24 @@ plt.show()
 # %% [markdown]
 # ## 2. Padding skews evaluation
 #
-# Padding is harmless for training (two extra samples per epoch) but wrong for **measuring**.
-# Take the 10 items and a real (tiny) classifier that predicts class 1 for every input, with
-# labels 1 on items 0–4 and 0 on items 5–9: it is right on exactly items 0–4.
+# Padding is harmless for training: two extra samples per epoch. But it is wrong for
+# **measuring**. Take the 10 items and a real, tiny classifier that predicts class 1 for every
+# input. Labels are 1 on items 0–4 and 0 on items 5–9. So it is right on exactly items 0–4.
 #
-# **Claim:** its true accuracy, from one forward pass over all 10 items in this process
-# (no sampler), is **0.5**. Evaluated through the padded sampler (every rank counts what it
-# is handed, the counts are summed over ranks) it scores **7/12**: items 0 and 1, both right,
-# are counted twice. With `drop_last=True` it scores **5/9**: item 9, wrong, is never
-# counted. A correct distributed evaluation gives the true accuracy: each rank evaluates an
-# **unpadded** shard (`range(rank, N, world_size)`: the sampler's split without its padding),
-# and the ranks sum their `correct` and `total` counts (an all-reduce in section 4.2; here we
-# add the three shards' counts by hand). The sampler-based scores are checked against
-# `accuracy_through`, which counts over the table of indices the real sampler hands out.
+# **Claim:** the score depends on how the 10 items are evaluated over 3 ranks.
+#
+# | evaluation | accuracy | why |
+# |---|---|---|
+# | one forward over all 10 items, no sampler | **1/2** | the true accuracy |
+# | padded sampler, counts summed over ranks | **7/12** | items 0 and 1, both right, are counted twice |
+# | sampler with `drop_last=True` | **5/9** | item 9, wrong, is never counted |
+# | unpadded shards, counts summed | **1/2** | every item is counted once |
+#
+# A correct distributed evaluation gives the true accuracy. Each rank runs its own forward on
+# an **unpadded** shard, `range(rank, N, world_size)`. That is the sampler's split without its
+# padding. Then the ranks sum their `correct` and `total` counts. Section 4.2 sums them with an
+# all-reduce; here we add the three shards' counts by hand. `accuracy_through` counts over the
+# indices the real sampler hands out; the sampler scores are checked against it.
 
 # %%
 EVAL_N, N_RIGHT = 10, 5
@@ -225,14 +238,22 @@ def counts_through_sampler(drop_last: bool, num_replicas: int = 3) -> tuple[int,
 
 
 shards = [list(range(rank, EVAL_N, 3)) for rank in range(3)]  # unpadded: the sampler's split without padding
+with torch.no_grad():  # each rank's own forward over its own shard: (correct, total) per shard
+    shard_counts = [(int((clf(eval_feats[s]).argmax(dim=1) == eval_labels[s]).sum()), len(s)) for s in shards]
 evals = {
     "true accuracy (one forward, all 10 items)": (sum(right), EVAL_N),
     "padded sampler (default)": counts_through_sampler(drop_last=False),
     "sampler with drop_last=True": counts_through_sampler(drop_last=True),
-    "unpadded shards + summed counts": (sum(right[i] for s in shards for i in s), sum(len(s) for s in shards)),
+    "unpadded shards + summed counts": (sum(c for c, _ in shard_counts), sum(t for _, t in shard_counts)),
 }
 assert right == [True] * 5 + [False] * 5 and true_acc == Fraction(1, 2), f"the model should be right on items 0-4 only: {right}"
+with torch.no_grad():
+    assert (clf(eval_feats).argmax(dim=1) == 1).all(), "the model should predict class 1 for every item"
+assert int(eval_labels.sum()) == N_RIGHT, "labels: class 1 on items 0-4 only"
 assert sorted(i for s in shards for i in s) == list(range(EVAL_N)), f"unpadded shards must partition the items: {shards}"
+for rank, shard in enumerate(shards):  # each shard is what the real sampler hands that rank, padding left out
+    handed = list(DistributedSampler(range(EVAL_N), num_replicas=3, rank=rank, shuffle=False))
+    assert handed[: len(shard)] == shard and len(handed) - len(shard) <= 1, f"rank {rank}: {shard} vs the sampler's {handed}"
 assert Fraction(*evals["padded sampler (default)"]) == accuracy_through(case_b, right) == Fraction(7, 12), (
     f"padded: expected 7/12, got {evals['padded sampler (default)']}")
 assert Fraction(*evals["sampler with drop_last=True"]) == accuracy_through(case_c, right) == Fraction(5, 9), (
@@ -263,16 +284,17 @@ plt.show()
 # %% [markdown]
 # ## 3. `set_epoch`: a new shuffle every epoch, only if you ask
 #
-# With `shuffle=True` the sampler permutes the indices with a generator seeded
-# `seed + epoch`, where `epoch` is whatever `set_epoch` last set: **0 if you never call it**
-# (`torch/utils/data/distributed.py`, `__iter__` and `set_epoch`).
-# A training loop reuses one sampler across epochs, so:
+# With `shuffle=True`, the sampler permutes the indices with a generator seeded `seed + epoch`.
+# Here `epoch` is whatever `set_epoch` last set: **0 if you never call it**. The source is
+# `__iter__` and `set_epoch` in `torch/utils/data/distributed.py`. A training loop reuses one
+# sampler across epochs, so:
 #
-# **Claim:** 8 items, 2 ranks, `shuffle=True`, `seed=0`. Without `set_epoch`, each rank's
-# order in epoch 1 **equals** its order in epoch 0. With `sampler.set_epoch(epoch)` at the
-# start of each epoch, the orders **differ**. In every epoch, with or without, the two ranks
-# together cover all 8 items exactly once (the permutation is the same on both ranks, so the
-# shards never overlap).
+# **Claim:** 8 items, 2 ranks, `shuffle=True`, `seed=0`. Without `set_epoch`, each rank's order
+# in epoch 1 **equals** its order in epoch 0. With `sampler.set_epoch(epoch)` at the start of
+# each epoch, the orders **differ**. In every epoch, with or without, the two ranks together
+# cover all 8 items exactly once.
+#
+# They never overlap because the permutation is the same on both ranks.
 
 # %%
 without = epoch_assignment(8, 2, 2, call_set_epoch=False, seed=0)
@@ -306,22 +328,22 @@ plt.show()
 # %% [markdown]
 # ## 4. The sampler inside real DDP workers
 #
-# Now the same sampler inside real ranks. Each function below is written in this notebook and
-# run with `launch(fn, world_size, ..., backend="gloo")`: it starts `world_size` processes
-# with a `gloo` process group (CPU tensors, on any machine), sends them the function, and
-# returns each rank's result to this cell, in rank order. Inside a rank, `DistributedSampler(dataset)` takes `num_replicas` and `rank`
-# **from the process group**, as in any DDP script. Worker prints appear below prefixed
-# `[rank r]`. With more ranks than cores the launcher warns `OversubscriptionWarning`: the
-# results are still exact; we measure no time here.
+# Now the same sampler runs inside real ranks. Each function below is written in this notebook.
+# `launch(fn, world_size, ..., backend="gloo")` starts `world_size` processes with a `gloo`
+# process group: CPU tensors, on any machine. It sends them the function and returns each rank's
+# result to this cell, in rank order. Inside a rank, `DistributedSampler(dataset)` takes
+# `num_replicas` and `rank` **from the process group**, as in any DDP script. Worker prints
+# appear below, prefixed `[rank r]`. The launcher may warn `OversubscriptionWarning` when ranks
+# share cores. The results are still exact, and we measure no time here.
 #
 # ### 4.1 The seed's loop, and different data behind the same index
 #
-# Each rank builds the seed's 8-item dataset twice: once **per rank**
-# (`torch.manual_seed(base_seed + rank)`, as the seed does: index `i` then means different
-# data on each rank) and once **shared** (seed `base_seed` on every rank), and iterates each
-# with `DataLoader(batch_size=1, sampler=DistributedSampler(...))`. `same_on_all_ranks`
-# compares a fingerprint of the data across ranks with an `all_gather`. Most of the launch's
-# time is starting the processes.
+# Each rank builds the seed's 8-item dataset twice. Once **per rank**, with
+# `torch.manual_seed(base_seed + rank)` as the seed does: index `i` then means different data on
+# each rank. And once **shared**, with seed `base_seed` on every rank. It iterates each with
+# `DataLoader(batch_size=1, sampler=DistributedSampler(...))`. `same_on_all_ranks` compares a
+# fingerprint of the data across ranks with an `all_gather`. The worker also records every
+# warning raised while it runs. Most of the launch's time is starting the processes.
 
 # %%
 def fingerprint(data: torch.Tensor) -> torch.Tensor:
@@ -340,15 +362,18 @@ def same_on_all_ranks(data: torch.Tensor) -> bool:
 
 
 def seed_worker(rank, world_size, base_seed, n_items):
-    torch.manual_seed(base_seed + rank)
-    out = {"own_data": torch.randn(n_items)}  # the seed's bug: a different dataset on each rank
-    out["shared_data"] = torch.randn(n_items, generator=torch.Generator().manual_seed(base_seed))
-    for name in ("own", "shared"):
-        ds = TensorDataset(torch.arange(n_items), out[f"{name}_data"])
-        sampler = DistributedSampler(ds, shuffle=False)  # num_replicas, rank: from the process group
-        out[f"{name}_seen"] = [(int(i), float(v)) for i, v in DataLoader(ds, batch_size=1, sampler=sampler)]
-        out[f"{name}_same"] = same_on_all_ranks(out[f"{name}_data"])
-        print(f"{name:>6} data: (index, value) {[(i, round(v, 3)) for i, v in out[name + '_seen']]}", flush=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # record every warning, even one shown before
+        torch.manual_seed(base_seed + rank)
+        out = {"own_data": torch.randn(n_items)}  # the seed's bug: a different dataset on each rank
+        out["shared_data"] = torch.randn(n_items, generator=torch.Generator().manual_seed(base_seed))
+        for name in ("own", "shared"):
+            ds = TensorDataset(torch.arange(n_items), out[f"{name}_data"])
+            sampler = DistributedSampler(ds, shuffle=False)  # num_replicas, rank: from the process group
+            out[f"{name}_seen"] = [(int(i), float(v)) for i, v in DataLoader(ds, batch_size=1, sampler=sampler)]
+            out[f"{name}_same"] = same_on_all_ranks(out[f"{name}_data"])
+            print(f"{name:>6} data: (index, value) {[(i, round(v, 3)) for i, v in out[name + '_seen']]}", flush=True)
+    out["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
     return out
 
 
@@ -363,15 +388,17 @@ pd.DataFrame([{"rank": r, "batch": b, "index": i, "value (shared dataset)": v,
               for r, res in enumerate(results) for b, (i, v) in enumerate(res["shared_seen"])]).set_index(["rank", "batch"])
 
 # %% [markdown]
-# **Claim (the seed, live):** inside the workers each rank receives exactly the indices the
-# sampler predicted in this process for `world_size` ranks (for `world_size = 4`: rank `r`
-# gets items `r` and `r + 4`, as the seed prints), with either dataset; the sampler splits
-# **indices**, it never looks at the data. With the shared dataset every rank holds the same
-# data (`same_on_all_ranks` is True), the values each rank receives are the shared dataset's
-# items at those indices, and over all ranks every item is seen (padded duplicates only if
-# `world_size` does not divide 8).
+# **Claim (the seed, live):** inside the workers, each rank receives exactly the indices the
+# sampler predicted here for `world_size` ranks. With `world_size = 4`, rank `r` gets items `r`
+# and `r + 4`, as the seed prints. This holds with either dataset: the sampler splits
+# **indices** and never looks at the data.
+#
+# **Claim (shared dataset, live):** every rank holds the same data, and `same_on_all_ranks` is
+# True. Each rank receives the shared dataset's items at its indices. Over all ranks every item
+# is seen. Padded duplicates appear only if `world_size` does not divide 8.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the live indices and the shared dataset
 shared = results[0]["shared_data"]
 seen_all = []
 for r, res in enumerate(results):
@@ -390,23 +417,27 @@ assert len(seen_all) - LIVE_N == math.ceil(LIVE_N / world_size) * world_size - L
 print(f"shared dataset: indices per rank {expected}; every item seen; {len(seen_all) - LIVE_N} padded duplicate(s)")
 
 # %% [markdown]
-# **Claim (different data behind the same index):** with the seed's per-rank datasets, index
-# `i` holds a **different** value on every rank, and `same_on_all_ranks` says False on every
-# rank. The sampler still hands out the same indices, so the epoch trains on the items of
-# `world_size` **different** datasets: of rank 0's dataset (seed `base_seed`, which is also
-# the shared one), only the items rank 0 itself receives are ever used; every value another
-# rank trains on belongs to no other rank's dataset. Nothing fails or warns: the split is
-# simply not a split of *one* dataset any more. (With a random train/validation split made
-# per rank, the same bug puts one rank's validation items into another rank's training data.)
-# That is why every rank must build the same dataset (same files, or the same seed for
-# anything random).
+# **Claim (different data behind the same index):** with per-rank datasets, index `i` holds a
+# **different** value on every rank. `same_on_all_ranks` says False on every rank. Of rank 0's
+# dataset, only the items rank 0 receives are used. Every value another rank trains on belongs
+# to no other rank's dataset. Nothing fails, and no warning is raised.
+#
+# The sampler still hands out the same indices. So the epoch trains on items of `world_size`
+# **different** datasets. Rank 0's dataset uses seed `base_seed`, so it is also the shared one.
+# The split is simply not a split of *one* dataset any more. A random train/validation split made
+# per rank has the same bug. It puts one rank's validation items into another rank's training
+# data. That is why every rank must build the same dataset: the same files, or the same seed for
+# anything random.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: per-rank datasets differ, and nothing warns
 own = torch.stack([res["own_data"] for res in results])  # (world_size, 8): row r = rank r's own dataset
 assert_close(own[0], shared, rtol=0, atol=0, msg="rank 0's own dataset (seed base_seed) should equal the shared one")
 for r in range(1, world_size):
     assert bool((own[r] != own[0]).all()), f"rank {r}'s own dataset should differ from rank 0's at every index"
 assert all(res["own_same"] is False for res in results), "same_on_all_ranks should be False on every rank for per-rank data"
+for r, res in enumerate(results):
+    assert res["warnings"] == [], f"rank {r}: the per-rank datasets should raise no warning, got {res['warnings']}"
 rank0_values = set(own[0].tolist())
 used_of_rank0 = {v for res in results for _, v in res["own_seen"] if v in rank0_values}
 assert len(used_of_rank0) == len(expected[0]), (
@@ -445,9 +476,9 @@ plt.show()
 # ### 4.2 Evaluation with all-reduced counts
 #
 # Section 2's classifier and 10 items, evaluated on real ranks three ways. Each rank counts
-# `correct` and `total` over the indices it evaluates, then **one all-reduce** (`SUM`) of the
-# two counts gives every rank the global numbers. The model is evaluated as a plain module
-# (in a DDP script: `ddp_model.module`, never the wrapper).
+# `correct` and `total` over the indices it evaluates. Then **one all-reduce** with `SUM` of the
+# two counts gives every rank the global numbers. The model is evaluated as a plain module. In a
+# DDP script that is `ddp_model.module`, never the wrapper.
 
 # %%
 def eval_worker(rank, world_size, feats, labels):
@@ -470,14 +501,17 @@ def eval_worker(rank, world_size, feats, labels):
 eval_results = launch(eval_worker, world_size, eval_feats, eval_labels, backend="gloo")
 
 # %% [markdown]
-# **Claim (evaluation, live):** with counts all-reduced over `world_size` ranks, the unpadded
-# shards count every item once and give exactly what one forward over all 10 items gives in
-# this process (5 right of 10), on every rank, whatever `world_size` is. Evaluating through the
-# sampler gives whatever the padding or dropping predicts for `world_size` ranks (counted over
-# the indices the real sampler hands out, asked in this process): for `world_size = 3`
-# exactly section 2's 7/12 and 5/9 (the runner's `full` profile runs 3 ranks).
+# **Claim (evaluation, live):** counts are all-reduced over `world_size` ranks. The unpadded
+# shards count every item once, for any `world_size`. On every rank they give exactly what one
+# forward over all 10 items gives here: 5 right of 10.
+#
+# **Claim (sampler, live):** evaluating through the sampler gives what the padding or dropping
+# predicts for `world_size` ranks. The prediction counts over the indices the real sampler hands
+# out, asked in this process. For `world_size = 3` that is exactly section 2's 7/12 and 5/9.
+# The `full` profile runs 3 ranks.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: live counts against one forward and the sampler
 with torch.no_grad():
     one_forward = (int((clf(eval_feats).argmax(dim=1) == eval_labels).sum()), EVAL_N)  # no ranks, no shards
 predicted = {"padded": sampler_assignment(EVAL_N, world_size), "drop_last": sampler_assignment(EVAL_N, world_size, drop_last=True)}
@@ -503,11 +537,13 @@ pd.DataFrame([{"evaluation (live, all-reduced)": name, "correct": c, "counted": 
 # %% [markdown]
 # ### 4.3 Gathered predictions come back in the sampler's order
 #
-# To keep every prediction (not just counts), ranks `all_gather` their outputs. Gathering
-# needs equal-sized tensors on every rank, which the padded sampler provides, but the result
-# is in the **sampler's** order: rank 0's items, then rank 1's, and so on. The fixed case: 5
-# items, 2 ranks, `shuffle=False`; each item's "prediction" is a real forward of
-# `Linear(1, 1)` (weight 10, bias 0.5) on the item's feature, so that values differ by item.
+# To keep every prediction, not just counts, ranks `all_gather` their outputs. Gathering needs
+# equal-sized tensors on every rank, which the padded sampler provides. But the result is in the
+# **sampler's** order: rank 0's items, then rank 1's, and so on.
+#
+# The fixed case: 5 items, 2 ranks, `shuffle=False`. Each item's "prediction" is a real forward
+# of `Linear(1, 1)` on the item's feature, with weight 10 and bias 0.5. So values differ by
+# item.
 
 # %%
 def gather_worker(rank, world_size, feats):
@@ -535,14 +571,16 @@ pd.DataFrame([{"rank": r, "its items (padded)": g["mine"], "cat of gathered, fir
                "interleaved, padding dropped": g["interleaved"]} for r, g in enumerate(gathered)]).set_index("rank")
 
 # %% [markdown]
-# **Claim (gathering order):** rank 0 holds items `[0, 2, 4]` and rank 1 `[1, 3, 0]` (its last
-# item is padding). Concatenating the gathered tensors and keeping the first 5 gives items
-# `[0, 2, 4, 1, 3]`, not the dataset's order; interleaving (`torch.stack(gathered, dim=1)`
-# then flatten: rank `r` held items `r, r + 2, ...`) and then dropping the padding gives
-# `[0, 1, 2, 3, 4]`, and the interleaved predictions equal one forward of the same model over
-# the 5 items in this process. (With `shuffle=True`, gather the indices too and sort by them.)
+# **Claim (gathering order):** rank 0 holds items `[0, 2, 4]` and rank 1 `[1, 3, 0]`; its last
+# item is padding. Concatenating the gathered tensors and keeping the first 5 gives
+# `[0, 2, 4, 1, 3]`, not the dataset's order. Interleaving, then dropping the padding, gives
+# `[0, 1, 2, 3, 4]`. The interleaved predictions equal one forward over the 5 items here.
+#
+# To interleave, use `torch.stack(gathered, dim=1)` and flatten: rank `r` held items `r`,
+# `r + 2`, and so on. With `shuffle=True`, gather the indices too and sort by them.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the gathered order, and interleaving
 assert [g["mine"] for g in gathered] == [[0, 2, 4], [1, 3, 0]], [g["mine"] for g in gathered]
 for r, g in enumerate(gathered):
     assert g["concatenated"] == [0, 2, 4, 1, 3], f"rank {r}: concatenation gave {g['concatenated']}"
@@ -555,9 +593,9 @@ print("concatenated:", gathered[0]["concatenated"], " interleaved:", gathered[0]
 # %% [markdown]
 # ### 4.4 `set_epoch` on real ranks
 #
-# One `DistributedSampler(shuffle=True, seed=0)` per rank reused over `epochs` epochs, as a
-# training loop does: once without `set_epoch`, once with `sampler.set_epoch(epoch)` at the
-# start of each epoch.
+# Each rank reuses one `DistributedSampler(shuffle=True, seed=0)` over `epochs` epochs, as a
+# training loop does. It runs once without `set_epoch`, and once with `sampler.set_epoch(epoch)`
+# at the start of each epoch.
 
 # %%
 def epoch_worker(rank, world_size, n_items, epochs):
@@ -576,12 +614,16 @@ def epoch_worker(rank, world_size, n_items, epochs):
 epoch_results = launch(epoch_worker, world_size, LIVE_N, epochs, backend="gloo")
 
 # %% [markdown]
-# **Claim (`set_epoch`, live):** each rank's shuffled orders in the workers are exactly what
-# the real sampler predicts here for `world_size` ranks. Without `set_epoch`, every epoch
-# repeats epoch 0 on every rank; with it, the global order changes from epoch to epoch; and
-# when `world_size` divides 8, the ranks together cover all 8 items exactly once per epoch.
+# **Claim (`set_epoch`, live):** each rank's shuffled orders in the workers are exactly what the
+# real sampler predicts here for `world_size` ranks. Without `set_epoch`, every epoch repeats
+# epoch 0 on every rank. With it, the global order changes from epoch to epoch.
+#
+# **Claim (coverage):** when `world_size` divides the dataset, the ranks together cover every
+# item exactly once per epoch. When it does not, padding repeats some items in every epoch. The
+# cell checks 8 items on 3 ranks here, and the live run's own case.
 
-# %%
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: live orders per epoch, and the coverage
 pred = {"without set_epoch": epoch_assignment(LIVE_N, world_size, epochs, call_set_epoch=False, seed=0),
         "with set_epoch": epoch_assignment(LIVE_N, world_size, epochs, call_set_epoch=True, seed=0)}
 for name, df in pred.items():
@@ -589,8 +631,16 @@ for name, df in pred.items():
         want = orders(df, e)
         got = [res[name][e] for res in epoch_results]
         assert got == want, f"{name}, epoch {e}: workers got {got}, the sampler predicts {want}"
+        covered = sorted(i for o in got for i in o)
         if LIVE_N % world_size == 0:
-            assert sorted(i for o in got for i in o) == list(range(LIVE_N)), f"{name}, epoch {e}: not exactly once"
+            assert covered == list(range(LIVE_N)), f"{name}, epoch {e}: not exactly once"
+        else:  # padding: every item, and some of them twice
+            assert set(covered) == set(range(LIVE_N)) and len(covered) > LIVE_N, f"{name}, epoch {e}: {covered}"
+for name, df in (("without set_epoch", epoch_assignment(8, 3, 2, call_set_epoch=False, seed=0)),
+                 ("with set_epoch", epoch_assignment(8, 3, 2, call_set_epoch=True, seed=0))):
+    for e in (0, 1):  # 3 does not divide 8: 9 indices per epoch, so one item comes twice
+        covered = sorted(i for o in orders(df, e) for i in o)
+        assert len(covered) == 9 and len(set(covered)) == 8, f"8 items, 3 ranks, {name}, epoch {e}: {covered}"
 for r, res in enumerate(epoch_results):
     assert all(o == res["without set_epoch"][0] for o in res["without set_epoch"]), (
         f"rank {r}: without set_epoch every epoch should repeat epoch 0")
@@ -602,45 +652,50 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r
 # %% [markdown]
 # ## What we saw
 #
-# * `DistributedSampler` splits **indices**: rank `r` takes every `num_replicas`-th index
-#   starting at `r` (8 items, 4 ranks: `[r, r + 4]`), after an optional shuffle that is the
-#   same on every rank.
-# * When `num_replicas` does not divide the dataset it **pads** with repeated items (10 items,
-#   3 ranks: items 0 and 1 twice) so that every rank has the same number of batches and the
-#   collectives stay in step; `drop_last=True` instead **drops** the tail (item 9 never seen).
-# * Both skew evaluation: a model that is right on half the items scored 7/12 (padded) or 5/9
-#   (`drop_last`). Unpadded shards plus one all-reduce of the correct and total counts gave
-#   what a single forward over all items gives, on real ranks, for any `world_size`.
+# * `DistributedSampler` splits **indices**. Rank `r` takes every `num_replicas`-th index,
+#   starting at `r`: with 8 items on 4 ranks, `[r, r + 4]`. An optional shuffle comes first, and
+#   it is the same on every rank.
+# * When `num_replicas` does not divide the dataset, the sampler **pads** with repeated items.
+#   With 10 items on 3 ranks, items 0 and 1 come twice. So every rank has the same number of
+#   batches, and the collectives stay in step. `drop_last=True` instead **drops** the tail: item
+#   9 is never seen.
+# * Both skew evaluation. A model right on half the items scored 7/12 padded, or 5/9 with
+#   `drop_last`. Unpadded shards plus one all-reduce of the correct and total counts gave the
+#   single-forward answer. That held on real ranks, for any `world_size`.
 # * Gathered outputs come back in the sampler's order: interleave, then drop the padding.
-# * Without `set_epoch` every epoch repeats the same order; with `set_epoch(epoch)` it changes,
-#   and the ranks still cover every item exactly once per epoch.
-# * The sampler assumes every rank holds the **same** dataset. Built per rank from different
-#   seeds (the seed's bug), the same index means different data: the epoch silently mixes
-#   `world_size` datasets and nothing warns you; comparing a fingerprint across ranks (an
-#   `all_gather`) catches it.
+# * Without `set_epoch` every epoch repeats the same order. With `set_epoch(epoch)` it changes.
+#   When `world_size` divides the dataset, the ranks still cover every item exactly once per
+#   epoch. Otherwise the padding repeats a few.
+# * The sampler assumes every rank holds the **same** dataset. The seed's bug builds it per rank
+#   from different seeds. Then the same index means different data, and the epoch silently mixes
+#   `world_size` datasets. No warning is raised. Comparing a fingerprint across ranks with an
+#   `all_gather` catches it.
 #
 # The casebook's [data page](10b_casebook_data.ipynb) runs what people report next: an
-# `IterableDataset` under DDP, `shuffle=True` without the sampler, epoch state with persistent workers.
+# `IterableDataset` under DDP, `shuffle=True` without the sampler, and epoch state with
+# persistent workers.
 #
 # ## Exercises
 #
-# Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
-# check cell below it: it prints "correct" or "not yet" with a hint. In the full notebook a solution follows each check, collapsed (click the "…" or the bar on its
-# left to open it); student copies leave the solutions out. Every solution runs when the full
-# notebook runs, so each is known to pass its check. Exercises 1–3 start no processes;
-# exercise 4 runs your function on 3 real ranks.
+# Predict each answer by hand first. Write it into `answer_N` in place of `None`, then run the
+# check cell below it. It prints "correct", or "not yet" with a hint. In the full notebook, a
+# collapsed solution follows each check. Click the "…" or the bar on its left to open it.
+# Student copies leave the solutions out. Every solution runs when the full notebook runs, so
+# each is known to pass its check. Exercises 1–3 start no processes. Exercise 4 runs your
+# function on 3 real ranks.
 
 # %% [markdown]
 # ### Exercise 1: 11 items on 4 ranks
 #
-# A dataset of 11 items on 4 ranks, `DistributedSampler(shuffle=False)` with the default
+# A dataset of 11 items on 4 ranks uses `DistributedSampler(shuffle=False)`, with the default
 # `drop_last=False`. How many items does the epoch hand out **twice**? Answer with a whole
 # number.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, asked of the real sampler
 # expected: asked of the real sampler, in this process
 seen_11 = times_seen(sampler_assignment(11, 4), 11)
 expected_1 = int((seen_11 > 1).sum())
@@ -656,13 +711,14 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: the same with drop_last=True
 #
-# The same 11 items and 4 ranks with `drop_last=True`: how many items are **never** handed
+# Take the same 11 items and 4 ranks, with `drop_last=True`. How many items are **never** handed
 # out in an epoch? Answer with a whole number.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, asked of the real sampler
 # expected: asked of the real sampler, in this process
 seen_11_drop = times_seen(sampler_assignment(11, 4, drop_last=True), 11)
 expected_2 = int((seen_11_drop == 0).sum())
@@ -678,16 +734,18 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 # %% [markdown]
 # ### Exercise 3: a different seed on every rank
 #
-# `DistributedSampler(shuffle=True)` uses `seed=0` on every rank unless told otherwise, so all
-# ranks draw the same permutation. Suppose each rank passed `seed=rank` instead: 8 items,
-# 2 ranks, epoch 0. How many of the 8 items are **never** seen in that epoch? Find out with
-# `sampler_indices(8, 2, r, shuffle=True, seed=r)` for `r = 0, 1` (imported above), and
-# answer with a whole number. Why can it not happen with a common seed?
+# `DistributedSampler(shuffle=True)` uses `seed=0` on every rank unless told otherwise. So all
+# ranks draw the same permutation. Suppose each rank passed `seed=rank` instead: 8 items, 2
+# ranks, epoch 0. How many of the 8 items are **never** seen in that epoch?
+#
+# Find out with `sampler_indices(8, 2, r, shuffle=True, seed=r)` for `r = 0, 1`; it is imported
+# above. Answer with a whole number. Why can it not happen with a common seed?
 
 # %% tags=["exercise"]
 answer_3 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 3, asked of the real sampler
 # expected: asked of the real sampler, in this process
 own_seed = [sampler_indices(8, 2, r, shuffle=True, seed=r) for r in range(2)]
 expected_3 = 8 - len(set(own_seed[0]) | set(own_seed[1]))
@@ -709,8 +767,8 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # ### Exercise 4: count every item once while iterating the padded sampler
 #
 # Sometimes you cannot change the evaluation loop: it iterates a padded
-# `DistributedSampler(shuffle=False)`. This function counts the padding too (10 items, 3
-# ranks, the section 2 model: 7/12 instead of 5/10):
+# `DistributedSampler(shuffle=False)`. This function counts the padding too. With 10 items, 3
+# ranks and section 2's model, it scores 7/12 instead of 5/10:
 #
 # ```python
 # def padded_counts(rank, world_size, right):
@@ -722,17 +780,17 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 #     return counts.tolist()
 # ```
 #
-# Write a fixed version that still iterates the sampler but skips the padded positions (hint:
-# the `p`-th item rank `r` receives sits at position `p * world_size + r` of the padded list;
-# which positions are padding?), and set `answer_4 = your_function` (the function itself,
-# not a call). The check cell runs it on 3 real ranks with section 2's `right` and compares
-# every rank's `[correct, total]` with one count over all items in this process (once you
-# have answered).
+# Write a fixed version that still iterates the sampler but skips the padded positions. Hint:
+# the `p`-th item rank `r` receives sits at position `p * world_size + r` of the padded list.
+# Which positions are padding? Set `answer_4 = your_function`: the function itself, not a call.
+# Once you have answered, the check cell runs it on 3 real ranks with section 2's `right`. It
+# compares every rank's `[correct, total]` with one count over all items in this process.
 
 # %% tags=["exercise"]
 answer_4 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 4, your count on 3 real ranks
 # expected: every rank holds the count over all 10 items, once each (no sampler, no ranks)
 expected_4 = [[sum(right), len(right)]] * 3
 check_answer("ex4", answer_4, expected_4, run=lambda fn: launch(fn, 3, right, backend="gloo"),

@@ -20,18 +20,18 @@
 # **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
-# **The question:** when I shard the model across ranks, what does each rank hold, and what
+# **The question:** when I shard the model across ranks, what does each rank hold? And what
 # changes in my training loop?
 #
-# Everything runs on real ranks (`launch`, backend `gloo`, CPU): FSDP2 needs a device mesh, here
-# `init_device_mesh("cpu", (world_size,))`. The model is a small MLP,
-# `8 → hidden → hidden → 10 → 3`, trained with Adam on random regression data. Each claim (in
-# bold, "Claim:") is asserted in the code cell right after it, tagged `check`.
+# Everything runs on real ranks, with `launch`, backend `gloo`, on CPU. FSDP2 needs a device
+# mesh, here `init_device_mesh("cpu", (world_size,))`. The model is a small MLP,
+# `8 → hidden → hidden → 10 → 3`, trained with Adam on random regression data. Each bold claim
+# is asserted in the code cell right after it, tagged `check`.
 #
 # 1. the shards each rank holds · 2. memory per rank · 3. the same loss curve as DDP ·
 # 4. clipping sharded gradients · 5. a checkpoint for a plain model
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, all in the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
@@ -82,12 +82,18 @@ print(f"torch {torch.__version__}")
 # %% [markdown]
 # ## 0. The model and the three ways to wrap it
 #
-# `build(kind, ...)` returns the model and its optimizer, the way you would write them in your
-# own script: DDP with Adam; DDP with `ZeroRedundancyOptimizer`, which keeps Adam's state only
-# for the parameters assigned to this rank and broadcasts each updated parameter from its owner
-# after `step()`; and FSDP2, where `fully_shard` is applied to each `Linear` and then to the
-# whole model, and a plain Adam updates the local shards. `local(t)` is the part of a tensor this
-# rank stores (`DTensor.to_local()`), `nbytes(t)` its bytes.
+# `build(kind, ...)` returns the model and its optimizer, as you would write them in your own
+# script. There are three kinds:
+#
+# * **DDP** with Adam.
+# * **ZeRO-1**: DDP with `ZeroRedundancyOptimizer`. It keeps Adam's state only for the
+#   parameters assigned to this rank. After `step()` it broadcasts each updated parameter from
+#   its owner.
+# * **FSDP2**: `fully_shard` is applied to each `Linear`, then to the whole model. A plain Adam
+#   updates the local shards.
+#
+# `local(t)` is the part of a tensor this rank stores, `DTensor.to_local()`. `nbytes(t)` is its
+# bytes.
 
 # %%
 def mlp(hidden, seed=0):
@@ -138,12 +144,13 @@ def batch(rank, step, batch_size):
 # %% [markdown]
 # ## 1. The shards each rank holds
 #
-# `ZeroRedundancyOptimizer` partitions whole parameters: each one's Adam state lives on exactly
-# one rank, chosen greedily so the ranks hold about the same number of elements. `fully_shard`
-# splits every parameter along dimension 0 the way `torch.chunk` does: chunks of
-# `ceil(rows / world_size)` rows, so the last ranks may hold fewer rows, or none. Each parameter
-# becomes a `DTensor` with placement `Shard(0)`: its `.shape` is still the full shape, its
-# `to_local()` the rank's rows.
+# `ZeroRedundancyOptimizer` partitions whole parameters. Each one's Adam state lives on exactly
+# one rank. The ranks are chosen greedily, so they hold about the same number of elements.
+#
+# `fully_shard` splits every parameter along dimension 0, the way `torch.chunk` does. The chunks
+# have `ceil(rows / world_size)` rows, so the last ranks may hold fewer rows, or none. Each
+# parameter becomes a `DTensor` with placement `Shard(0)`. Its `.shape` is still the full shape;
+# its `to_local()` is the rank's rows.
 
 # %%
 def shards_worker(rank, world_size, hidden, batch_size):
@@ -170,13 +177,17 @@ pd.DataFrame({name: {"full shape": S[0]["fsdp"][name]["shape"],
               for name in names}).T
 
 # %% [markdown]
-# **Claim:** with ZeRO-1 every parameter's Adam state is on exactly one rank. With FSDP2 every
-# parameter is a `DTensor` placed `Shard(0)` whose full shape is the plain model's, and rank `r`
-# holds the rows of `torch.chunk(rows, world_size)[r]`: for `6.bias` (3 elements) and `6.weight`
-# (3 rows) on 4 ranks that is 1, 1, 1 and **0** rows (rank 3 holds an empty shard), and for
-# `4.weight` (10 rows) 3, 3, 3 and 1.
+# **Claim:** with ZeRO-1, every parameter's Adam state is on exactly one rank. With FSDP2, every
+# parameter is a `DTensor` placed `Shard(0)`, with the plain model's full shape. Rank `r` holds
+# the rows of `torch.chunk(rows, world_size)[r]`. On 4 ranks:
+#
+# | parameter | rows | rows on ranks 0, 1, 2, 3 |
+# |---|---|---|
+# | `6.bias`, `6.weight` | 3 | 1, 1, 1, **0**: rank 3 holds an empty shard |
+# | `4.weight` | 10 | 3, 3, 3, 1 |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: ZeRO-1 owners and FSDP2 shards on every rank
 def chunk_rows(rows, world_size, rank):
     chunks = torch.chunk(torch.arange(rows), world_size)
     return len(chunks[rank]) if rank < len(chunks) else 0
@@ -200,15 +211,19 @@ print("rank", N - 1, "holds 6.bias with shape", S[N - 1]["fsdp"]["6.bias"]["loca
 # %% [markdown]
 # ## 2. Memory per rank: DDP, ZeRO-1 and FSDP2
 #
-# After one training step each rank counts the bytes it stores: its parameters (the local
-# shards for FSDP2), its gradients (`p.grad`; FSDP2's are sharded `DTensor`s too, reduce-scattered
-# in `backward()`), and Adam's two states per parameter, `exp_avg` and `exp_avg_sq` (the scalar
-# `step` counters are left out). Everything is float32, so with `P` parameters the
-# ZeRO formula of [07b](07b_hooks_and_after_ddp.ipynb) (section 3)
-# with 4 bytes for each of parameters and gradients and `K = 8` for Adam gives, per rank on `N`
-# ranks: DDP `4P + 4P + 8P = 16P`, ZeRO-1 `4P + 4P + 8P / N`, FSDP2 `16P / N`. Activations and
-# communication buffers (DDP's gradient buckets, the layer FSDP2 gathers for its forward) come on
-# top and are not counted here.
+# After one training step, each rank counts the bytes it stores:
+#
+# * its parameters, the local shards for FSDP2;
+# * its gradients, `p.grad`. FSDP2's are sharded `DTensor`s too, reduce-scattered in
+#   `backward()`;
+# * Adam's two states per parameter, `exp_avg` and `exp_avg_sq`. The scalar `step` counters are
+#   left out.
+#
+# Everything is float32. Take `P` parameters, with 4 bytes each for parameters and gradients,
+# and `K = 8` for Adam. Section 3 of [07b](07b_hooks_and_after_ddp.ipynb) gives the ZeRO formula.
+# Per rank on `N` ranks it gives DDP `4P + 4P + 8P = 16P`, ZeRO-1 `4P + 4P + 8P / N`, and FSDP2
+# `16P / N`. Activations and communication buffers come on top and are not counted here. Those
+# are DDP's gradient buckets, and the layer FSDP2 gathers for its forward.
 
 # %%
 def memory_worker(rank, world_size, hidden, batch_size):
@@ -250,16 +265,21 @@ print(f"P = {P:,} parameters; formula: DDP 16P, ZeRO-1 8P + 8P/N, FSDP2 16P/N by
 table
 
 # %% [markdown]
-# **Claim:** DDP's ranks each hold exactly `16P` bytes. ZeRO-1's ranks each hold the full `8P` of
-# parameters and gradients, and their optimizer states add up to exactly `8P`; one rank's share
-# differs from `8P / N` by less than the state of the largest parameter, because whole parameters
-# are assigned. FSDP2's ranks add up to exactly `16P`; each rank's local parameter storage is
-# exactly the padded size `4 × Σ ceil(rows / N) × columns` (the sum over the parameters), rank 0
-# holds 4 times that (full chunks of parameters, gradients and both states), and no rank holds
-# more: `16P / N` plus the padding of the uneven shards is the most a rank holds, and the last
-# ranks, with the short chunks, hold less.
+# **Claim:** the bytes each rank holds, against the formula.
+#
+# | wrapper | each rank | over all ranks |
+# |---|---|---|
+# | DDP | exactly `16P` | |
+# | ZeRO-1 | exactly `8P` of parameters and gradients; its state within one largest parameter's state of `8P / N` | optimizer states add up to exactly `8P` |
+# | FSDP2 | rank 0: exactly 4 × the padded parameter storage; no rank more; the last rank less when shards are uneven | exactly `16P` |
+#
+# The ZeRO-1 share is uneven because whole parameters are assigned. FSDP2's local parameter
+# storage is padded to `4 × Σ ceil(rows / N) × columns` on every rank. Rank 0 holds full chunks
+# of parameters, gradients and both states: 4 times that. So `16P / N` plus the padding is the
+# most a rank holds.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the bytes on every rank against the formula
 largest = max(p.numel() for p in mlp(hidden).parameters())
 for n in world_sizes:
     padded = 4 * sum(-(-p.shape[0] // n) * (p.numel() // p.shape[0]) for p in mlp(hidden).parameters())
@@ -296,10 +316,10 @@ plt.show()
 # %% [markdown]
 # ## 3. The same loss curve as DDP
 #
-# Sharding changes where the state lives, not the arithmetic: DDP all-reduces and averages the
-# gradients, FSDP2 reduce-scatters and averages them, and Adam's update is elementwise, so each
-# shard's update is the slice of the full one. All three runs start from the same weights (seed
-# 0) and see the same data on each rank; each step logs the loss averaged over the ranks.
+# Sharding changes where the state lives, not the arithmetic. DDP all-reduces and averages the
+# gradients. FSDP2 reduce-scatters and averages them. Adam's update is elementwise, so each
+# shard's update is the slice of the full one. All three runs start from the same weights, seed
+# 0. They see the same data on each rank. Each step logs the loss averaged over the ranks.
 
 # %%
 def curve_worker(rank, world_size, hidden, steps, batch_size):
@@ -329,12 +349,13 @@ curves = pd.DataFrame({kind: L[0][kind] for kind in KINDS}, index=pd.RangeIndex(
 curves
 
 # %% [markdown]
-# **Claim:** on `W` ranks the ZeRO-1 and FSDP2 loss curves equal DDP's at every step, and the
-# final weights (FSDP2's gathered with `full_tensor()`) equal DDP's, to float32 rounding
-# (relative tolerance `1e-5`). ZeRO-1's broadcast after `step()` leaves every rank with the same
-# weights.
+# **Claim:** on `W` ranks, the ZeRO-1 and FSDP2 loss curves equal DDP's at every step. Their
+# final weights equal DDP's too; FSDP2's are gathered with `full_tensor()`. Both hold to float32
+# rounding, a relative tolerance of `1e-5`. ZeRO-1's broadcast after `step()` leaves every rank
+# with the same weights.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: ZeRO-1 and FSDP2 losses and weights equal DDP's
 for kind in ("ZeRO-1", "FSDP2"):
     torch.testing.assert_close(torch.tensor(L[0][kind]), torch.tensor(L[0]["DDP"]), rtol=1e-5, atol=1e-7)
     ddp_weights = L[0]["DDP weights"]
@@ -352,11 +373,13 @@ print("largest loss difference to DDP:",
 #
 # `clip_grad_norm_` scales every gradient by `max_norm / total_norm` when the norm of **all**
 # gradients together is above `max_norm`. Under FSDP2 each rank holds only its shard of each
-# gradient, so the norm of the local tensors is a partial one, and it differs per rank: clipping
-# with it would scale each rank's shards by a different factor. The global norm is
-# `sqrt(Σ over ranks of local_norm²)`: one all-reduce of the squared local norm.
-# `torch.nn.utils.clip_grad_norm_` on the `DTensor` gradients does exactly that and returns a
-# `DTensor` (`.full_tensor()` gives the number). A DDP model on the same data is the reference.
+# gradient. So the norm of the local tensors is a partial one, and it differs per rank. Clipping
+# with it would scale each rank's shards by a different factor.
+#
+# The global norm is `sqrt(Σ over ranks of local_norm²)`: one all-reduce of the squared local
+# norm. `torch.nn.utils.clip_grad_norm_` on the `DTensor` gradients does exactly that. It returns
+# a `DTensor`, and `.full_tensor()` gives the number. A DDP model on the same data is the
+# reference.
 
 # %%
 def clip_worker(rank, world_size, hidden, batch_size):
@@ -384,13 +407,16 @@ C = launch(clip_worker, N, hidden, batch_size, backend="gloo", timeout=180)
 pd.DataFrame(C).rename_axis("rank")[["local", "all-reduced", "clip_grad_norm_", "reference", "type"]]
 
 # %% [markdown]
-# **Claim:** on `N` ranks each rank's local norm is smaller than the global one and they differ
-# across ranks; their squares add up to the global norm squared. The all-reduced norm and
-# `clip_grad_norm_` (a `DTensor`) both equal the DDP model's gradient norm, and the clipped
-# sharded gradients, gathered, equal DDP's clipped ones. A clip by the local norm would have
-# scaled rank `r` by `max_norm / local_r`, a different factor on each rank.
+# **Claim:** on `N` ranks, each rank's local norm is below the global one, and they differ across
+# ranks. Their squares add up to the global norm squared. The all-reduced norm and
+# `clip_grad_norm_`, a `DTensor`, both equal the DDP model's gradient norm. The clipped sharded
+# gradients, gathered, equal DDP's clipped ones.
+#
+# **Claim:** clipping by the local norm would scale rank `r` by `max_norm / local_r`, a
+# different factor on each rank.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: local, all-reduced and clipped norms against DDP
 ref_norm = C[0]["reference"]
 local_norms = [c["local"] for c in C]
 assert all(n < ref_norm for n in local_norms) and len(set(local_norms)) > 1, local_norms
@@ -408,15 +434,18 @@ print("clip factors:", {k: round(v, 4) for k, v in factors.items()})
 # %% [markdown]
 # ## 5. A checkpoint that loads into a plain model
 #
-# An FSDP2 model's `state_dict()` holds `DTensor`s: each rank's entries carry only its shard. To
-# save a checkpoint a plain `nn.Module` (an evaluation script, a single-device export) can load,
-# gather the full tensors: `get_model_state_dict(model, options=StateDictOptions(
-# full_state_dict=True, cpu_offload=True))` from `torch.distributed.checkpoint.state_dict` (every
-# rank calls it, it is a collective; rank 0 receives the full tensors on the CPU, the other ranks
-# an empty dict), or `{k: v.full_tensor() ...}` on every rank. For a sharded checkpoint that
-# restores into the sharded model (and its optimizer), `torch.distributed.checkpoint.save` and
-# `load` are the tools; they are not run here. The model is trained one step first, so that its
-# weights differ from a fresh `mlp` (built with another seed).
+# An FSDP2 model's `state_dict()` holds `DTensor`s: each rank's entries carry only its shard. A
+# plain `nn.Module` may need to load the checkpoint: an evaluation script, a single-device
+# export. Then gather the full tensors. There are two ways:
+#
+# * `get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))`
+#   from `torch.distributed.checkpoint.state_dict`. It is a collective, so every rank calls it.
+#   Rank 0 receives the full tensors on the CPU; the other ranks get an empty dict.
+# * `{k: v.full_tensor() ...}` on every rank.
+#
+# A sharded checkpoint restores into the sharded model and its optimizer. For that,
+# `torch.distributed.checkpoint.save` and `load` are the tools; they are not run here. The model
+# is trained one step first. So its weights differ from a fresh `mlp`, built with another seed.
 
 # %%
 def checkpoint_worker(rank, world_size, hidden, batch_size):
@@ -456,15 +485,17 @@ for name in ("state_dict()", "to_local()"):  # the two expected errors, their fi
     print("  " + "\n  ".join(K[0][name].splitlines()[:2]))
 
 # %% [markdown]
-# **Claim:** with `get_model_state_dict(..., full_state_dict=True, cpu_offload=True)` rank 0 gets
-# all 8 entries and the other ranks none; loaded into a plain model, it gives exactly the sharded
-# model's outputs, and so does the `full_tensor()` dictionary on every rank. Loading the sharded
-# `model.state_dict()` into a plain model raises a `RuntimeError`: the shapes match (a `DTensor`
-# reports the full shape), but copying a `DTensor` into a plain tensor fails with "got mixed
-# torch.Tensor and DTensor". Converting with `to_local()` first fails too, with "size mismatch":
-# each rank saved only its rows.
+# **Claim:** with `get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`, rank 0
+# gets all 8 entries and the other ranks none. Loaded into a plain model, it gives exactly the
+# sharded model's outputs. So does the `full_tensor()` dictionary, on every rank.
+#
+# **Claim:** loading the sharded `model.state_dict()` into a plain model raises a
+# `RuntimeError`. The shapes match, since a `DTensor` reports the full shape. But copying a
+# `DTensor` into a plain tensor fails with "got mixed torch.Tensor and DTensor". Converting with
+# `to_local()` first fails too, with "size mismatch": each rank saved only its rows.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the gathered checkpoint loads; the sharded one fails
 n_keys = len(mlp(hidden).state_dict())
 assert n_keys == 8, n_keys  # the claim's "all 8 entries": 4 Linear layers, weight and bias
 assert [k["keys on this rank"] for k in K] == [n_keys] + [0] * (W - 1), [k["keys on this rank"] for k in K]
@@ -488,33 +519,34 @@ print(f"lesson 08a ran in {time.perf_counter() - t_notebook:.0f} s")
 # | ZeRO-1 | all parameters and gradients, Adam's state for its share of the parameters | `8P + 8P / N` | swap the optimizer; `consolidate_state_dict(to=0)` on every rank before saving |
 # | FSDP2 | `torch.chunk` rows of every parameter, gradient and state | `16P / N` plus padding | global clip norm, gathered checkpoint |
 #
-# Sharding leaves the loss curve where DDP puts it. It changes what "the gradient" and "the
-# state dict" mean on one rank: each holds a shard, and anything computed from it alone (a norm,
-# a checkpoint) is partial. Use the `DTensor`-aware tools: `clip_grad_norm_` on the sharded
-# gradients, and `get_model_state_dict` with `full_state_dict=True` (or `full_tensor()`) for a
-# checkpoint that a plain model loads.
+# Sharding leaves the loss curve where DDP puts it. It changes what "the gradient" and "the state
+# dict" mean on one rank. Each rank holds a shard, and anything computed from it alone is
+# partial: a norm, a checkpoint. Use the `DTensor`-aware tools. Clip with `clip_grad_norm_` on
+# the sharded gradients. Save with `get_model_state_dict` and `full_state_dict=True`, or with
+# `full_tensor()`, for a checkpoint that a plain model loads.
 #
 # Casebook: [ZeRO-1's checkpoint needs `consolidate_state_dict(to=0)` on every rank](10c_casebook_models_and_checkpoints.ipynb#case-zero-checkpoint),
 # and [FSDP2's optimizer comes after `fully_shard`, before any forward](10c_casebook_models_and_checkpoints.ipynb#case-fsdp2-optimizer-order).
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
-# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
-# solution follows each check, collapsed; student copies leave the solutions out. Every solution
+# Both ask for a value. Predict it by hand first. Then set `answer_N` in place of `None` and run
+# the check cell below it. It prints "correct", or "not yet" with a hint. In the full lesson, a
+# collapsed solution follows each check. Student copies leave the solutions out. Every solution
 # runs when the full lesson runs, so each is known to pass its check.
 
 # %% [markdown]
 # ### Exercise 1: bytes per rank for a billion parameters
 #
-# A model of `10^9` float32 parameters trained with Adam on 8 ranks: how many bytes of model
-# state does each rank hold with DDP, with ZeRO-1 and with FSDP2 (no padding)? Answer with a list
-# of three numbers `[DDP, ZeRO-1, FSDP2]`.
+# A model of `10^9` float32 parameters is trained with Adam on 8 ranks. How many bytes of model
+# state does each rank hold with DDP, with ZeRO-1 and with FSDP2, without padding? Answer with a
+# list of three numbers, `[DDP, ZeRO-1, FSDP2]`.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, section 2's formula
 # expected: section 2's formula, which the measurement there matched
 expected_1 = [formula(kind, 8, 10**9) for kind in KINDS]
 check_answer("ex1", answer_1, expected_1, hint="4 bytes each for parameters and gradients, 8 for Adam; divide what is sharded by 8")
@@ -528,13 +560,14 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: the rows of a 7-row weight on 3 ranks
 #
-# `fully_shard` on a mesh of 3 ranks shards a `Linear(5, 7)` weight (shape `(7, 5)`). How many
-# rows does each rank hold? Answer with a list `[rank 0, rank 1, rank 2]`.
+# `fully_shard` on a mesh of 3 ranks shards a `Linear(5, 7)` weight, of shape `(7, 5)`. How many
+# rows does each rank hold? Answer with a list, `[rank 0, rank 1, rank 2]`.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, the torch.chunk rule
 # expected: torch.chunk, the rule section 1 checked against the real shards
 expected_2 = [chunk_rows(7, 3, r) for r in range(3)]
 check_answer("ex2", answer_2, expected_2, hint="chunks of ceil(7 / 3) rows; the last rank takes what is left")
