@@ -108,7 +108,8 @@ def in_torch_library(text, name):
 
 # %%
 script = Path(tempfile.mkdtemp(prefix="casebook_10d_")) / "show_args.py"
-script.write_text("import os, sys\nprint('ARGS', sys.argv[1:], os.environ.get('LOCAL_RANK'), flush=True)\n")
+# one os.write per line: under PYTHONUNBUFFERED, print's pieces from two ranks can interleave
+script.write_text("import os, sys\nos.write(1, f\"ARGS {sys.argv[1:]} {os.environ.get('LOCAL_RANK')}\\n\".encode())\n")
 
 
 def what_the_script_sees(launcher):
