@@ -17,13 +17,14 @@
 # # 10a · Casebook: the training loop
 #
 # <!-- opening:start -->
-# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,600 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
-# **What this page is.** A casebook page, not a lesson: one section per mistake that people
-# report, found by its symptom. Each case gives the symptom in people's words and the thread it
-# comes from, the shortest program that shows it, the wrong and the right value (both computed
-# and asserted), the fix, and the check that catches it. Read only the case you came for.
+# **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
+# report, found by its symptom. A case quotes the symptom and names the thread it comes from.
+# Then come the shortest program that shows it, the wrong and the right value, the fix, and the
+# check that catches it. The page computes and asserts both values. Read only the case you came
+# for.
 #
 # Cases on this page:
 #
@@ -33,11 +34,11 @@
 # * [my token-averaged loss differs from one GPU's](#case-token-weighted-loss)
 # * [the gradients I logged are all the same](#case-bucket-view-kept-grad)
 #
-# Every program runs on 2 real ranks (`launch`, backend `gloo`, CPU) with 06d's model: one
-# weight `w = 1`, input `x = 1` on rank 0 and `x = 3` on rank 1, learning rate 1/8. Each claim
-# (in bold, "Claim:") is asserted in the code cell right after it.
+# Every program runs on 2 real ranks with `launch` and backend `gloo`, on the CPU. It uses 06d's
+# model: one weight `w = 1`, input `x = 1` on rank 0 and `x = 3` on rank 1, learning rate 1/8.
+# Each claim is in bold, "Claim:", and the code cell right after it asserts it.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, from the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [DDP](../docs/GLOSSARY.md#ddp), [bucket](../docs/GLOSSARY.md#bucket),
 # [gradient synchronisation](../docs/GLOSSARY.md#gradient-synchronisation).
@@ -85,13 +86,14 @@ print(f"torch {torch.__version__}")
 # backward twice. The ranks' weights drift apart." From
 # [pytorch/pytorch#47260](https://github.com/pytorch/pytorch/issues/47260).
 #
-# **Why.** A DDP forward prepares the reducer for one backward. Two forwards, then two
-# backwards: the first backward's hooks all-reduce the gradient; the second one's are not
-# armed, so it adds a rank-local gradient. It extends [06a](06a_training_loop_pitfalls.ipynb)
-# (what a DDP step does) and [06d](06d_silent_bugs.ipynb) (bypassing the wrapper).
+# **Why.** A DDP forward prepares the reducer for one backward. Here two forwards come before two
+# backwards. The first backward's hooks all-reduce the gradient. The second backward's hooks are
+# not armed, so it adds a rank-local gradient. The case extends
+# [06a](06a_training_loop_pitfalls.ipynb) on what a DDP step does, and
+# [06d](06d_silent_bugs.ipynb) on bypassing the wrapper.
 #
-# The program: the discriminator is `one()`, real input `x` (1 or 3), fake input 2 on rank 0
-# and 4 on rank 1.
+# The program: the discriminator is `one()`, and the real input is `x`, 1 or 3. The fake input
+# is 2 on rank 0 and 4 on rank 1.
 
 # %%
 def gan_step(rank, world_size, one_backward, ddp_kwargs):
@@ -117,13 +119,19 @@ GAN = launch(lambda rank, world_size: {name: gan_step(rank, world_size, *setup) 
              WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** the true gradient is the mean over ranks of `real + fake`, `((1 + 2) + (3 + 4)) / 2
-# = 5`. With two backwards, rank 0 gets 4 and rank 1 gets 6: the all-reduced real part 2 plus
-# its own fake input. `find_unused_parameters` and `static_graph` change nothing. One backward
-# of the sum gives 5 on both ranks. The replica checker catches the wrong runs after the first
-# step; the one-process reference is the gradient of the summed loss in one process.
+# **Claim:** the true gradient is the mean over ranks of `real + fake`:
+# `((1 + 2) + (3 + 4)) / 2 = 5`. One process gives it from the summed loss. One backward of the
+# sum gives 5 on both ranks. With two backwards, each rank gets the all-reduced real part 2 plus
+# its own fake input, whatever the DDP option. The replica checker then raises after the first
+# step.
+#
+# | run | rank 0 | rank 1 | replica checker |
+# | --- | --- | --- | --- |
+# | two backwards: default, `find_unused_parameters`, `static_graph` | 2 + 2 = 4 | 2 + 4 = 6 | raises |
+# | one backward of the sum | 5 | 5 | passes |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: two backwards split the ranks; one backward matches one process
 w = torch.ones(1, requires_grad=True)
 (w * (1.0 + 2.0) + w * (3.0 + 4.0)).sum().div(WORLD).backward()  # one process: the mean loss over the ranks
 reference = w.grad.item()
@@ -140,23 +148,27 @@ pd.DataFrame({name: [GAN[0][name][0], GAN[1][name][0], "ok" if GAN[0][name][1] =
 
 # %% [markdown]
 # **Fix.** Sum the two losses and call `backward()` once. Or give each forward its own backward
-# before the next forward (`d_real` forward, backward; then `d_fake`). A GAN's generator and
+# before the next forward: `d_real` forward and backward, then `d_fake`. A GAN's generator and
 # discriminator are best two DDP wrappers, each with its own optimizer.
 #
 # **Caught by** `assert_in_sync(ddp)` after the step, and by the one-process reference.
-#
+
+# %% [markdown]
 # <a id="case-epoch-ends-inside-accumulation"></a>
 # ## Case: the replicas split at the end of every epoch
 #
 # **Symptom.** "With gradient accumulation my ranks agree during the epoch and disagree after
-# it." The epoch's length is not a multiple of the accumulation steps; the leftover micro-batches
-# ran under `no_sync()` and the loop steps them anyway. accelerate syncs the dataloader's last
-# batch for this reason ([huggingface/accelerate#2134](https://github.com/huggingface/accelerate/pull/2134)).
-# It extends [06a](06a_training_loop_pitfalls.ipynb), section 1 (accumulation with `no_sync()`).
+# it."
 #
-# The program: `epoch_micro_batches` micro-batches, a step every `accum_steps`; what happens to
-# the leftover is `leftover`: `"step"` (the bug), `"sync"` (the last micro-batch syncs) or
-# `"drop"`.
+# **Why.** The epoch's length is not a multiple of the accumulation steps. The leftover
+# micro-batches ran under `no_sync()`, and the loop steps them anyway. accelerate syncs the
+# dataloader's last batch for this reason:
+# [huggingface/accelerate#2134](https://github.com/huggingface/accelerate/pull/2134). The case
+# extends section 1 of [06a](06a_training_loop_pitfalls.ipynb), accumulation with `no_sync()`.
+#
+# The program runs `epoch_micro_batches` micro-batches and steps every `accum_steps`. `leftover`
+# says what happens to the rest. `"step"` is the bug, `"sync"` lets the last micro-batch sync,
+# and `"drop"` throws the rest away.
 
 # %%
 def accumulate(rank, world_size, micro_batches, accum, leftover):
@@ -179,13 +191,19 @@ ACC = launch(lambda rank, world_size: {how: accumulate(rank, world_size, epoch_m
                                        for how in ("step", "sync", "drop")}, WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** each full window moves the weight by `accum_steps × 2 × LR` on both ranks (2 is the
-# averaged gradient of one micro-batch). Stepping the leftover `k = epoch_micro_batches mod
-# accum_steps` micro-batches moves rank 0 by `k × 1 × LR` and rank 1 by `k × 3 × LR`: the
-# replicas split, and the checker names `weight`. Syncing the leftover moves both by `k × 2 × LR`;
-# dropping it leaves both at the last full window.
+# **Claim:** each full window moves the weight by `accum_steps × 2 × LR` on both ranks. Here 2 is
+# one micro-batch's averaged gradient. Let `k = epoch_micro_batches mod accum_steps`. The table
+# gives each rank's further move for each leftover policy. Only stepping the leftover splits the
+# replicas, and the checker names `weight`.
+#
+# | leftover | rank 0 moves by | rank 1 moves by | replica checker |
+# | --- | --- | --- | --- |
+# | `"step"` | `k × 1 × LR` | `k × 3 × LR` | names `weight` |
+# | `"sync"` | `k × 2 × LR` | `k × 2 × LR` | passes |
+# | `"drop"` | 0 | 0 | passes |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: each leftover policy's weights against the worked-out values
 windows, k = divmod(epoch_micro_batches, accum_steps)
 after_windows = 1 - windows * accum_steps * 2 * LR
 step = [ACC[r]["step"][0] for r in range(WORLD)]
@@ -198,29 +216,33 @@ pd.DataFrame({how: [ACC[0][how][0], ACC[1][how][0], "ok" if ACC[0][how][1] == "o
               for how in ACC[0]}, index=["weight, rank 0", "weight, rank 1", "assert_in_sync"]).T
 
 # %% [markdown]
-# **Fix.** Let the last micro-batch of the epoch sync
-# (`sync = (i + 1) % accum == 0 or i == last`), or drop the leftover with `zero_grad()`. Never
+# **Fix.** Let the last micro-batch of the epoch sync:
+# `sync = (i + 1) % accum == 0 or i == last`. Or drop the leftover with `zero_grad()`. Never
 # call `step()` on gradients that ran only under `no_sync()`.
 #
 # **Caught by** `assert_in_sync(ddp)` after the epoch's last step.
-#
+
+# %% [markdown]
 # <a id="case-rank0-validate-leaves-eval"></a>
 # ## Case: validation on rank 0 broke training
 #
 # **Symptom.** "After the first validation my loss curve changed; the ranks still agree." The
-# loop validates on rank 0 only, and `validate()` calls `model.eval()` without restoring the
-# mode: rank 0 trains in `eval()` from then on. The rank-0-only evaluation is a common pattern
-# ("only test on rank 0", [zifuwan/Sigma#41](https://github.com/zifuwan/Sigma/issues/41)). It
-# extends the rank-0-only block of [06e](06e_more_silent_bugs.ipynb), section 4, and the
-# `evaluate()` of [06b](06b_state_across_ranks.ipynb), section 3.
+# loop validates on rank 0 only. `validate()` calls `model.eval()` and never restores the mode,
+# so rank 0 trains in `eval()` from then on. Rank-0-only evaluation is a common pattern: "only
+# test on rank 0", from [zifuwan/Sigma#41](https://github.com/zifuwan/Sigma/issues/41). The case
+# extends section 4 of [06e](06e_more_silent_bugs.ipynb), its rank-0-only block, and section 3
+# of [06b](06b_state_across_ranks.ipynb), its `evaluate()`.
 #
 # **Why.** A model in `eval()` uses BatchNorm's running statistics instead of the batch's. The
-# all-reduce averages rank 0's eval-mode gradient with rank 1's train-mode gradient: both ranks
-# hold the same numbers, from a mix of two models. DDP also broadcasts rank 0's buffers at each
-# forward, so rank 0's frozen running mean overwrites rank 1's.
+# all-reduce averages rank 0's eval-mode gradient with rank 1's train-mode gradient. Both ranks
+# hold the same numbers, from a mix of two models. Every forward in this loop runs with gradients,
+# outside `no_sync()`. So DDP broadcasts rank 0's buffers before the next forward, and rank 0's
+# frozen running mean overwrites rank 1's. DDP's `forward` in `torch/nn/parallel/distributed.py`
+# makes that choice.
 #
-# The program: `BatchNorm1d(1, affine=False)` then `Linear(1, 1)`; rank 0's batch is `[1, 3]`, rank 1's
-# `[2, 6]`. In train mode the normalised batch sums to 0, so the `Linear` weight's gradient is 0.
+# The program: `BatchNorm1d(1, affine=False)` then `Linear(1, 1)`. Rank 0's batch is `[1, 3]`,
+# rank 1's `[2, 6]`. In train mode the normalised batch sums to 0, so the `Linear` weight's
+# gradient is 0.
 
 # %%
 def validate_case(rank, world_size, steps_after, restore):
@@ -252,13 +274,19 @@ VAL = {restore: launch(validate_case, WORLD, steps_after_validate, restore, back
        for restore in (False, True)}
 
 # %% [markdown]
-# **Claim:** at the first step both ranks train and the gradient is 0. On every step after the
-# rank-0-only `validate()`, the gathered modes are `[False, True]` and both ranks hold the same
-# gradient, which is not 0. Rank 0's running mean stays frozen at its value before validation.
-# With the mode restored, the gradient stays 0 and rank 0's running mean keeps moving. The
-# one-process reference, the model in train mode on rank 0's batch, gives 0.
+# **Claim:** the table gives the gathered modes, the gradient and rank 0's running mean, step by
+# step. Without the restore, both ranks hold the same gradient after `validate()`, and it is not
+# 0. Rank 0's running mean stays at its value before validation. The one-process reference, the
+# model in train mode on rank 0's batch, gives 0.
+#
+# | | step 1 | later steps, mode not restored | later steps, mode restored |
+# | --- | --- | --- | --- |
+# | modes gathered | `[True, True]` | `[False, True]` | `[True, True]` |
+# | gradient, both ranks | 0 | equal, not 0 | 0 |
+# | rank 0's running mean | its value before validation | frozen at that value | keeps moving |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: modes, gradients and running means, with and without the restore
 reference_model = nn.Sequential(nn.BatchNorm1d(1, affine=False), nn.Linear(1, 1, bias=False))
 reference_model(torch.tensor([[1.0], [3.0]])).sum().backward()  # one process, train mode
 reference = reference_model[1].weight.grad.item()
@@ -284,24 +312,25 @@ pd.DataFrame({"modes, no restore": [s["modes"] for s in wrong[0]], "gradient, no
 #
 # **Caught by** a value that must be equal on every rank: the gathered `model.training` flags.
 # The one-process reference catches the gradient. The parameters and gradients stay identical,
-# so a check of those alone does not see it; the replica checker's coverage of modes and buffers
+# so a check of those alone does not see it. The replica checker's coverage of modes and buffers
 # is being extended.
-#
+
+# %% [markdown]
 # <a id="case-token-weighted-loss"></a>
 # ## Case: my token-averaged loss differs from one GPU's
 #
 # **Symptom.** "Sequences have different lengths. On one GPU the loss is the mean over all
-# tokens; with DDP and accumulation it comes out different." Fixed in trainers in 2024-2026:
+# tokens; with DDP and accumulation it comes out different." Trainers fixed this in 2024-2026:
 # [meta-pytorch/torchtune#1875](https://github.com/meta-pytorch/torchtune/pull/1875),
-# [pytorch/torchtitan#2206](https://github.com/pytorch/torchtitan/pull/2206). It extends
-# [06a](06a_training_loop_pitfalls.ipynb) (accumulation) and [06d](06d_silent_bugs.ipynb),
-# section 3 (what DDP averages).
+# [pytorch/torchtitan#2206](https://github.com/pytorch/torchtitan/pull/2206). The case extends
+# [06a](06a_training_loop_pitfalls.ipynb) on accumulation, and section 3 of
+# [06d](06d_silent_bugs.ipynb) on what DDP averages.
 #
 # **Why.** DDP divides the summed gradient by the world size. A per-micro-batch mean weights each
-# micro-batch the same, whatever its token count; so does a per-rank token mean for each rank.
-# The mean over all tokens needs the token count of the whole window, over every rank.
+# micro-batch the same, whatever its token count. A per-rank token mean does the same for each
+# rank. The mean over all tokens needs the token count of the whole window, over every rank.
 #
-# The program: each token's loss is `w x`; rank 0's micro-batches hold tokens `[1]` and
+# The program: each token's loss is `w x`. Rank 0's micro-batches hold tokens `[1]` and
 # `[2, 3, 4]`, rank 1's `[5, 6]` and `[7]`.
 
 # %%
@@ -331,11 +360,17 @@ TOK = launch(lambda rank, world_size: {how: token_loss(rank, world_size, how) fo
 
 # %% [markdown]
 # **Claim:** the one-process reference, the mean of `w x` over all 7 tokens, has gradient
-# `28 / 7 = 4`. The mean per micro-batch gives `((1 + 3) / 2 + (5.5 + 7) / 2) / 2 = 4.125`; the
-# mean of per-rank token means gives `(10/4 + 18/3) / 2 = 4.25`. The all-reduced token count
-# gives 4. All three agree across ranks, so only the reference catches it.
+# `28 / 7 = 4`. The table gives each weighting's gradient. Each is the same on both ranks, so
+# only the reference catches the two wrong ones.
+#
+# | weighting | gradient, both ranks |
+# | --- | --- |
+# | mean per micro-batch | `((1 + 3) / 2 + (5.5 + 7) / 2) / 2 = 4.125` |
+# | mean of per-rank token means | `(10/4 + 18/3) / 2 = 4.25` |
+# | all-reduced token count | 4 |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: each weighting's gradient against the mean over all tokens
 w = torch.ones(1, requires_grad=True)
 all_tokens = torch.tensor([t for r in range(WORLD) for mb in TOKENS[r] for t in mb])
 (w * all_tokens).mean().backward()  # one process: the mean over every token
@@ -348,28 +383,29 @@ for r in range(WORLD):
 pd.Series(TOK[0], name="gradient (both ranks)").to_frame().assign(reference=reference)
 
 # %% [markdown]
-# **Fix.** Before the window's first backward, all-reduce the token count of the window; make
+# **Fix.** Before the window's first backward, all-reduce the token count of the window. Make
 # each micro-batch's loss `sum of token losses / global tokens × world_size`. The
 # `× world_size` undoes DDP's division by the world size. Log the same quantity: sum the loss
 # and the token count, all-reduce both, divide once.
 #
 # **Caught by** the one-process reference: the gradient of the mean over all tokens.
-#
+
+# %% [markdown]
 # <a id="case-bucket-view-kept-grad"></a>
 # ## Case: the gradients I logged are all the same
 #
 # **Symptom.** "I keep each step's `.grad` for a plot. With `gradient_as_bucket_view=True` the
 # kept values change after the fact." The views came with
-# [pytorch/pytorch#41954](https://github.com/pytorch/pytorch/pull/41954) ("Make grad point to
-# bucket buffer in DDP to save memory usage"). It extends [07b](07b_hooks_and_after_ddp.ipynb)
-# (DDP's buckets and hooks).
+# [pytorch/pytorch#41954](https://github.com/pytorch/pytorch/pull/41954), "Make grad point to
+# bucket buffer in DDP to save memory usage". The case extends
+# [07b](07b_hooks_and_after_ddp.ipynb) on DDP's buckets and hooks.
 #
 # **Why.** With `gradient_as_bucket_view=True`, each `.grad` is a view into DDP's bucket, the
 # memory that the all-reduce fills. A tensor kept from an earlier step is the same memory, and
 # the next backward overwrites it.
 #
-# The program: three steps with inputs `k x` (`k` = 1, 2, 3), so the averaged gradients are 2,
-# 4 and 6; the loop keeps `weight.grad` of every step.
+# The program runs three steps with inputs `k x`, for `k` = 1, 2 and 3. The averaged gradients
+# are 2, 4 and 6. The loop keeps `weight.grad` of every step.
 
 # %%
 def kept_grads(rank, world_size, bucket_view, clone):
@@ -394,7 +430,8 @@ BUCKET = launch(lambda rank, world_size: {(view, clone): kept_grads(rank, world_
 # `gradient_as_bucket_view=True` they are `[2, 6, 6]`: step 2's tensor is step 3's bucket memory.
 # A copy, `grad.detach().clone()`, keeps `[2, 4, 6]` in both settings.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: kept gradients with and without bucket views and copies
 reference = [2.0 * k for k in (1, 2, 3)]  # one process: (1 + 3) / 2 × k
 for r in range(WORLD):
     assert BUCKET[r][False, False] == reference, BUCKET[r]
@@ -404,11 +441,11 @@ pd.DataFrame({f"bucket view={view}, copy={clone}": v for (view, clone), v in BUC
              index=["step 1", "step 2", "step 3"]).T
 
 # %% [markdown]
-# **Fix.** Keep a copy (`.detach().clone()`, or `.item()` for a number), never the `.grad`
-# tensor itself. The same holds for any tensor that may be a view into memory torch reuses.
+# **Fix.** Keep a copy, never the `.grad` tensor itself: `.detach().clone()`, or `.item()` for a
+# number. The same holds for any tensor that may be a view into memory torch reuses.
 #
-# **Caught by** the one-process reference, the gradient each step should have; the replicas
-# agree throughout.
+# **Caught by** the one-process reference, the gradient each step should have. The replicas agree
+# throughout.
 
 # %%
 print(f"casebook 10a ran in {time.perf_counter() - t_notebook:.0f} s")

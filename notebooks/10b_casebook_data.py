@@ -17,13 +17,13 @@
 # # 10b · Casebook: the data
 #
 # <!-- opening:start -->
-# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
-# **What this page is.** A casebook page, not a lesson: one section per mistake that people
-# report, found by its symptom. Each case gives the symptom in people's words and the thread it
-# comes from, the shortest program that shows it, the wrong and the right value (both computed
-# and asserted), the fix, and the check that catches it.
+# **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
+# report, found by its symptom. A case quotes the symptom and names the thread it comes from.
+# Then come the shortest program that shows it, the wrong and the right value, the fix, and the
+# check that catches it. The page computes and asserts both values.
 #
 # Cases on this page:
 #
@@ -33,11 +33,11 @@
 # * [every rank draws the same augmentation and dropout](#case-same-seed-every-rank)
 # * [DataLoader workers die in Docker](#case-docker-shm)
 #
-# Every program runs on 2 real ranks (`launch`, backend `gloo`, CPU); the data loaders run
-# their worker processes inside the ranks. Each claim (in bold, "Claim:") is asserted in the
-# code cell right after it.
+# Every program runs on 2 real ranks with `launch` and backend `gloo`, on the CPU. The data
+# loaders run their worker processes inside the ranks. Each claim is in bold, "Claim:", and the
+# code cell right after it asserts it.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, from the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size),
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler),
 # [global batch size](../docs/GLOSSARY.md#global-batch-size).
@@ -86,17 +86,18 @@ def gathered(value):
 # ## Case: my IterableDataset gives twice the samples
 #
 # **Symptom.** "With DDP my streaming dataset returns duplicated data." From
-# [huggingface/datasets#5360](https://github.com/huggingface/datasets/issues/5360)
-# ("IterableDataset returns duplicated data using PyTorch DDP") and
+# [huggingface/datasets#5360](https://github.com/huggingface/datasets/issues/5360),
+# "IterableDataset returns duplicated data using PyTorch DDP", and
 # [Lightning-AI/pytorch-lightning#15734](https://github.com/Lightning-AI/pytorch-lightning/issues/15734).
-# It extends [03](03_distributed_sampler.ipynb), which shards a map-style data set.
+# The case extends [03](03_distributed_sampler.ipynb), which shards a map-style data set.
 #
 # **Why.** An `IterableDataset` has no length and no index, so `DistributedSampler` cannot
-# shard it: each rank, and each worker inside a rank, runs the whole `__iter__`. The data set
+# shard it. Each rank, and each worker inside a rank, runs the whole `__iter__`. The data set
 # must shard itself, by rank and by worker. Sharding by `rank × workers + worker` deals the items
-# round robin to all the readers, so the ranks can end with different counts.
+# round robin to all the readers, so the ranks can end with different counts. Then the rank with
+# fewer batches finishes first, and the other waits in its extra all-reduce: 06a's uneven inputs.
 #
-# The program: `Items` streams `0 .. n_items − 1`; `shard` picks how it splits them.
+# The program: `Items` streams `0 .. n_items − 1`, and `shard` picks how it splits them.
 
 # %%
 class Items(IterableDataset):
@@ -129,16 +130,21 @@ def iterable_case(rank, world_size, n, workers):
 IT = launch(iterable_case, WORLD, n_items, num_workers, backend="gloo", timeout=120)[0]
 
 # %% [markdown]
-# **Claim:** without sharding every rank reads all `n_items` items: `2 × n_items` reads in all,
-# and `2 × num_workers × n_items` with workers. `DistributedSampler(iterable)` raises
-# `TypeError` (no `len()`). Sharding by rank and worker reads each item exactly once, but the
-# ranks get different counts when `n_items` is not a multiple of `2 × num_workers` (6 and 4 for
-# 10 items and 2 workers): the rank with fewer batches finishes first, and the other waits in
-# its extra all-reduce (06a's uneven inputs). Sharding by rank first, then by worker, gives both
-# ranks `n_items // 2` items, with no item read twice. The check: the per-rank counts gathered,
-# which must be equal, and the union of the items.
+# **Claim:** the table gives the items each rank reads. Without sharding every rank reads all
+# `n_items`, once per worker. `DistributedSampler(iterable)` raises `TypeError`: no `len()`.
+# Sharding by rank and worker reads each item once, but the counts differ when `n_items` is not a
+# multiple of `2 × num_workers`. Sharding by rank first gives equal counts and reads no item
+# twice.
+#
+# | sharding | items read, rank 0 | items read, rank 1 |
+# | --- | --- | --- |
+# | none | `n_items` | `n_items` |
+# | none, with workers | `num_workers × n_items` | `num_workers × n_items` |
+# | rank, then worker, round robin | 6 for 10 items and 2 workers | 4 for 10 items and 2 workers |
+# | rank first, then worker | `n_items // 2` | `n_items // 2` |
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: items each rank reads under each sharding
 counts = {k: [len(IT[r][k]) for r in range(WORLD)] for k in ("no sharding", "no sharding, workers", "rank + worker", "rank first")}
 assert counts["no sharding"] == [n_items] * WORLD
 assert counts["no sharding, workers"] == [num_workers * n_items] * WORLD
@@ -155,21 +161,22 @@ assert counts["rank first"] == [n_items // WORLD] * WORLD and len(set(first)) ==
 pd.DataFrame(counts, index=[f"items read, rank {r}" for r in range(WORLD)]).T
 
 # %% [markdown]
-# **Fix.** Shard inside `__iter__` by rank first, then by worker (`get_worker_info()`), and give
+# **Fix.** Shard inside `__iter__` by rank first, then by worker with `get_worker_info()`. Give
 # every rank the same number of items: drop the remainder, or pad it. Pass the rank to the data
-# set's constructor rather than calling `dist.get_rank()` inside `__iter__`: workers that are
-# spawned, the default on macOS and Windows, have no process group. Uneven streams that cannot
-# be trimmed need `Join` ([06a](06a_training_loop_pitfalls.ipynb), section 2).
+# set's constructor rather than calling `dist.get_rank()` inside `__iter__`. Spawned workers have
+# no process group, and spawn is the default on macOS and Windows. Uneven streams that cannot be
+# trimmed need `Join`, from section 2 of [06a](06a_training_loop_pitfalls.ipynb).
 #
 # **Caught by** a metric that must be equal on every rank: the number of items each rank read.
-#
+
+# %% [markdown]
 # <a id="case-shuffle-without-sampler"></a>
 # ## Case: every rank trains on the same batches
 #
 # **Symptom.** "DDP on 2 GPUs learns no faster than one; each epoch takes as long." The loader
-# is `DataLoader(data, shuffle=True)` with no `DistributedSampler`, and the script seeds torch the
-# same on every rank. It extends [03](03_distributed_sampler.ipynb) and
-# [04](04_mnist_single_dp_ddp.ipynb), section 2 (every rank its slice of the same global batch).
+# is `DataLoader(data, shuffle=True)` with no `DistributedSampler`. The script seeds torch the
+# same on every rank. The case extends [03](03_distributed_sampler.ipynb) and section 2 of
+# [04](04_mnist_single_dp_ddp.ipynb), where every rank takes its slice of the same global batch.
 #
 # **Why.** `shuffle=True` draws the order from the process's generator. Seeded alike, every rank
 # draws the same order: the global batch holds each item twice.
@@ -189,7 +196,8 @@ SH = launch(shuffle_case, WORLD, n_items, backend="gloo", timeout=120)[0]
 # **Claim:** with `shuffle=True` both ranks read all `n_items` items in the identical order. With
 # `DistributedSampler` the ranks' items are disjoint and together cover the data once.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: shuffle=True repeats the order; the sampler splits the data
 assert SH[0]["shuffle=True"] == SH[1]["shuffle=True"] and sorted(SH[0]["shuffle=True"]) == list(range(n_items))
 assert not set(SH[0]["DistributedSampler"]) & set(SH[1]["DistributedSampler"])
 assert sorted(SH[0]["DistributedSampler"] + SH[1]["DistributedSampler"]) == list(range(n_items))
@@ -197,16 +205,17 @@ pd.DataFrame({f"rank {r}": {k: str(v) for k, v in SH[r].items()} for r in range(
 
 # %% [markdown]
 # **Fix.** `DataLoader(data, sampler=DistributedSampler(data, shuffle=True))`, without
-# `shuffle=True` on the loader, and `sampler.set_epoch(epoch)` before each epoch.
+# `shuffle=True` on the loader. Call `sampler.set_epoch(epoch)` before each epoch.
 #
 # **Caught by** the rank's items gathered: they must be disjoint.
-#
+
+# %% [markdown]
 # <a id="case-epoch-on-dataset-persistent-workers"></a>
 # ## Case: my dataset's epoch never changes
 #
 # **Symptom.** "I set `dataset.epoch` every epoch, but with `persistent_workers=True` the workers
-# keep the first value." From [pytorch/pytorch#97326](https://github.com/pytorch/pytorch/issues/97326)
-# ("Change worker process's attribute while set persistent_worker = True") and
+# keep the first value." From [pytorch/pytorch#97326](https://github.com/pytorch/pytorch/issues/97326),
+# "Change worker process's attribute while set persistent_worker = True", and
 # [huggingface/datasets#6673](https://github.com/huggingface/datasets/issues/6673). Lesson
 # [04](04_mnist_single_dp_ddp.ipynb)'s training uses persistent workers.
 #
@@ -247,7 +256,8 @@ EP = {persistent: launch(epoch_case, WORLD, n_items, num_workers, epochs, persis
 # persistent workers they report 0, 1, 2, ... With both, `set_epoch` gives the sampler a new
 # order every epoch.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the epoch the workers see, persistent or not
 for r in range(WORLD):
     assert EP[True][r]["epochs seen"] == [[0]] * epochs, EP[True][r]
     assert EP[False][r]["epochs seen"] == [[e] for e in range(epochs)], EP[False][r]
@@ -256,22 +266,24 @@ pd.DataFrame({f"persistent_workers={p}": [e[0] for e in EP[p][0]["epochs seen"]]
              index=pd.Index(range(epochs), name="epoch of the loop"))
 
 # %% [markdown]
-# **Fix.** Keep epoch state in the sampler (`set_epoch`), or derive it in `__getitem__` from what
-# the sampler passes (an index that encodes the epoch). If the data set must know the epoch, share
-# it with the workers (a `multiprocessing.Value`), or do not use persistent workers.
+# **Fix.** Keep epoch state in the sampler, with `set_epoch`. Or derive it in `__getitem__` from
+# what the sampler passes, such as an index that encodes the epoch. If the data set must know the
+# epoch, share it with the workers through a `multiprocessing.Value`. Or do not use persistent
+# workers.
 #
 # **Caught by** a value checked in the workers' output: here, the epoch each item carries.
-#
+
+# %% [markdown]
 # <a id="case-same-seed-every-rank"></a>
 # ## Case: every rank draws the same augmentation and dropout
 #
 # **Symptom.** "I seed everything with the same seed for reproducibility; do my ranks augment
-# differently?" They do not. It extends [06c](06c_seeds_and_debugging.ipynb), section 1, which
-# shows it for explicit generators.
+# differently?" They do not. The case extends section 1 of [06c](06c_seeds_and_debugging.ipynb),
+# which shows it for explicit generators.
 #
 # **Why.** A DataLoader's workers take their seeds from the main process's generator, and Dropout
 # draws from it. Seeded alike, every rank draws the same random crops and the same dropout masks.
-# Model weights must be equal on every rank, but DDP already copies rank 0's at the wrap: the
+# Model weights must be equal on every rank, but DDP already copies rank 0's at the wrap. The
 # data's randomness should differ per rank.
 
 # %%
@@ -301,7 +313,8 @@ SEED = {per_rank: launch(seed_case, WORLD, num_workers, 0, per_rank, backend="gl
 # masks are identical on both ranks. Seeded with `seed + rank` after the model is built, both
 # differ between the ranks.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: augmentations and dropout masks, one seed against seed + rank
 same, fixed = SEED[False], SEED[True]
 assert same[0] == same[1], same
 assert fixed[0]["augmentation"] != fixed[1]["augmentation"], fixed
@@ -310,27 +323,27 @@ pd.DataFrame({f"{'seed + rank' if k else 'same seed'}, rank {r}": {n: str(v) for
               for k in SEED for r in range(WORLD)}).T
 
 # %% [markdown]
-# **Fix.** Seed once with `seed` to build the model (or rely on DDP's broadcast), then seed with
-# `seed + rank` for the data and the dropout. Give each DataLoader its own generator,
-# `DataLoader(..., generator=torch.Generator().manual_seed(seed + rank))`, when only the data
-# should differ.
+# **Fix.** Seed once with `seed` to build the model, or rely on DDP's broadcast. Then seed with
+# `seed + rank` for the data and the dropout. When only the data should differ, give each
+# DataLoader its own generator: `DataLoader(..., generator=torch.Generator().manual_seed(seed + rank))`.
 #
 # **Caught by** values gathered from the ranks that must differ: a batch's augmentation.
-#
+
+# %% [markdown]
 # <a id="case-docker-shm"></a>
 # ## Case: DataLoader workers die in Docker
 #
 # **Symptom.** "RuntimeError: DataLoader worker (pid ...) is killed by signal: Bus error." From
-# [pytorch/pytorch#5040](https://github.com/pytorch/pytorch/issues/5040) ("Give a better error
-# when we run out of shared memory") and many threads after it. This case is an explanation:
+# [pytorch/pytorch#5040](https://github.com/pytorch/pytorch/issues/5040), "Give a better error
+# when we run out of shared memory", and many threads after it. This case is an explanation:
 # this page cannot shrink its own machine's shared memory.
 #
-# **Why.** A worker hands each batch to the main process through shared memory, files in
-# `/dev/shm` on Linux (torch.multiprocessing's sharing strategies, see its documentation). A
-# Docker container gets a 64 MB `/dev/shm` unless `docker run --shm-size` says otherwise (Docker's
-# `docker run` reference). A worker that writes past it is killed by `SIGBUS`, and torch prints
-# the message above. Several workers, each with `prefetch_factor` batches in flight, fill it
-# sooner.
+# **Why.** A worker hands each batch to the main process through shared memory. On Linux that is
+# files in `/dev/shm`; torch.multiprocessing's documentation describes its sharing strategies. A
+# Docker container gets a 64 MB `/dev/shm` unless `docker run --shm-size` says otherwise, as
+# Docker's `docker run` reference states. A worker that writes past it is killed by `SIGBUS`, and
+# torch prints the message above. Several workers, each with `prefetch_factor` batches in flight,
+# fill it sooner.
 
 # %%
 def in_torch_library(text, name):
@@ -352,18 +365,19 @@ if shm.is_dir():
     print(f"this machine's /dev/shm: {shutil.disk_usage(shm).total / 2**20:,.0f} MB")
 
 # %% [markdown]
-# **Claim:** both messages are in this torch's compiled Python bindings
-# (`libtorch_python`). One batch of 256 RGB images of 224 × 224 pixels in float32 weighs more
-# than Docker's default 64 MB: a single prefetched batch overflows it.
+# **Claim:** both messages are in `libtorch_python`, this torch's compiled Python bindings. One
+# batch of 256 RGB images of 224 × 224 pixels in float32 weighs more than Docker's default 64 MB:
+# a single prefetched batch overflows it.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the messages are in torch; one batch against 64 MB
 assert in_torch_library(KILLED, "torch_python") and in_torch_library(BUS, "torch_python")
 assert batch_bytes > docker_default
 print(f"one batch: {batch_bytes / 2**20:.0f} MB against Docker's default {docker_default / 2**20:.0f} MB")
 
 # %% [markdown]
-# **Fix.** `docker run --shm-size=8g ...` (or `--ipc=host`); in Kubernetes, a memory-backed
-# `emptyDir` mounted at `/dev/shm`. Fewer workers or a smaller `prefetch_factor` only postpone it.
+# **Fix.** `docker run --shm-size=8g ...`, or `--ipc=host`. In Kubernetes, mount a memory-backed
+# `emptyDir` at `/dev/shm`. Fewer workers or a smaller `prefetch_factor` only postpone it.
 #
 # **Caught by** a check before training: `df -h /dev/shm` where the workers run.
 

@@ -20,10 +20,10 @@
 # **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
-# **What this page is.** A casebook page, not a lesson: one section per mistake that people
-# report, found by its symptom. Each case gives the symptom in people's words and the thread it
-# comes from, the shortest program that shows it, the wrong and the right value (both computed
-# and asserted), the fix, and the check that catches it.
+# **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
+# report, found by its symptom. A case quotes the symptom and names the thread it comes from.
+# Then come the shortest program that shows it, the wrong and the right value, the fix, and the
+# check that catches it. The page computes and asserts both values.
 #
 # Cases on this page:
 #
@@ -33,10 +33,10 @@
 # * [my FSDP2 model does not train](#case-fsdp2-optimizer-order)
 # * [FSDP2 with context parallel learns too slowly](#case-fsdp2-divide-factor)
 #
-# Every program runs on 2 real ranks (`launch`, backend `gloo`, CPU). Each claim (in bold,
-# "Claim:") is asserted in the code cell right after it.
+# Every program runs on 2 real ranks with `launch` and backend `gloo`, on the CPU. Each claim is
+# in bold, "Claim:", and the code cell right after it asserts it.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, from the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [replica](../docs/GLOSSARY.md#replica),
 # [DDP](../docs/GLOSSARY.md#ddp), [process group](../docs/GLOSSARY.md#process-group).
 
@@ -81,12 +81,13 @@ print(f"torch {torch.__version__}")
 # <a id="case-ema-before-ddp"></a>
 # ## Case: my EMA model differs from rank to rank
 #
-# **Symptom.** "The EMA (or teacher) copy of my model evaluates differently on each rank." From
-# [m2lines/Samudra#326](https://github.com/m2lines/Samudra/pull/326) ("Fix initial ema creation in
-# distributed mode") and [lucidrains/ema-pytorch#9](https://github.com/lucidrains/ema-pytorch/issues/9).
-# It extends [06c](06c_seeds_and_debugging.ipynb) (an unseeded model differs from rank to rank).
+# **Symptom.** "The EMA or teacher copy of my model evaluates differently on each rank." From
+# [m2lines/Samudra#326](https://github.com/m2lines/Samudra/pull/326), "Fix initial ema creation in
+# distributed mode", and [lucidrains/ema-pytorch#9](https://github.com/lucidrains/ema-pytorch/issues/9).
+# The case extends [06c](06c_seeds_and_debugging.ipynb), where an unseeded model differs from
+# rank to rank.
 #
-# **Why.** `DDP(model)` copies rank 0's weights to every rank; a copy made before the wrap keeps
+# **Why.** `DDP(model)` copies rank 0's weights to every rank. A copy made before the wrap keeps
 # this rank's own initial weights. Each rank's EMA then averages toward the same model from a
 # different start.
 
@@ -107,7 +108,8 @@ EMA = {after: launch(ema_case, WORLD, after, backend="gloo", timeout=120)[0] for
 # and raises on the EMA copy, naming `weight` and `bias`. Made from `ddp.module` after the wrap,
 # the EMA copy passes.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the replica checker on the DDP model and on each EMA copy
 assert EMA[False]["model"] == "ok" and "parameter 'weight'" in EMA[False]["ema"] and "parameter 'bias'" in EMA[False]["ema"]
 assert EMA[True] == {"ema": "ok", "model": "ok"}, EMA[True]
 print(EMA[False]["ema"].splitlines()[0])
@@ -117,17 +119,18 @@ print(EMA[False]["ema"].splitlines()[0])
 # alike before building the model.
 #
 # **Caught by** `assert_in_sync(ema)`: the checker takes any module, not only a DDP one.
-#
+
+# %% [markdown]
 # <a id="case-torch-save-whole-ddp"></a>
 # ## Case: my saved DDP model will not load
 #
 # **Symptom.** "I saved the model with `torch.save(model)`; loading it fails." The file holds the
-# whole DDP object, with its class and its process group, not the weights. It extends
-# [06b](06b_state_across_ranks.ipynb), section 2, whose recipe saves `ddp.module.state_dict()`.
+# whole DDP object, with its class and its process group, not the weights. The case extends
+# section 2 of [06b](06b_state_across_ranks.ipynb), whose recipe saves `ddp.module.state_dict()`.
 #
-# **Why.** `torch.load` reads only tensors and plain containers by default since torch 2.6
-# (`weights_only=True`): a pickled `DistributedDataParallel` is refused. With `weights_only=False`
-# the unpickler calls DDP's `__setstate__`, which asks for the default process group: a process
+# **Why.** Since torch 2.6, `torch.load` defaults to `weights_only=True`: it reads only tensors
+# and plain containers. A pickled `DistributedDataParallel` is refused. With `weights_only=False`
+# the unpickler calls DDP's `__setstate__`, which asks for the default process group. A process
 # without one, such as an evaluation script, fails.
 
 # %%
@@ -152,34 +155,36 @@ bare = nn.Linear(2, 1)
 _ = bare.load_state_dict(torch.load(work / "weights.pt"))  # 06b's recipe loads anywhere
 
 # %% [markdown]
-# **Claim:** in this notebook's process, which has no process group, the default `torch.load`
-# of the whole object raises `UnpicklingError` ("Weights only load failed"), and
-# `weights_only=False` raises `ValueError` ("Default process group has not been initialized").
-# The state dict of `ddp.module` loads into a bare `Linear` with the weights rank 0 saved.
+# **Claim:** this notebook's process has no process group. Here the default `torch.load` of the
+# whole object raises `UnpicklingError`, "Weights only load failed". With `weights_only=False` it
+# raises `ValueError`, "Default process group has not been initialized". The state dict of
+# `ddp.module` loads into a bare `Linear` with the weights rank 0 saved.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: loading the whole object fails twice; the state dict loads
 assert errors["torch.load"].startswith("UnpicklingError: Weights only load failed"), errors
 assert errors["weights_only=False"].startswith("ValueError: Default process group has not been initialized"), errors
 assert {k: v.tolist() for k, v in bare.state_dict().items()} == trained
 pd.Series(errors, name="error").to_frame()
 
 # %% [markdown]
-# **Fix.** 06b's recipe: rank 0 saves `{"model": ddp.module.state_dict(), "optimizer":
-# opt.state_dict(), "step": step}`; any process loads it into a bare model with a plain
+# **Fix.** Follow 06b's recipe. Rank 0 saves `{"model": ddp.module.state_dict(), "optimizer":
+# opt.state_dict(), "step": step}`. Any process loads it into a bare model with a plain
 # `torch.load`.
 #
 # **Caught by** loading the checkpoint in a fresh process, the way an evaluation script will.
-#
+
+# %% [markdown]
 # <a id="case-zero-checkpoint"></a>
 # ## Case: saving the ZeRO optimizer fails on rank 0
 #
 # **Symptom.** "RuntimeError: Optimizer state has not been consolidated on this rank." From
-# [zhijian-liu/torchpack#18](https://github.com/zhijian-liu/torchpack/issues/18) ("Warning messages
-# while trying to use ZeroRedundancyOptimizer"). It completes [08a](08a_zero_and_fsdp2.ipynb),
-# whose summary says ZeRO-1 needs only "swap the optimizer": the checkpoint needs one more call.
+# [zhijian-liu/torchpack#18](https://github.com/zhijian-liu/torchpack/issues/18), "Warning messages
+# while trying to use ZeroRedundancyOptimizer". It completes [08a](08a_zero_and_fsdp2.ipynb),
+# whose summary says ZeRO-1 needs only "swap the optimizer". The checkpoint needs one more call.
 #
 # **Why.** `ZeroRedundancyOptimizer` keeps each parameter's state on one rank.
-# `consolidate_state_dict(to=0)` gathers the shards on rank 0; it is a collective, so every rank
+# `consolidate_state_dict(to=0)` gathers the shards on rank 0. It is a collective, so every rank
 # calls it. Only then does rank 0's `state_dict()` hold the whole state. 06b's pattern,
 # `if rank == 0: torch.save(opt.state_dict())`, calls it on rank 0 alone.
 
@@ -208,10 +213,11 @@ ZERO = launch(zero_case, WORLD, zero_steps, backend="gloo", timeout=120)
 
 # %% [markdown]
 # **Claim:** rank 0's `state_dict()` without consolidation raises "Optimizer state has not been
-# consolidated on this rank". Each rank holds the Adam state of 2 of the 4 parameters; after
+# consolidated on this rank". Each rank holds the Adam state of 2 of the 4 parameters. After
 # `consolidate_state_dict(to=0)` on every rank, rank 0's state dict holds all 4.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: rank 0 alone raises; consolidation gathers all 4 states
 assert "has not been consolidated on this rank" in ZERO[0]["rank 0 alone"], ZERO[0]
 assert [z["local states"] for z in ZERO] == [2, 2], ZERO
 assert ZERO[0]["saved states"] == len(list(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)).parameters())) == 4
@@ -219,24 +225,25 @@ print(ZERO[0]["rank 0 alone"])
 
 # %% [markdown]
 # **Fix.** On every rank, `opt.consolidate_state_dict(to=0)`; then
-# `if rank == 0: torch.save(opt.state_dict(), path)`. Loading needs no consolidation: every rank
+# `if rank == 0: torch.save(opt.state_dict(), path)`. Loading needs no consolidation. Every rank
 # calls `opt.load_state_dict(...)` with the whole state and keeps its own shard.
 #
 # **Caught by** the error itself, on rank 0. A checkpoint's state should also be counted: one
 # state per parameter.
-#
+
+# %% [markdown]
 # <a id="case-fsdp2-optimizer-order"></a>
 # ## Case: my FSDP2 model does not train
 #
 # **Symptom.** "With FSDP2 the loss does not move; the parameters never update." From
-# [pytorch/pytorch#149205](https://github.com/pytorch/pytorch/issues/149205) ("Parameter not
-# updating when FSDP2 model is used before optimizer creation"). It extends
-# [08a](08a_zero_and_fsdp2.ipynb), section 0, where `fully_shard` comes before the optimizer.
+# [pytorch/pytorch#149205](https://github.com/pytorch/pytorch/issues/149205), "Parameter not
+# updating when FSDP2 model is used before optimizer creation". The case extends section 0 of
+# [08a](08a_zero_and_fsdp2.ipynb), where `fully_shard` comes before the optimizer.
 #
 # **Why.** `fully_shard` replaces each parameter with a sharded one, a `DTensor`. An optimizer
 # built before it holds the old tensors, which the model no longer uses. After a forward, the
-# root module's parameters are the unsharded ones until the next backward, and an optimizer
-# built then holds those: copies the next forward discards.
+# root module's parameters are the unsharded ones until the next backward. An optimizer built
+# then holds those: copies the next forward discards.
 
 # %%
 def fsdp_case(rank, world_size, when, steps):
@@ -268,7 +275,8 @@ FS = launch(lambda rank, world_size: {w: fsdp_case(rank, world_size, w, fsdp_ste
 # `Parameter`s and the weights do not move at all. Built after `fully_shard` and before any
 # forward, it holds `DTensor`s and the weights move.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: what each optimizer holds, and whether the weights move
 for r in range(WORLD):
     for w in WHEN[:2]:
         assert FS[r][w] == {"moved": 0.0, "optimizer holds": ["Parameter"]}, (w, FS[r][w])
@@ -281,22 +289,23 @@ pd.DataFrame(FS[0]).T
 #
 # **Caught by** a value check: the optimizer's parameters are `DTensor`s, and the weights move
 # after a step.
-#
+
+# %% [markdown]
 # <a id="case-fsdp2-divide-factor"></a>
 # ## Case: FSDP2 with context parallel learns too slowly
 #
 # **Symptom.** "I split each sequence across 2 ranks and shard the model over both; the loss
-# falls half as fast." A question of 2025-2026 threads on long-context training; torchtitan
-# switched the averaging off for this reason
-# ([pytorch/torchtitan#2206](https://github.com/pytorch/torchtitan/pull/2206)). It extends
-# [08a](08a_zero_and_fsdp2.ipynb), section 3 (the same loss curve as DDP).
+# falls half as fast." A question of 2025-2026 threads on long-context training. torchtitan
+# switched the averaging off for this reason:
+# [pytorch/torchtitan#2206](https://github.com/pytorch/torchtitan/pull/2206). The case extends
+# section 3 of [08a](08a_zero_and_fsdp2.ipynb), the same loss curve as DDP.
 #
 # **Why.** FSDP2 reduce-scatters the gradients and divides by the size of its mesh, as DDP
 # divides by the world size. That average is right when every rank holds different samples.
 # Here both ranks hold halves of one sequence: their losses are parts of one loss, to be summed.
 # Dividing by 2 halves the gradient, which is a silent halving of the learning rate.
 #
-# The program: one sequence of 4 tokens, each token's loss `w x`; rank 0 holds `[1, 3]`, rank 1
+# The program: one sequence of 4 tokens, each token's loss `w x`. Rank 0 holds `[1, 3]`, rank 1
 # `[5, 7]`. Each rank's loss is its tokens' sum over the sequence's 4 tokens.
 
 # %%
@@ -326,11 +335,12 @@ CP = launch(lambda rank, world_size: {"default": context_parallel_case(rank, wor
 
 # %% [markdown]
 # **Claim:** the one-process reference, the mean of `w x` over the 4 tokens, has gradient
-# `16 / 4 = 4`. FSDP2's default gives 2 on both ranks: half. Scaling each rank's loss by 2, the
-# mesh size over the data-parallel size (1 here), gives 4. `set_gradient_divide_factor(1.0)`,
-# the direct fix, raises on gloo: "Cannot use ReduceOp.PREMUL_SUM with Gloo".
+# `16 / 4 = 4`. FSDP2's default gives 2 on both ranks: half. Scaling each rank's loss by 2 gives
+# 4; 2 is the mesh size over the data-parallel size, which is 1 here. The direct fix,
+# `set_gradient_divide_factor(1.0)`, raises on gloo: "Cannot use ReduceOp.PREMUL_SUM with Gloo".
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: FSDP2's gradient, scaled and not, against one process
 w = torch.ones(1, requires_grad=True)
 (w * torch.tensor([1.0, 3.0, 5.0, 7.0])).mean().backward()  # one process, the whole sequence
 reference = w.grad.item()
@@ -341,11 +351,11 @@ for r in range(WORLD):
 pd.Series({k: v for k, v in CP[0].items() if k != "set_gradient_divide_factor(1.0)"}, name="gradient").to_frame().assign(reference=reference)
 
 # %% [markdown]
-# **Fix.** Decide who divides by what: the loss divides by the tokens of the whole global batch,
-# the gradient reduction only sums. With NCCL, `model.set_gradient_divide_factor(1.0)` makes FSDP2
-# sum; with gloo, scale the loss by the mesh size over the number of data-parallel replicas. A
-# 2-D mesh with a separate data-parallel dimension (`init_device_mesh(..., mesh_dim_names=(...))`)
-# keeps the average over the data-parallel ranks only.
+# **Fix.** Decide who divides by what. The loss divides by the tokens of the whole global batch,
+# and the gradient reduction only sums. With NCCL, `model.set_gradient_divide_factor(1.0)` makes
+# FSDP2 sum. With gloo, scale the loss by the mesh size over the number of data-parallel
+# replicas. A 2-D mesh with a separate data-parallel dimension keeps the average over the
+# data-parallel ranks only: `init_device_mesh(..., mesh_dim_names=(...))`.
 #
 # **Caught by** the one-process reference: the gradient of the whole sequence's loss.
 

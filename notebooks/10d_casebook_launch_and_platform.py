@@ -20,11 +20,11 @@
 # **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,100 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
-# **What this page is.** A casebook page, not a lesson: one section per message or mistake that
-# people report, found by its symptom. Each case gives the symptom and the thread it comes from,
-# what the message means, the fix, and a check. Some cases need a machine this page does not run
-# on (Windows, a Mac's GPU, NCCL): they are explanations, with their source in torch and the
-# parts that can be asserted here asserted.
+# **What this page is.** A casebook page, not a lesson. Each section is one message or mistake
+# that people report, found by its symptom. A case quotes the symptom and names the thread it
+# comes from. Then come what the message means, the fix, and a check. Some cases need a machine
+# this page does not run on: Windows, a Mac's GPU, or NCCL. Those cases are explanations with
+# their source in torch, and the page asserts the parts it can.
 #
 # Cases on this page:
 #
@@ -34,9 +34,9 @@
 # * [all_gather_into_tensor is deprecated](#case-collective-names)
 # * [use_libuv was requested but PyTorch was built without libuv support](#case-windows-libuv)
 #
-# Each claim (in bold, "Claim:") is asserted in the code cell right after it.
+# Each claim is in bold, "Claim:", and the code cell right after it asserts it.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, from the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [local rank](../docs/GLOSSARY.md#local-rank), [backend](../docs/GLOSSARY.md#backend),
 # [process group](../docs/GLOSSARY.md#process-group), [torchrun](../docs/GLOSSARY.md#torchrun).
 
@@ -94,21 +94,22 @@ def in_torch_library(text, name):
 #
 # **Symptom.** "train.py: error: unrecognized arguments: --local-rank=0", with a script that
 # declares `--local_rank`. From [XPixelGroup/BasicSR#626](https://github.com/XPixelGroup/BasicSR/issues/626)
-# and [microsoft/LoRA#79](https://github.com/microsoft/LoRA/issues/79). It extends
-# [07a](07a_torchrun_and_many_nodes.ipynb), section 1 (torchrun's environment).
+# and [microsoft/LoRA#79](https://github.com/microsoft/LoRA/issues/79). The case extends
+# section 1 of [07a](07a_torchrun_and_many_nodes.ipynb), torchrun's environment.
 #
 # **Why.** Since torch 2.0 the old launcher, `python -m torch.distributed.launch`, passes
-# `--local-rank=N` with a dash; scripts written before declare `--local_rank` with an underscore,
+# `--local-rank=N` with a dash. Scripts written before declare `--local_rank` with an underscore,
 # and argparse does not treat them as one. `torchrun` passes no argument at all: it sets
-# `LOCAL_RANK` in the environment. torchrun's own docstring (torch/distributed/run.py) says that
-# it passes `--local-rank`; running it shows which.
+# `LOCAL_RANK` in the environment. Yet torchrun's own docstring, in `torch/distributed/run.py`,
+# says that it passes `--local-rank`. Running both launchers shows which is right.
 #
-# The program: each launcher runs a script that prints its arguments and `LOCAL_RANK` (it
-# imports nothing, so the launchers are all that start).
+# The program: each launcher runs a script that prints its arguments and `LOCAL_RANK`. The
+# script imports nothing, so the launchers are all that start.
 
 # %%
 script = Path(tempfile.mkdtemp(prefix="casebook_10d_")) / "show_args.py"
-script.write_text("import os, sys\nprint('ARGS', sys.argv[1:], os.environ.get('LOCAL_RANK'), flush=True)\n")
+# one os.write per line: under PYTHONUNBUFFERED, print's pieces from two ranks can interleave
+script.write_text("import os, sys\nos.write(1, f\"ARGS {sys.argv[1:]} {os.environ.get('LOCAL_RANK')}\\n\".encode())\n")
 
 
 def what_the_script_sees(launcher):
@@ -132,13 +133,14 @@ def parse(declared, argv):
         return err.getvalue().strip().splitlines()[-1]
 
 # %% [markdown]
-# **Claim:** torchrun (`torch.distributed.run`) passes no argument and sets `LOCAL_RANK` to
-# `0 .. nproc_per_node − 1`; `torch.distributed.launch` passes `--local-rank=N` and sets
-# `LOCAL_RANK` too. torchrun's docstring does say "torchrun will pass the --local-rank=<rank>
+# **Claim:** torchrun, `torch.distributed.run`, passes no argument and sets `LOCAL_RANK` to
+# `0 .. nproc_per_node − 1`. `torch.distributed.launch` passes `--local-rank=N` and sets
+# `LOCAL_RANK` too. Yet torchrun's docstring says "torchrun will pass the --local-rank=<rank>
 # argument". A parser that declares only `--local_rank` fails on `--local-rank=1` with
-# "unrecognized arguments"; one that declares both names reads 1 from either.
+# "unrecognized arguments". One that declares both names reads 1 from either.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: what each launcher passes, and how argparse reads it
 ranks = [str(r) for r in range(nproc_per_node)]
 assert SEEN["torch.distributed.run"] == [f"[] {r}" for r in ranks], SEEN
 assert SEEN["torch.distributed.launch"] == [f"['--local-rank={r}'] {r}" for r in ranks], SEEN
@@ -150,24 +152,26 @@ pd.Series({k: "; ".join(v) for k, v in SEEN.items()}, name="arguments and LOCAL_
 
 # %% [markdown]
 # **Fix.** Read `int(os.environ["LOCAL_RANK"])` and launch with `torchrun`. Code that must run
-# under both launchers declares both names: `parser.add_argument("--local-rank", "--local_rank",
-# type=int)`.
+# under both launchers declares both names:
+# `parser.add_argument("--local-rank", "--local_rank", type=int)`.
 #
 # **Caught by** the error itself, at start-up.
-#
+
+# %% [markdown]
 # <a id="case-destroy-process-group-warning"></a>
 # ## Case: the destroy_process_group() warning at exit
 #
-# **Symptom.** "WARNING: destroy_process_group() was not called before program exit, which can
-# leak resources." From [pytorch/examples#1387](https://github.com/pytorch/examples/pull/1387)
-# ("silence destroy_proces_group() warning") and [ai2cm/ace#679](https://github.com/ai2cm/ace/issues/679).
+# **Symptom.** "WARNING: `destroy_process_group()` was not called before program exit, which can
+# leak resources." From [pytorch/examples#1387](https://github.com/pytorch/examples/pull/1387),
+# "silence `destroy_proces_group()` warning", and [ai2cm/ace#679](https://github.com/ai2cm/ace/issues/679).
 #
-# **Why.** The warning comes from NCCL's process group (`ProcessGroupNCCL.cpp` in torch's source),
-# printed when the program exits while the group still exists. Tearing a group down in
-# the interpreter's exit can hang, or leave a peer waiting; `destroy_process_group()` ends it
-# while every rank is still alive (the "Shutdown" section of torch.distributed's documentation,
-# added in [pytorch/pytorch#122358](https://github.com/pytorch/pytorch/pull/122358)). Gloo does
-# not print it. `launch` destroys the group itself after your function returns.
+# **Why.** The warning comes from NCCL's process group, `ProcessGroupNCCL.cpp` in torch's source.
+# It is printed when the program exits while the group still exists. Tearing a group down in the
+# interpreter's exit can hang, or leave a peer waiting. `destroy_process_group()` ends the group
+# while every rank is still alive. The "Shutdown" section of torch.distributed's documentation
+# says so; [pytorch/pytorch#122358](https://github.com/pytorch/pytorch/pull/122358) added it.
+# Gloo does not print the warning. `launch` destroys the group itself after your function
+# returns.
 
 # %%
 WARNING_TEXT = "destroy_process_group() was not called before program exit"
@@ -177,7 +181,8 @@ nccl_library = list((Path(torch.__file__).parent / "lib").glob("*torch_cuda.*"))
 # **Claim:** the warning's text is not in torch's CPU library, where gloo lives. Where this torch
 # has a CUDA library, where NCCL's process group lives, the text is there.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: where the warning's text lives in torch
 assert not in_torch_library(WARNING_TEXT, "torch_cpu")
 if nccl_library:
     assert in_torch_library(WARNING_TEXT, "torch_cuda")
@@ -185,21 +190,22 @@ print("CUDA library in this torch:", [p.name for p in nccl_library] or "none")
 
 # %% [markdown]
 # **Fix.** End `main()` with `dist.destroy_process_group()` on every rank, after the last
-# collective; in a `try`/`finally` so that an exception also ends the group.
+# collective. Put it in a `try`/`finally`, so that an exception also ends the group.
 #
 # **Caught by** the warning itself; it does not change any result.
-#
+
+# %% [markdown]
 # <a id="case-gloo-mps"></a>
 # ## Case: gloo refuses my Mac's MPS tensors
 #
 # **Symptom.** "DDP on my Mac: the collectives fail with MPS tensors." From
-# [pytorch/pytorch#160732](https://github.com/pytorch/pytorch/issues/160732) ("GLOO backend should
-# have MPS capability"). This page runs without a Mac GPU: the case is an explanation.
+# [pytorch/pytorch#160732](https://github.com/pytorch/pytorch/issues/160732), "GLOO backend should
+# have MPS capability". This page runs without a Mac GPU, so the case is an explanation.
 #
 # **Why.** A process group sends each collective to the backend registered for the tensor's
-# device type. Gloo registers `cpu` and `cuda`; no backend registers `mps`, so the collective
-# fails with "No backend type associated with device type mps" (`ProcessGroup.hpp` in torch's
-# source). NCCL is for CUDA only.
+# device type. Gloo registers `cpu` and `cuda`, and no backend registers `mps`. So the collective
+# fails with "No backend type associated with device type mps", from `ProcessGroup.hpp` in
+# torch's source. NCCL is for CUDA only.
 
 # %%
 capability = dist.Backend.backend_capability
@@ -208,29 +214,31 @@ capability = dist.Backend.backend_capability
 # **Claim:** in this torch, gloo's capability is `cpu` and `cuda`, and no backend lists `mps`.
 # The message "No backend type associated with device type" is in torch's CPU library.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: gloo's device types; no backend lists mps
 assert capability["gloo"] == ["cpu", "cuda"], capability
 assert not any("mps" in devices for devices in capability.values()), capability
 assert in_torch_library("No backend type associated with device type", "torch_cpu")
 pd.Series({k: ", ".join(v) for k, v in capability.items()}, name="device types").to_frame()
 
 # %% [markdown]
-# **Fix.** Copy to the CPU around each collective (`t_cpu = t.cpu(); dist.all_reduce(t_cpu);
-# t.copy_(t_cpu)`), or train on the CPU with gloo. DDP itself cannot do that copy for you: its
-# buckets live on the model's device.
+# **Fix.** Copy to the CPU around each collective:
+# `t_cpu = t.cpu(); dist.all_reduce(t_cpu); t.copy_(t_cpu)`. Or train on the CPU with gloo. DDP
+# itself cannot do that copy for you: its buckets live on the model's device.
 #
 # **Caught by** the error, at the first collective.
-#
+
+# %% [markdown]
 # <a id="case-collective-names"></a>
 # ## Case: all_gather_into_tensor is deprecated
 #
 # **Symptom.** "FutureWarning: `all_gather_into_tensor` is deprecated. Use `all_gather_single`."
-# torch renamed the single-tensor collectives in 2026
-# ([pytorch/pytorch#186123](https://github.com/pytorch/pytorch/pull/186123), "Rename distributed
-# collective ops to _single naming scheme"); a later change drops the warning but keeps the old
-# names ([pytorch/pytorch#193874](https://github.com/pytorch/pytorch/pull/193874)). Code written
-# for an older torch has only the old names. It extends [00a](00a_processes_and_collectives.ipynb),
-# section 3 (the collectives).
+# torch renamed the single-tensor collectives in 2026:
+# [pytorch/pytorch#186123](https://github.com/pytorch/pytorch/pull/186123), "Rename distributed
+# collective ops to _single naming scheme". A later change,
+# [pytorch/pytorch#193874](https://github.com/pytorch/pytorch/pull/193874), drops the warning
+# but keeps the old names. Code written for an older torch has only the old names. The case
+# extends section 3 of [00a](00a_processes_and_collectives.ipynb), the collectives.
 #
 # The program: every name on 2 ranks, rank `r` contributing `r + 1`.
 
@@ -255,11 +263,12 @@ present = {name: hasattr(dist, name) for pair in NEW_OLD.items() for name in pai
 NAMES = launch(names_case, WORLD, backend="gloo", timeout=120) if all(present.values()) else None
 
 # %% [markdown]
-# **Claim:** this torch has both the new names and the old ones, and each old name gives the
-# same values as its new one on both ranks; the new names raise no `FutureWarning`. Whether the
+# **Claim:** this torch has both the new names and the old ones. Each old name gives the same
+# values as its new one on both ranks, and the new names raise no `FutureWarning`. Whether the
 # old names still warn depends on the torch release: the table shows it.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: old and new collective names give the same values
 assert all(present.values()), present
 for r in range(WORLD):
     for new, old in NEW_OLD.items():
@@ -274,22 +283,23 @@ pd.DataFrame(NAMES[0]).T
 # `all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor`.
 #
 # **Caught by** the warning, or `hasattr(dist, "all_gather_single")`.
-#
+
+# %% [markdown]
 # <a id="case-windows-libuv"></a>
 # ## Case: use_libuv was requested but PyTorch was built without libuv support
 #
 # **Symptom.** "RuntimeError: use_libuv was requested but PyTorch was build without libuv
 # support", at torchrun's start on Windows. From
-# [pytorch/pytorch#139990](https://github.com/pytorch/pytorch/issues/139990) ("PyTorch defaults to
-# using libuv but is built without support for it on Windows") and
+# [pytorch/pytorch#139990](https://github.com/pytorch/pytorch/issues/139990), "PyTorch defaults to
+# using libuv but is built without support for it on Windows", and
 # [pytorch/pytorch#148283](https://github.com/pytorch/pytorch/issues/148283). This page runs on
-# Linux: the case is an explanation.
+# Linux, so the case is an explanation.
 #
 # **Why.** The rendezvous uses a key-value store, `TCPStore`, whose server runs on libuv by
 # default. torch's Windows wheels are built without libuv. `init_process_group`'s `env://` path
-# turns libuv off on Windows (torch/distributed/rendezvous.py), but torchrun's store
-# (torch/distributed/elastic/utils/distributed.py) reads `USE_LIBUV` with a default of 1 on every
-# platform.
+# turns libuv off on Windows, in `torch/distributed/rendezvous.py`. But torchrun's store, in
+# `torch/distributed/elastic/utils/distributed.py`, reads `USE_LIBUV` with a default of 1 on
+# every platform.
 
 # %%
 def store_backend(**kwargs):
@@ -303,12 +313,13 @@ def store_backend(**kwargs):
 LIBUV = {"default": store_backend(), "use_libuv=False": store_backend(use_libuv=False)}
 
 # %% [markdown]
-# **Claim:** the message is in torch's CPU library. `TCPStore`'s `use_libuv` defaults to `True`;
-# torchrun's store reads `os.environ.get("USE_LIBUV", "1")`; the `env://` rendezvous defaults to
+# **Claim:** the message is in torch's CPU library. `TCPStore`'s `use_libuv` defaults to `True`.
+# torchrun's store reads `os.environ.get("USE_LIBUV", "1")`. The `env://` rendezvous defaults to
 # `"0"` on Windows and to `"1"` elsewhere, and `?use_libuv=0` in the URL turns it off. On this
-# Linux torch a default store runs on libuv and `use_libuv=False` gives one without it.
+# Linux torch a default store runs on libuv, and `use_libuv=False` gives one without it.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the libuv message, the defaults, a store with and without libuv
 assert in_torch_library("use_libuv was requested but PyTorch was built without libuv support", "torch_cpu")
 assert "use_libuv: bool = True" in dist.TCPStore.__init__.__doc__
 assert 'os.environ.get("USE_LIBUV", "1")' in inspect.getsource(elastic_store)
@@ -319,9 +330,10 @@ assert LIBUV == {"default": True, "use_libuv=False": False}, LIBUV
 pd.Series(LIBUV, name="store runs on libuv").to_frame()
 
 # %% [markdown]
-# **Fix.** On Windows, set `USE_LIBUV=0` before torchrun (`set USE_LIBUV=0` in cmd,
-# `$env:USE_LIBUV = "0"` in PowerShell); with `init_method="tcp://...?use_libuv=0"` for the URL
-# form. Or run the course in WSL2, a Linux where torch has libuv.
+# **Fix.** On Windows, set `USE_LIBUV=0` before torchrun: `set USE_LIBUV=0` in cmd,
+# `$env:USE_LIBUV = "0"` in PowerShell. For the URL form, use
+# `init_method="tcp://...?use_libuv=0"`. Or run the course in WSL2, a Linux where torch has
+# libuv.
 #
 # **Caught by** the error, at the rendezvous.
 
