@@ -26,7 +26,7 @@
 #
 # Four pitfalls, each in the same shape. The experiment runs on real ranks with `launch`. We see
 # the symptom as a learner meets it; a short timeout ends any hang. Then comes the fix. Each bold
-# **Claim:** is asserted by the folded code cell after it, tagged `check`.
+# "Claim:" is asserted by the folded code cell after it, tagged `check`.
 #
 # 1. gradient accumulation with `no_sync()` · 2. uneven inputs and `Join` · 3. unused
 # parameters · 4. unequal per-rank batch sizes

@@ -25,7 +25,7 @@
 # out which, with proof?
 #
 # Two sections in 06a's shape. The experiment runs on real ranks with `launch`. We see the
-# symptom, then the fix. Each bold **Claim:** is asserted by the folded code cell right after
+# symptom, then the fix. Each bold "Claim:" is asserted by the folded code cell right after
 # it, tagged `check`.
 #
 # 1. seeds and determinism · 2. debugging
