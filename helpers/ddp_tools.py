@@ -1,5 +1,7 @@
 """The small tools of lesson 06a's section 0, imported by 06a, 06b and 06c (one home for them).
 
+``bytes_written`` also serves the all-reduce benchmark (helpers/bench/allreduce.py).
+
 Each runs inside a rank started by ``launch`` (the default process group is initialised).
 """
 
@@ -50,3 +52,16 @@ def params(module):
 
 def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
+
+
+def bytes_written() -> int | None:
+    """Bytes this process has passed to write system calls, its sockets' included: ``wchar`` of
+    ``/proc/self/io`` (gloo sends over TCP that way). ``None`` where that file is missing (not Linux)."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

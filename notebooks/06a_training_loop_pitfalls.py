@@ -21,29 +21,28 @@
 # <!-- opening:end -->
 #
 # **The question:** once `DistributedDataParallel` (DDP) runs at all, which mistakes in the
-# training loop make it hang, crash or — worse — silently train the wrong thing, and how do we
+# training loop make it hang, crash or, worse, silently train the wrong thing? And how do we
 # *prove* each fix?
 #
-# Four pitfalls, each in one shape: the experiment's code, run on real ranks with `launch`; the
-# symptom as a learner meets it (where it would hang, a short timeout ends it); the fix, each
-# claim (in bold, "Claim:") asserted in the code cell after it, tagged `check`.
+# Four pitfalls, each in the same shape. The experiment runs on real ranks with `launch`. We see
+# the symptom as a learner meets it; a short timeout ends any hang. Then comes the fix. Each bold
+# "Claim:" is asserted by the folded code cell after it, tagged `check`.
 #
 # 1. gradient accumulation with `no_sync()` · 2. uneven inputs and `Join` · 3. unused
 # parameters · 4. unequal per-rank batch sizes
 #
-# **What runs where:** every section is one short launch of `world_size` processes per
-# experiment, backend `gloo`, on CPU, with or without GPUs (pinned: the hang demonstrations need
-# gloo's catchable timeout).
+# **What runs where:** each experiment is one short launch of `world_size` processes. The backend
+# is `gloo` on CPU, with or without GPUs. It is pinned: the hang demonstrations need gloo's
+# catchable timeout.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, see the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
 # [process group](../docs/GLOSSARY.md#process-group), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [bucket](../docs/GLOSSARY.md#bucket), [DDP](../docs/GLOSSARY.md#ddp).
 #
-# **New here:** DDP communication hooks (to count all-reduces), `Join`,
-# `find_unused_parameters` / `static_graph`, `TORCH_DISTRIBUTED_DEBUG=INFO`. Every claim was
-# checked against torch 2.14.1; where it differs from folklore, the lesson says what really
-# happens.
+# **New here:** DDP communication hooks to count all-reduces, `Join`, `find_unused_parameters`
+# and `static_graph`, `TORCH_DISTRIBUTED_DEBUG=INFO`. Every claim was checked against torch
+# 2.14.1. Where torch differs from folklore, the lesson says what really happens.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -89,26 +88,28 @@ print(f"torch {torch.__version__}; CUDA GPUs visible: {n_gpus}; world_size = {wo
 # %% [markdown]
 # ## 0. Tools every section uses
 #
-# Every experiment below is a function `fn(rank, world_size, ...)` defined in a cell and run
-# with `launch(fn, world_size, ..., backend="gloo")`, which starts `world_size` new processes,
-# initialises the default process group in each, and returns `[result of rank 0, result of
-# rank 1, ...]` to the cell. Worker prints appear under the cell prefixed `[rank r]`.
+# Each experiment is a function `fn(rank, world_size, ...)` defined in a cell.
+# `launch(fn, world_size, ..., backend="gloo")` starts `world_size` new processes and
+# initialises the default process group in each. It returns the ranks' results as a list, rank 0
+# first. Worker prints appear under the cell, prefixed `[rank r]`.
 #
-# **How a hang is shown without hanging the notebook.** A section that demonstrates a hang
-# builds its DDP model on a fresh process group, `dist.new_group(timeout=...)` with
-# `collective_timeout_s` seconds: the rank left waiting in a collective gets gloo's timeout
-# error after those seconds (in a real job: after gloo's default 30 minutes), catches it and
-# returns it as text. With NCCL a timed-out collective is handled by a watchdog that tears the
-# process down instead of raising (the `timeout` argument of
-# [`init_process_group`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)),
-# so this lesson pins `backend="gloo"`. The next cell shows the small tools every section uses.
+# **How a hang is shown without hanging the notebook.** A section that shows a hang builds its
+# DDP model on a fresh process group, made by `dist.new_group(timeout=...)`. A rank left waiting
+# in one of its collectives gets gloo's timeout error after `collective_timeout_s` seconds. It
+# catches the error and returns it as text. A real job would wait for gloo's default, 30 minutes.
+#
+# With NCCL a timed-out collective does not raise: a watchdog tears the process down. The
+# `timeout` argument of
+# [`init_process_group`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group)
+# says so. That is why this lesson pins `backend="gloo"`. The next cell shows the small tools
+# every section uses.
 
 # %%
 # The tools live in helpers/ddp_tools.py, so that lessons 06b and 06c import these same ones.
 import inspect
 
 import helpers.ddp_tools
-from helpers.ddp_tools import cpu, error_text, grads, is_timeout_error, short_timeout_group, wrap
+from helpers.ddp_tools import bytes_written, cpu, error_text, grads, is_timeout_error, short_timeout_group, wrap
 
 print(inspect.getsource(helpers.ddp_tools).split("\n\n\n", 1)[1])  # the functions, less the imports
 
@@ -116,21 +117,14 @@ print(inspect.getsource(helpers.ddp_tools).split("\n\n\n", 1)[1])  # the functio
 # ## 1. Gradient accumulation with `no_sync()`
 #
 # Accumulating `k` micro-batches before one optimizer step is the usual way to get a large
-# global batch on little memory. Under DDP every backward all-reduces the gradients — unless
-# it runs under `ddp.no_sync()`, which defers the all-reduce to the first synchronised
-# backward, which then all-reduces the **accumulated** gradients.
+# global batch on little memory. Under DDP every backward all-reduces the gradients. Inside
+# `ddp.no_sync()` it does not. The next synchronised backward then all-reduces the
+# **accumulated** gradients.
 #
-# The toy: `Linear(4, 1)` in `float64`, MSE loss, `k = accum_steps` micro-batches of 2 samples
-# per rank (rank `r` takes the contiguous rows `r k 2 ... (r + 1) k 2 - 1` of the global
-# batch), each micro-batch loss divided by `k` (so the `k` gradients add up to the mean over
-# the `k * 2` samples). Six loops, each a function below, each run on a fresh model for one
-# optimizer step.
-#
-# **How communication is measured:** a DDP communication hook (`counting_allreduce_hook`,
-# registered with `ddp.register_comm_hook(state, hook)`; [docs](https://pytorch.org/docs/stable/ddp_comm_hooks.html))
-# is called by DDP once per **bucket** ready to be all-reduced. It counts the call and the
-# bucket's bytes (`bucket.buffer().numel() * element_size()`), then calls torch's default
-# `allreduce_hook` (divide each gradient by `world_size`, then all-reduce with SUM), so the gradients are unchanged.
+# The toy model is `Linear(4, 1)` in `float64` with an MSE loss. Each rank takes
+# `k = accum_steps` micro-batches of 2 samples: rank `r` takes the contiguous rows `r k 2` to
+# `(r + 1) k 2 - 1` of the global batch. Each micro-batch loss is divided by `k`. So the `k`
+# gradients add up to the mean over the rank's `k * 2` samples.
 
 # %%
 features, micro_batch, lr = 4, 2, 0.1
@@ -144,7 +138,16 @@ def accumulation_batch(world_size, k):
     w = torch.randn(features, 1, generator=g, dtype=torch.float64)
     return x, x @ w + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
 
+# %% [markdown]
+# **How communication is measured.** DDP calls a communication hook once per **bucket** ready to
+# be all-reduced; see the [docs](https://pytorch.org/docs/stable/ddp_comm_hooks.html). Ours,
+# `counting_allreduce_hook`, counts the calls and the bucket's bytes. Then it calls torch's
+# default `allreduce_hook`, so the gradients do not change. The worker also counts the bytes each
+# rank really sends: `bytes_written()` from section 0 reads the kernel's count of the process's
+# writes, gloo's socket sends included. Each of six loops runs on a fresh model for one optimizer
+# step.
 
+# %%
 def counting_allreduce_hook(state, bucket):  # state: {"calls": int, "bytes": int}
     buf = bucket.buffer()  # this bucket's gradients, flattened
     state["calls"] += 1
@@ -165,10 +168,13 @@ def accumulation_worker(rank, world_size, k, loops):
         counter = {"calls": 0, "bytes": 0}
         ddp.register_comm_hook(counter, counting_allreduce_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        before = bytes_written()
         loop(ddp, micro)
+        after = bytes_written()  # both None where /proc/self/io is missing
         grad = torch.cat([cpu(model.weight.grad).flatten(), cpu(model.bias.grad)])
         opt.step()
-        out[name] = {"grad": grad, "calls": counter["calls"], "bytes": counter["bytes"], "weight_after": cpu(model.weight)}
+        out[name] = {"grad": grad, "calls": counter["calls"], "bytes": counter["bytes"], "weight_after": cpu(model.weight),
+                     "sent": None if before is None else after - before}
     return out
 
 # %% [markdown]
@@ -224,8 +230,8 @@ LOOPS = {f.__name__: f for f in (no_sync_all_but_last, one_big_batch, sync_every
                                  forward_outside, backward_outside)}
 
 # %% [markdown]
-# One launch runs the six loops on `world_size` ranks (mostly worker start-up). The reference
-# is one process on the whole global batch, no DDP.
+# One launch runs the six loops on `world_size` ranks. Most of its time is worker start-up. The
+# reference is one process on the whole global batch, without DDP.
 
 # %%
 t0 = time.perf_counter()
@@ -240,27 +246,31 @@ ref_grad = torch.cat([single.weight.grad.flatten(), single.bias.grad])
 print(f"one launch of {world_size} ranks: {launch_s['1 accumulation']:.1f} s")
 
 # %% [markdown]
+# This model fits in one bucket: 5 `float64` parameters, 40 bytes per all-reduce.
+#
 # **Claim:** `no_sync()` on micro-batches `0 .. k-2` and a synchronised last one gives the
-# same gradient as one batch `k` times larger, and as one process on the whole global batch,
-# with **1** all-reduce per optimizer step instead of `k`: `k` times fewer bytes on the wire.
-# This model fits in one bucket: 5 `float64` parameters = 40 bytes per all-reduce.
+# gradient of one batch `k` times larger, and of one process on the whole global batch. It takes
+# **1** all-reduce per optimizer step instead of `k`. So each rank sends about `k` times fewer
+# bytes over its sockets.
 #
-# **Claim:** synchronising every micro-batch gives the same gradient too (averaging
-# already-averaged values changes nothing), at `k` times the communication.
+# **Claim:** synchronising every micro-batch gives the same gradient too, at `k` times the
+# communication. Averaging already-averaged values changes nothing.
 #
-# **Claim:** **off by one** — synchronising the *first* micro-batch and `no_sync()` on the
-# rest — leaves each rank with `average(micro-batch 0) + its own local micro-batches 1..k-1`:
-# the ranks' gradients differ, and after one SGD step the replicas' parameters **diverge**.
-# Nothing raises.
+# **Claim:** **off by one**, a synchronised *first* micro-batch and `no_sync()` on the rest,
+# raises nothing. Each rank holds `average(micro-batch 0) + its own micro-batches 1..k-1`, which
+# the check computes in one process. The ranks' gradients differ, so after one SGD step the
+# replicas **diverge**.
 #
-# **Claim:** what decides is the **forward**: DDP decides at the end of the forward whether
-# the next backward will all-reduce (the [`no_sync` docs](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync):
-# "The forward pass should be included inside the context manager, or else gradients will
-# still be synchronized"). Forward outside, backward inside: `k` all-reduces (no saving,
-# still correct). Forward inside, backward outside: 1 all-reduce, correct. The readable rule —
-# put forward *and* backward inside — is the safe one.
+# The [`no_sync` docs](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync)
+# warn: "The forward pass should be included inside the context manager, or else gradients will
+# still be synchronized".
+#
+# **Claim:** the **forward** decides whether the next backward all-reduces. Forward outside,
+# backward inside: `k` all-reduces, no saving, still correct. Forward inside, backward outside:
+# 1 all-reduce, correct. The readable rule is the safe one: forward *and* backward inside.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: gradients, all-reduce counts, bytes sent and the off-by-one value of the six loops
 k = accum_steps
 bytes_per_allreduce = (features + 1) * 8  # one bucket of float64 parameters: 4 weights + 1 bias
 expected_calls = {"no_sync_all_but_last": 1, "one_big_batch": 1, "sync_every_micro_batch": k,
@@ -285,6 +295,30 @@ for name in LOOPS:
                  "gradient = one process?": equal_ref, "max |Δ weight| across ranks after the step": divergence})
 saving = acc[0]["sync_every_micro_batch"]["bytes"] / acc[0]["no_sync_all_but_last"]["bytes"]
 assert saving == k, f"no_sync should all-reduce {k} times fewer bytes, got a factor {saving:g}"
+
+
+def micro_grad(r, j):  # one process: the gradient of rank r's micro-batch j (loss / k) at the initial weights
+    torch.manual_seed(seed)
+    m = nn.Linear(features, 1, dtype=torch.float64)
+    rows_r = slice(r * k * micro_batch, (r + 1) * k * micro_batch)
+    (mse(m(x_all[rows_r].split(micro_batch)[j]), y_all[rows_r].split(micro_batch)[j]) / k).backward()
+    return torch.cat([m.weight.grad.flatten(), m.bias.grad])
+
+
+first_avg = sum(micro_grad(s, 0) for s in range(world_size)) / world_size
+for r, a in enumerate(acc):
+    off_by_one_value = first_avg + sum(micro_grad(r, j) for j in range(1, k))
+    assert_close(a["off_by_one"]["grad"], off_by_one_value, msg=f"off by one, rank {r}: average(micro-batch 0) + own 1..k-1")
+# bytes really sent: the same for each all-reduce, so about k times more without no_sync. Measured ratios
+# were 1.01 k to 1.11 k (2 and 4 ranks, k = 4 and 8): gloo adds a few small writes per backward.
+sent = [(a["sync_every_micro_batch"]["sent"], a["no_sync_all_but_last"]["sent"]) for a in acc]
+if sent[0][0] is None:
+    print("bytes sent: not measured here (no /proc/self/io: Linux only)")
+else:
+    for r, (many, once) in enumerate(sent):
+        assert 0.9 * k <= many / once <= 1.25 * k, f"rank {r}: {many} bytes sent syncing every micro-batch, {once} with no_sync"
+    print(f"bytes sent per optimizer step, rank 0: {sent[0][0]} syncing every micro-batch, {sent[0][1]} with no_sync: "
+          f"{sent[0][0] / sent[0][1]:.2f}x")
 table1 = pd.DataFrame(rows).set_index("loop")
 print(f"accumulating k = {k} micro-batches with no_sync: {saving:g}x fewer bytes all-reduced; off by one: replicas "
       f"differ by up to {table1.loc['off_by_one', 'max |Δ weight| across ranks after the step']:.3g} after ONE step")
@@ -313,12 +347,15 @@ plt.show()
 # %% [markdown]
 # ## 2. Uneven inputs: the extra step hangs; `Join` completes it
 #
-# Rank `r` gets `2 + r` batches of one number each, `10 r + i + 1` (rank 0 sees 1, 2; rank 1
-# sees 11, 12, 13; ...). The model is `y = w x` with `w = 1` and loss `y.sum()`, so a rank's
-# local gradient **is** its input, and the all-reduced gradient shows which ranks contributed.
-# Three runs of the same loop: without `Join` on a short-timeout group, and inside
-# [`Join([ddp], divide_by_initial_world_size=...)`](https://pytorch.org/docs/stable/distributed.algorithms.join.html)
-# with `True` (the default) and `False` (`ddp.join()` is the same context manager).
+# Rank `r` gets `2 + r` batches of one number each, `10 r + i + 1`. Rank 0 sees 1 and 2, rank 1
+# sees 11, 12 and 13, and so on. The model is `y = w x` with `w = 1` and the loss `y.sum()`. So a
+# rank's local gradient **is** its input, and the all-reduced gradient shows which ranks
+# contributed.
+#
+# The same loop runs three times. The first run has no `Join` and uses a short-timeout group. The
+# other two run inside
+# [`Join([ddp], divide_by_initial_world_size=...)`](https://pytorch.org/docs/stable/distributed.algorithms.join.html),
+# with `True`, the default, and with `False`. `ddp.join()` is the same context manager.
 
 # %%
 base_batches = 2  # rank r has base_batches + r batches
@@ -359,8 +396,8 @@ def join_worker(rank, world_size, timeout_s):
     return out
 
 # %% [markdown]
-# The launch takes worker start-up plus `collective_timeout_s` (the ranks with an extra batch
-# wait that long for rank 0).
+# The launch takes worker start-up plus `collective_timeout_s`: the ranks with an extra batch
+# wait that long for rank 0.
 
 # %%
 t0 = time.perf_counter()
@@ -370,15 +407,16 @@ inputs = [join_inputs(r) for r in range(world_size)]
 print(f"{launch_s['2 join']:.1f} s")
 
 # %% [markdown]
-# **Claim:** without `Join`, the first two steps all-reduce normally: the gradient at step `i`
-# is the mean over ranks of `10 r + i + 1`, i.e. `5 (world_size - 1) + i + 1` (for 2 ranks:
-# `(1 + 11) / 2 = 6`, then `7`). At step 2 rank 0 has left its loop; every other rank waits
-# in the gradient all-reduce for a rank that never comes. On this demo's short-timeout group
-# gloo raises after `collective_timeout_s` seconds ("Timed out waiting ... for recv/send
-# operation to complete", or "Application timeout caused pair closure": `is_timeout_error`
-# accepts both); rank 0 finished without any error.
+# Gloo's timeout error reads "Timed out waiting ... for recv/send operation to complete" or
+# "Application timeout caused pair closure". The tool `is_timeout_error` accepts both.
+#
+# **Claim:** without `Join`, the first two steps all-reduce normally. The gradient at step `i` is
+# the mean over ranks of `10 r + i + 1`, that is `5 (world_size - 1) + i + 1`: for 2 ranks 6,
+# then 7. At step 2 rank 0 has left its loop and finished without error. Every other rank waits
+# in the all-reduce and gets gloo's timeout error after `collective_timeout_s` seconds.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the first steps' gradients, then a timeout on every rank but rank 0
 for r, res in enumerate(J):
     nj = res["no_join"]
     closed_form = [5 * (world_size - 1) + i + 1 for i in range(base_batches)]  # mean over r of 10 r, plus i + 1
@@ -391,19 +429,22 @@ for r, res in enumerate(J):
           + (f"then after {nj['seconds']:.1f} s: {nj['error']}" if nj["error"] else "finished"))
 
 # %% [markdown]
-# **Claim:** the same loop inside `Join` completes on every rank. A rank that has run out of
-# batches *joins*: it shadows the others' all-reduces with zeros. So at step `i`, with `A_i`
-# the ranks that still have a batch, the gradient is `sum(x) over A_i` divided by
+# A rank that has run out of batches *joins*: it shadows the others' all-reduces with zeros. Let
+# `A_i` be the ranks that still have a batch at step `i`.
 #
-# * `world_size` with `divide_by_initial_world_size=True` (the default): the joined ranks
-#   count as zero gradients;
-# * `len(A_i)` with `False`: the average over the ranks still training.
+# **Claim:** the same loop inside `Join` completes on every rank. At step `i` the gradient is
+# `sum(x) over A_i` divided by:
 #
-# At the last rank's last step (`i = world_size`) only that rank is left, with the input
-# `10 (world_size - 1) + world_size + 1`: for 2 ranks `13 / 2 = 6.5` (default) and `13`
-# (`False`). The default makes the update shrink as ranks run out of data.
+# | `divide_by_initial_world_size` | divided by | last rank's last step, 2 ranks |
+# | --- | --- | --- |
+# | `True`, the default | `world_size`: joined ranks count as zeros | `13 / 2 = 6.5` |
+# | `False` | `len(A_i)`: the ranks still training | `13` |
+#
+# At its last step the last rank is alone, with the input `10 (world_size - 1) + world_size + 1`.
+# So the default makes the update shrink as ranks run out of data.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's gradient per step under Join, with both divisors
 def join_expected(divide_by_initial_world_size):
     """Per rank, the gradient after each of its steps: sum over the active ranks / (world_size or their number)."""
     out = []
@@ -453,16 +494,17 @@ ax.legend(fontsize=8, loc="upper left")
 plt.show()
 
 # %% [markdown]
-# **What the launcher sees.** The same loop without `Join`, this time on a process group
-# without a short timeout: nothing raises inside the workers any more; the cell simply waits,
-# as a real job would, until `launch` gives up after `hang_timeout_s`, ends every worker and
-# raises `LaunchTimeout` naming the ranks that never finished (rank 0 too, if it had not yet
-# finished its own batches; the timeout counts from when every rank is running the function).
+# **What the launcher sees.** The same loop without `Join` runs again, now on a group without a
+# short timeout. Nothing raises inside the workers. The cell simply waits, as a real job would.
+# After `hang_timeout_s` seconds `launch` gives up, ends every worker and raises `LaunchTimeout`.
+# It names the ranks that never finished. Rank 0 may be among them if it was still busy: the
+# timeout counts from when every rank runs the function.
 #
-# **Claim:** `launch` raises `LaunchTimeout` (its `timeout` is `hang_timeout_s`), listing every rank with an
-# extra batch, and leaves no worker process behind.
+# **Claim:** `launch` raises `LaunchTimeout`, listing every rank with an extra batch. It leaves no
+# worker process behind.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: LaunchTimeout names the waiting ranks; no process is left
 def uneven_hang_worker(rank, world_size):
     group = dist.new_group()  # keeps the waiting all-reduce apart from the launcher's final barrier
     model = scalar_model()
@@ -496,15 +538,17 @@ print("no worker process left behind")
 # %% [markdown]
 # ## 3. Unused parameters
 #
-# `TwoHeads` has two `Linear(2, 2)` heads; `forward` returns both outputs, the loss uses only
-# `head_a`'s. Iteration `it` feeds `x = [rank + 1 + it] * 2`, so `head_a.weight`'s local
-# gradient is `rank + 1 + it` in every entry and its all-reduced gradient is the mean over
-# ranks, `(world_size + 1) / 2 + it`. DDP numbers parameters in `model.parameters()` order:
-# 0 `head_a.weight`, 1 `head_a.bias`, 2 `head_b.weight`, 3 `head_b.bias`. Five cases, each a
-# fresh DDP model and three iterations (or until the first error):
-# [`find_unused_parameters` and `static_graph`](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html),
-# and the debug level INFO, set with `dist.set_debug_level` just for one DDP construction (the
-# same as starting the process with `TORCH_DISTRIBUTED_DEBUG=INFO`).
+# `TwoHeads` has two `Linear(2, 2)` heads. `forward` returns both outputs, but the loss uses only
+# `head_a`'s. Iteration `it` feeds `x = [rank + 1 + it] * 2`. So `head_a.weight`'s local gradient
+# is `rank + 1 + it` in every entry. Its all-reduced gradient is the mean over ranks,
+# `(world_size + 1) / 2 + it`.
+#
+# DDP numbers parameters in `model.parameters()` order: 0 `head_a.weight`, 1 `head_a.bias`,
+# 2 `head_b.weight`, 3 `head_b.bias`. Five cases each train a fresh DDP model for three
+# iterations, or until the first error. They try
+# [`find_unused_parameters` and `static_graph`](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html).
+# One also sets the debug level INFO with `dist.set_debug_level`, just for one DDP construction.
+# That is the same as starting the process with `TORCH_DISTRIBUTED_DEBUG=INFO`.
 
 # %%
 class TwoHeads(nn.Module):
@@ -553,10 +597,10 @@ def unused_parameters_worker(rank, world_size, iterations=3):
     return out
 
 # %% [markdown]
-# One launch. Its output (folded under one line) holds DDP's warning
-# "find_unused_parameters=True was specified ... but did not find any unused parameters": its
+# One launch. Its output, folded under one line, holds DDP's warning
+# "find_unused_parameters=True was specified ... but did not find any unused parameters". Its
 # search starts from the returned outputs and reaches `head_b` through the output the loss
-# ignores; the gradients below show the run is nonetheless right.
+# ignores. The gradients below show the run is right all the same.
 
 # %%
 t0 = time.perf_counter()
@@ -569,16 +613,18 @@ warned = [r for r in range(world_size) if any(line.startswith(f"[rank {r}]") and
 show_folded(f"expected: DDP's warning \"{FALSE_ALARM} ...\" on ranks {warned}", unused_output.getvalue())
 
 # %% [markdown]
-# **Claim:** with the default DDP the **first** iteration completes without any error — and
-# its gradients were **not** averaged: rank `r` keeps its local `head_a` gradient `r + 1`.
-# (DDP all-reduces a bucket when all its parameters have gradients; `head_b`'s never arrive.)
-# The error comes at the start of the **next** forward, on every rank:
-# `RuntimeError: Expected to have finished reduction in the prior iteration before starting a
-# new one. ...`, ending with `Parameter indices which did not receive grad for rank r: 2 3`.
-# With the debug level INFO (or DETAIL), the message also names them:
+# DDP all-reduces a bucket when all its parameters have gradients; `head_b`'s never arrive.
+#
+# **Claim:** with the default DDP the **first** iteration completes without any error. Its
+# gradients were **not** averaged: rank `r` keeps its local `head_a` gradient `r + 1`. The
+# **next** forward raises on every rank: `Expected to have finished reduction in the prior
+# iteration ...`. It ends with `Parameter indices which did not receive grad for rank r: 2 3`.
+#
+# **Claim:** with the debug level INFO or DETAIL, the message also names them:
 # `Parameters which did not receive grad for rank r: head_b.bias, head_b.weight`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: iteration 0 un-averaged, iteration 1 raises, with indices or names
 def parse_unused_parameter_error(message):
     """{"rank", "indices"} from DDP's "did not receive grad" error; "names" only with debug level INFO/DETAIL."""
     m = re.search(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)", message)
@@ -606,18 +652,20 @@ print("rank 0's error, default debug level:\n" + U[0]["default"]["error"])
 print("\n... and its last lines with the debug level INFO:\n" + "\n".join(U[0]["default_debug_info"]["error"].splitlines()[-3:]))
 
 # %% [markdown]
-# **Claim:** `find_unused_parameters=True` fixes it: three iterations complete; on every rank
+# **Claim:** `find_unused_parameters=True` fixes it: three iterations complete. On every rank
 # `head_b`'s gradients stay `None` and `head_a`'s are the average, `(world_size + 1) / 2 + it`.
 #
-# **Claim:** `static_graph=True` **works only if the unused head's output is not returned**
-# (`TwoHeads(return_b=False)`): then it gives the same gradients. If `forward` returns an
-# output the loss ignores (the model above), torch 2.14.1 averages iteration 0, leaves
-# iteration 1's `head_a` gradients **un-averaged** (each rank keeps its own: `r + 2`), and
-# raises at iteration 2 ("... this is not compatible with static_graph set to True").
+# **Claim:** `static_graph=True` **works only if the unused head's output is not returned**, as
+# with `TwoHeads(return_b=False)`. Then it gives the same gradients. With the model above, torch
+# 2.14.1 averages iteration 0. It leaves iteration 1's `head_a` gradients **un-averaged**: rank
+# `r` keeps its own, `r + 2`. Iteration 2 raises "... not compatible with static_graph set to
+# True".
+#
 # This is [pytorch/pytorch issue #97030](https://github.com/pytorch/pytorch/issues/97030):
 # `static_graph` is not a drop-in replacement for `find_unused_parameters`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: find_unused_parameters averages; static_graph only without the returned output
 assert warned == list(range(world_size)), f"every rank should print DDP's false alarm once: ranks {warned}"
 rows = []
 mean_rank = sum(r + 1 for r in range(world_size)) / world_size  # the average of the local values r + 1
@@ -651,12 +699,14 @@ table3
 # batch size. With per-rank **mean** losses, a sample on a small rank then weighs more than a
 # sample on a large one.
 #
-# Rank `r` holds `r + 1` samples of the global batch `1, 2, ..., N` with
-# `N = world_size (world_size + 1) / 2` (2 ranks: `[1]` and `[2, 3]`); model `y = w x` at
-# `w = 1`, per-sample loss `y^2`, per-sample gradient `2 x^2`. **The fix:** all-reduce the
-# sample count `N` first and use `loss = local sum * world_size / N`: DDP's `1 / world_size`
-# cancels the `world_size` and leaves `global sum / N`, the global mean. The worker takes each
-# loss as a function `loss_fn(per_sample, n_total, world_size)` and runs both.
+# Rank `r` holds `r + 1` samples of the global batch `1, 2, ..., N`, with
+# `N = world_size (world_size + 1) / 2`. On 2 ranks that is `[1]` and `[2, 3]`. The model is
+# `y = w x` at `w = 1`; the per-sample loss `y^2` has the gradient `2 x^2`.
+#
+# **The fix:** all-reduce the sample count `N` first, then use `loss = local sum * world_size / N`.
+# DDP's `1 / world_size` cancels the `world_size` and leaves `global sum / N`, the global mean.
+# The worker takes each loss as a function `loss_fn(per_sample, n_total, world_size)` and runs
+# both.
 
 # %%
 def unequal_shards(world_size):
@@ -696,12 +746,15 @@ launch_s["4 unequal batches"] = time.perf_counter() - t0
 
 # %% [markdown]
 # **Claim:** with per-rank mean losses DDP gives the **mean of the ranks' means**,
-# `(1 / world_size) sum_r 2 mean(x_r^2)` (2 ranks: `(2 + 13) / 2 = 7.5`), not the global mean
-# `2 sum(x^2) / N` (2 ranks: `2 (1 + 4 + 9) / 3 = 28 / 3 = 9.33`); the weighted loss gives the
-# global mean on every rank. The expected values are computed below with exact fractions and
-# the closed form `1^2 + ... + N^2 = N (N + 1) (2N + 1) / 6`.
+# `(1 / world_size) sum_r 2 mean(x_r^2)`. That is not the global mean `2 sum(x^2) / N`. On 2
+# ranks: `(2 + 13) / 2 = 7.5` against `28 / 3 = 9.33`. The weighted loss gives the global mean on
+# every rank.
+#
+# The check computes both with exact fractions and the closed form
+# `1^2 + ... + N^2 = N (N + 1) (2N + 1) / 6`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the mean of rank means against the global mean, exactly
 N = world_size * (world_size + 1) // 2
 first = [r * (r + 1) // 2 + 1 for r in range(world_size)]  # rank r holds first[r], ..., first[r] + r
 rank_means = [Fraction(2 * sum(v * v for v in range(first[r], first[r] + r + 1)), r + 1) for r in range(world_size)]
@@ -727,34 +780,34 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # %% [markdown]
 # ## What we saw
 #
-# * **Accumulation:** `no_sync()` on all micro-batches but the last gives exactly the
-#   large-batch gradient with `k` times fewer all-reduced bytes (counted with a comm hook). The
-#   forward decides whether a backward all-reduces. Syncing the wrong micro-batch raises
-#   nothing and makes the replicas diverge after one step.
-# * **Uneven inputs:** the rank with an extra batch waits forever in its all-reduce (here:
-#   until a short timeout, or until `LaunchTimeout`); `Join` completes it, and
-#   `divide_by_initial_world_size` decides whether the joined ranks count as zeros or not.
-# * **Unused parameters:** the first iteration "works" with un-averaged gradients; the error
-#   comes one iteration later and names parameter indices (names with
-#   `TORCH_DISTRIBUTED_DEBUG=INFO`). `find_unused_parameters=True` fixes it; `static_graph=True`
-#   only if the unused output is not returned (pytorch #97030).
-# * **Unequal batch sizes:** DDP averages ranks, not samples; `sum * world_size / N` restores
-#   the global mean.
+# * **Accumulation:** `no_sync()` on all micro-batches but the last gives the large-batch
+#   gradient. It all-reduces `k` times fewer bytes, and each rank sends about `k` times fewer.
+#   The forward decides whether a backward all-reduces. Syncing the wrong micro-batch raises
+#   nothing, and the replicas diverge after one step.
+# * **Uneven inputs:** the rank with an extra batch waits forever in its all-reduce. Here a short
+#   timeout or `LaunchTimeout` ends the wait. `Join` completes it. `divide_by_initial_world_size`
+#   decides whether the joined ranks count as zeros.
+# * **Unused parameters:** the first iteration "works" with un-averaged gradients. The error comes
+#   one iteration later and names parameter indices; `TORCH_DISTRIBUTED_DEBUG=INFO` adds names.
+#   `find_unused_parameters=True` fixes it. `static_graph=True` fixes it only if the unused
+#   output is not returned.
+# * **Unequal batch sizes:** DDP averages ranks, not samples. `sum * world_size / N` restores the
+#   global mean.
 #
 # Casebook: [an epoch that ends inside an accumulation window](10a_casebook_training_loop.ipynb#case-epoch-ends-inside-accumulation).
 #
 # ## Exercises
 #
-# Exercises 1 and 2 ask for code: set `answer_N` to your function and run the check cell, which
-# runs it on `world_size` real ranks. Exercises 3-5 ask for a value: predict it by hand first.
-# Each check prints "correct" or "not yet" with a hint; a collapsed solution follows it (student
-# copies leave it out).
+# Exercises 1 and 2 ask for code: set `answer_N` to your function and run the check cell. It runs
+# your code on `world_size` real ranks. Exercises 3 to 5 ask for a value: predict it by hand
+# first. Each check prints "correct" or "not yet" with a hint. A collapsed solution follows it;
+# student copies leave it out.
 
 # %% [markdown]
 # ### Exercise 1: fix the accumulation loop
 #
-# This loop is meant to accumulate `k` micro-batches with `no_sync()` on all but the last, as
-# `no_sync_all_but_last` in section 1 does; it has an off-by-one bug:
+# This loop should accumulate `k` micro-batches with `no_sync()` on all but the last, as
+# `no_sync_all_but_last` in section 1 does. It has an off-by-one bug:
 #
 # ```python
 # def my_accumulate(ddp, micro):
@@ -765,14 +818,15 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # ```
 #
 # Copy it into the answer cell, fix it, and set `answer_1 = my_accumulate`. The check cell runs
-# your loop with section 1's `accumulation_worker` on `world_size` ranks and compares the
-# all-reduces per optimizer step and every rank's gradient with one
-# process on the whole global batch.
+# your loop with section 1's `accumulation_worker` on `world_size` ranks. It compares the
+# all-reduces per optimizer step, and every rank's gradient, with one process on the whole
+# global batch.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, your loop on real ranks
 # expected: 1 all-reduce per optimizer step, and on every rank the gradient of ONE process on the whole global batch
 expected_1 = {"all-reduces per step": 1, "gradient == one process, on every rank": True}
 
@@ -820,18 +874,20 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: a loss that gives the global mean
 #
-# Rank `r` holds `r + 1` samples, as in section 4. Write `my_loss(per_sample, world_size)`:
-# `per_sample` is this rank's `(n_local,)` float64 tensor of per-sample losses (on the rank's
-# device), and nobody hands you the global sample count. Return a scalar such that, after DDP
-# averages the gradients over the ranks, every rank holds the gradient of the **global mean**
-# over all samples. (Hint: a collective in the loss is fine, as long as every rank calls it.)
-# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks; `per_sample.mean()`,
-# the naive loss, gives section 4's mean of rank means.
+# Rank `r` holds `r + 1` samples, as in section 4. Write `my_loss(per_sample, world_size)`.
+# `per_sample` is this rank's `(n_local,)` float64 tensor of per-sample losses, on the rank's
+# device. Nobody hands you the global sample count. Return a scalar such that every rank holds
+# the gradient of the **global mean** after DDP averages over the ranks. Hint: a collective in
+# the loss is fine, as long as every rank calls it.
+#
+# Set `answer_2 = my_loss`. The check cell runs it on `world_size` ranks. The naive loss,
+# `per_sample.mean()`, gives section 4's mean of rank means.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, your loss on real ranks
 def exercise2_worker(rank, world_size, losses):
     """{name: the gradient of w on this rank after one backward of loss_fn(per_sample, world_size)}."""
     x = unequal_shards(world_size)[rank].to(worker_device()).reshape(-1, 1)
@@ -876,14 +932,15 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 # %% [markdown]
 # ### Exercise 3: Join on 4 ranks
 #
-# Section 2 with `world_size = 4`: rank `r` has `2 + r` batches (rank 3: 31, 32, 33, 34,
-# 35) and the loop runs inside `Join([ddp], divide_by_initial_world_size=False)`. What
-# gradient does rank 3 hold after each of its 5 steps? Answer with a list of 5 numbers.
+# Take section 2 with `world_size = 4`. Rank `r` has `2 + r` batches; rank 3 has 31, 32, 33, 34
+# and 35. The loop runs inside `Join([ddp], divide_by_initial_world_size=False)`. What gradient
+# does rank 3 hold after each of its 5 steps? Answer with a list of 5 numbers.
 
 # %% tags=["exercise"]
 answer_3 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 3
 # expected: section 2's rule (sum over the ranks that still have a batch / their number), for 4 ranks
 inputs4 = [[float(10 * r + i + 1) for i in range(base_batches + r)] for r in range(4)]
 expected_3 = [sum(inp[i] for inp in inputs4 if len(inp) > i) / sum(len(inp) > i for inp in inputs4) for i in range(5)]
@@ -902,15 +959,16 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 # %% [markdown]
 # ### Exercise 4: unequal batch sizes on 4 ranks
 #
-# Section 4 with `world_size = 4`: rank `r` holds `r + 1` of the samples `1, 2, ..., 10`
-# (`[1]`, `[2, 3]`, `[4, 5, 6]`, `[7, 8, 9, 10]`), each rank uses the **mean** of the
-# per-sample losses `(w x)^2` at `w = 1`. What gradient does DDP give every rank? Answer
-# with a number (4 significant digits are enough) or a fraction as text, such as `"7/12"`.
+# Take section 4 with `world_size = 4`. Rank `r` holds `r + 1` of the samples `1, 2, ..., 10`:
+# `[1]`, `[2, 3]`, `[4, 5, 6]` and `[7, 8, 9, 10]`. Each rank uses the **mean** of the per-sample
+# losses `(w x)^2` at `w = 1`. What gradient does DDP give every rank? Answer with a number, 4
+# significant digits being enough, or a fraction as text, such as `"7/12"`.
 
 # %% tags=["exercise"]
 answer_4 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 4
 # expected: the average of the four ranks' mean-loss gradients 2 mean(x^2), from section 4's shards
 expected_4 = float(sum(2 * (s**2).mean() for s in unequal_shards(4)) / 4)
 if world_size == 4:  # this run launched 4 real ranks
@@ -929,15 +987,16 @@ check_answer("ex4", solution_4, expected_4, strict=True)
 # %% [markdown]
 # ### Exercise 5: bytes all-reduced with k = 8
 #
-# Section 1's model (`Linear(4, 1)` in `float64`, one bucket) with `accum_steps = 8`: how
+# Take section 1's model, `Linear(4, 1)` in `float64` in one bucket, with `accum_steps = 8`. How
 # many bytes does each rank all-reduce per optimizer step when it synchronises every
-# micro-batch, and with `no_sync()` on all micro-batches but the last? Answer with a list
-# of two ints.
+# micro-batch? And with `no_sync()` on all micro-batches but the last? Answer with a list of two
+# ints.
 
 # %% tags=["exercise"]
 answer_5 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 5
 # expected: the bytes of ONE all-reduce measured by the counting hook in this run, times the
 # number of all-reduces each loop makes with k = 8
 one_allreduce = acc[0]["no_sync_all_but_last"]["bytes"]  # exactly one all-reduce

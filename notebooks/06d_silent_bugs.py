@@ -17,22 +17,23 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with `assert_in_sync` or a value check. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,900 words at 200 words/min): about 10 min.
+# **You will be able to** find DDP mistakes that raise no error, with `assert_in_sync` or a value check. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,000 words at 200 words/min): about 10 min.
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
 #
-# One section per mistake. Each runs a tiny model on 2 real ranks (`launch`, backend `gloo`, CPU)
-# with inputs chosen so every number can be worked by hand: `x = 1` on rank 0, `x = 3` on rank 1,
-# weights start at 1, the learning rate is 1/8 (so every weight is exact in float32). Each section
-# shows the wrong value, the right value and the fix, and says whether the replica checker
-# catches the mistake at its first wrong step. Each claim (in bold, "Claim:") is asserted in the
-# code cell right after it, tagged `check`.
+# One section per mistake. Each runs a tiny model on 2 real ranks with `launch`, backend `gloo`,
+# on CPU. The inputs make every number easy to work by hand: `x = 1` on rank 0, `x = 3` on rank 1.
+# Weights start at 1 and the learning rate is 1/8, so every weight is exact in float32.
+#
+# Each section shows the wrong value, the right value and the fix. It says whether the replica
+# checker catches the mistake at its first wrong step. Each bold "Claim:" is asserted by the
+# folded code cell right after it, tagged `check`.
 #
 # 1. bypassing the wrapper · 2. changing the model after wrapping · 3. all-reduce and autograd ·
 # 4. per-rank random splits · 5. clipping during accumulation · 6. fewer items than ranks
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, see the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
@@ -74,12 +75,14 @@ print(f"torch {torch.__version__}")
 # %% [markdown]
 # ## 0. Tools every section uses
 #
-# `one()` is `Linear(1, 1, bias=False)` with weight 1: its output is `w x`, and with the output
-# itself as the loss the gradient is `x`, 1 on rank 0 and 3 on rank 1, so DDP's averaged
-# gradient is `(1 + 3) / 2 = 2`. `checked(model)` runs the replica checker in a training loop
-# and returns its message instead of raising, so that a section can show it. These three come
-# from `helpers.tiny` (imported above; 06e uses them too); `train` is below. In your own loop
-# you call `assert_in_sync(ddp)` (every rank: it is a collective) and let it raise.
+# `one()` is `Linear(1, 1, bias=False)` with weight 1. Its output is `w x`. With the output itself
+# as the loss, the gradient is `x`: 1 on rank 0 and 3 on rank 1. So DDP's averaged gradient is
+# `(1 + 3) / 2 = 2`.
+#
+# `checked(model)` runs the replica checker and returns its message instead of raising, so that a
+# section can show it. `one`, `x_of` and `checked` come from `helpers.tiny`, imported above; 06e
+# uses them too. `train` is below. In your own loop, call `assert_in_sync(ddp)` on every rank,
+# since it is a collective, and let it raise.
 
 # %%
 def train(ddp, steps, params):
@@ -99,12 +102,13 @@ def train(ddp, steps, params):
 # %% [markdown]
 # ## 1. Bypassing the wrapper
 #
-# DDP all-reduces gradients only for a forward that went through `ddp(...)`: the wrapper's
+# DDP all-reduces gradients only for a forward that went through `ddp(...)`. The wrapper's
 # `forward` prepares the reducer, whose hooks fire in `backward()`. `ddp.module(x)` calls the
-# inner model directly, and so does any other method of it, `ddp.module.score(x)`: the backward
-# then leaves each rank with its own gradient. `Scorer` has both a `forward` and a `score` method
-# (`score = 2 w x`); the fix for a second method is to route it through `forward`, so that it is
-# called as `ddp(x, score=True)`.
+# inner model directly, and so does any other method of it, such as `ddp.module.score(x)`. The
+# backward then leaves each rank with its own gradient.
+#
+# `Scorer` has a `forward` and a `score` method, `score = 2 w x`. The fix for a second method is
+# to route it through `forward`, so that it is called as `ddp(x, score=True)`.
 
 # %%
 class Scorer(nn.Module):
@@ -142,14 +146,20 @@ def bypass_worker(rank, world_size, later_steps):
 B = launch(bypass_worker, WORLD, later_steps, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** one step through the wrapper moves the weight by `LR × 2 = 0.25` on both ranks, to
-# 0.75. Through `ddp.module(x)` each rank steps with its own gradient: `1 − 0.125 = 0.875` on
-# rank 0, `1 − 3 × 0.125 = 0.625` on rank 1. Through `ddp.module.score(x)` (gradient `2x`):
-# 0.75 and 0.25. The fix, `ddp(x, score=True)`, gives `1 − 0.125 × 4 = 0.5` on both. The checker,
-# called after each step, raises at step 1 in both bypass runs, naming the parameter
-# `lin.weight`, the rank that differs and both values, and passes in the two others.
+# **Claim:** after one step the weights on ranks 0 and 1 are:
+#
+# | call | gradient | weights |
+# | --- | --- | --- |
+# | `ddp(x)` | the mean, 2 | 0.75, 0.75 |
+# | `ddp.module(x)` | own `x` | 0.875, 0.625 |
+# | `ddp.module.score(x)` | own `2x` | 0.75, 0.25 |
+# | fix: `ddp(x, score=True)` | the mean, 4 | 0.5, 0.5 |
+#
+# **Claim:** the checker, called after each step, raises at step 1 in both bypass runs. It names
+# the parameter `lin.weight`, the rank that differs and both values. It passes in the two others.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the weights after one step, and where the checker raises
 def weights_by_rank(results, name, step=-1):
     return [r[name]["weights"][step] for r in results]
 
@@ -170,14 +180,16 @@ caught["1 bypass"] = "step 1"
 print(message)
 
 # %% [markdown]
-# **Claim:** mixing wrapper and bypass calls across steps: after one synced step (0.75 on both)
-# and one `ddp.module(x)` step (0.625 and 0.375), `later_steps` more steps through the wrapper do
-# not bring the ranks back together: each moves both weights by the same averaged `0.25`, so the
-# gap stays exactly `0.25`. DDP broadcasts parameters only in its constructor (buffers, at every
-# forward); afterwards it only averages gradients, and equal updates keep any difference. The
+# DDP broadcasts parameters only in its constructor. Afterwards it only averages gradients, and
+# equal updates keep any difference.
+#
+# **Claim:** take one synced step, to 0.75 on both ranks, then one `ddp.module(x)` step, to 0.625
+# and 0.375. `later_steps` more steps through the wrapper do not bring the ranks back together.
+# Each moves both weights by the same averaged `0.25`, so the gap stays exactly `0.25`. The
 # checker raises at step 2, the bypassed one.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the gap after a bypassed step never closes
 mixed = [B[r]["mixed"]["weights"] for r in range(WORLD)]
 assert mixed[0][:2] == [0.75, 0.625] and mixed[1][:2] == [0.75, 0.375], mixed
 expected_gap = [0.0] + [0.25] * (1 + later_steps)
@@ -188,14 +200,70 @@ pd.DataFrame({"step": range(1, len(mixed[0]) + 1), "call": ["ddp(x)", "ddp.modul
               "weight, rank 0": mixed[0], "weight, rank 1": mixed[1]}).set_index("step")
 
 # %% [markdown]
+# Buffers are different: DDP broadcasts rank 0's buffers again, before some forwards. Which ones?
+# `WithBuffer` is `one()` plus a buffer `b`. Before each of five forwards, every rank sets `b` to
+# its rank. After the forward we read rank 1's `b`: 0 means DDP broadcast rank 0's. Each forward
+# with gradients is followed by its backward.
+
+# %%
+class WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = one()
+        self.register_buffer("b", torch.zeros(1))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+BUFFER_FORWARDS = [  # (forward, gradients on, inside no_sync())
+    ("1. the first forward, without gradients", False, False),
+    ("2. after a forward without gradients", True, False),
+    ("3. after a forward with gradients", True, False),
+    ("4. inside no_sync(), after a forward with gradients", True, True),
+    ("5. after a forward inside no_sync()", True, False),
+]
+
+
+def buffer_worker(rank, world_size):
+    ddp = DDP(WithBuffer())
+    seen = []
+    for _name, grad_on, in_no_sync in BUFFER_FORWARDS:
+        ddp.module.b.fill_(rank)  # the ranks' buffers differ before every forward
+        with torch.set_grad_enabled(grad_on), ddp.no_sync() if in_no_sync else contextlib.nullcontext():
+            out = ddp(x_of(rank)).sum()
+            if grad_on:
+                out.backward()
+        seen.append(ddp.module.b.item())
+    return seen
+
+
+BUF = launch(buffer_worker, WORLD, backend="gloo", timeout=120)
+
+# %% [markdown]
+# **Claim:** DDP does not broadcast buffers at every forward. It broadcasts them only before the
+# first forward, and before a forward whose previous forward ran with gradients outside
+# `no_sync()`. Rank 1 keeps its own `b` in forwards 2 and 5. Lesson
+# [02](02_one_model_many_processes.ipynb) shows every case.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: which forwards broadcast rank 0's buffer
+broadcast = [True, False, True, True, False]  # what the previous forward leaves for the next one
+assert BUF[0] == [0.0] * len(BUFFER_FORWARDS), BUF[0]
+assert BUF[1] == [0.0 if b else 1.0 for b in broadcast], f"rank 1's buffer after each forward: {BUF[1]}"
+pd.DataFrame({"rank 1's b after it": BUF[1], "broadcast?": broadcast},
+             index=[name for name, *_ in BUFFER_FORWARDS])
+
+# %% [markdown]
 # ## 2. Changing the model after wrapping
 #
-# `DDP(model)` registers, once, a hook on each parameter that requires a gradient and sorts them
-# into buckets; a bucket is all-reduced when every one of its parameters has its gradient. Two
-# changes after the wrap break that silently for one step: freezing a parameter
-# (`requires_grad_(False)`: its gradient never comes, so its bucket never fills) and assigning a
-# new `nn.Parameter` (DDP still waits for the old one, and has no hook on the new one). The model
-# is `Sequential(one(), one())`, output `w1 w0 x`: each weight's gradient is `x` at the start.
+# `DDP(model)` registers, once, a hook on each parameter that requires a gradient. It sorts them
+# into buckets. A bucket is all-reduced when every one of its parameters has its gradient.
+#
+# Two changes after the wrap break that silently for one step. Freezing a parameter with
+# `requires_grad_(False)` means its gradient never comes, so its bucket never fills. Assigning a
+# new `nn.Parameter` leaves DDP waiting for the old one, with no hook on the new one. The model is
+# `Sequential(one(), one())`, output `w1 w0 x`: each weight's gradient is `x` at the start.
 
 # %%
 def changed_worker(rank, world_size, change):
@@ -225,18 +293,22 @@ changes = ["freeze after the wrap", "new nn.Parameter after the wrap", "fix: fre
 C = {c: launch(changed_worker, WORLD, c, backend="gloo", timeout=120) for c in changes}
 
 # %% [markdown]
-# **Claim:** frozen after the wrap, `0.weight` stays 1 and `1.weight` takes a rank-local step 1:
-# 0.875 on rank 0, 0.625 on rank 1 (synced it would be 0.75 on both). Step 2's forward raises on
-# every rank: "Expected to have finished reduction in the prior iteration", naming parameter
-# **index** 0, not its name. A new `nn.Parameter` after the wrap leaves **both** weights unsynced
-# in step 1 (the tiny model has one bucket, and it never fills), and step 2 raises, naming index
-# 1. `assert_in_sync` raises already before step 1, from the wrap's record: "'0.weight':
-# requires_grad set False after the wrap", or "'1.weight' was added or replaced after the
-# wrap"; in a loop that checks after each step it raises at step 1, naming the weights that
-# differ. The fixes (freeze before wrapping; `copy_` new values into the existing parameter)
-# train both steps in sync.
+# **Claim:** frozen after the wrap, `0.weight` stays 1. `1.weight` takes a rank-local step 1, to
+# 0.875 on rank 0 and 0.625 on rank 1; synced it would be 0.75. Step 2's forward raises on every
+# rank: "Expected to have finished reduction in the prior iteration". It names parameter
+# **index** 0, not its name.
+#
+# **Claim:** a new `nn.Parameter` after the wrap leaves **both** weights unsynced in step 1: the
+# tiny model's one bucket never fills. Step 2 raises, naming index 1.
+#
+# **Claim:** `assert_in_sync` raises already before step 1, from the wrap's record: "'0.weight':
+# requires_grad set False after the wrap", or "'1.weight' was added or replaced after the wrap".
+#
+# **Claim:** the fixes train both steps in sync: freeze before wrapping, or `copy_` new values
+# into the existing parameter.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: rank-local step 1, the error of step 2, the checker's record, and the fixes
 frozen, replaced = C["freeze after the wrap"], C["new nn.Parameter after the wrap"]
 assert [r["weights_step1"] for r in frozen] == [[1.0, 0.875], [1.0, 0.625]], [r.get("weights_step1") for r in frozen]
 assert [r["weights_step1"] for r in replaced] == [[0.875, 0.875], [0.625, 0.625]], [r.get("weights_step1") for r in replaced]
@@ -256,15 +328,15 @@ for fix in ("fix: freeze, then wrap", "fix: copy_ into the parameter"):
     assert all(r["before step 1"] == "ok" and r["first"] is None for r in C[fix]), fix
 
 # %% [markdown]
-# The loop above catches the error of step 2 and stops there. In a loop that calls the checker
-# after each step, it raises at step 1, before step 2's error, and names what differs:
+# The loop above catches the error of step 2 and stops there. A loop that calls the checker after
+# each step finds the mistake earlier.
+#
+# **Claim:** the same frozen model, trained one step and checked: `assert_in_sync` raises at step
+# 1. It names the weight that differs, `1.weight`: 0.875 on rank 0, 0.625 on rank 1. It also names
+# the change since the wrap.
 
-# %% [markdown]
-# **Claim:** the same frozen model, trained one step and checked: `assert_in_sync` raises at
-# step 1 with the weight that differs (`1.weight`: 0.875 on rank 0, 0.625 on rank 1) and the
-# change since the wrap.
-
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the checker at step 1 names 1.weight and the change
 def freeze_checked_worker(rank, world_size):
     model = nn.Sequential(one(), one())
     ddp = DDP(model)
@@ -285,17 +357,17 @@ print(F[0])
 # %% [markdown]
 # ## 3. All-reduce and autograd
 #
-# `dist.all_reduce(t)` overwrites `t` in place and records nothing for autograd: the **value**
-# becomes the sum over ranks, but the **gradient** flows back as if each rank had kept its own.
+# `dist.all_reduce(t)` overwrites `t` in place and records nothing for autograd. The **value**
+# becomes the sum over ranks. But the **gradient** flows back as if each rank had kept its own.
 # Three forms of it:
 #
-# * a global objective built with `dist.all_reduce` on a tensor in the graph: `S = w x₀ + w x₁ =
-#   4w` (value 4 with `w = 1`), whose gradient is `dS/dw = 4`;
+# * a global objective built with `dist.all_reduce` on a tensor in the graph:
+#   `S = w x₀ + w x₁ = 4w`, value 4 at `w = 1`, gradient `dS/dw = 4`;
 # * the "averaged loss" reduced in place and divided by the world size **before** `backward()`;
 # * a metric counter reduced through `.float()`: `.float()` makes a copy, and the copy is reduced.
 #
 # The fix for the first is the autograd-aware all-reduce,
-# `torch.distributed.nn.functional.all_reduce` (its backward all-reduces the gradient too); for
+# `torch.distributed.nn.functional.all_reduce`. Its backward all-reduces the gradient too. For
 # the second, reduce a detached copy for the log and call `backward()` on the rank's own loss.
 
 # %%
@@ -350,16 +422,22 @@ def reduce_worker(rank, world_size):
 R = launch(reduce_worker, WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** with `dist.all_reduce` the global value is 4 on both ranks but the gradient DDP
-# delivers is `(1 + 3) / 2 = 2`, half of `dS/dw = 4`; with the autograd-aware all-reduce it is
-# 4 (each rank's gradient is `2 xᵣ`, DDP averages `(2 + 6) / 2`). The in-place mean loss logs 2
-# (right) but its gradient is `2 / 2 = 1`; the detached copy logs 2 and keeps the gradient 2.
-# The replicas stay identical in all four: `assert_in_sync(ddp, grads=True)` passes, so it cannot
-# catch this; the one sign at run time is torch's UserWarning "c10d::allreduce_: an autograd
-# kernel was not registered". The check that does catch it compares the gradient with the one
-# the same objective gives in one process (below: `S = w (1 + 3)`).
+# **Claim:** the value and gradient each form gives:
+#
+# | form | value | gradient |
+# | --- | --- | --- |
+# | global objective, `dist.all_reduce` | 4 | `(1 + 3) / 2 = 2`, half of `dS/dw` |
+# | global objective, autograd all-reduce | 4 | `(2 + 6) / 2 = 4`: each rank's is `2 xᵣ` |
+# | mean loss reduced in place | 2 | `2 / 2 = 1` |
+# | mean loss, detached copy reduced | 2 | 2 |
+#
+# **Claim:** the replicas stay identical in all four: `assert_in_sync(ddp, grads=True)` passes.
+# The one sign at run time is torch's UserWarning "c10d::allreduce_: an autograd kernel was not
+# registered". What catches it is the gradient of the same objective in one process,
+# `S = w (1 + 3)`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: values and gradients, the checker, the warning, the one-process gradient
 for r in range(WORLD):
     assert R[r]["global: dist.all_reduce"] == (4.0, 2.0), R[r]
     assert R[r]["global: autograd all_reduce"] == (4.0, 4.0), R[r]
@@ -376,12 +454,15 @@ assert R[0]["global: autograd all_reduce"][1] == reference
 pd.DataFrame({k: R[0][k] for k in R[0] if k.startswith(("global", "mean"))}, index=["value", "gradient"]).T
 
 # %% [markdown]
-# **Claim:** the counters 3 (rank 0) and 5 (rank 1) reduced through `.float()` stay 3 and 5; the
-# int64 reduce gives 8 on both. The check that catches it: a reduced metric must be equal on every
-# rank (`all_gather_object` shows `[3, 5]`). Counting in float32 is wrong anyway past 2²⁴: float32
-# has a 24-bit significand, so 16,777,217 becomes 16,777,216.
+# **Claim:** the counters 3 on rank 0 and 5 on rank 1, reduced through `.float()`, stay 3 and 5.
+# The int64 reduce gives 8 on both. What catches it: a reduced metric must be equal on every
+# rank, and `all_gather_object` shows `[3, 5]`.
+#
+# **Claim:** counting in float32 is wrong anyway past 2²⁴. Float32 has a 24-bit significand, so
+# 16,777,217 becomes 16,777,216.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the counters, and float32 past 2**24
 assert [R[r]["count: .float()"] for r in range(WORLD)] == [3, 5]
 assert [R[r]["count: int64"] for r in range(WORLD)] == [8, 8]
 assert R[0]["count on every rank"] == [3, 5] and len(set(R[0]["count on every rank"])) > 1
@@ -392,11 +473,11 @@ print("counts after .float() reduce:", R[0]["count on every rank"], "| int64 red
 # %% [markdown]
 # ## 4. Per-rank random splits
 #
-# `random_split(data, [train, val], generator=...)` draws `torch.randperm(n, generator=...)`
-# (torch/utils/data/dataset.py). Seeded with `seed + rank`, each rank splits the data
-# differently: its training shard (`train[rank::world_size]`) overlaps another rank's, and
-# items one rank validates on are trained on by the other. The fix: the same seed on every rank,
-# then a `DistributedSampler` over the training part.
+# `random_split(data, [train, val], generator=...)` draws `torch.randperm(n, generator=...)`; see
+# torch/utils/data/dataset.py. Seeded with `seed + rank`, each rank splits the data differently.
+# Its training shard, `train[rank::world_size]`, overlaps another rank's. Items one rank
+# validates on are trained on by the other. The fix: the same seed on every rank, then a
+# `DistributedSampler` over the training part.
 
 # %%
 def split_worker(rank, world_size, n_items, seed=0):
@@ -431,14 +512,18 @@ def split_report(every, key):
 S = launch(split_worker, WORLD, n_items, backend="gloo", timeout=120)[0]
 
 # %% [markdown]
-# **Claim:** with per-rank seeds (`n_items = 10`, seeds 0 and 1), one item is trained by both
-# ranks, 4 items are validated on by one rank and trained on by the other, and 3 are never
-# trained on. With the same seed and `DistributedSampler` the shards are disjoint, no validation
-# item is trained on, and exactly the 2 validation items are never trained on. The replica
-# checker cannot see this: DDP keeps the replicas identical whatever data each rank reads (it
-# passes after a step on the per-rank shards). The check is the gathered shards, `split_report`.
+# **Claim:** with per-rank seeds 0 and 1 and `n_items = 10`, one item is trained by both ranks.
+# 4 items are validated on by one rank and trained on by the other. 3 are never trained on.
+#
+# **Claim:** with the same seed and `DistributedSampler` the shards are disjoint. No validation
+# item is trained on; only the 2 validation items are never trained on.
+#
+# **Claim:** the replica checker cannot see this. DDP keeps the replicas identical whatever data
+# each rank reads, so it passes after a step on the per-rank shards. What catches it is the
+# gathered shards, `split_report`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: shared, leaked and unused items, with and without the fix
 wrong, right = split_report(S, "per-rank seeds"), split_report(S, "same seed + DistributedSampler")
 assert all(e["randperm is the split"] and e["checker"] == "ok" for e in S)
 assert wrong["trained by 2 ranks"] + wrong["validated and trained"] > 0, wrong
@@ -451,12 +536,13 @@ pd.DataFrame({"per-rank seeds": wrong, "same seed + DistributedSampler": right})
 # %% [markdown]
 # ## 5. Clipping during accumulation
 #
-# With `no_sync()` (lesson 06a) each rank accumulates its micro-batches' gradients locally, and
-# the last backward, outside `no_sync`, all-reduces the sum. Clipping belongs once, after that
-# synced backward. Clipping after **each** micro-batch clips a rank-local partial gradient, and
-# the norm `clip_grad_norm_` returns there (what a logger prints) is that rank's own. Rank 0's
-# micro-batches are `x = 1, 1`, rank 1's `x = 7, 1`, `max_norm = 4`: the true accumulated
-# gradient is `((1 + 1) + (7 + 1)) / 2 = 5`.
+# With `no_sync()`, as in lesson 06a, each rank accumulates its micro-batches' gradients locally.
+# The last backward, outside `no_sync`, all-reduces the sum. Clipping belongs once, after that
+# synced backward. Clipping after **each** micro-batch clips a rank-local partial gradient. The
+# norm `clip_grad_norm_` returns there, what a logger prints, is that rank's own.
+#
+# Rank 0's micro-batches are `x = 1, 1`, rank 1's `x = 7, 1`, and `max_norm = 4`. The true
+# accumulated gradient is `((1 + 1) + (7 + 1)) / 2 = 5`.
 
 # %%
 def clip_worker(rank, world_size, clip_each):
@@ -479,16 +565,20 @@ def clip_worker(rank, world_size, clip_each):
 K = {each: launch(clip_worker, WORLD, each, backend="gloo", timeout=120) for each in (True, False)}
 
 # %% [markdown]
-# **Claim:** clipped once after the synced backward, the norm is 5 on both ranks, the gradient is
-# clipped to 4 and the weight becomes `1 − 4/8 = 0.5`. Clipped after each micro-batch, rank 1's
-# first micro-batch gradient 7 is clipped to 4; the synced gradient is then
-# `((1 + 1) + (4 + 1)) / 2 = 3.5` (below 4, so not clipped) and the weight `1 − 3.5/8 = 0.5625`. A
-# logger at the first micro-batch prints 1 on rank 0 and 7 on rank 1. The replicas agree after
-# both (the checker passes); the check is the one-process reference: the mean of the ranks'
-# accumulated gradients, clipped once. (`clip_grad_norm_` scales by `max_norm / (norm + 1e-6)`,
-# hence the tolerance.)
+# `clip_grad_norm_` scales by `max_norm / (norm + 1e-6)`, hence the check's tolerance.
+#
+# **Claim:** clipped once after the synced backward, the norm is 5 on both ranks. The gradient is
+# clipped to 4 and the weight becomes `1 − 4/8 = 0.5`.
+#
+# **Claim:** clipped after each micro-batch, rank 1's first gradient 7 is clipped to 4. The
+# synced gradient is then `((1 + 1) + (4 + 1)) / 2 = 3.5`, below 4, and the weight
+# `1 − 3.5/8 = 0.5625`. A logger at the first micro-batch prints 1 on rank 0 and 7 on rank 1.
+#
+# **Claim:** the replicas agree after both: the checker passes. What catches it is the
+# one-process reference, the mean of the ranks' accumulated gradients clipped once.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: norms, gradients and weights of both clippings, against one process
 each, once = K[True], K[False]
 near = {"atol": 1e-5, "rtol": 0}
 for r in range(WORLD):
@@ -509,12 +599,11 @@ pd.DataFrame({"clip each micro-batch": [each[0]["logged norms"], each[1]["logged
 # %% [markdown]
 # ## 6. Fewer items than ranks
 #
-# `DistributedSampler` gives every rank `ceil(n / world_size)` items: it pads the index list by
-# repeating it from the start (`indices += indices * ceil(padding / n)`, then cut,
-# torch/utils/data/distributed.py) and deals `indices[rank::world_size]`. With 3 items on 7
-# replicas that is 7 indices. No process group is needed to see it: the sampler takes
-# `num_replicas` and `rank`. `small_data_warning` is a check your own script can run before
-# training.
+# `DistributedSampler` gives every rank `ceil(n / world_size)` items. It pads the index list by
+# repeating it from the start, then deals `indices[rank::world_size]`; see
+# torch/utils/data/distributed.py. With 3 items on 7 replicas that is 7 indices. No process
+# group is needed to see it: the sampler takes `num_replicas` and `rank`. `small_data_warning`
+# is a check your own script can run before training.
 
 # %%
 def small_data_warning(n, world_size, drop_last=False):
@@ -530,13 +619,16 @@ dealt = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=False
 dropped = [list(DistributedSampler(range(3), num_replicas=7, rank=r, shuffle=False, drop_last=True)) for r in range(7)]
 
 # %% [markdown]
-# **Claim:** ranks 0 to 6 get items `0, 1, 2, 0, 1, 2, 0`: item 0 is trained on three times per
-# epoch, items 1 and 2 twice. With `drop_last=True` every rank gets nothing and a loop over the
-# loader runs zero steps, without an error. The fix: no more ranks than items (3 items on 3
-# ranks: one distinct item each), or, for a tiny validation set, every rank evaluating all of
-# it. What finds it is a warning before training, `small_data_warning`.
+# **Claim:** ranks 0 to 6 get items `0, 1, 2, 0, 1, 2, 0`. Item 0 is trained on three times per
+# epoch, items 1 and 2 twice. With `drop_last=True` every rank gets nothing. A loop over the
+# loader then runs zero steps, without an error.
+#
+# **Claim:** with no more ranks than items, each rank gets one distinct item: 3 items on 3 ranks.
+# For a tiny validation set, let every rank evaluate all of it. A warning before training,
+# `small_data_warning`, finds the problem.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the dealt items, drop_last, and the warning
 assert dealt == [[0], [1], [2], [0], [1], [2], [0]], dealt
 assert [sum(d.count(i) for d in dealt) for i in range(3)] == [3, 2, 2]
 assert dropped == [[]] * 7, dropped
@@ -566,28 +658,30 @@ pd.Series(caught, name="assert_in_sync").to_frame()
 # | 3 items, 7 ranks | repeats, or nothing | more items or fewer ranks | a warning |
 #
 # Drifting replicas are what `assert_in_sync` finds, at the first wrong step, if you call it in
-# your loop. Replicas that agree on a wrong value need a check of the value itself: the gradient
-# against one process, a metric equal on every rank, the shards gathered. Put both kinds into a
-# first short run of your own training before the long one.
+# your loop. Replicas that agree on a wrong value need a check of the value itself. Compare the
+# gradient with one process, check that a metric is equal on every rank, gather the shards. Put
+# both kinds into a first short run of your own training, before the long one. DDP broadcasts
+# buffers only before some forwards, and parameters only once.
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
-# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
-# solution follows each check, collapsed; student copies leave the solutions out. Every solution
+# Both ask for a value: predict it by hand first. Then set `answer_N` in place of `None` and run
+# the check cell below it. It prints "correct" or "not yet" with a hint. In the full lesson a
+# collapsed solution follows each check; student copies leave the solutions out. Every solution
 # runs when the full lesson runs, so each is known to pass its check.
 
 # %% [markdown]
 # ### Exercise 1: a bypass at the first step
 #
-# Section 1's `Scorer` trains three steps with `LR = 1/8`: step 1 through `ddp.module(x)`, steps
-# 2 and 3 through `ddp(x)`. What are the two ranks' weights after step 3? Answer with a list
-# `[rank 0, rank 1]`.
+# Section 1's `Scorer` trains three steps with `LR = 1/8`. Step 1 goes through `ddp.module(x)`,
+# steps 2 and 3 through `ddp(x)`. What are the two ranks' weights after step 3? Answer with a
+# list `[rank 0, rank 1]`.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1
 # expected: the weights section 1's launch returned for this plan
 expected_1 = weights_by_rank(B, "exercise")
 check_answer("ex1", answer_1, expected_1, hint="step 1 is rank-local (gradient x); steps 2 and 3 use the mean, 2")
@@ -607,7 +701,8 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2
 # expected: the real sampler
 expected_2 = list(DistributedSampler(range(5), num_replicas=3, rank=2, shuffle=False))
 check_answer("ex2", answer_2, expected_2, hint="pad to 6 by repeating from the start, then deal every third index")

@@ -20,19 +20,20 @@
 # **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
-# **The question:** more runs that finish and are wrong (or die for a reason far from the bug):
-# which are they, and what finds them?
+# **The question:** some runs finish and are wrong, or die for a reason far from the bug. Which
+# are they, and what finds them?
 #
-# As in 06d, each section runs a tiny model on 2 real ranks (`launch`, backend `gloo`, CPU):
-# `x = 1` on rank 0, `x = 3` on rank 1, weights start at 1, the learning rate is 1/8. Each
-# shows the wrong value, the right value and the fix, and says whether `assert_in_sync`, called
-# after every step, catches it at the first wrong step. Each claim (in bold, "Claim:") is
-# asserted in the code cell right after it, tagged `check`.
+# As in 06d, each section runs a tiny model on 2 real ranks with `launch`, backend `gloo`, on CPU.
+# `x = 1` on rank 0 and `x = 3` on rank 1; weights start at 1; the learning rate is 1/8.
+#
+# Each section shows the wrong value, the right value and the fix. It says whether
+# `assert_in_sync`, called after every step, catches the mistake at the first wrong step. Each
+# bold "Claim:" is asserted by the folded code cell right after it, tagged `check`.
 #
 # 1. checkpointing a layer used twice · 2. `static_graph=True` and a changing graph ·
 # 3. `GradScaler` and clipping · 4. a slow rank-0-only block
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
+# Terms, see the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
@@ -77,10 +78,10 @@ print(f"torch {torch.__version__}")
 # %% [markdown]
 # ## 0. Tools every section uses
 #
-# The same as 06d's, from `helpers.tiny` (imported above): `one()` is `Linear(1, 1, bias=False)`
-# with weight 1, `x_of(rank)` the rank's input, `checked(model)` the replica checker's message
-# (or "ok"). `steps(...)` trains a few steps, checks after each, and stops at the first error,
-# which it returns as text.
+# The same as 06d's, from `helpers.tiny`, imported above. `one()` is `Linear(1, 1, bias=False)`
+# with weight 1. `x_of(rank)` is the rank's input. `checked(model)` returns the replica checker's
+# message, or "ok". `steps(...)` trains a few steps and checks after each. It stops at the first
+# error and returns it as text.
 
 # %%
 def steps(ddp, loss_of, n):
@@ -107,13 +108,14 @@ def first_wrong(result):
 # %% [markdown]
 # ## 1. Checkpointing a layer used twice
 #
-# Activation checkpointing (`torch.utils.checkpoint.checkpoint`) keeps no activations in the
-# forward and recomputes them in the backward. With `use_reentrant=True` each checkpointed call
-# runs its own small backward inside the big one; a layer checkpointed twice then has its
-# gradient accumulated twice, and DDP's hook on that parameter fires twice in one backward. The
-# model: `inp` (not checkpointed), then `lin` applied twice, each under `checkpoint`: output
-# `w_lin² w_inp x`. By hand, `lin`'s gradient is `2 w_lin w_inp x = 2x`, averaged 4; `inp`'s is
-# `w_lin² x = x`, averaged 2: after one step `lin = 1 − 4/8 = 0.5`, `inp = 1 − 2/8 = 0.75`.
+# Activation checkpointing, `torch.utils.checkpoint.checkpoint`, keeps no activations in the
+# forward. It recomputes them in the backward. With `use_reentrant=True` each checkpointed call
+# runs its own small backward inside the big one. A layer checkpointed twice then has its
+# gradient accumulated twice: DDP's hook on that parameter fires twice in one backward.
+#
+# The model applies `inp`, not checkpointed, then `lin` twice, each under `checkpoint`. Its output
+# is `w_lin² w_inp x`. By hand, `lin`'s gradient is `2 w_lin w_inp x = 2x`, averaged 4. `inp`'s is
+# `w_lin² x = x`, averaged 2. So after one step `lin = 1 − 4/8 = 0.5` and `inp = 1 − 2/8 = 0.75`.
 
 # %%
 class Twice(nn.Module):
@@ -145,15 +147,16 @@ def checkpoint_worker(rank, world_size):
 P = launch(checkpoint_worker, WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** with default DDP settings the first backward raises on every rank: "Expected to
-# mark a variable ready only once", and the message names the cause, "Reused parameters in
-# multiple reentrant backward passes". `find_unused_parameters=True` raises the same.
-# `static_graph=True` and `use_reentrant=False` train right: `[inp, lin] = [0.75, 0.5]` after
-# step 1, and both steps equal the run without checkpointing. None of the four is silent: each
-# either raises at step 1 or gives the right gradients, and the checker passes in the two that
-# train.
+# **Claim:** with default DDP settings the first backward raises on every rank: "Expected to mark
+# a variable ready only once". The message names the cause, "Reused parameters in multiple
+# reentrant backward passes". `find_unused_parameters=True` raises the same.
+#
+# **Claim:** `static_graph=True` and `use_reentrant=False` train right: `[inp, lin] = [0.75, 0.5]`
+# after step 1. Both steps equal the run without checkpointing, and the checker passes. So none
+# of the four is silent.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the errors at step 1, and the two set-ups that train right
 for r in range(WORLD):
     reference = P[r]["no checkpointing"]
     assert reference["weights"][0] == [0.75, 0.5] and reference["error"] is None, reference
@@ -172,18 +175,18 @@ pd.DataFrame({name: [str(r["weights"]) if r["error"] is None else "raises at ste
 # %% [markdown]
 # ## 2. `static_graph=True` and a graph that changes
 #
-# `static_graph=True` tells DDP the graph is the same every iteration: it records in iteration 1
-# which parameters get a gradient and then waits for exactly those. Two ways to break that
-# promise without a word. The model `Two` returns two outputs, `a(x)` and `b(x)` (two `one()`
-# layers, so each weight's gradient is `x`, averaged 2):
+# `static_graph=True` tells DDP the graph is the same every iteration. DDP records in iteration 1
+# which parameters get a gradient, then waits for exactly those. Two ways break that promise
+# without a word. The model `Two` returns two outputs, `a(x)` and `b(x)`. Both are `one()` layers,
+# so each weight's gradient is `x`, averaged 2:
 #
 # * **an output the loss ignores**: the loss is `a(x)` only, every step; `b` is in the output
 #   but never gets a gradient;
 # * **a branch that switches off**: step 1's loss is `a(x) + b(x)`; from step 2 on the forward
 #   skips `b`.
 #
-# Each runs 3 steps with default settings, `static_graph=True`, both `static_graph=True` and
-# `find_unused_parameters=True`, and `find_unused_parameters=True` alone.
+# Each runs 3 steps with four settings: the defaults, `static_graph=True`, both `static_graph=True`
+# and `find_unused_parameters=True`, and `find_unused_parameters=True` alone.
 
 # %%
 class Two(nn.Module):
@@ -224,21 +227,25 @@ def static_worker(rank, world_size):
 G = launch(static_worker, WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
-# **Claim:** with an ignored output, default DDP leaves step 1 unsynced (`a` = 0.875 on rank 0,
-# 0.625 on rank 1) and raises at step 2 ("Expected to have finished reduction in the prior
-# iteration"). `static_graph=True` gets step 1 right (0.75 on both: iteration 1 is the one it
-# watches) and leaves step 2 unsynced (0.625 and 0.375: each rank stepped with its own gradient
-# `x`); step 3 raises, "your training graph has changed in this iteration". The branch that
-# switches off gives the same with `static_graph=True`: step 1 right, step 2 unsynced, step 3
-# raises. Adding `find_unused_parameters=True` next to `static_graph=True` changes nothing (the
-# same weights and errors): a static graph is checked once, in iteration 1, and the search for
-# unused parameters is not run again; DDP even warns so at the wrap ("`_set_static_graph` will
-# detect unused parameters automatically"). Default settings leave the switched-off branch's
-# step 2 unsynced too (06a's unused parameter). `find_unused_parameters=True` alone trains both cases
-# right (`a` = 0.75, 0.5, 0.25). The checker raises at the first unsynced step: step 2 under
-# `static_graph=True`, naming `a.weight`.
+# **Claim:** with an ignored output, default DDP leaves step 1 unsynced: `a` is 0.875 on rank 0
+# and 0.625 on rank 1. Step 2 raises "Expected to have finished reduction in the prior
+# iteration". Default settings also leave the switched-off branch's step 2 unsynced, as 06a's
+# unused parameter did.
+#
+# **Claim:** in both cases `static_graph=True` gets step 1 right, 0.75 on both: iteration 1 is the
+# one it watches. Step 2 is unsynced, 0.625 and 0.375: each rank stepped with its own `x`. Step 3
+# raises "your training graph has changed in this iteration".
+#
+# **Claim:** adding `find_unused_parameters=True` to `static_graph=True` changes nothing. A static
+# graph is checked once, in iteration 1. DDP even warns at the wrap: "`_set_static_graph` will
+# detect unused parameters automatically".
+#
+# **Claim:** `find_unused_parameters=True` alone trains both cases right: `a` is 0.75, 0.5, 0.25.
+# The checker raises at the first unsynced step. Under `static_graph=True` that is step 2, naming
+# `a.weight`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: weights, errors, warnings and the checker for every setting
 def a_weights(case, name):
     return [[w[0] for w in G[r][case, name]["weights"]] for r in range(WORLD)]
 
@@ -272,19 +279,22 @@ pd.DataFrame([[str(a_weights(*key)[0]), str(a_weights(*key)[1]), first_wrong(G[0
              columns=["a, rank 0", "a, rank 1", "checker raises at", "DDP raises at"])
 
 # %% [markdown]
-# The fix: `find_unused_parameters=True` without `static_graph=True` when the set of parameters
-# that get a gradient can change, or a loss that uses every output the forward returns.
+# The fix, when the set of parameters that get a gradient can change:
+# `find_unused_parameters=True` without `static_graph=True`. Or a loss that uses every output the
+# forward returns.
 #
 # ## 3. `GradScaler` and clipping
 #
-# Mixed precision with float16 scales the loss by `S` before `backward()` so small gradients do
-# not underflow; `scaler.unscale_(opt)` divides the gradients by `S` again. Clipping before
-# `unscale_` clips the **scaled** gradient, and the norm it returns (what a logger prints) is `S`
-# times the real one. In torch 2.14 the CPU has both: `torch.amp.GradScaler("cpu")` and
-# `torch.autocast("cpu", dtype=torch.float16)`, so this section uses float16, the dtype a
-# scaler exists for (bfloat16 has float32's range and needs none). `S = 4` (`init_scale=4.0`, a
-# power of two, so exact; the default is 65536), `max_norm = 1`. The averaged gradient is 2, the
-# scaled one 8.
+# Mixed precision with float16 scales the loss by `S` before `backward()`, so small gradients do
+# not underflow. `scaler.unscale_(opt)` divides the gradients by `S` again. Clipping before
+# `unscale_` clips the **scaled** gradient. The norm it returns, what a logger prints, is `S`
+# times the real one.
+#
+# In torch 2.14 the CPU has both `torch.amp.GradScaler("cpu")` and
+# `torch.autocast("cpu", dtype=torch.float16)`. So this section uses float16, the dtype a scaler
+# exists for; bfloat16 has float32's range and needs none. `S = 4` through `init_scale=4.0`: a
+# power of two, so exact. The default is 65536. With `max_norm = 1`, the averaged gradient is 2
+# and the scaled one 8.
 
 # %%
 def scaler_worker(rank, world_size, init_scale=4.0):
@@ -315,15 +325,20 @@ A = launch(scaler_worker, WORLD, backend="gloo", timeout=120)
 A8 = launch(scaler_worker, WORLD, 8.0, backend="gloo", timeout=120)  # for exercise 1
 
 # %% [markdown]
-# **Claim:** the forward runs in float16 on the CPU. Clipped before `unscale_`, the logged norm
-# is 8 (`S × 2`), the scaled gradient is clipped to 1 and unscaled to `1/4`, so the weight moves
-# by `0.25 / 8` to 0.96875: an update 4 times smaller than the clipped one should be. In the
-# right order (`scale(loss).backward()`, `unscale_`, clip, `step`, `update`) the norm is 2, the
-# gradient is clipped to 1 and the weight becomes `1 − 1/8 = 0.875`; unclipped it is 0.75. The
-# replicas agree in all three (the checker passes): the check is a one-process reference, the
-# norm of the averaged unscaled gradient, 2.
+# The right order is `scale(loss).backward()`, `unscale_`, clip, `step`, `update`.
+#
+# **Claim:** the forward runs in float16 on the CPU. Clipped before `unscale_`, the logged norm is
+# 8, that is `S × 2`. The scaled gradient is clipped to 1 and unscaled to `1/4`. So the weight
+# moves by `0.25 / 8` to 0.96875, an update 4 times too small.
+#
+# **Claim:** in the right order the norm is 2, the gradient is clipped to 1 and the weight becomes
+# `1 − 1/8 = 0.875`. Unclipped it is 0.75.
+#
+# **Claim:** the replicas agree in all three: the checker passes. What catches it is a
+# one-process reference, the norm of the averaged unscaled gradient, 2.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: logged norms and weights in each order, against one process
 near = {"atol": 1e-5, "rtol": 0}
 for r in range(WORLD):
     wrong, right = A[r]["clip, then unscale_"], A[r]["unscale_, then clip"]
@@ -343,16 +358,19 @@ pd.DataFrame({k: [v["logged norm"], round(v["weight"], 6)] for k, v in A[0].item
 # %% [markdown]
 # ## 4. A slow rank-0-only block
 #
-# A loop that evaluates or saves on rank 0 only (`if rank == 0: evaluate()`) has no collective
-# in that block, so rank 1 runs ahead into the next collective and waits there. When the wait
-# is longer than the group's timeout, the rank that fails is the one **not** doing the slow
-# work, and its message is about a send or receive, not about the evaluation. Here the
-# evaluation is `eval_batches` batches of `batch_s` seconds (a `time.sleep`; each batch's
-# "loss" is its index), and the next collective is an all-reduce on a group whose timeout is
-# `collective_timeout_s` (`dist.new_group(timeout=...)`, as in 06a; in a real job gloo's default
-# is 30 minutes). The fixes: shard the evaluation, so every rank works on half the batches and
-# the result is all-reduced; or let rank 1 wait in a barrier of a separate group with a long
-# timeout, then carry on in the short one.
+# A loop may evaluate or save on rank 0 only: `if rank == 0: evaluate()`. That block has no
+# collective, so rank 1 runs ahead into the next collective and waits there. When the wait is
+# longer than the group's timeout, the rank that fails is the one **not** doing the slow work.
+# Its message is about a send or receive, not about the evaluation.
+#
+# Here the evaluation is `eval_batches` batches of `batch_s` seconds each, a `time.sleep`. Each
+# batch's "loss" is its index. The next collective is an all-reduce on a group made with
+# `dist.new_group(timeout=...)`, as in 06a. Its timeout is `collective_timeout_s`; in a real job
+# gloo's default is 30 minutes.
+#
+# There are two fixes. Shard the evaluation, so every rank works on half the batches, and
+# all-reduce the result. Or let rank 1 wait in a barrier of a separate group with a long timeout,
+# then carry on in the short one.
 
 # %%
 def evaluate(batches):
@@ -390,16 +408,19 @@ L = {plan: launch(slow_rank0_worker, WORLD, plan, collective_timeout_s, backend=
      for plan in ("rank 0 alone", "sharded", "long-timeout barrier")}
 
 # %% [markdown]
-# **Claim:** with rank 0 evaluating alone, rank 1 fails first, while rank 0 is still
-# evaluating: "Timed out waiting 1500ms for send operation" (or recv; the milliseconds are
-# `collective_timeout_s`). Rank 0 finishes its evaluation, reaches the all-reduce and fails at
-# once: "Connection closed by peer ... typically caused by a remote worker crashing", a message
-# that points at rank 1. Neither names the evaluation. Sharded, both ranks evaluate half the
-# batches and get the full sum `0 + 1 + ... + (eval_batches − 1)` (15 for 6 batches) with no error;
-# with the long-timeout barrier rank 0 evaluates alone and both ranks carry on without an error.
+# **Claim:** with rank 0 evaluating alone, rank 1 fails first, while rank 0 is still evaluating.
+# Its message is "Timed out waiting 1500ms for send operation", or recv; the milliseconds are
+# `collective_timeout_s`. Rank 0 then reaches the all-reduce and fails at once: "Connection
+# closed by peer ... typically caused by a remote worker crashing". Neither names the evaluation.
+#
+# **Claim:** sharded, both ranks evaluate half the batches and get the full sum
+# `0 + 1 + ... + (eval_batches − 1)`, without an error. With the long-timeout barrier rank 0
+# evaluates alone and both ranks carry on without an error.
+#
 # The replica checker has nothing to check here: no parameter differs.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: who fails first and with which message; both fixes complete
 alone = L["rank 0 alone"]
 assert f"Timed out waiting {round(collective_timeout_s * 1000)}ms" in alone[1]["error"], alone[1]["error"]
 assert alone[1]["failed"] < alone[0]["eval done"], "rank 1 fails while rank 0 still evaluates"
@@ -426,17 +447,17 @@ pd.Series(caught, name="assert_in_sync").to_frame()
 # | clip before `unscale_` | norm `S ×` too large, update `S ×` too small | `unscale_`, then clip | one-process norm |
 # | slow rank-0-only block | rank 1 times out, rank 0 "connection closed" | shard it; long-timeout barrier | the timeout text |
 #
-# A set-up DDP cannot follow either raises (checkpointing) or leaves replicas apart for a step
-# before it raises (`static_graph`): `assert_in_sync` in the loop finds the second at the first
-# wrong step. A scaler in the wrong order keeps the replicas identical and wrong: compare the
-# logged norm with a reference. A timeout on the rank that did nothing wrong means: look at what
-# the **other** rank was doing without a collective.
+# A set-up DDP cannot follow either raises, as checkpointing did, or leaves replicas apart for a
+# step before it raises, as `static_graph` did. `assert_in_sync` in the loop finds the second at
+# the first wrong step. A scaler in the wrong order keeps the replicas identical and wrong:
+# compare the logged norm with a reference. A timeout on the rank that did nothing wrong means:
+# look at what the **other** rank was doing without a collective.
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
-# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
-# solution follows each check, collapsed; student copies leave the solutions out. Every solution
+# Both ask for a value: predict it by hand first. Then set `answer_N` in place of `None` and run
+# the check cell below it. It prints "correct" or "not yet" with a hint. In the full lesson a
+# collapsed solution follows each check; student copies leave the solutions out. Every solution
 # runs when the full lesson runs, so each is known to pass its check.
 
 # %% [markdown]
@@ -448,7 +469,8 @@ pd.Series(caught, name="assert_in_sync").to_frame()
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1
 # expected: the weight section 3's second launch returned
 expected_1 = A8[0]["clip, then unscale_"]["weight"]
 check_answer("ex1", answer_1, expected_1, hint="the scaled gradient is 16; clipped to 1, then divided by 8")
@@ -462,14 +484,15 @@ check_answer("ex1", solution_1, expected_1, strict=True, abs_tol=1e-6)
 # %% [markdown]
 # ### Exercise 2: when does it raise?
 #
-# Section 2's branch that switches off, with `static_graph=True`, runs for 4 steps. At which
-# step does DDP raise, and at which step does `assert_in_sync` raise first? Answer with a list
+# Section 2's branch that switches off runs for 4 steps with `static_graph=True`. At which step
+# does DDP raise? At which step does `assert_in_sync` raise first? Answer with a list
 # `[DDP raises, checker raises]`.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2
 # expected: the run section 2's launch returned
 run = G[0]["branch off from step 2", "static_graph"]
 expected_2 = [run["error"][0], first_wrong(run)]

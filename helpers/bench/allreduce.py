@@ -16,6 +16,7 @@ import torch.distributed as dist
 from helpers.bench.common import KIB, MIB, num_threads, sync_device
 from helpers.costmodel import algbw as _algbw
 from helpers.costmodel import busbw as _busbw
+from helpers.ddp_tools import bytes_written as _bytes_written
 from helpers.engine import launch, worker_device
 
 
@@ -78,18 +79,6 @@ def allreduce_worker(rank: int, world_size: int, sizes_bytes: Sequence[int], war
                      "sent_bytes_per_call": None if device.type == "cuda" or min(sent_bytes) < 0 else sent_bytes,
                      "backend": dist.get_backend(), "threads_per_rank": torch.get_num_threads()})
     return rows if rank == 0 else []
-
-
-def _bytes_written() -> int | None:
-    """This process's ``wchar`` from ``/proc/self/io`` (bytes written by system calls), or ``None``."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def memcpy_bandwidth(sizes_bytes: Sequence[int], threads: int | None = 1, repeats_min: int = 5,
