@@ -46,7 +46,8 @@ notebook's record to ``notebooks/lessons.toml`` and run ``python3 -m ci.generate
    * markdown: ``### Exercise N: title`` and the task (say what form the answer takes: a
      number, a list, a fraction such as ``"7/12"``);
    * the learner's cell: ``answer_N = None  # your answer here``;
-   * the check cell, visible, that computes the expected value from the notebook's own results
+   * the check cell, folded (``source_hidden``, first line ``# Check: ...``, as every cell
+     tagged ``check``), that computes the expected value from the notebook's own results
      or helpers (the real sampler, the real ``TrainConfig``, ...), never a hard-coded guess, and
      calls ``check_answer("exN", answer_N, expected_N)``: it **prints** "not answered yet",
      "correct" or "not yet: ..." and never raises for the learner's value;
@@ -398,7 +399,8 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
             ``answer_<number>``.
         title: a few words, shown as ``### Exercise N: title``.
         task: markdown: the question, and the form of the answer.
-        check: code of the visible check cell; it must compute ``expected_<number>`` and call
+        check: code of the check cell (folded; a ``# Check: exercise N`` line is added first when it
+            has none); it must compute ``expected_<number>`` and call
             ``check_answer("exN", answer_N, expected_N, ...)``.
         solution: code of the collapsed solution cell (a spoiler-free first line is added); it
             must end with
@@ -432,8 +434,10 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
     md_cell = new_markdown_cell(f"### Exercise {number}: {title}\n\n" + dedent(task).strip("\n"))
     learner = new_code_cell(f"{answer} = None  # {answer_comment}")
     learner.metadata["tags"] = ["exercise"]
+    if not check.startswith("# Check: "):
+        check = f"# Check: exercise {number}\n{check}"
     check_cell = new_code_cell(check)
-    check_cell.metadata["tags"] = ["check"]
+    check_cell.metadata.update({"jupyter": {"source_hidden": True}, "tags": ["check"]})
     solution_cell = new_code_cell(solution)
     solution_cell.metadata.update({"jupyter": dict(SOLUTION_METADATA["jupyter"]),
                                    "tags": list(SOLUTION_METADATA["tags"])})

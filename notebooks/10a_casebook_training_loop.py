@@ -71,6 +71,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.engine import launch
+from helpers.replicas import ReplicasDiverged, assert_in_sync
 from helpers.tiny import checked, one, x_of
 
 t_notebook = time.perf_counter()
@@ -258,8 +259,13 @@ def validate_case(rank, world_size, steps_after, restore):
         opt.step()
         modes = [None] * world_size
         dist.all_gather_object(modes, ddp.training)  # the check: every rank in the same mode?
+        try:
+            assert_in_sync(ddp)  # the replica checker, every step
+            checker = None
+        except ReplicasDiverged as e:
+            checker = str(e)
         out.append({"modes": modes, "grad": model[1].weight.grad.item(),
-                    "running_mean": model[0].running_mean.item()})
+                    "running_mean": model[0].running_mean.item(), "checker": checker})
         if step == 0 and rank == 0:  # validate() on rank 0 only
             was_training = ddp.training
             ddp.eval()
@@ -276,7 +282,7 @@ VAL = {restore: launch(validate_case, WORLD, steps_after_validate, restore, back
 # %% [markdown]
 # **Claim:** the table gives the gathered modes, the gradient and rank 0's running mean, step by
 # step. Without the restore, both ranks hold the same gradient after `validate()`, and it is not
-# 0. Rank 0's running mean stays at its value before validation. The one-process reference, the
+# 0; `assert_in_sync` raises at each of those steps, naming `eval()` on rank 0. Rank 0's running mean stays at its value before validation. The one-process reference, the
 # model in train mode on rank 0's batch, gives 0.
 #
 # | | step 1 | later steps, mode not restored | later steps, mode restored |
@@ -298,9 +304,12 @@ for r in range(WORLD):
         assert later["modes"] == [False, True], later
         assert abs(later["grad"]) > 0.5 and later["grad"] == wrong[1 - r][wrong[r].index(later)]["grad"], later
     assert all(s["modes"] == [True, True] and abs(s["grad"] - reference) < 1e-6 for s in right[r]), right[r]
+    assert wrong[r][0]["checker"] is None and all(s["checker"] is None for s in right[r]), "healthy steps pass"
+    assert all("eval() on rank 0" in s["checker"] for s in wrong[r][1:]), wrong[r][1]["checker"]
 frozen = [s["running_mean"] for s in wrong[0]]
 assert len(set(frozen)) == 1, frozen
 assert len({s["running_mean"] for s in right[0]}) == len(right[0]), right[0]
+print("assert_in_sync at step 2, mode not restored:", wrong[0][1]["checker"].splitlines()[0])
 pd.DataFrame({"modes, no restore": [s["modes"] for s in wrong[0]], "gradient, no restore": [s["grad"] for s in wrong[0]],
               "running mean rank 0, no restore": frozen, "gradient, restored": [s["grad"] for s in right[0]]},
              index=pd.Index(range(1, 2 + steps_after_validate), name="step"))
@@ -310,10 +319,11 @@ pd.DataFrame({"modes, no restore": [s["modes"] for s in wrong[0]], "gradient, no
 # model.train(was)`. Or call `ddp.train()` at the top of every training step. Better still,
 # validate on every rank with a sharded loader, as [06e](06e_more_silent_bugs.ipynb) shows.
 #
-# **Caught by** a value that must be equal on every rank: the gathered `model.training` flags.
-# The one-process reference catches the gradient. The parameters and gradients stay identical,
-# so a check of those alone does not see it. The replica checker's coverage of modes and buffers
-# is being extended.
+# **Caught by** the replica checker: `assert_in_sync(ddp)` compares every module's mode across
+# ranks and names the rank in `eval()`, from the first step after `validate()`. A value that must
+# be equal on every rank, the gathered `model.training` flags, shows it too. The one-process
+# reference catches the gradient. The parameters and gradients stay identical, so a check of
+# those alone does not see it.
 
 # %% [markdown]
 # <a id="case-token-weighted-loss"></a>

@@ -482,6 +482,7 @@ def test_exercise_cells():
     assert [c.cell_type for c in cells] == ["markdown", "code", "code", "code"]
     assert cells[0].source.startswith("### Exercise 2: title\n\nthe task")
     assert cells[1].source == "answer_2 = None  # your answer here"
+    assert cells[2].metadata["jupyter"]["source_hidden"] is True and cells[2].source.startswith("# Check: exercise 2\n")
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
     with pytest.raises(ValueError, match="check cell must call"):
