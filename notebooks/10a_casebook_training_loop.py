@@ -282,7 +282,7 @@ VAL = {restore: launch(validate_case, WORLD, steps_after_validate, restore, back
 # %% [markdown]
 # **Claim:** the table gives the gathered modes, the gradient and rank 0's running mean, step by
 # step. Without the restore, both ranks hold the same gradient after `validate()`, and it is not
-# 0; `assert_in_sync` raises at each of those steps, naming `eval()` on rank 0. Rank 0's running mean stays at its value before validation. The one-process reference, the
+# 0. Rank 0's running mean stays at its value before validation. The one-process reference, the
 # model in train mode on rank 0's batch, gives 0.
 #
 # | | step 1 | later steps, mode not restored | later steps, mode restored |
@@ -290,6 +290,7 @@ VAL = {restore: launch(validate_case, WORLD, steps_after_validate, restore, back
 # | modes gathered | `[True, True]` | `[False, True]` | `[True, True]` |
 # | gradient, both ranks | 0 | equal, not 0 | 0 |
 # | rank 0's running mean | its value before validation | frozen at that value | keeps moving |
+# | `assert_in_sync(ddp)` | passes | raises, naming `eval()` on rank 0 | passes |
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: modes, gradients and running means, with and without the restore
