@@ -20,31 +20,32 @@
 # **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
-# **The question:** what *is* a DDP job, line by line? Which processes exist, and what does each
-# collective (`all_reduce`, `broadcast`, `reduce`, `all_gather`, `reduce_scatter`) leave in
-# each process's tensors?
+# **The question:** what *is* a DDP job, line by line? Which processes exist? What does each
+# collective leave in each process's tensors? The collectives are `all_reduce`, `broadcast`,
+# `reduce`, `all_gather` and `reduce_scatter`.
 #
-# Here the distributed code is not hidden in a helper: **every line of it is in the cells**.
-# We start `world_size` *warm ranks*: persistent Python processes (ipyparallel engines), each
-# with the default [process group](../docs/GLOSSARY.md#process-group) already initialised
-# (backend `gloo` on CPU, see [backend](../docs/GLOSSARY.md#backend)). A cell that starts with
-# `%%px` runs on **every** [rank](../docs/GLOSSARY.md#rank), each rank's output appears labelled
-# `[stdout:0]`, `[stdout:1]`, and the names a `%%px` cell defines are still there in the next
-# `%%px` cell. Cells without `%%px` run here, in this notebook's own process (the *kernel*);
-# that is where we check the ranks' values. Each claim (in bold, "Claim:") is asserted in the
-# code cell after it, tagged `check`.
+# No helper hides the distributed code here: **every line of it is in the cells**. We start
+# `world_size` *warm ranks*. They are persistent Python processes, ipyparallel engines. Each has
+# the default [process group](../docs/GLOSSARY.md#process-group) already initialised. Its
+# [backend](../docs/GLOSSARY.md#backend) is `gloo` on CPU.
 #
-# **Names on every rank** (defined by `start_ranks`): `rank` (0 to `world_size - 1`),
-# [`world_size`](../docs/GLOSSARY.md#world-size), `device`, `torch`, `dist`
-# (`torch.distributed`). Every term is defined, with its Chinese name, in the
-# [glossary](../docs/GLOSSARY.md).
+# A cell that starts with `%%px` runs on **every** [rank](../docs/GLOSSARY.md#rank). Each rank's
+# output appears labelled `[stdout:0]`, `[stdout:1]`. The names a `%%px` cell defines are still
+# there in the next `%%px` cell. Cells without `%%px` run here, in this notebook's own process:
+# the *kernel*. That is where we check the ranks' values. A bold "Claim:" is asserted by the code
+# after it, in a folded cell tagged `check`. Click a folded cell to read its code.
 #
-# 1. processes and ranks · 2. why spawn (or a fork server), never fork · 3. the collectives by
+# **Names on every rank**, defined by `start_ranks`: `rank`, from 0 to `world_size - 1`;
+# [`world_size`](../docs/GLOSSARY.md#world-size); `device`; `torch`; `dist`, that is
+# `torch.distributed`. The [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese
+# name.
+#
+# 1. processes and ranks · 2. why spawn or a fork server, never fork · 3. the collectives by
 # hand · 4. behaviours people report, reproduced
 #
-# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU, with or
-# without GPUs: this lesson is about *what* the collectives do, not speed; section 2's "On a
-# GPU" note covers CUDA.
+# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU. It is
+# the same with or without GPUs: this lesson is about *what* the collectives do, not speed.
+# Section 2's "On a GPU" note covers CUDA.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -79,10 +80,11 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # %% [markdown]
 # ## 1. Processes and ranks
 #
-# `start_ranks` starts `world_size` ipyparallel engines (Python processes, not copies of this
-# kernel), gives each its `rank`, initialises the default process group on all of them and makes
-# `%%px` send cells to them. The next cell is slow the first time (a server process starts and
-# imports torch, then the engines start from it); after that, a `%%px` cell costs milliseconds.
+# `start_ranks` starts `world_size` ipyparallel engines. They are Python processes, not copies of
+# this kernel. It gives each its `rank` and initialises the default process group on all of them.
+# It also makes `%%px` send cells to them. The next cell is slow the first time. A server process
+# starts and imports torch, then the engines start from it. After that, a `%%px` cell costs
+# milliseconds.
 
 # %%
 # After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
@@ -103,11 +105,14 @@ print(f"[rank {rank}/{world_size}] pid {os.getpid()}, "
       f"device {device}, backend {dist.get_backend()}, group rank {dist.get_rank()} of {dist.get_world_size()}")
 
 # %% [markdown]
+# `ranks.run(fn)` calls `fn(rank, world_size)` on every rank. It returns the results in rank
+# order. Here each rank returns its pid and its group's view of itself.
+#
 # **Claim:** the ranks are `world_size` separate processes, none of them this notebook's
 # kernel: each has its own pid. The process group agrees with the names: on every rank
-# `dist.get_rank() == rank` and `dist.get_world_size() == world_size`. **Claim (CPU):** without
-# GPUs the backend is `gloo`. (`ranks.run(fn)` calls `fn(rank, world_size)` on every rank and returns the results in
-# rank order, here each rank's pid and its group's view of itself.)
+# `dist.get_rank() == rank` and `dist.get_world_size() == world_size`.
+#
+# **Claim (CPU):** without GPUs the backend is `gloo`.
 
 # %%
 def who_am_i(rank, world_size):
@@ -122,7 +127,8 @@ who = pd.DataFrame(ranks.run(who_am_i)).set_index("rank")
 display(who)
 pids = list(who["pid"])
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: one process per rank, the group's view of it, gloo on CPU
 assert len(set(pids)) == world_size and os.getpid() not in pids, f"pids {pids}, kernel {os.getpid()}"
 assert list(who["group rank"]) == list(range(world_size)) and set(who["group size"]) == {world_size}, (
     f"group ranks {list(who['group rank'])}, group sizes {list(who['group size'])}: re-run from the cell "
@@ -136,14 +142,14 @@ if cpu_claim("without GPUs the backend is gloo"):
 # ## 2. Why spawn (or a fork server), never fork
 #
 # A process can start another in three ways. **fork** copies the running process, memory and
-# all, so the child has everything the parent had, including the notebook's functions. **spawn**
+# all. So the child has everything the parent had, including the notebook's functions. **spawn**
 # starts a fresh Python interpreter that *imports* what it needs. **forkserver** starts one fresh
-# interpreter (a *server*) the first time, and then forks each new process from that server, not
-# from the notebook. The warm ranks are forked from such a server (a fresh interpreter that
-# imported torch once), not from this kernel.
+# interpreter, a *server*, the first time. Then it forks each new process from that server, not
+# from the notebook. The warm ranks are forked from such a server, a fresh interpreter that
+# imported torch once. They are not forked from this kernel.
 #
-# **Claim:** the ranks are not copies of this kernel: a name defined in this kernel does not exist
-# in a rank's `__main__`, and every rank has the same parent process, which is not this kernel.
+# **Claim:** the ranks are not copies of this kernel. A name defined in this kernel does not
+# exist in a rank's `__main__`. Every rank has the same parent process, which is not this kernel.
 
 # %%
 kernel_only = "defined in the kernel"
@@ -159,17 +165,19 @@ def inherited(rank, world_size):
 fresh = pd.DataFrame(ranks.run(inherited)).set_index("rank")
 display(fresh)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the ranks lack the kernel's names and share one parent
 assert not fresh["has kernel_only"].any(), f"a rank has the kernel's `kernel_only`:\n{fresh}\nre-run the cell above, then this one"
 parents = set(fresh["parent pid"])
 assert len(parents) == 1 and os.getpid() not in parents, f"parents {parents}, kernel {os.getpid()}"
 
 # %% [markdown]
 # So a `%%px` cell cannot read a kernel variable. `ranks.push({"name": value})` sends a value to
-# every rank under that name (`ranks.pull("name")` returns each rank's value, in rank order).
+# every rank under that name. `ranks.pull("name")` returns each rank's value, in rank order.
 #
-# **Claim:** a `%%px` line that reads `kernel_only` raises a `NameError` whose message says the
-# name is the kernel's and shows `ranks.push`; after the push, every rank holds the kernel's string.
+# **Claim:** a `%%px` line that reads `kernel_only` raises a `NameError`. Its message says the
+# name is the kernel's and shows `ranks.push`. After the push, every rank holds the kernel's
+# string.
 
 # %%
 from helpers.engine import WorkerError
@@ -182,21 +190,22 @@ except WorkerError as e:
 print(missing.message if missing else "no error")
 ranks.push({"kernel_only": kernel_only})
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the NameError names the kernel and ranks.push; the push arrives
 assert missing is not None, "the line should have raised on the ranks: re-run the cell above, then this one"
 assert missing.exc_type == "NameError" and "kernel" in missing.message and "ranks.push" in missing.message, missing.message
 assert ranks.pull("kernel_only") == [kernel_only] * world_size, f"the ranks hold {ranks.pull('kernel_only')}"
 
 # %% [markdown]
-# The price of a process that is not a copy of the kernel: it cannot import this notebook. Plain `pickle` sends a
-# function **by reference** (module name + function name), and the receiving process looks the
-# name up in *its* `__main__`, where a cell's function does not exist. That is the
-# `AttributeError: Can't get attribute 'square' on <module '__main__'>` people get from
-# `mp.spawn` in a notebook. `cloudpickle` sends a cell's function **by value** (its code), so a
-# fresh process can run it; the warm ranks and `launch` both use it for cell-defined code.
+# A process that is not a copy of the kernel pays a price: it cannot import this notebook. Plain
+# `pickle` sends a function **by reference**, as a module name and a function name. The receiving
+# process looks the name up in *its* `__main__`, where a cell's function does not exist. That is
+# the `AttributeError: Can't get attribute 'square' on <module '__main__'>` people get from
+# `mp.spawn` in a notebook. `cloudpickle` sends a cell's function **by value**, as its code. So a
+# fresh process can run it. The warm ranks and `launch` both use it for cell-defined code.
 #
-# **Claim:** a fresh Python process (exactly what spawn starts) fails to load a plain-pickled
-# cell function with `AttributeError`, and runs the same function sent with `cloudpickle`.
+# **Claim:** a fresh Python process, exactly what spawn starts, fails to load a plain-pickled
+# cell function with `AttributeError`. It runs the same function sent with `cloudpickle`.
 
 # %%
 def square(x):
@@ -216,25 +225,27 @@ by_value = in_a_fresh_process(cloudpickle.dumps(square))
 print("plain pickle:", by_reference.stderr.decode().strip().splitlines()[-1])
 print("cloudpickle: ", by_value.stdout.decode().strip())
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: plain pickle fails by reference; cloudpickle runs by value
 assert by_reference.returncode != 0 and "AttributeError: Can't get attribute 'square'" in by_reference.stderr.decode(), (
     by_reference.stderr.decode()[-500:])
 assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(square(7)), by_value
 
 # %% [markdown]
 # That is the crash of the PyTorch DDP tutorial's `mp.spawn(demo_basic, ...)` pasted into a
-# notebook with `import torch.multiprocessing as mp`: every process it starts dies with this
-# `AttributeError`, and the cell ends with `ProcessExitedException: process 1 terminated with exit
-# code 1` (in a kernel that has imported `helpers.engine`, a "What to do" line follows; see
-# docs/OWN_CODE.md). The fix for this crash is one line:
-# `import helpers.mp as mp` instead. Its `mp.spawn` takes the same arguments and calls
-# `fn(i, *args)` in process `i`, as torch's does, but sends `fn` by value with `cloudpickle`. It
-# also returns each process's result, in order (torch's returns `None`). Its `timeout=` is its own
-# addition: torch's `spawn` has none. On a CPU the tutorial needs a few more edits, listed in
-# docs/OWN_CODE.md.
+# notebook with `import torch.multiprocessing as mp`. Every process it starts dies with this
+# `AttributeError`. The cell ends with `ProcessExitedException: process 1 terminated with exit code 1`.
+# In a kernel that has imported `helpers.engine`, a "What to do" line follows, as
+# docs/OWN_CODE.md shows.
 #
-# **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes, as
-# `square(i)` in process `i`, and returns the squares of 0 to `world_size - 1`, in order.
+# The fix for this crash is one line: `import helpers.mp as mp` instead. Its `mp.spawn` takes the
+# same arguments and calls `fn(i, *args)` in process `i`, as torch's does. But it sends `fn` by
+# value with `cloudpickle`. It also returns each process's result, in order, where torch's
+# returns `None`. Its `timeout=` is its own addition: torch's `spawn` has none. On a CPU the
+# tutorial needs a few more edits, listed in docs/OWN_CODE.md.
+#
+# **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes,
+# as `square(i)` in process `i`. It returns the squares of 0 to `world_size - 1`, in order.
 
 # %%
 import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
@@ -242,33 +253,33 @@ import helpers.mp as mp  # instead of: import torch.multiprocessing as mp
 spawned = mp.spawn(square, nprocs=world_size, timeout=timeout)
 print("helpers.mp.spawn(square):", spawned)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: helpers.mp.spawn returns the squares, in order
 assert spawned == [i * i for i in range(world_size)], f"helpers.mp.spawn returned {spawned}"
 
 # %% [markdown]
 # So why not fork this kernel, which would simply copy `square`? Because of what else it copies.
 #
-# **On a GPU** (stated, not run: showing it would mean forking this kernel,
-# the very thing to avoid). Once a process has touched CUDA (one
-# `torch.cuda` call is enough, and a notebook usually has), a forked child cannot use CUDA:
-# it fails with `RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with
-# multiprocessing, you must use the 'spawn' start method`. Source: the PyTorch docs,
-# "Multiprocessing best practices", section "CUDA in multiprocessing"
-# (https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing: "either
-# spawn or forkserver start method are required to use CUDA in subprocesses"), and the
-# message itself in `torch/cuda/__init__.py` (`_lazy_init`). This is the error behind
+# **On a GPU**, stated here, not run: showing it would mean forking this kernel, the very thing
+# to avoid. Once a process has touched CUDA, a forked child cannot use CUDA. One `torch.cuda`
+# call is enough, and a notebook usually has made one. The child fails with
+# `RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method`.
+# Source: the PyTorch docs, "Multiprocessing best practices", section
+# ["CUDA in multiprocessing"](https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing).
+# It says "either spawn or forkserver start method are required to use CUDA in subprocesses".
+# The message itself is in `_lazy_init` in `torch/cuda/__init__.py`. This is the error behind
 # fork-based notebook launchers failing after a GPU cell ran.
 #
 # The CPU part we can run here. Forking copies a process's memory but only the thread that
-# called `fork`; a lock another thread held stays locked in the child, for ever (Python's docs
-# on `os.fork`, https://docs.python.org/3/library/os.html#os.fork, warn against forking a
-# multi-threaded process), and a Jupyter kernel always runs several threads. And on Linux,
-# before Python 3.14, fork is what `multiprocessing.Process` and `multiprocessing.Pool` use
-# unless told otherwise (`torch.multiprocessing.spawn` does use spawn).
+# called `fork`. A lock another thread held stays locked in the child, for ever. Python's docs on
+# [`os.fork`](https://docs.python.org/3/library/os.html#os.fork) warn against forking a
+# multi-threaded process. A Jupyter kernel always runs several threads. And on Linux, before
+# Python 3.14, fork is what `multiprocessing.Process` and `multiprocessing.Pool` use unless told
+# otherwise. `torch.multiprocessing.spawn` does use spawn.
 #
 # **Claim:** this kernel runs more than one thread, so a fork would copy a multi-threaded
-# process; and on Linux with Python < 3.14 the default start method is `fork`, so never forking
-# this kernel has to be a choice.
+# process. On Linux with Python < 3.14 the default start method is `fork`. So never forking this
+# kernel has to be a choice.
 
 # %%
 import multiprocessing
@@ -278,20 +289,22 @@ print(f"threads in this kernel: {threading.active_count()} ({', '.join(t.name fo
 print(f"multiprocessing's default start method here: {multiprocessing.get_start_method()} "
       f"(Python {sys.version_info.major}.{sys.version_info.minor}, {sys.platform})")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: several threads here; fork is the default start method
 assert threading.active_count() > 1, f"{threading.active_count()} thread in this kernel"
 if sys.platform == "linux" and sys.version_info < (3, 14):
     assert multiprocessing.get_start_method() == "fork", f"the default start method is {multiprocessing.get_start_method()}"
 
 # %% [markdown]
-# The third way is the one `launch` uses (lesson [02](02_one_model_many_processes.ipynb) runs
-# DDP with it): its ranks are forked from a fork server, a fresh interpreter that imported torch
-# once, so later launches skip the import (how, and the tests that prove it:
-# [docs/ARCHITECTURE.md](../docs/ARCHITECTURE.md#the-fork-server-what-it-buys-and-what-it-costs)).
+# The third way is the one `launch` uses. Lesson [02](02_one_model_many_processes.ipynb) runs
+# DDP with it. Its ranks are forked from a fork server, a fresh interpreter that imported torch
+# once. So later launches skip the import.
+# [docs/ARCHITECTURE.md](../docs/ARCHITECTURE.md#the-fork-server-what-it-buys-and-what-it-costs)
+# shows how, and the tests that prove it.
 #
-# **Claim:** a function defined in this cell runs on every rank through `launch`, and the
-# results come back in rank order; the ranks are new processes (not the warm ranks), and, like
-# the warm ranks, they do not have the kernel's names.
+# **Claim:** a function defined in this cell runs on every rank through `launch`. The results
+# come back in rank order. The ranks are new processes, not the warm ranks. Like the warm ranks,
+# they do not have the kernel's names.
 
 # %%
 def rank_report(rank, world_size):
@@ -309,7 +322,8 @@ def rank_report(rank, world_size):
 launched = launch(rank_report, world_size, timeout=timeout)
 display(pd.DataFrame(launched).set_index("rank"))
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: launch's ranks: rank order, the sum, new processes
 assert [r["rank"] for r in launched] == list(range(world_size)), f"ranks {[r['rank'] for r in launched]}"
 assert all(r["all_reduce"] == sum(range(1, world_size + 1)) and not r["has kernel_only"] for r in launched), launched
 assert not set(r["pid"] for r in launched) & set(pids), "launch starts new processes, not the warm ranks"
@@ -317,13 +331,15 @@ assert not set(r["pid"] for r in launched) & set(pids), "launch starts new proce
 # %% [markdown]
 # ## 3. The collectives by hand
 #
-# A *collective* is a call that **every** rank of the group makes; it returns when its part of
-# the exchange is done, and the result is written **in place** into the tensors passed in.
-# Rank `r` starts with `torch.tensor([r + 1.])`: rank 0 holds 1, rank 1 holds 2, and so on up to
-# `world_size`. Predict each result before you run a cell. Each `%%px` cell below runs the
-# collective on every rank and prints what each rank holds. The check after it asserts that on
-# every rank (an `AssertionError` on any rank fails the cell). The expected values are worked
-# out from the inputs with a formula, not by calling the collective.
+# A *collective* is a call that **every** rank of the group makes. It returns when its part of
+# the exchange is done. It writes the result **in place** into the tensors passed in. Rank `r`
+# starts with `torch.tensor([r + 1.])`: rank 0 holds 1, rank 1 holds 2, and so on up to
+# `world_size`.
+#
+# Predict each result before you run a cell. Each `%%px` cell below runs the collective on every
+# rank and prints what each rank holds. The check after it asserts the result on every rank. An
+# `AssertionError` on any rank fails the cell. A formula gives the expected values from the
+# inputs, without calling the collective.
 #
 # **Claim:** `all_reduce` with `SUM` leaves the sum of all ranks' values on every rank:
 # 1 + 2 + … + `world_size`, that is `world_size (world_size + 1) / 2`. With `AVG` it leaves the
@@ -338,8 +354,9 @@ t_avg = torch.tensor([rank + 1.0])
 dist.all_reduce(t_avg, op=dist.ReduceOp.AVG)
 print(f"[rank {rank}] all_reduce AVG -> {t_avg.tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: SUM and AVG on every rank
 assert t.tolist() == [world_size * (world_size + 1) / 2], (
     f"rank {rank}: t is {t.tolist()}, not the SUM: a later cell changed t; re-run the %%px cell above "
     "(`dist.all_reduce(t, ...)`), then this one")
@@ -356,8 +373,9 @@ t = torch.tensor([rank + 1.0])
 dist.broadcast(t, src=1)
 print(f"[rank {rank}] broadcast from rank 1 -> {t.tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: every rank holds rank 1's value
 assert t.tolist() == [2.0], (f"rank {rank}: t is {t.tolist()}, not rank 1's 2.0: another cell changed t; "
                              "re-run the %%px cell above (`dist.broadcast(t, src=1)`), then this one")
 
@@ -372,8 +390,9 @@ t = torch.tensor([rank + 1.0])
 dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] reduce SUM to rank 0 -> {t.tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: the sum on rank 0 only
 again = "re-run the %%px cell above (`dist.reduce(t, dst=0, ...)`), then this one"
 if rank == 0:
     assert t.tolist() == [world_size * (world_size + 1) / 2], f"rank 0: t is {t.tolist()}, not the sum; {again}"
@@ -381,8 +400,10 @@ else:  # not the sum on the other ranks
     assert t.tolist() != [world_size * (world_size + 1) / 2], f"rank {rank}: t is {t.tolist()}; {again}"
 
 # %% [markdown]
-# **Claim:** `all_gather(out, t)` fills the list `out` (one tensor per rank, each the size of
-# `t`) with every rank's `t`, in rank order, on every rank: `[[1.], [2.], …, [world_size]]`.
+# `all_gather(out, t)` takes a list `out` of one tensor per rank, each the size of `t`.
+#
+# **Claim:** `all_gather(out, t)` fills `out` with every rank's `t`, in rank order, on every
+# rank: `[[1.], [2.], …, [world_size]]`.
 
 # %%
 # %%px
@@ -391,21 +412,22 @@ gathered = [torch.zeros(1) for _ in range(world_size)]
 dist.all_gather(gathered, t)
 print(f"[rank {rank}] all_gather -> {[g.tolist() for g in gathered]}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: every rank's value, in rank order, on every rank
 assert [g.tolist() for g in gathered] == [[float(n)] for n in range(1, world_size + 1)], (
     f"rank {rank}: gathered is {[g.tolist() for g in gathered]}; re-run the %%px cell above "
     "(`dist.all_gather(gathered, t)`), then this one")
 
 # %% [markdown]
-# `reduce_scatter(out, inputs)` is a reduce followed by a scatter: every rank passes a list of
-# `world_size` tensors; slot `i` of all ranks is summed and lands on rank `i`. DDP does not
-# use it, but ZeRO / FSDP (lesson 07b) are built on it. Rank `r` passes `[10 r + 0, 10 r + 1,
-# …, 10 r + world_size - 1]`: slot `i` holds `10 r + i`.
+# `reduce_scatter(out, inputs)` is a reduce followed by a scatter. Every rank passes a list of
+# `world_size` tensors. Slot `i` of all ranks is summed and lands on rank `i`. DDP does not use
+# it, but ZeRO and FSDP are built on it: lesson 07b shows them. Rank `r` passes
+# `[10 r + 0, 10 r + 1, …, 10 r + world_size - 1]`: slot `i` holds `10 r + i`.
 #
-# **Claim:** rank `i` receives everyone's slot `i`: the sum over `r` of `10 r + i`, that is
-# `10 (0 + 1 + … + world_size - 1) + world_size · i`. With two ranks: rank 0 receives
-# 0 + 10 = 10, rank 1 receives 1 + 11 = 12.
+# **Claim:** rank `i` receives everyone's slot `i`: the sum over `r` of `10 r + i`. That is
+# `10 (0 + 1 + … + world_size - 1) + world_size · i`. With two ranks, rank 0 receives
+# 0 + 10 = 10 and rank 1 receives 1 + 11 = 12.
 
 # %%
 # %%px
@@ -414,8 +436,9 @@ out = torch.zeros(1)
 dist.reduce_scatter(out, inputs, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] reduce_scatter of {[x.item() for x in inputs]} -> {out.tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: rank i holds the sum of everyone's slot i
 assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * rank], (
     f"rank {rank}: out is {out.tolist()}; re-run the %%px cell above (`dist.reduce_scatter(out, inputs)`), then this one")
 
@@ -423,7 +446,7 @@ assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * 
 # ## 4. Behaviours people report, reproduced
 #
 # Each of these was reported as a bug or a surprise. All are measured on torch 2.14.1 with
-# `gloo` and 2, 3 and 4 ranks. Each cell asserts what happens with your `world_size`, so if a
+# `gloo` and 2, 3 and 4 ranks. Each cell asserts what happens with your `world_size`. If a
 # future torch changes it, this notebook fails and says so.
 #
 # ### 4.1 `all_gather` with tensors of different sizes
@@ -431,10 +454,12 @@ assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * 
 # Rank `r` holds `r + 1` values, from `r + 1` up: rank 0 holds `[1.]`, rank 1 `[2., 3.]`,
 # rank 2 `[3., 4., 5.]`, and so on. `all_gather` needs every rank's tensor to have the same size.
 #
-# **Claim:** with output tensors sized per rank (`[zeros(1), zeros(2), …]`), gloo raises a
-# `RuntimeError` containing "invalid tensor size" **on every rank**, and the group is still
-# usable: an `all_reduce` right after it works. (Each rank compares the sizes locally before
-# sending anything: `ProcessGroupGloo::allgather` in `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`.)
+# Each rank compares the sizes locally, before sending anything. Source:
+# `ProcessGroupGloo::allgather` in `torch/csrc/distributed/c10d/ProcessGroupGloo.cpp`.
+#
+# **Claim:** size the output tensors per rank: `[zeros(1), zeros(2), …]`. Then gloo raises a
+# `RuntimeError` containing "invalid tensor size" **on every rank**. The group is still usable:
+# an `all_reduce` right after it works.
 
 # %%
 # %%px
@@ -448,21 +473,24 @@ print(f"[rank {rank}] RuntimeError: {error}")
 check = torch.ones(1)
 dist.all_reduce(check)  # the group still works?
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: "invalid tensor size" on every rank; the group still works
 assert error is not None and "invalid tensor size" in error, (
     f"rank {rank}: error is {error!r}; re-run the %%px cell above (the all_gather of `mine`), then this one")
 assert check.item() == world_size, f"rank {rank}: check is {check.item()}, expected {world_size}: the group still works"
 
 # %% [markdown]
-# (A failure that breaks the group, such as a collective one rank never joins, is another
-# matter: lesson [00b](00b_ddp_cell_by_cell.ipynb), section 4, shows it, and how the warm ranks are
-# restarted.)
+# A failure that breaks the group is another matter, such as a collective one rank never joins.
+# Lesson [00b](00b_ddp_cell_by_cell.ipynb), section 4, shows it, and how the warm ranks restart.
 #
-# Two ways that work: (a) all-gather the sizes, pad every tensor to the largest, all-gather,
-# trim each slot back to its size; (b) `all_gather_object`, which pickles any Python object
-# (slower: it pickles, all-gathers the sizes, pads and trims the bytes, which is (a) done for
-# you; see `all_gather_object` in `torch/distributed/distributed_c10d.py`).
+# Two ways work:
+#
+# - **Pad:** all-gather the sizes, pad every tensor to the largest, all-gather, then trim each
+#   slot back to its size.
+# - **`all_gather_object`:** it pickles any Python object. It is slower. It pickles, all-gathers
+#   the sizes, pads and trims the bytes: the first way, done for you. Source:
+#   `all_gather_object` in `torch/distributed/distributed_c10d.py`.
 #
 # **Claim:** both give every rank's values, in rank order, on every rank:
 # `[[1.], [2., 3.], …]`.
@@ -481,8 +509,9 @@ objects = [None] * world_size
 dist.all_gather_object(objects, mine)
 print(f"[rank {rank}] padded then trimmed: {trimmed}; all_gather_object: {[o.tolist() for o in objects]}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: padding and all_gather_object give every rank's values
 again = "re-run from the %%px cell with `mine = ...` (section 4.1), then the cells after it"
 everyone = [[float(r + 1 + i) for i in range(r + 1)] for r in range(world_size)]  # rank r: r + 1, r + 2, ...
 assert trimmed == everyone, f"rank {rank}: trimmed is {trimmed}, expected {everyone}; {again}"
@@ -494,11 +523,13 @@ assert [o.tolist() for o in objects] == everyone, f"rank {rank}: objects hold {[
 # Rank `r` holds `2 r + 1`: 1, 3, 5, and so on. The sum of the first `world_size` odd numbers
 # is `world_size²`, so their mean is `world_size`.
 #
-# **Claim:** for these values as floats, `all_reduce(AVG)` gives the mean, `world_size`. As int64
-# it raises `RuntimeError` ("result type Float can't be cast to the desired output type Long"),
-# but only **after** the sum was written into the tensor: every rank is left holding
-# `world_size²`, not its own value. The values fit gloo computing AVG as a SUM followed by a
-# division by `world_size` on each rank (the division of an int64 tensor is what fails).
+# **Claim:** for these values as floats, `all_reduce(AVG)` gives the mean, `world_size`. As
+# int64 it raises `RuntimeError`: "result type Float can't be cast to the desired output type
+# Long". But it raises only **after** it wrote the sum into the tensor. Every rank is left
+# holding `world_size²`, not its own value.
+#
+# The values fit gloo computing AVG as a SUM, then a division by `world_size` on each rank. The
+# division of an int64 tensor is what fails.
 
 # %%
 # %%px
@@ -512,8 +543,9 @@ except RuntimeError as e:
     error = str(e)
 print(f"[rank {rank}] float AVG -> {f.item()}; int64 AVG -> RuntimeError: {error}; the int tensor now holds {i.item()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: float AVG is the mean; int64 AVG fails after writing the sum
 again = "re-run the %%px cell above (`f = torch.tensor([1.0 + 2 * rank])`), then this one"
 assert f.item() == world_size, f"rank {rank}: f is {f.item()}, not the mean {world_size}; {again}"
 assert error is not None and "result type Float can't be cast to the desired output type Long" in error, (
@@ -524,8 +556,10 @@ assert i.item() == world_size**2, f"rank {rank}: the int tensor i holds {i.item(
 # **Claim:** `reduce(AVG, dst=0)` gives the destination the mean, `world_size`. Every rank `r`
 # is left with the sum of the values of ranks `r` to `world_size - 1`, divided by `world_size`.
 # That sum is `world_size² - r²`. With two ranks, rank 1 holds its own 3.0 / 2 = 1.5: not 3.0,
-# not 2.0. The values fit gloo passing the sum along a chain, from the last rank to rank 0,
-# then dividing on every rank, where only the destination had the whole sum.
+# not 2.0.
+#
+# The values fit gloo passing the sum along a chain, from the last rank to rank 0. Then it
+# divides on every rank, where only the destination had the whole sum.
 
 # %%
 # %%px
@@ -533,8 +567,9 @@ f = torch.tensor([1.0 + 2 * rank])
 dist.reduce(f, dst=0, op=dist.ReduceOp.AVG)
 print(f"[rank {rank}] reduce AVG to rank 0 -> {f.item()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: reduce AVG leaves partial sums divided by world_size
 left = (world_size**2 - rank**2) / world_size  # (2 rank + 1) + ... + (2 world_size - 1), divided
 assert abs(f.item() - left) < 1e-6, (
     f"rank {rank}: f is {f.item()}, expected {left}; re-run the %%px cell above (`dist.reduce(f, dst=0, ...)`), then this one")
@@ -542,15 +577,17 @@ assert abs(f.item() - left) < 1e-6, (
 # %% [markdown]
 # ### 4.3 `reduce` changes the other ranks' buffers too
 #
-# The docs say "Only the process with rank `dst` is going to receive the final result"
-# (`torch.distributed.reduce`, https://pytorch.org/docs/stable/distributed.html); they do not
+# The docs of [`torch.distributed.reduce`](https://pytorch.org/docs/stable/distributed.html)
+# say "Only the process with rank `dst` is going to receive the final result". They do not
 # promise the other ranks' tensors are left alone. Rank `r` holds `[[1, 2], [3, 4]] + 3 r`:
 # rank 0 `[[1, 2], [3, 4]]`, rank 1 `[[4, 5], [6, 7]]`, and so on.
 #
 # **Claim:** after `reduce(SUM, dst=0)` rank 0 holds the sum. Every other rank's `m` has changed
 # too. Each of its entries is now a sum over some of the ranks, its own included. On rank 1 the
-# second row is the sum's second row. Treat the input of `reduce` on non-destination ranks as
-# garbage afterwards (clone it first if you need it).
+# second row is the sum's second row.
+#
+# So treat the input of `reduce` on the other ranks as garbage afterwards. Clone it first if you
+# need it.
 
 # %%
 # %%px
@@ -558,8 +595,9 @@ m = torch.tensor([[1, 2], [3, 4]]) + 3 * rank
 dist.reduce(m, dst=0, op=dist.ReduceOp.SUM)
 print(f"[rank {rank}] after reduce to rank 0: {m.tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: reduce changes the other ranks' m
 from itertools import combinations
 
 again = "re-run the %%px cell above (`dist.reduce(m, dst=0, ...)`), then this one"
@@ -587,61 +625,75 @@ else:
 # ranks, 111 with three.
 #
 # **Claim:** `all_reduce(SUM)` on the column view reduces only the first element: rank `r` gets
-# `[S, 2 · 10^r]`, not `[S, 2 S]`. No error, no warning. Reducing a contiguous copy and copying
-# it back gives `[S, 2 S]` on every rank.
+# `[S, 2 · 10^r]`, not `[S, 2 S]`. The call raises no error and no warning. Reducing a
+# contiguous copy and copying it back gives `[S, 2 S]` on every rank.
+#
+# The cell records every warning the call raises on each rank, and the check asserts there is
+# none.
 
 # %%
 # %%px
+import warnings
+
 scale = 10.0 ** rank  # 1 on rank 0, 10 on rank 1, 100 on rank 2, ...
 m = torch.tensor([[1.0, 0.0], [2.0, 0.0]]) * scale
 column = m[:, 0]  # a view, stride 2: not contiguous
-dist.all_reduce(column)
+with warnings.catch_warnings(record=True) as caught:  # every warning the call raises, kept in a list
+    warnings.simplefilter("always")  # none hidden by a filter or by "only once"
+    dist.all_reduce(column)
+warned = [f"{w.category.__name__}: {w.message}" for w in caught]
 wrong = m[:, 0].tolist()
 m = torch.tensor([[1.0, 0.0], [2.0, 0.0]]) * scale
 fixed = m[:, 0].contiguous()
 dist.all_reduce(fixed)
 m[:, 0].copy_(fixed)
-print(f"[rank {rank}] contiguous? {column.is_contiguous()}; view reduced -> {wrong}; copy reduced and copied back -> {m[:, 0].tolist()}")
+print(f"[rank {rank}] contiguous? {column.is_contiguous()}; view reduced -> {wrong}, warnings {warned}; "
+      f"copy reduced and copied back -> {m[:, 0].tolist()}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: the view reduces one element, with no warning; the copy works
 again = "re-run the %%px cell above (`column = m[:, 0]`), then this one"
 S = sum(10.0**r for r in range(world_size))  # 1 + 10 + ... + 10^(world_size - 1)
 assert wrong == [S, 2 * 10.0**rank], f"rank {rank}: wrong is {wrong}, expected {[S, 2 * 10.0**rank]}; {again}"
+assert warned == [], f"rank {rank}: the all_reduce of the view warned: {warned}; {again}"
 assert m[:, 0].tolist() == [S, 2 * S], f"rank {rank}: m[:, 0] is {m[:, 0].tolist()}, expected {[S, 2 * S]}; {again}"
 
 # %% [markdown]
 # ## What we saw
 #
-# - A DDP job is `world_size` separate processes; each knows its `rank` and the group's size,
-#   and they talk only through collectives on the process group.
-# - Notebooks never fork the kernel: ranks (warm ranks and `launch`'s) are forks of a fork server
-#   that never ran notebook code. They cannot import a cell's
-#   function by name, so cell code is sent by value (`cloudpickle`); a fork of the kernel would
-#   copy it, and with it a CUDA context that the child cannot use.
-# - The five collectives write their results in place: `all_reduce` (SUM, AVG), `broadcast`,
-#   `reduce` (the sum only on the destination), `all_gather`, `reduce_scatter`.
-# - Four reported behaviours, reproduced: unequal `all_gather` sizes (refused; pad or use
-#   `all_gather_object`), AVG on integers (fails after writing the sum), `reduce` clobbering the
-#   other ranks' buffers, non-contiguous views (silently wrong).
+# - A DDP job is `world_size` separate processes. Each knows its `rank` and the group's size.
+#   They talk only through collectives on the process group.
+# - Notebooks never fork the kernel. The warm ranks and `launch`'s ranks are forks of a fork
+#   server that never ran notebook code. They cannot import a cell's function by name. So cell
+#   code is sent by value, with `cloudpickle`. A fork of the kernel would copy the function, and
+#   with it a CUDA context that the child cannot use.
+# - The five collectives write their results in place: `all_reduce` with SUM or AVG,
+#   `broadcast`, `reduce`, `all_gather`, `reduce_scatter`. `reduce` leaves the sum only on the
+#   destination.
+# - Four reported behaviours, reproduced. `all_gather` refuses unequal sizes: pad, or use
+#   `all_gather_object`. AVG on integers fails after writing the sum. `reduce` clobbers the other
+#   ranks' buffers. A non-contiguous view is reduced wrong, silently.
 #
 # ## Exercises
 #
-# Write the answer in the cell after each task, run it, then run the check cell below it. In the
-# full lesson a solution follows each check, collapsed; student copies leave the solutions out.
+# Write the answer in the cell after each task and run it. Then run the check cell below it. In
+# the full lesson a collapsed solution follows each check. Student copies leave the solutions
+# out.
 
 # %% [markdown]
 # ### Exercise 1: average a tensor across the ranks
 #
-# Write a function `fn(rank, world_size)` that makes `torch.tensor([(rank + 1.0) ** 2])` and
-# returns, as a list, its **average over all ranks**, computed with `dist.all_reduce` (any op
-# you like). Set `answer_1 = fn` (the function itself); the check cell runs it on the warm ranks
-# with `ranks.run(answer_1)` and compares every rank's result with the expected one.
+# Write a function `fn(rank, world_size)` that makes `torch.tensor([(rank + 1.0) ** 2])`. It
+# returns, as a list, the tensor's **average over all ranks**. Compute it with `dist.all_reduce`,
+# with any op you like. Set `answer_1 = fn`, the function itself. The check cell runs it on the
+# warm ranks with `ranks.run(answer_1)`. It compares every rank's result with the expected one.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, your function run on the warm ranks
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_1 = [[sum((r + 1.0) ** 2 for r in range(world_size)) / world_size]] * world_size
 # your function runs on every warm rank (ranks.run); its results are your answer
@@ -665,16 +717,17 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: all-gather tensors of different lengths
 #
-# Rank `r` holds `torch.arange(r + 1.0)` (rank 0 `[0.]`, rank 1 `[0., 1.]`, and so on). Write a
+# Rank `r` holds `torch.arange(r + 1.0)`: rank 0 `[0.]`, rank 1 `[0., 1.]`, and so on. Write a
 # function `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in
-# rank order (`[[0.0], [0.0, 1.0], …]`) using `dist.all_gather` on tensors (not `all_gather_object`):
-# section 4.1 showed why the sizes must be equal and how to get around it. Set
-# `answer_2 = fn`; the check cell runs it on the warm ranks.
+# rank order: `[[0.0], [0.0, 1.0], …]`. Use `dist.all_gather` on tensors, not
+# `all_gather_object`. Section 4.1 showed why the sizes must be equal and how to get around it.
+# Set `answer_2 = fn`. The check cell runs it on the warm ranks.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, your function run on the warm ranks
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)  # the running ranks, or fresh ones
 expected_2 = [[[float(i) for i in range(r + 1)] for r in range(world_size)]] * world_size
 # your function runs on every warm rank (ranks.run); its results are your answer
@@ -701,8 +754,8 @@ solution_2 = ranks.run(gather_uneven)
 check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
-# Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).
-# An exercise's check cell run after this starts fresh ranks by itself.
+# Done: stop the warm ranks. Their processes end. `ranks.stop()` may be called again safely. An
+# exercise's check cell run after this starts fresh ranks by itself.
 
 # %%
 ranks.stop()

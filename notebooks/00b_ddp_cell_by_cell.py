@@ -17,24 +17,26 @@
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
 # <!-- opening:start -->
-# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,
 # run and step a [DDP](../docs/GLOSSARY.md#ddp) model, one cell at a time?
 #
-# As in 00a, a cell that starts with `%%px` runs on **every** warm rank (output labelled
-# `[stdout:0]`, `[stdout:1]`), and the names it defines are still there in the next `%%px` cell;
-# cells without `%%px` run in this notebook's own process (the *kernel*), where we check the
-# ranks' values. Each claim (in bold, "Claim:") is asserted in the code cell after it, tagged
-# `check`. **Names on every rank:** `rank`, [`world_size`](../docs/GLOSSARY.md#world-size),
-# `device`, `torch`, `dist` (`torch.distributed`).
+# As in 00a, a cell that starts with `%%px` runs on **every** warm rank. Its output is labelled
+# `[stdout:0]`, `[stdout:1]`. The names it defines are still there in the next `%%px` cell.
+# Cells without `%%px` run in this notebook's own process, the *kernel*. There we check the
+# ranks' values. A bold "Claim:" is asserted by the code after it, in a folded cell tagged
+# `check`. Click a folded cell to read its code.
+#
+# **Names on every rank:** `rank`, [`world_size`](../docs/GLOSSARY.md#world-size), `device`,
+# `torch`, and `dist` for `torch.distributed`.
 #
 # 1. DDP one cell at a time · 2. `all_gather` cuts autograd · 3. initialising twice · 4. a
 # collective only one rank calls
 #
-# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU, with or
-# without GPUs: this lesson is about *what* DDP does, not speed.
+# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU. It is the
+# same with or without GPUs: this lesson is about *what* DDP does, not speed.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -54,7 +56,6 @@ check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seco
 
 # %%
 import os
-import socket
 
 import pandas as pd
 import torch
@@ -64,9 +65,9 @@ from torch.testing import assert_close
 print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_size = {world_size}")
 
 # %% [markdown]
-# Start the warm ranks (00a, section 1): `world_size` fresh Python processes with the default
-# process group initialised, and `%%px` pointed at them. The cell is slow the first time (the
-# engines start and import torch). Section 4 compares the ranks' pids with these.
+# Start the warm ranks, as in 00a, section 1. They are `world_size` fresh Python processes with
+# the default process group initialised, and `%%px` points at them. The cell is slow the first
+# time: the engines start and import torch. Section 4 compares the ranks' pids with these.
 
 # %%
 # After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
@@ -87,13 +88,15 @@ print(f"warm ranks' pids: {pids}")
 # %% [markdown]
 # ## 1. DDP, one cell at a time
 #
-# The story (lesson [02](02_one_model_many_processes.ipynb) runs it in one go): every rank
-# builds its own `Linear(5, 5)` from its **own** seed, wraps it in `DistributedDataParallel`, runs a forward pass on its own
-# data, backward, and one SGD step. Here each stage is its own `%%px` cell, and after each we
-# fetch every rank's tensors into this kernel and check them against a computation done here,
-# in one process, without DDP. Each `%%px` cell keeps a copy of what we want to see in a name
-# (`weight`, `grad`); `ranks.view` is ipyparallel's `DirectView` over the ranks, in rank
-# order, and `ranks.view.pull("weight", block=True)` returns every rank's `weight`.
+# Lesson [02](02_one_model_many_processes.ipynb) runs this story in one go. Every rank builds its
+# own `Linear(5, 5)` from its **own** seed and wraps it in `DistributedDataParallel`. It runs a
+# forward pass on its own data, backward, and one SGD step. Here each stage is its own `%%px`
+# cell. After each, we fetch every rank's tensors into this kernel. We check them against a
+# computation done here, in one process, without DDP.
+#
+# Each `%%px` cell keeps a copy of what we want to see in a name, such as `weight` or `grad`.
+# `ranks.view` is ipyparallel's `DirectView` over the ranks, in rank order.
+# `ranks.view.pull("weight", block=True)` returns every rank's `weight`.
 #
 # First the model, built on every rank with `torch.manual_seed(rank)`.
 
@@ -109,7 +112,8 @@ print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
 # **Claim:** the ranks' weights differ, and each is exactly what `Linear(5, 5)` gives after
 # `torch.manual_seed(rank)`, rebuilt here.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: each rank's weights come from its own seed
 def rebuilt(r):
     torch.manual_seed(r)
     return torch.nn.Linear(5, 5)
@@ -124,9 +128,9 @@ for r in range(1, world_size):
     print(f"max |rank {r} - rank 0| before DDP:", (weights_before[r] - weights_before[0]).abs().max().item())
 
 # %% [markdown]
-# Now wrap it. `DistributedDataParallel(model)` is itself a collective: at construction it
-# broadcasts rank 0's parameters and buffers to every rank (in place, into `model`). The next
-# cell is slower the first time (the ranks import DDP's modules).
+# Now wrap it. `DistributedDataParallel(model)` is itself a collective. At construction it
+# broadcasts rank 0's parameters and buffers to every rank, in place, into `model`. The next
+# cell is slower the first time: the ranks import DDP's modules.
 
 # %%
 # %%px
@@ -139,16 +143,17 @@ print(f"[rank {rank}] weight[0] = {[round(v, 4) for v in weight[0].tolist()]}")
 # %% [markdown]
 # **Claim:** after wrapping, every rank holds rank 0's original weights, bit for bit.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank holds rank 0's weights
 weights_wrapped = ranks.view.pull("weight", block=True)
 for r in range(world_size):
     assert_close(weights_wrapped[r], rebuilt(0).weight.detach(), rtol=0, atol=0)
 print("every rank now holds rank 0's weights")
 
 # %% [markdown]
-# Forward and backward, each rank on its **own** data (seeded with `100 + rank`), loss = mean
-# squared error. `loss.backward()` computes the local gradient and, during backward, DDP
-# all-reduces the gradients (averaging them) so every rank ends with the same `.grad`.
+# Forward and backward, each rank on its **own** data, seeded with `100 + rank`. The loss is
+# the mean squared error. `loss.backward()` computes the local gradient. During backward, DDP
+# all-reduces the gradients and averages them. So every rank ends with the same `.grad`.
 
 # %%
 # %%px
@@ -160,11 +165,14 @@ grad = model.weight.grad.clone()
 print(f"[rank {rank}] loss {loss.item():.4f}; weight.grad[0, :3] = {[round(v, 4) for v in grad[0, :3].tolist()]}")
 
 # %% [markdown]
+# Here, in the kernel, we compute each rank's gradient with a plain `Linear(5, 5)`. It has rank
+# 0's weights and rank `r`'s data, with no DDP and no process group. Then we average them.
+#
 # **Claim:** the gradients are equal on every rank, and equal to the **mean of the local
-# gradients**: here, in the kernel, we compute each rank's gradient with a plain `Linear(5, 5)`
-# (rank 0's weights, rank `r`'s data, no DDP, no process group) and average them.
+# gradients**.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the gradient is the mean of the local gradients
 grads = ranks.view.pull("grad", block=True)
 local_grads = []
 for r in range(world_size):
@@ -191,10 +199,11 @@ weight = model.weight.detach().clone()
 print(f"[rank {rank}] weight[0] after the step = {[round(v, 4) for v in weight[0].tolist()]}")
 
 # %% [markdown]
-# **Claim:** the weights are still equal on every rank (same start + same gradient + same
-# step), and equal to rank 0's initial weights minus 0.1 times the mean gradient.
+# **Claim:** the weights are still equal on every rank: same start, same gradient, same step.
+# They equal rank 0's initial weights minus 0.1 times the mean gradient.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the replicas are equal after one SGD step
 weights_after = ranks.view.pull("weight", block=True)
 replicas_equal = all(torch.equal(w, weights_after[0]) for w in weights_after)
 assert replicas_equal, "the replicas differ after the step: re-run from the cell `model = torch.nn.Linear(5, 5)`"
@@ -204,20 +213,25 @@ print("replicas equal after the step:", replicas_equal)
 # %% [markdown]
 # ## 2. `all_gather` cuts autograd
 #
-# `w = 1` (a parameter) and rank `r` holds `x = 2 r + 1`: 1, 3, 5, and so on. Every rank
+# The parameter `w` is 1, and rank `r` holds `x = 2 r + 1`: 1, 3, 5, and so on. Every rank
 # gathers all the `w * x` and takes `loss = sum`. In one process, with all the x's,
 # `loss = w * 1 + w * 3 + …` and d loss / d w is the sum of the x's. The first `world_size` odd
-# numbers sum to `world_size²`: 4 with two ranks. In DDP each rank computes the *same* loss and
-# the gradients are then averaged (as DDP's backward does), so the averaged gradient should be
+# numbers sum to `world_size²`: 4 with two ranks. In DDP each rank computes the *same* loss.
+# Then the gradients are averaged, as DDP's backward does. So the averaged gradient should be
 # `world_size²` too.
 #
-# **Claim:** with `dist.all_gather` (which returns no graph) and the rank's own slot put back
-# into the list (so at least the local term has a gradient), the gradient on rank `r` is only
-# its own x. Averaged, that is `world_size² / world_size = world_size`: the right answer divided
-# by `world_size` (half of it with two ranks). With `torch.distributed.nn.functional.all_gather`
-# (autograd-aware: its backward sums each slot's gradient over the ranks and returns it to the
-# rank that owns the slot, a reduce_scatter) rank `r`'s gradient is `world_size · x`. Averaged,
-# that is `world_size²`, the one-process gradient.
+# `dist.all_gather` returns no graph. We put the rank's own slot back into the list, so at
+# least the local term has a gradient. `torch.distributed.nn.functional.all_gather` is
+# autograd-aware. Its backward sums each slot's gradient over the ranks and returns it to the
+# rank that owns the slot: a reduce_scatter.
+#
+# | gather | rank `r`'s gradient | averaged over the ranks |
+# |---|---|---|
+# | `dist.all_gather`, own slot put back | `x` | `world_size`: the one-process gradient divided by `world_size` |
+# | `torch.distributed.nn.functional.all_gather` | `world_size · x` | `world_size²`: the one-process gradient |
+#
+# **Claim:** each gather gives the gradients of the table above. So `dist.all_gather` gives half
+# the right answer with two ranks.
 
 # %%
 # %%px
@@ -246,8 +260,9 @@ dist.all_reduce(averaged, op=dist.ReduceOp.AVG)  # what DDP's backward does to g
 print(f"[rank {rank}] dist.all_gather: grad {grad_plain.item()} (averaged {averaged[0].item()}); "
       f"nn.functional.all_gather: grad {grad_autograd.item()} (averaged {averaged[1].item()})")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
 # %%px
+# Check: dist.all_gather loses terms; the autograd one keeps them
 again = "re-run the %%px cell above (it builds `w` again), then this one"
 assert grad_plain.item() == x.item() and grad_autograd.item() == world_size * x.item(), (
     f"rank {rank}: grad_plain {grad_plain.item()}, grad_autograd {grad_autograd.item()}, x {x.item()}; {again}")
@@ -256,10 +271,12 @@ assert averaged.tolist() == [one_process / world_size, one_process], (
     f"rank {rank}: averaged is {averaged.tolist()}, expected {[one_process / world_size, one_process]}; {again}")
 
 # %% [markdown]
-# The one-process gradient, here in the kernel, with every rank's x in one tensor:
-# **Claim:** it is `world_size²`.
+# Now the one-process gradient, here in the kernel, with every rank's x in one tensor.
+#
+# **Claim:** the one-process gradient is `world_size²`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the one-process gradient is world_size²
 w = torch.tensor(1.0, requires_grad=True)
 every_x = torch.tensor([1.0 + 2 * r for r in range(world_size)])
 (w * every_x).sum().backward()
@@ -270,21 +287,24 @@ assert w.grad.item() == world_size**2, f"w.grad is {w.grad.item()}, not {world_s
 # ## 3. Initialising the process group twice
 #
 # Re-running the cell that calls `init_process_group` is the most common notebook accident.
-# The function below runs on the warm ranks (whose default group is already initialised) and
-# tries it, then destroys the group, initialises a new one (on a fresh port chosen here) and
-# destroys twice.
+# The function below runs on the warm ranks, whose default group is already initialised. It
+# tries a second init. Then it destroys the group, initialises a new one and destroys twice.
+# Each new group meets on a fresh port. `free_port()` asks the operating system for one: it binds
+# port 0 and reads the port it got.
 #
-# **Claim:** the second `init_process_group` raises `ValueError` ("trying to initialize the
-# default process group twice!"); after `destroy_process_group()`, `is_initialized()` is False
-# and initialising again works (an `all_reduce` of ones gives `world_size`); destroying when
-# there is no group raises `AssertionError` ("Process group cannot be None") on torch 2.14.1.
-# The function leaves a working group behind for the rest of the lesson.
+# The function leaves a working group behind for the rest of the lesson. On torch 2.14.1:
+#
+# | step | result |
+# |---|---|
+# | second `init_process_group` | `ValueError`: "trying to initialize the default process group twice!" |
+# | `is_initialized()` after `destroy_process_group()` | `False` |
+# | init again, `all_reduce` of ones | works, gives `world_size` |
+# | destroy with no group | `AssertionError`: "Process group cannot be None" |
+#
+# **Claim:** each step gives the result in its row of the table.
 
 # %%
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers.engine import free_port  # a port nobody listens on now: bind port 0, read the port the OS gave
 
 
 def init_twice(rank, world_size, port, port_after, timeout_s):
@@ -321,7 +341,8 @@ def init_twice(rank, world_size, port, port_after, timeout_s):
 twice = pd.DataFrame(ranks.run(init_twice, free_port(), free_port(), timeout)).set_index("rank")
 display(twice)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: init twice, destroy, init again, destroy twice
 assert all(s.startswith("ValueError: trying to initialize the default process group twice") for s in twice["second init"]), (
     f"second init: {list(twice['second init'])}; re-run the cell above, then this one")
 assert not twice["initialized after destroy"].any(), f"initialized after destroy: {list(twice['initialized after destroy'])}"
@@ -331,13 +352,14 @@ assert all(s == "AssertionError: Process group cannot be None" for s in twice["s
 # %% [markdown]
 # ## 4. A collective that only one rank calls: a hang, ended by the timeout
 #
-# "My DDP job hangs" is usually this: one rank calls a collective (here `all_reduce`; in DDP,
-# a backward on one rank only, or a `barrier` inside `if rank == 0`) and the others never do,
-# so it waits for ever (gloo's default timeout is 30 minutes). The warm ranks watch every call:
-# past its `timeout` they raise `RanksTimeout` naming the ranks that had not finished, end
-# **all** ranks (a group with a rank stuck in a collective cannot be trusted), and start fresh
-# ones by themselves before the next call. We give this call a limit of `hang_timeout`
-# seconds (a parameter), so the next cell waits that long before it raises.
+# "My DDP job hangs" is usually this: one rank calls a collective and the others never do. Here
+# it is an `all_reduce`. In DDP it can be a backward on one rank only, or a `barrier` inside
+# `if rank == 0`. The rank waits for ever: gloo's default timeout is 30 minutes.
+#
+# The warm ranks watch every call. Past its `timeout` they raise `RanksTimeout`, naming the ranks
+# that had not finished. They end **all** ranks: a group with a rank stuck in a collective cannot
+# be trusted. They start fresh ones by themselves before the next call. We give this call a limit
+# of `hang_timeout` seconds, a parameter. So the next cell waits that long before it raises.
 #
 # **Claim:** the call raises `RanksTimeout` naming rank 0 as not finished. Every other rank
 # skipped the collective and returned at once.
@@ -362,15 +384,18 @@ except RanksTimeout as e:
     hang = e
 print(f"{type(hang).__name__}: {hang}")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: RanksTimeout names rank 0
 assert isinstance(hang, RanksTimeout) and hang.ranks_not_finished == [0], (
     f"{hang!r}: re-run the cell above (`only_rank_0_reduces`), then this one")
 
 # %% [markdown]
-# **Claim:** the next call runs on fresh ranks: new processes (new pids), a working process
-# group, and none of the names earlier `%%px` cells defined (`model`, `weight` are gone: after
-# a restart, run your set-up cells again). The next cell is slow again: fresh engines start
-# and import torch.
+# The next cell is slow again: fresh engines start and import torch. After a restart, run your
+# set-up cells again.
+#
+# **Claim:** the next call runs on fresh ranks. They are new processes, with new pids, and a
+# working process group. None of the names earlier `%%px` cells defined is left: `model` and
+# `weight` are gone.
 
 # %%
 def after_restart(rank, world_size):
@@ -389,7 +414,8 @@ def after_restart(rank, world_size):
 fresh_ranks = pd.DataFrame(ranks.run(after_restart)).set_index("rank")
 display(fresh_ranks)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: fresh processes, a working group, no old names
 assert not set(fresh_ranks["pid"]) & set(pids), "fresh ranks are new processes"
 assert set(fresh_ranks["all_reduce"]) == {float(world_size)} and not fresh_ranks["has model"].any(), (
     f"fresh ranks:\n{fresh_ranks}\nre-run from the cell with `only_rank_0_reduces`, then this one")
@@ -398,36 +424,39 @@ assert not fresh_ranks["has weight"].any(), "the names of earlier %%px cells are
 # %% [markdown]
 # ## What we saw
 #
-# - DDP's construction is a collective: it broadcasts rank 0's parameters and buffers, so ranks
+# - DDP's construction is a collective: it broadcasts rank 0's parameters and buffers. So ranks
 #   that started from different seeds hold rank 0's weights, bit for bit.
-# - Its backward all-reduces the gradients and averages them: every rank ends with the same
-#   `.grad`, the mean of the local gradients; one optimizer step then keeps the replicas
-#   identical. Running the backward cell again adds to `.grad` (gradients accumulate): re-run
-#   from the cell that builds the model.
-# - `dist.all_gather` returns tensors without a graph: gradients through it miss the other
-#   ranks' terms (here the gradient divided by `world_size`); `torch.distributed.nn.functional.all_gather` keeps them.
-# - Initialising the default group twice raises `ValueError`; destroy it first.
-# - A collective only one rank calls hangs; the warm ranks' timeout ends it, names the ranks that
-#   had not finished, and the next call runs on fresh ranks, with none of the old names.
+# - Its backward all-reduces the gradients and averages them. Every rank ends with the same
+#   `.grad`, the mean of the local gradients. One optimizer step then keeps the replicas
+#   identical. Running the backward cell again adds to `.grad`: gradients accumulate. Re-run from
+#   the cell that builds the model.
+# - `dist.all_gather` returns tensors without a graph. Gradients through it miss the other
+#   ranks' terms: here the gradient is divided by `world_size`.
+#   `torch.distributed.nn.functional.all_gather` keeps them.
+# - Initialising the default group twice raises `ValueError`. Destroy it first.
+# - A collective only one rank calls hangs. The warm ranks' timeout ends it and names the ranks
+#   that had not finished. The next call runs on fresh ranks, with none of the old names.
 #
 # ## Exercises
 #
-# Write the answer in the cell after each task, run it, then run the check cell below it. In the
-# full lesson a solution follows each check, collapsed; student copies leave the solutions out.
+# Write the answer in the cell after each task and run it. Then run the check cell below it. In
+# the full lesson a collapsed solution follows each check. Student copies leave the solutions
+# out.
 
 # %% [markdown]
 # ### Exercise 1: predict a DDP gradient
 #
-# Every rank builds `torch.nn.Linear(1, 1, bias=False)` with its weight set to 1, wraps it in
-# DDP, and runs `loss = (ddp_model(x) ** 2).sum()` on `x = torch.tensor([[rank + 1.0]])`, then
+# Every rank builds `torch.nn.Linear(1, 1, bias=False)` with its weight set to 1 and wraps it in
+# DDP. It runs `loss = (ddp_model(x) ** 2).sum()` on `x = torch.tensor([[rank + 1.0]])`, then
 # `loss.backward()`. What is `weight.grad` on rank 0 afterwards? Answer with a number, worked
-# out by hand (d/dw of (w x)² is 2 w x²). The check cell runs exactly this on the warm ranks.
+# out by hand: d/dw of `(w x)²` is `2 w x²`. The check cell runs exactly this on the warm ranks.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, DDP's gradient on rank 0
 def ddp_grad(rank, world_size):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -452,19 +481,23 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: a squared loss through `all_gather`
 #
-# Section 2 again, with a squared loss: `w = 1`, rank `r` holds `x = r + 1` (1, 2, and so on),
-# every rank gathers all the `w * x` and takes `loss = sum of their squares`, then the gradients
-# are averaged over the ranks. What averaged `w.grad` do you get with your `world_size` ranks
-# (a) with `dist.all_gather` and the rank's own slot put back, (b) with
-# `torch.distributed.nn.functional.all_gather`? Work it out by hand (d/dw of (w x)² is 2 w x²;
-# the one-process gradient is 2 · (1² + 2² + … + world_size²), 10 with two ranks) and answer
-# with a list of two numbers, `[a, b]`. The check cell runs both on the warm ranks.
+# Section 2 again, with a squared loss. `w = 1` and rank `r` holds `x = r + 1`: 1, 2, and so on.
+# Every rank gathers all the `w * x` and takes `loss = sum of their squares`. Then the gradients
+# are averaged over the ranks. What averaged `w.grad` do you get with your `world_size` ranks?
+#
+# - `a`: with `dist.all_gather` and the rank's own slot put back;
+# - `b`: with `torch.distributed.nn.functional.all_gather`.
+#
+# Work it out by hand: d/dw of `(w x)²` is `2 w x²`. The one-process gradient is
+# `2 · (1² + 2² + … + world_size²)`, 10 with two ranks. Answer with a list of two numbers,
+# `[a, b]`. The check cell runs both on the warm ranks.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, both averaged gradients
 def squared_through_gather(rank, world_size):
     import warnings
 
@@ -501,8 +534,8 @@ solution_2 = [sum(own) / world_size, sum(autograd) / world_size]  # averaged: th
 check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
-# Done: stop the warm ranks (their processes end; `ranks.stop()` may be called again safely).
-# An exercise's check cell run after this starts fresh ranks by itself.
+# Done: stop the warm ranks. Their processes end. `ranks.stop()` may be called again safely. An
+# exercise's check cell run after this starts fresh ranks by itself.
 
 # %%
 ranks.stop()
