@@ -20,12 +20,12 @@
 # **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
 # <!-- opening:end -->
 #
-# **The question:** DDP keeps the parameters equal on every rank; what about everything else a
-# rank holds — buffers, checkpoint files, evaluation numbers — and how do we *prove* each rule?
+# **The question:** DDP keeps the parameters equal on every rank. What about everything else a
+# rank holds: buffers, checkpoint files, evaluation numbers? And how do we *prove* each rule?
 #
-# Three sections in 06a's shape: the experiment's code, run on real ranks with `launch`; the
-# symptom; the fix, each claim (in bold, "Claim:") asserted in the code cell right after it,
-# tagged `check`.
+# The three sections have 06a's shape. First comes the experiment's code, run on real ranks
+# with `launch`. Then the symptom, then the fix. Each claim is in bold, and the folded `check`
+# cell right after it asserts it.
 #
 # 1. BatchNorm · 2. checkpoints · 3. evaluation and logging
 #
@@ -43,7 +43,7 @@
 # [DDP](../docs/GLOSSARY.md#ddp), [DP](../docs/GLOSSARY.md#dp),
 # [replica](../docs/GLOSSARY.md#replica).
 #
-# **New here:** `broadcast_buffers` / `forward_sync_buffers`, `SyncBatchNorm`, checkpointing
+# **New here:** `broadcast_buffers` and `forward_sync_buffers`, `SyncBatchNorm`, checkpointing
 # under DDP, distributed evaluation. Every claim was checked against torch 2.14.1. The lesson
 # prints the seconds of each launch at the end of section 3.
 
@@ -99,19 +99,22 @@ from helpers.ddp_tools import cpu, error_text, is_timeout_error, params, short_t
 # %% [markdown]
 # ## 1. BatchNorm
 #
-# BatchNorm has **buffers** (`running_mean`, `running_var`, `num_batches_tracked`), updated in
-# every training forward from the local batch, and DDP does not all-reduce buffers. Rank `r`'s
-# data have mean about `3 r` (`bn_batches`), so per-rank statistics visibly differ.
-# `broadcast_buffers` (default `True`) makes DDP broadcast **rank 0's** buffers to every rank
-# at the start of a forward (when the previous forward ran with gradients, and at the first);
-# then each rank updates them with its own batch. torch 2.14.1 deprecates the name (the launch
-# output, folded under one line, holds a `FutureWarning` recommending `forward_sync_buffers`; the
-# difference is at construction, checked at the end of this section).
+# BatchNorm has **buffers**: `running_mean`, `running_var` and `num_batches_tracked`. Every
+# training forward updates them from the local batch, and DDP does not all-reduce buffers. In
+# `bn_batches`, rank `r`'s data have a mean of about `3 r`, so per-rank statistics visibly
+# differ.
 #
-# The worker trains a fresh `BatchNorm1d(3)` (`float64`) for `bn_steps` steps in three ways —
-# alone, `DDP(bn)`, `DDP(bn, broadcast_buffers=False)` — then wraps a BatchNorm whose buffers
-# already differ per rank with each of the two flags, tries `SyncBatchNorm` on CPU, and computes
-# what `SyncBatchNorm` would compute from all-reduced sums (`sync_batchnorm_reference`).
+# `broadcast_buffers`, `True` by default, makes DDP broadcast **rank 0's** buffers to every
+# rank at the start of a forward. It does so at the first forward, and when the previous
+# forward ran with gradients. Then each rank updates them with its own batch. torch 2.14.1
+# deprecates the name. The launch output, folded under one line, holds a `FutureWarning` that
+# recommends `forward_sync_buffers`. The two differ at construction, as the end of this section
+# checks.
+#
+# The worker trains a fresh `float64` `BatchNorm1d(3)` for `bn_steps` steps in three ways:
+# alone, `DDP(bn)` and `DDP(bn, broadcast_buffers=False)`. Then it wraps a BatchNorm whose
+# buffers already differ per rank with each of the two flags. It tries `SyncBatchNorm` on CPU.
+# Last, `sync_batchnorm_reference` computes what `SyncBatchNorm` would from all-reduced sums.
 
 # %%
 bn_channels, bn_batch, bn_steps = 3, 8, 3
@@ -177,9 +180,9 @@ def batchnorm_worker(rank, world_size):
     return out
 
 # %% [markdown]
-# One launch. The single-process model of the buffers,
-# `simulate_bn_buffers`, replays the broadcast rule in this kernel: before each step, rank 0's
-# buffers are copied to every rank (if `broadcast_buffers`), then each rank updates with its batch.
+# One launch. Then `simulate_bn_buffers` replays the broadcast rule in this kernel, in one
+# process. With `broadcast_buffers`, it copies rank 0's buffers to every rank before each
+# step. Then each rank updates them with its batch.
 
 # %%
 t0 = time.perf_counter()
@@ -204,17 +207,18 @@ def simulate_bn_buffers(batches, broadcast_buffers):
     return [buffers(m) for m in mods]
 
 # %% [markdown]
-# **Claim:** after `bn_steps` training steps under DDP,
+# **Claim:** after `bn_steps` training steps under DDP, each rank's running statistics are:
 #
-# * `broadcast_buffers=False`: every rank's running statistics are exactly those of that rank
-#   training alone; the ranks disagree.
-# * `broadcast_buffers=True`: rank 0's running statistics are those of **rank 0's data
-#   alone** (what it received was always its own); every other rank holds rank 0's
-#   statistics from before the last step updated with *its own* last batch
-#   (`simulate_bn_buffers` predicts both). Neither is the statistic of the global batch,
-#   which is what `SyncBatchNorm` tracks (last row of the table).
+# | flag | rank 0 | rank `r > 0` |
+# |---|---|---|
+# | `broadcast_buffers=False` | its data alone | its data alone: the ranks disagree |
+# | `broadcast_buffers=True` | **rank 0's data alone** | rank 0's before the last step, updated with *its own* last batch |
+#
+# `simulate_bn_buffers` predicts every case. None is the global batch's statistic, which
+# `SyncBatchNorm` tracks: the table's last row.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's buffers against the simulation and the claim's words
 batches = [bn_batches(r) for r in range(world_size)]
 predicted = {"broadcast_buffers_true": simulate_bn_buffers(batches, True),
              "broadcast_buffers_false": simulate_bn_buffers(batches, False)}
@@ -254,18 +258,19 @@ pd.DataFrame(rows).set_index(["case", "rank"]).round(4)
 # ### SyncBatchNorm
 #
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model)` replaces every BatchNorm by a
-# `SyncBatchNorm`, which normalises with the statistics of the **global** batch.
+# `SyncBatchNorm`. It normalises with the statistics of the **global** batch.
 #
 # **Claim:** on CPU, in training mode with a process group initialised, its forward raises
-# `ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone`
-# (torch 2.14.1). Without a process group — as in this notebook's kernel — it silently
-# computes plain BatchNorm instead.
+# `ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone`.
+# That is torch 2.14.1's message. Without a process group, as in this notebook's kernel, it
+# silently computes plain BatchNorm instead.
 #
-# **Claim:** `sync_batchnorm_reference` (all-reduced sums) gives on each rank its rows of one
-# `BatchNorm1d` applied to the concatenated global batch, and that BatchNorm's running
-# statistics (momentum update with the *unbiased* global variance).
+# **Claim:** `sync_batchnorm_reference` uses all-reduced sums. On each rank it gives that
+# rank's rows of one `BatchNorm1d` applied to the concatenated global batch. Its running
+# statistics are that BatchNorm's: a momentum update with the *unbiased* global variance.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the CPU error, and the reference against one global BatchNorm
 for r, b in enumerate(B):
     assert b["syncbn_error"] is not None and b["syncbn_error"].startswith(
         "ValueError: SyncBatchNorm expected input tensor to be on GPU"), f"rank {r}: {b['syncbn_error']}"
@@ -285,21 +290,23 @@ for r, b in enumerate(B):
 print("all-reduced sums reproduce BatchNorm on the global batch: outputs and running statistics match")
 
 # %% [markdown]
-# **On a GPU machine** (one GPU per rank, at least `world_size` GPUs): the next cell launches
-# real `SyncBatchNorm` with `backend="nccl"` and compares it with the reference
-# above. On a machine with fewer GPUs it launches nothing and says that it skipped.
-#
-# **Claim (GPU):** where it runs, real `SyncBatchNorm` equals `sync_batchnorm_reference` (outputs and
-# running statistics) on every rank.
+# **On a GPU machine**, with one GPU per rank, the check below launches real `SyncBatchNorm`
+# with `backend="nccl"`. It runs `syncbn_gpu_worker` and compares it with the reference above.
+# On a machine with fewer GPUs it launches nothing and says that it skipped.
 
-# %% tags=["check"]
+# %%
 def syncbn_gpu_worker(rank, world_size):
     device = worker_device()
     assert device.type == "cuda", "syncbn_gpu_worker needs backend='nccl' with one GPU per rank"
     sync = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(bn_channels, dtype=torch.float64))).to(device)
     return {"out": cpu(sync(bn_batches(rank)[0].to(device))), **buffers(sync[0])}
 
+# %% [markdown]
+# **Claim (GPU):** where it runs, real `SyncBatchNorm` equals `sync_batchnorm_reference` on every
+# rank, in its outputs and its running statistics.
 
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: real SyncBatchNorm on GPUs against the reference
 from helpers.notebook import cpu_claim, gpu_claim
 
 if gpu_claim("real SyncBatchNorm equals sync_batchnorm_reference on every rank", gpus=world_size):
@@ -316,20 +323,17 @@ else:
 # %% [markdown]
 # ### DataParallel's BatchNorm is different again
 #
-# `nn.DataParallel` (one process) replicates the module onto every device at each forward and
-# runs each replica on its chunk of the batch, so each replica normalises with **its chunk's**
-# statistics. The buffers reach the replicas through `comm.broadcast_coalesced`, whose
-# outputs for `device_ids[0]` are the original tensors: only replica 0's running-statistics
-# update lands in the module; the others update copies that are discarded
-# (`torch/nn/parallel/replicate.py`). `emulated_dp_batchnorm` below is a CPU **emulation** of
-# that (not torch's DP): replica 0 is the module itself, the others are deep copies.
+# `nn.DataParallel` runs in one process. At each forward it replicates the module onto every
+# device and runs each replica on its chunk of the batch. So each replica normalises with
+# **its chunk's** statistics. The buffers reach the replicas through
+# `comm.broadcast_coalesced`, whose outputs for `device_ids[0]` are the original tensors. So
+# only replica 0's running-statistics update lands in the module. The others update copies
+# that are discarded, as `torch/nn/parallel/replicate.py` shows.
 #
-# **Claim:** the emulation normalises each chunk with its own statistics and updates the running
-# statistics from chunk 0 only. **Claim (CPU):** on a CPU-only machine the real
-# `nn.DataParallel(bn)` has `device_ids == []` and simply calls the module: BatchNorm over the
-# whole batch. **Claim (GPU):** with GPUs, real DP equals the emulation.
+# `emulated_dp_batchnorm` below is a CPU **emulation** of that, not torch's DP. Replica 0 is
+# the module itself, and the others are deep copies.
 
-# %% tags=["check"]
+# %%
 def emulated_dp_batchnorm(bn, x, num_replicas):
     """EMULATION of nn.DataParallel(bn) in training on num_replicas devices: x (batch, C) -> (batch, C)."""
     chunks = x.chunk(num_replicas)  # DP's scatter
@@ -339,7 +343,17 @@ def emulated_dp_batchnorm(bn, x, num_replicas):
 def chunk_bn(c):  # what a fresh BatchNorm1d (weight 1, bias 0) outputs in training on chunk c
     return (c - c.mean(0)) / torch.sqrt(c.var(0, unbiased=False) + 1e-5)
 
+# %% [markdown]
+# **Claim:** the emulation normalises each chunk with its own statistics. It updates the
+# running statistics from chunk 0 only.
+#
+# **Claim (CPU):** on a CPU-only machine, the real `nn.DataParallel(bn)` has
+# `device_ids == []` and simply calls the module: BatchNorm over the whole batch.
+#
+# **Claim (GPU):** with GPUs, real DP equals the emulation.
 
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the emulation, then real DP on this machine's devices
 chunks = x_global.chunk(world_size)
 bn_emu = nn.BatchNorm1d(bn_channels, dtype=torch.float64)
 out_emu = emulated_dp_batchnorm(bn_emu, x_global, world_size).detach()
@@ -370,15 +384,16 @@ if gpu_claim("with GPUs, real nn.DataParallel(bn) equals the emulation"):
 # ### `broadcast_buffers=False` versus `forward_sync_buffers=False` (torch 2.14.1)
 #
 # Both stop the per-forward broadcast. They differ at **construction**, where DDP normally
-# broadcasts rank 0's parameters and buffers: `broadcast_buffers=False` (deprecated) skips
-# the buffers there too, `forward_sync_buffers=False` does not (the text of the
-# `FutureWarning`, asserted below).
+# broadcasts rank 0's parameters and buffers. The deprecated `broadcast_buffers=False` skips
+# the buffers there too. `forward_sync_buffers=False` does not. The `FutureWarning` says so,
+# and the check asserts its text.
 #
-# **Claim:** a BatchNorm whose buffers already differ per rank (one local forward) keeps its
-# **own** buffers when wrapped with `broadcast_buffers=False`, and holds **rank 0's** after
-# `DDP(..., forward_sync_buffers=False)` (the worker above did both).
+# **Claim:** take a BatchNorm whose buffers already differ per rank after one local forward.
+# Wrapped with `broadcast_buffers=False`, it keeps its **own** buffers. After
+# `DDP(..., forward_sync_buffers=False)`, it holds **rank 0's**. The worker above did both.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the warning's text, and the buffers after each wrap
 assert bn_warned == list(range(world_size)), f"every rank should print the FutureWarning: ranks {bn_warned}"
 assert "`forward_sync_buffers=False` still syncs buffers at init" in bn_output.getvalue(), bn_output.getvalue()[-800:]
 for r, b in enumerate(B):
@@ -397,14 +412,17 @@ pd.DataFrame([{"rank": r, "running_mean[0] before wrapping": float(b["wrap_broad
 # %% [markdown]
 # ## 2. Checkpoints
 #
-# The worker: `DDP(Linear(4, 2))`, SGD with momentum 0.9. It first tries a strict
-# `load_state_dict` of the **wrapper's** state dict into a bare `Linear`. Then the recipe of
-# the [DDP tutorial](https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints):
-# train `ckpt_steps` steps; **rank 0 alone** saves `ddp.module.state_dict()` and the optimizer
-# state; `dist.barrier()` (nobody reads before the file is complete); every rank loads with
-# `map_location=<its device>` into a fresh bare model, wraps it again and restores the
-# optimizer. Both the original and the resumed run then take `ckpt_steps` more steps on the
-# same data. The directory is a `tempfile.TemporaryDirectory`, removed after the launch.
+# The worker trains `DDP(Linear(4, 2))` with SGD and momentum 0.9. It first tries a strict
+# `load_state_dict` of the **wrapper's** state dict into a bare `Linear`. Then it follows the
+# recipe of the [DDP tutorial](https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints):
+#
+# 1. train `ckpt_steps` steps;
+# 2. **rank 0 alone** saves `ddp.module.state_dict()` and the optimizer state;
+# 3. `dist.barrier()`, so nobody reads before the file is complete;
+# 4. every rank loads with `map_location=<its device>` into a fresh bare model, wraps it again
+#    and restores the optimizer.
+#
+# Both the original and the resumed run then take `ckpt_steps` more steps on the same data.
 
 # %%
 ckpt_steps = 3
@@ -462,18 +480,19 @@ launch_s["2 checkpoints"] = time.perf_counter() - t0
 assert not Path(ckpt_dir).exists(), f"the temporary checkpoint directory {ckpt_dir} should be gone"
 
 # %% [markdown]
-# **Claim:** the wrapper's `state_dict()` keys carry the `module.` prefix (`module.weight`,
-# `module.bias`); a strict `load_state_dict` of it into a bare `Linear` fails with **2
-# missing** (`weight`, `bias`) and **2 unexpected** (`module.weight`, `module.bias`) keys.
-# `consume_prefix_in_state_dict_if_present(sd, "module.")` repairs such a file; better, save
-# `ddp.module.state_dict()` in the first place.
+# **Claim:** the wrapper's `state_dict()` keys carry the `module.` prefix: `module.weight`,
+# `module.bias`. A strict `load_state_dict` of it into a bare `Linear` fails. It reports **2
+# missing** keys, `weight` and `bias`, and **2 unexpected** ones, `module.weight` and
+# `module.bias`. `consume_prefix_in_state_dict_if_present(sd, "module.")` repairs such a file.
+# Better, save `ddp.module.state_dict()` in the first place.
 #
-# **Claim:** every rank saw exactly one file, `checkpoint.pt`, after the barrier (the worker's
-# `if rank == 0:` writes it and prints the `saved checkpoint.pt` line above), every rank loaded
-# step `ckpt_steps`, and since model **and optimizer** state (momentum) were saved, the resumed
-# run's parameters are **bit-identical** to the uninterrupted run's, on every rank.
+# **Claim:** after the barrier, every rank saw exactly one file, `checkpoint.pt`. Rank 0 wrote
+# it and printed the `saved checkpoint.pt` line above. Every rank loaded step `ckpt_steps`.
+# Model **and optimizer** state were saved, momentum included. So the resumed run's parameters
+# are **bit-identical** to the uninterrupted run's, on every rank.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the prefix, the strict load's error, one file, bit-identical resume
 c0 = CK[0]
 wrapper_sd = c0["wrapper_state_dict"]
 assert list(wrapper_sd) == ["module.weight", "module.bias"], list(wrapper_sd)
@@ -505,26 +524,26 @@ pd.DataFrame(rows).set_index("rank")
 # %% [markdown]
 # ## 3. Evaluation and logging
 #
-# **Right way:** evaluate `ddp.module` (the bare model) on each rank's shard, all-reduce the
-# **sums** `[loss_sum, correct, count]`, divide once, print on rank 0 only (the
-# `[rank 0] validation: ...` line in the launch output). Because ranks' BatchNorm running
-# statistics differ after training (section 1), the worker first broadcasts rank 0's buffers.
+# **Right way:** evaluate `ddp.module`, the bare model, on each rank's shard. All-reduce the
+# **sums** `[loss_sum, correct, count]` and divide once. Print on rank 0 only: the
+# `[rank 0] validation: ...` line in the launch output. Ranks' BatchNorm running statistics
+# differ after training, as section 1 showed. So the worker first broadcasts rank 0's buffers.
 #
 # **A forward through the wrapper on rank 0 alone.** Folklore says it hangs. In torch 2.14.1
-# it hangs **when that forward starts a collective**, and for a plain training setup that
-# happens in two cases (others exist, e.g. inside a `Join` context):
+# it hangs **when that forward starts a collective**. In a plain training setup that happens
+# in two cases; others exist, such as inside a `Join` context.
 #
-# * the model has **buffers** (BatchNorm), `forward_sync_buffers` / `broadcast_buffers` is
-#   `True` (the default), and the previous forward ran with gradients enabled (training): DDP's
-#   forward begins by broadcasting rank 0's buffers (`_pre_forward` -> `_sync_buffers` in
-#   `torch/nn/parallel/distributed.py`). `ddp.eval()` and `torch.no_grad()` do **not** prevent
-#   it. Rank 0 is the broadcast's source and waits for receivers;
-# * gradients are enabled and this is the first forward after the **first** backward: DDP
-#   rebuilds its buckets once, and rank 0 broadcasts the new bucket order
-#   (`Reducer::rebuild_buckets` -> `sync_bucket_indices`). After the second step it has
-#   already happened and the same call returns.
+# * The model has **buffers**, like BatchNorm. `forward_sync_buffers` or `broadcast_buffers`
+#   is `True`, the default. The previous forward ran with gradients enabled, in training.
+#   Then DDP's forward begins by broadcasting rank 0's buffers: `_pre_forward` calls
+#   `_sync_buffers` in `torch/nn/parallel/distributed.py`. `ddp.eval()` and `torch.no_grad()`
+#   do **not** prevent it. Rank 0 is the broadcast's source and waits for receivers.
+# * Gradients are enabled, and this is the first forward after the **first** backward. DDP
+#   rebuilds its buckets once, and rank 0 broadcasts the new bucket order:
+#   `Reducer::rebuild_buckets` calls `sync_bucket_indices`. After the second step that has
+#   already happened, and the same call returns.
 #
-# The worker tries five cases, each on its own short-timeout group; only rank 0 calls forward.
+# The worker tries five cases, each on its own short-timeout group. Only rank 0 calls forward.
 
 # %%
 eval_samples = 64
@@ -631,9 +650,10 @@ launch_s["3 evaluation"] = time.perf_counter() - t0
 
 # %% [markdown]
 # **Claim:** the all-reduced loss and accuracy equal one process evaluating the whole
-# validation set with rank 0's weights, and every rank holds the same numbers.
+# validation set with rank 0's weights. Every rank holds the same numbers.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the all-reduced metrics against one process
 model_ref = classifier_model()
 model_ref.load_state_dict(E[0]["state_dict"])
 x_val, y_val = classification_data(eval_samples, offset=999)
@@ -655,7 +675,8 @@ pd.DataFrame([{"who": f"rank {r} (its shard)", "samples": e["local"]["count"], "
 # **Claim:** `evaluate()` leaves the model in the mode it found. On every rank the model is
 # back in `train()` after it, every submodule included. A model in `eval()` stays in `eval()`.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the modes after evaluate(), on the ranks and here
 for r, e in enumerate(E):
     assert all(e["modes_after"]), f"rank {r}: evaluate() left a module in eval(): {e['modes_after']}"
 model_ref.eval()
@@ -668,13 +689,21 @@ print(f"after evaluate(): train() on ranks {[r for r, e in enumerate(E) if all(e
       "an eval() model stays in eval()")
 
 # %% [markdown]
-# **Claim:** a forward through the wrapper on rank 0 alone waits until the group's timeout
-# (`collective_timeout_s`; the seconds it waited are in the table) for
-# the BatchNorm model (even under `eval()` and `no_grad()`) and for the `Linear` with gradients
-# enabled after one step; `ddp.module` of the BatchNorm model, the `Linear` under `no_grad`, and
-# the `Linear` with gradients after two steps return (no collective involved).
+# **Claim:** a forward through the wrapper on rank 0 alone waits until the group's timeout,
+# `collective_timeout_s`, in two cases:
+#
+# | model | rank 0 alone calls | result |
+# |---|---|---|
+# | BatchNorm | `ddp(x)`, even under `eval()` and `no_grad()` | waits, times out |
+# | `Linear` | `ddp(x)` with gradients, after one step | waits, times out |
+# | BatchNorm | `ddp.module(x)` | returns |
+# | `Linear` | `ddp(x)` under `no_grad` | returns |
+# | `Linear` | `ddp(x)` with gradients, after two steps | returns |
+#
+# The table below gives the seconds each call took.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: which of rank 0's lone forwards time out
 HANGS = {"bn_wrapper_eval_no_grad", "linear_wrapper_grad_after_1_step"}
 rows = []
 for case, (kind, steps, call) in EVAL_HANG_CASES.items():
@@ -698,42 +727,44 @@ pd.Series(launch_s, name="seconds").round(1).to_frame()
 # %% [markdown]
 # ## What we saw
 #
-# * **BatchNorm:** DDP never all-reduces buffers. `broadcast_buffers=True` leaves rank 0's
-#   running statistics computed from rank 0's data alone, and the others' from rank 0's plus
-#   their own last batch (torch 2.14.1 renames it `forward_sync_buffers`, which unlike
-#   `broadcast_buffers=False` still broadcasts at construction). `SyncBatchNorm` (GPU only;
-#   its CPU error shown) equals BatchNorm on the global batch; DataParallel normalises per
-#   chunk and keeps chunk 0's statistics.
-# * **Checkpoints:** save `ddp.module.state_dict()` (no `module.` prefix) and the optimizer on
-#   rank 0, barrier, load with `map_location`: resuming is bit-identical on every rank.
+# * **BatchNorm:** DDP never all-reduces buffers. With `broadcast_buffers=True`, rank 0's
+#   running statistics come from rank 0's data alone. The others' come from rank 0's plus
+#   their own last batch. torch 2.14.1 renames the flag `forward_sync_buffers`. Unlike
+#   `broadcast_buffers=False`, `forward_sync_buffers=False` still broadcasts at construction.
+#   `SyncBatchNorm` equals BatchNorm on the global batch; it needs GPUs, and its CPU error was
+#   shown. DataParallel normalises per chunk and keeps chunk 0's statistics.
+# * **Checkpoints:** save `ddp.module.state_dict()`, without the `module.` prefix, and the
+#   optimizer on rank 0. Then a barrier, then load with `map_location`. Resuming is
+#   bit-identical on every rank.
 # * **Evaluation:** evaluate `ddp.module`, all-reduce sums, divide once, print on rank 0. A
-#   forward through the wrapper on one rank hangs only when it starts a collective (buffer
-#   broadcast, bucket rebuild): a BatchNorm model after training hangs even under `eval()` and
-#   `no_grad()`.
+#   forward through the wrapper on one rank hangs only when it starts a collective: a buffer
+#   broadcast or a bucket rebuild. A BatchNorm model after training hangs even under `eval()`
+#   and `no_grad()`. An `evaluate()` that restores the mode it found is safe in a training loop.
 #
 # Casebook: [a rank-0-only `validate()` that leaves rank 0 in `eval()`](10a_casebook_training_loop.ipynb#case-rank0-validate-leaves-eval),
 # and [`torch.save` of the whole DDP object](10c_casebook_models_and_checkpoints.ipynb#case-torch-save-whole-ddp).
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
-# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
-# solution follows each check, collapsed (click the "…" or the bar on its left to open it);
-# student copies leave the solutions out. Every solution runs when the full lesson runs, so
+# Both ask for a value. Predict it by hand first, then set `answer_N`, replacing `None`. Run the
+# check cell below it; it prints "correct" or "not yet" with a hint. In the full lesson a
+# collapsed solution follows each check; click the "…" or the bar on its left to open it.
+# Student copies leave the solutions out. Every solution runs when the full lesson runs, so
 # each is known to pass its check.
 
 # %% [markdown]
 # ### Exercise 1: whose BatchNorm statistics are a rank's own?
 #
-# In section 1's run, which ranks end with exactly the running statistics of that rank training
-# alone (`"local"`), under `DDP(bn)` (`broadcast_buffers=True`, the default) and under
-# `DDP(bn, broadcast_buffers=False)`? Answer with a dict of two lists of ranks for this run's
-# `world_size`: `{"broadcast_buffers=True": [...], "broadcast_buffers=False": [...]}`.
+# In section 1's run, some ranks end with exactly the running statistics of training alone,
+# the `"local"` case. Which ranks, under `DDP(bn)` with the default `broadcast_buffers=True`?
+# And which under `DDP(bn, broadcast_buffers=False)`? Answer with a dict of two lists of ranks
+# for this run's `world_size`: `{"broadcast_buffers=True": [...], "broadcast_buffers=False": [...]}`.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, read from section 1's launch
 # expected: the ranks whose buffers equal their own training alone, read from section 1's launch
 expected_1 = {f"broadcast_buffers={flag}": [r for r, b in enumerate(B)
                                             if all(torch.allclose(b[case][k], b["local"][k]) for k in ("running_mean", "running_var"))]
@@ -751,14 +782,16 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: the validation loss of unequal shards
 #
-# Two ranks evaluate shards of different sizes: rank 0 has 40 samples with a mean loss of 0.5,
-# rank 1 has 24 samples with a mean loss of 0.9. What validation loss does section 3's recipe
-# (all-reduce `[loss_sum, correct, count]`, divide once) print? Answer with a number.
+# Two ranks evaluate shards of different sizes. Rank 0 has 40 samples with a mean loss of 0.5.
+# Rank 1 has 24 samples with a mean loss of 0.9. Section 3's recipe all-reduces
+# `[loss_sum, correct, count]` and divides once. What validation loss does it print? Answer
+# with a number.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, section 3's recipe on these shards
 # expected: section 3's recipe on these shards: the summed [loss_sum, count] of the two ranks, divided once
 shard_totals = torch.tensor([[40 * 0.5, 40.0], [24 * 0.9, 24.0]], dtype=torch.float64).sum(0)  # what all_reduce returns
 expected_2 = float(shard_totals[0] / shard_totals[1])
