@@ -26,7 +26,7 @@
 #
 # Everything here reuses notebook 04's MNIST recipe (`Linear(784, 10)`, SGD, `lr = 0.01`,
 # global batch 64) and its worker `helpers.mnist_train.ddp_train_worker`. New helper:
-# the package `helpers/engine/cluster/` (the torchrun entry point `python -m helpers.engine.cluster`, shown
+# the package `helpers/engine/cluster/` (the torchrun entry point `torchrun ... -m helpers.mnist_torchrun`, shown
 # below, and the code that starts torchrun agents from a cell or a test).
 #
 # Terms (see the [glossary](../docs/GLOSSARY.md)): [torchrun](../docs/GLOSSARY.md#torchrun),
@@ -103,13 +103,8 @@ from torch.testing import assert_close
 import helpers.engine.cluster as cluster
 import helpers.mnist_torchrun as entry
 from helpers.engine import launch, loopback_interface, resolve_backend
-from helpers.engine.cluster import (
-    TwoNodeNetwork,
-    cluster_commands,
-    failure_report,
-    netns_available,
-    run_job,
-)
+from helpers.engine.cluster import TwoNodeNetwork, failure_report, netns_available
+from helpers.mnist_torchrun import cluster_commands, run_job
 from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -123,7 +118,7 @@ print(f"every torchrun / launch run trains {steps} steps of global batch {global
 # %% [markdown]
 # ## 1. The entry point: notebook 04's training under torchrun
 #
-# `python -m helpers.engine.cluster` is a torchrun entry point: in each process torchrun starts, it
+# `torchrun ... -m helpers.mnist_torchrun` is a torchrun entry point: in each process torchrun starts, it
 # reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` from the environment
 # (`helpers.engine.main_from_env`), initialises the process group and calls
 # `ddp_train_worker` -- the function notebook 04 hands to `launch`. Nothing about the training
@@ -134,10 +129,11 @@ print(f"every torchrun / launch run trains {steps} steps of global batch {global
 commands = cluster_commands()
 for title, text in commands.items():
     print(f"--- {title} ---\n{text}\n")
-doc_lines = {line.strip() for line in cluster.__doc__.splitlines()}
+doc_lines = {line.strip() for line in entry.__doc__.splitlines()}
 missing = [line for text in commands.values() for line in text.splitlines() if line.strip() not in doc_lines]
 assert not missing, f"the module docstring lacks these command lines: {missing}"
-# the entry point stays a module (torchrun runs `python -m helpers.engine.cluster` in every process): its code
+assert all(f"-m {entry.MODULE} " in text for text in commands.values()), "torchrun runs the entry by its own name"
+# the entry point stays a module (torchrun runs `-m helpers.mnist_torchrun` in every process): its code
 display(Code(inspect.getsource(entry.main) + "\n\n" + inspect.getsource(entry.cluster_train_worker),
              language="python"))
 
@@ -147,7 +143,7 @@ display(Code(inspect.getsource(entry.main) + "\n\n" + inspect.getsource(entry.cl
 # what torchrun told it to `rank<R>.json`), a timeout, and kills anything left when it returns.
 #
 # **Claim:** for the same seed and configuration, `torchrun --standalone --nproc-per-node=2 -m
-# helpers.engine.cluster` produces the same per-step loss history as notebook 04's
+# helpers.mnist_torchrun` produces the same per-step loss history as notebook 04's
 # `launch(ddp_train_worker, 2, config)` (`assert_close` on the loss curves), and the same test
 # accuracy to within 2 of the 10,000 test images.
 #
@@ -452,9 +448,9 @@ plt.show()
 # ## What we saw
 #
 # * The same worker function runs from a notebook cell (`launch`) and under `torchrun`
-#   (`python -m helpers.engine.cluster`), and for the same seed and configuration produces the same
+#   (`torchrun ... -m helpers.mnist_torchrun`), and for the same seed and configuration produces the same
 #   loss history and accuracy: only who starts the processes changed. The commands for one
-#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/engine/cluster`'s docstring
+#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/mnist_torchrun.py`'s docstring
 #   and `docs/CLUSTER.md`.
 # * Two torchrun agents on one host make a real two-node job: `WORLD_SIZE` 2, one rank per
 #   node (`GROUP_RANK` 0 and 1, each `LOCAL_RANK` 0), the same results as one node with two
