@@ -24,6 +24,7 @@ The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/`
     data           -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
     sampler        -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
     dataparallel   -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
+    mnist_steps    -- an MNIST run's optimizer steps, without torch (TrainConfig and 07a/07b's checks)
     mnist_config   -- the MNIST models and TrainConfig
     mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04, 07a, 07b and bench
     mnist_eval     -- distributed accuracy and peak memory

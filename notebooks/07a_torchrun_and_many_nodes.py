@@ -66,6 +66,7 @@ job_timeout_s = 300  # a torchrun job still running after this many seconds is k
 # %%
 import math
 
+from helpers.mnist_steps import MNIST_TRAIN_IMAGES, total_steps
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), max_steps=(max_steps, int), fail_at_step=(fail_at_step, int),
@@ -77,14 +78,10 @@ check_value("global_batch_size", global_batch_size,
             f"a positive multiple of {math.lcm(world_size, 2)} (world_size = {world_size} ranks in part 1, "
             "2 ranks in parts 2-4): every rank takes the same share of a global batch")
 
+steps = total_steps(MNIST_TRAIN_IMAGES, global_batch_size, world_size, max_steps=max_steps)  # TrainConfig's count
 
-def total_steps(limit):  # = TrainConfig(max_steps=limit).total_steps(60_000, world_size), checked below
-    full_epoch = math.ceil(math.ceil(60_000 / world_size) / (global_batch_size // world_size))
-    return full_epoch if limit == 0 else min(limit, full_epoch)
-
-
-check_value("fail_at_step", fail_at_step, 1 <= fail_at_step <= total_steps(max_steps),
-            f"a training step of the run, between 1 and {total_steps(max_steps)}")
+check_value("fail_at_step", fail_at_step, 1 <= fail_at_step <= steps,
+            f"a training step of the run, between 1 and {steps}")
 check_value("netns", netns, netns in ("auto", "off"), '"auto" or "off"')
 check_value("backend", backend, backend in ("auto", "gloo", "nccl"), '"auto", "gloo" or "nccl"')
 
@@ -109,8 +106,6 @@ from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 backend = resolve_backend(None if backend == "auto" else backend, world_size)
-steps = TrainConfig(global_batch_size=global_batch_size, max_steps=max_steps).total_steps(60_000, world_size)
-assert steps == total_steps(max_steps), "the check cell's step count must be TrainConfig's"
 print(f"torch {torch.__version__}; CUDA GPUs: {n_gpus}")
 print(f"one-node runs: world_size = {world_size}, backend = {backend!r}; two-node rehearsals: gloo")
 print(f"every torchrun / launch run trains {steps} steps of global batch {global_batch_size}")

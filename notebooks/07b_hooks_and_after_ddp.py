@@ -65,6 +65,7 @@ job_timeout_s = 300  # a launch() still running after this many seconds is stopp
 # %%
 import math
 
+from helpers.mnist_steps import MNIST_TRAIN_IMAGES, total_steps
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), hooks_steps=(hooks_steps, int),
@@ -78,18 +79,14 @@ check_value("global_batch_size", global_batch_size,
             f"a positive multiple of {math.lcm(world_size, 2)} (world_size = {world_size} ranks in the hooks "
             "comparison, 2 ranks in the hand-written hooks): every rank takes the same share of a global batch")
 
-
-def total_steps(limit):  # = TrainConfig(max_steps=limit).total_steps(60_000, world_size), checked below
-    full_epoch = math.ceil(math.ceil(60_000 / world_size) / (global_batch_size // world_size))
-    return full_epoch if limit == 0 else min(limit, full_epoch)
-
+hook_steps = total_steps(MNIST_TRAIN_IMAGES, global_batch_size, world_size, max_steps=hooks_steps)  # TrainConfig's
 
 check_value("powersgd_ranks", powersgd_ranks,
             len(powersgd_ranks) >= 1 and all(isinstance(r, int) and not isinstance(r, bool) and r >= 1
                                               for r in powersgd_ranks),
             "a non-empty list of whole numbers >= 1, e.g. [1, 4]")
-check_value("powersgd_start_iter", powersgd_start_iter, 2 <= powersgd_start_iter < total_steps(hooks_steps),
-            f"at least 2 (torch's minimum with error feedback) and below the {total_steps(hooks_steps)} "
+check_value("powersgd_start_iter", powersgd_start_iter, 2 <= powersgd_start_iter < hook_steps,
+            f"at least 2 (torch's minimum with error feedback) and below the {hook_steps} "
             "hook steps, so that PowerSGD gets steps after its start")
 check_value("backend", backend, backend in ("auto", "gloo", "nccl"), '"auto", "gloo" or "nccl"')
 
@@ -405,8 +402,6 @@ def hooks_worker(rank, world_size, config, specs, timing_calls=50):
 specs = [HookSpec("allreduce"), HookSpec("fp16"), HookSpec("bf16")] + [
     HookSpec("powersgd", rank=r, start_iter=powersgd_start_iter) for r in powersgd_ranks]
 hooks_config = TrainConfig(global_batch_size=global_batch_size, lr=lr, max_steps=hooks_steps, seed=seed, progress=False)
-hook_steps = hooks_config.total_steps(60_000, world_size)
-assert hook_steps == total_steps(hooks_steps), "the check cell's step count must be TrainConfig's"
 t0 = time.perf_counter()
 hooks_out = launch(hooks_worker, world_size, hooks_config, specs, backend=backend, timeout=job_timeout_s)
 launched = launch(ddp_train_worker, world_size, hooks_config, backend=backend, timeout=job_timeout_s)  # notebook 04's run
