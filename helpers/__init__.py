@@ -17,17 +17,19 @@ Its whole public surface, what notebooks, course helpers, ``ci/`` and the docs i
         OversubscriptionWarning
     helpers.mp: spawn, Process, get_context, get_start_method, set_start_method
     helpers.engine.cluster: torchrun_command, run_agents, run_job, failure_report, cluster_commands,
-        TwoNodeNetwork, netns_available, ... (its __all__); ``python -m helpers.engine.cluster`` is
-        the torchrun entry, which runs helpers.mnist_torchrun
+        TwoNodeNetwork, netns_available, ... (its __all__); each takes the entry module as
+        ``module=``, so the engine names no course module
 
 The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/``):
     data           -- MNIST from ``data/MNIST/raw`` with SHA-256 verification, and a fast in-memory path
     sampler        -- notebook 03: tables and pictures of DistributedSampler's assignment; evaluation counts
     dataparallel   -- notebooks 01 and 04: the chunks nn.DataParallel's scatter gives each GPU
+    mnist_steps    -- an MNIST run's optimizer steps, without torch (TrainConfig and 07a/07b's checks)
     mnist_config   -- the MNIST models and TrainConfig
     mnist_train    -- MNIST training as a module (single, DP, DDP) for notebooks 04, 07a, 07b and bench
     mnist_eval     -- distributed accuracy and peak memory
-    mnist_torchrun -- notebook 07a: what every torchrun rank runs (MNIST training, failure injection)
+    mnist_torchrun -- notebook 07a: what every torchrun rank runs, ``torchrun ... -m helpers.mnist_torchrun``
+                      (MNIST training, failure injection), and the engine's run_job / cluster_commands for it
     costmodel      -- notebook 05b: the alpha-beta cost model of ring all-reduce
     comm_hooks     -- notebook 07b: the bytes DDP communication hooks send, by formula
     notebook       -- the learner recipe every notebook follows: parameter checks, exercises

@@ -16,11 +16,12 @@ All names are also importable from :mod:`helpers.mnist_train`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from helpers.mnist_steps import total_steps
 
 __all__ = ["MODELS", "TrainConfig", "build_model", "epoch_permutation"]
 
@@ -110,10 +111,10 @@ class TrainConfig:
 
     def total_steps(self, n_train: int, world_size: int = 1) -> int:
         """Optimizer steps this config runs on ``n_train`` images (every epoch ends with the
-        partial global batch, if any; ``max_steps`` caps the total)."""
-        per_rank = math.ceil(n_train / world_size)  # DistributedSampler pads to this
-        steps = self.epochs * math.ceil(per_rank / self.batch_per_rank(world_size))
-        return steps if self.max_steps is None else min(steps, self.max_steps)
+        partial global batch, if any; ``max_steps`` caps the total): :func:`helpers.mnist_steps.total_steps`,
+        after :meth:`batch_per_rank` checks that ``world_size`` divides the global batch."""
+        self.batch_per_rank(world_size)
+        return total_steps(n_train, self.global_batch_size, world_size, epochs=self.epochs, max_steps=self.max_steps)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,11 +1,50 @@
-"""What every rank runs: ``python -m helpers.engine.cluster`` under torchrun (notebook 07a).
+r"""What every rank runs under torchrun: ``torchrun ... -m helpers.mnist_torchrun`` (notebook 07a).
 
 :func:`main` parses the training options, initialises the default process group from the
 environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs
 :func:`cluster_train_worker`, which calls :func:`helpers.mnist_train.ddp_train_worker` -- the
 very worker notebook 04 starts with ``launch(ddp_train_worker, world_size, config)`` -- and
 records what torchrun told this process (:data:`ENV_KEYS`) and where it ran. With ``--output
-DIR`` each rank writes that to ``DIR/rank<RANK>.json``.
+DIR`` each rank writes that to ``DIR/rank<RANK>.json``. For the same seed and configuration the
+loss history equals the notebook's ``launch`` run (asserted in notebook 07a).
+
+:func:`cluster_commands` and :func:`run_job` are the engine's (:mod:`helpers.engine.cluster`) with
+this module as the entry: the engine names no course module, so the course passes its own.
+
+The commands (run from the repository root, after ``pip install -r requirements.txt``; add
+``--output runs/job1`` to keep every rank's history as JSON):
+
+One machine, 2 processes::
+
+    torchrun --standalone --nproc-per-node=2 -m helpers.mnist_torchrun --epochs 1
+
+Several machines, 2 processes each, c10d rendezvous (run the same command on every node;
+HOST0 is the address of the first node, reachable from all nodes; any free port)::
+
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \
+        --rdzv-id=mnist-job1 -m helpers.mnist_torchrun --epochs 1
+
+SLURM batch script (``sbatch mnist.sbatch``; one torchrun agent per node, which starts one
+worker per GPU)::
+
+    #!/bin/bash
+    #SBATCH --job-name=ddp-lab-mnist
+    #SBATCH --nodes=2
+    #SBATCH --ntasks-per-node=1
+    #SBATCH --gpus-per-node=2
+    #SBATCH --cpus-per-task=8
+    #SBATCH --time=00:30:00
+    set -euo pipefail
+    head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    export OMP_NUM_THREADS=1
+    srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node=2 --rdzv-backend=c10d \
+        --rdzv-endpoint="$head_node:29500" --rdzv-id="$SLURM_JOB_ID" \
+        -m helpers.mnist_torchrun --epochs 1 --output "runs/$SLURM_JOB_ID"
+
+Add ``--max-restarts=3`` to let torchrun restart the whole worker group after a failure
+(training restarts from step 0: this entry point does not checkpoint). With GPUs each rank uses
+``cuda:<LOCAL_RANK>`` and nccl; without, gloo on the CPU. :func:`cluster_commands` returns
+exactly these texts (a test checks that this docstring and ``docs/CLUSTER.md`` hold them).
 
 Fault injection for teaching (never on by default): ``--fail-rank R --fail-at-step S`` makes
 global rank ``R`` raise :class:`InjectedFailure` in the forward pass of training step ``S``
@@ -30,9 +69,15 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers.engine import BACKENDS, main_from_env, resolve_backend
+from helpers.engine.cluster import JobResult
+from helpers.engine.cluster import cluster_commands as _cluster_commands
+from helpers.engine.cluster import run_job as _run_job
 from helpers.mnist_train import MODELS, TrainConfig, ddp_train_worker
 
-__all__ = ["ENV_KEYS", "InjectedFailure", "cluster_train_worker", "main"]
+__all__ = ["ENV_KEYS", "MODULE", "InjectedFailure", "cluster_commands", "cluster_train_worker", "main", "run_job"]
+
+#: this module's name: what torchrun runs in every rank (``torchrun ... -m helpers.mnist_torchrun``)
+MODULE = "helpers.mnist_torchrun"
 
 #: Environment variables torchrun sets in every worker, reported in each rank's output.
 ENV_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -117,9 +162,9 @@ def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | N
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.engine.cluster",
+        prog=f"torchrun ... -m {MODULE}",
         description="Notebook 04's MNIST DDP training as a torchrun entry point "
-                    "(torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster --epochs 1).")
+                    f"(torchrun --standalone --nproc-per-node=2 -m {MODULE} --epochs 1).")
     p.add_argument("--global-batch-size", type=int, default=64, help="samples per optimizer step, all ranks")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
     p.add_argument("--epochs", type=int, default=1)
@@ -141,7 +186,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 # torchrun reads, so the agent's failure summary shows the worker's traceback.
 @record
 def main(argv: list[str] | None = None) -> None:
-    """``python -m helpers.engine.cluster ...`` under torchrun: one rank of the MNIST training.
+    """``torchrun ... -m helpers.mnist_torchrun ...``: one rank of the MNIST training.
 
     Raises:
         SystemExit: when not started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` or
@@ -152,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     a = _parse(argv)
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise SystemExit(f"python -m helpers.engine.cluster runs under torchrun, which sets {', '.join(missing)}. "
-                         "Start it with e.g. `torchrun --standalone --nproc-per-node=2 -m helpers.engine.cluster "
+        raise SystemExit(f"{MODULE} runs under torchrun, which sets {', '.join(missing)}. "
+                         f"Start it with e.g. `torchrun --standalone --nproc-per-node=2 -m {MODULE} "
                          "--epochs 1`, or "
                          "from a notebook with helpers.engine.launch(ddp_train_worker, 2, TrainConfig()).")
     config = TrainConfig(global_batch_size=a.global_batch_size, lr=a.lr, epochs=a.epochs,
@@ -170,3 +215,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[rank {h['rank']}/{h['world_size']}, node {n['GROUP_RANK']}, local rank {n['LOCAL_RANK']}] "
           f"{h['steps']} steps, final loss {h['losses'][-1]:.4f}, test accuracy {h['test_accuracy']:.4f}, "
           f"restart count {n['TORCHELASTIC_RESTART_COUNT']}")
+
+
+def cluster_commands(**options) -> dict[str, str]:
+    """The torchrun commands that run this module (one node, several nodes, SLURM), as text:
+    :func:`helpers.engine.cluster.cluster_commands` with ``module=MODULE``; ``options`` are its
+    keywords (``nproc_per_node``, ``nnodes``, ``host``, ``port``, ``rdzv_id``, ``args``)."""
+    return _cluster_commands(module=MODULE, **options)
+
+
+def run_job(train_args, **options) -> JobResult:
+    """Run this module under torchrun as one or several "nodes" on this machine:
+    :func:`helpers.engine.cluster.run_job` with ``module=MODULE``; ``train_args`` are :func:`main`'s
+    options, ``options`` the job's shape (``nodes``, ``nproc_per_node``, ``network``,
+    ``max_restarts``, ``timeout``, ``env``)."""
+    return _run_job(train_args, module=MODULE, **options)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,9 +21,9 @@ From a notebook::
     histories = launch(ddp_train_worker, 2, TrainConfig(max_steps=200))
 
 Under torchrun (same worker, same history on each rank; the one torchrun entry point is
-:mod:`helpers.engine.cluster`)::
+:mod:`helpers.mnist_torchrun`)::
 
-    torchrun --standalone --nproc_per_node=2 -m helpers.engine.cluster --max-steps 200
+    torchrun --standalone --nproc_per_node=2 -m helpers.mnist_torchrun --max-steps 200
 
 A ``history`` is a plain dict (see :func:`train_single` for its keys) so it crosses process
 boundaries and goes straight into a pandas table.

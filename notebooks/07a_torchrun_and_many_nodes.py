@@ -20,20 +20,18 @@
 # **You will be able to** run the same worker under `torchrun` on one or two nodes; say what a failed node does. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06b state across ranks](06b_state_across_ranks.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): 1 to 2 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
 # <!-- opening:end -->
 #
-# **The question:** the DDP training we started from a notebook cell in notebook 04 -- how do
-# we run the *same code* with `torchrun` on one machine, on several machines and under SLURM,
-# what does a multi-node job look like from the inside, and what happens when one node fails?
+# **The question:** notebook 04 started DDP training from a notebook cell. How do we run the
+# *same code* with `torchrun`, on one machine, on several machines and under SLURM? What does a
+# multi-node job look like from the inside? And what happens when one node fails?
 #
-# Everything here reuses notebook 04's MNIST recipe (`Linear(784, 10)`, SGD, `lr = 0.01`,
-# global batch 64) and its worker `helpers.mnist_train.ddp_train_worker`. New helper:
-# the package `helpers/engine/cluster/` (the torchrun entry point `python -m helpers.engine.cluster`, shown
-# below, and the code that starts torchrun agents from a cell or a test).
+# Everything here reuses notebook 04's MNIST recipe: `Linear(784, 10)`, SGD, `lr = 0.01` and
+# global batch 64. It also reuses notebook 04's worker, `helpers.mnist_train.ddp_train_worker`.
+# The new module is `helpers/mnist_torchrun.py`, which torchrun runs in every process.
+# `helpers.engine.cluster` starts torchrun agents from a cell.
 #
-# Terms (see the [glossary](../docs/GLOSSARY.md)): [torchrun](../docs/GLOSSARY.md#torchrun),
-# [node](../docs/GLOSSARY.md#node), [rank](../docs/GLOSSARY.md#rank),
-# [local rank](../docs/GLOSSARY.md#local-rank), [world size](../docs/GLOSSARY.md#world-size),
-# [backend](../docs/GLOSSARY.md#backend), [process group](../docs/GLOSSARY.md#process-group),
-# [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp),
+# Terms from the [glossary](../docs/GLOSSARY.md): [torchrun](../docs/GLOSSARY.md#torchrun), [node](../docs/GLOSSARY.md#node), [rank](../docs/GLOSSARY.md#rank),
+# [local rank](../docs/GLOSSARY.md#local-rank), [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
+# [process group](../docs/GLOSSARY.md#process-group), [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp),
 # [replica](../docs/GLOSSARY.md#replica), [global batch size](../docs/GLOSSARY.md#global-batch-size).
 #
 # **What runs where**
@@ -45,11 +43,11 @@
 # | 3. two nodes in two network namespaces | when `ip netns` is permitted (root / CAP_NET_ADMIN); else skipped visibly | the same |
 # | 4. a node fails; `--max-restarts` | two agents on loopback, gloo | the same |
 #
-# Every torchrun agent is a subprocess with a timeout; every agent, worker and namespace is
-# removed when its cell ends, whatever happens (checked). Most of the run time is the torchrun
-# jobs and one `launch` run starting Python and PyTorch in every process; the full profile
-# trains one full epoch per run. Each claim (in bold, "Claim:") is asserted in the cell tagged
-# `check` after the code that runs it. The lesson ends with two exercises, each checked by a cell.
+# Every torchrun agent is a subprocess with a timeout. When a cell ends, whatever happens, it
+# removes every agent, worker and namespace it started; the checks assert it. Most of the run
+# time goes into starting Python and PyTorch in every process. Each claim, in bold, is asserted
+# by the check cell after the code that runs it. The lesson ends with two exercises, each
+# checked by a cell.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -66,6 +64,7 @@ job_timeout_s = 300  # a torchrun job still running after this many seconds is k
 # %%
 import math
 
+from helpers.mnist_steps import MNIST_TRAIN_IMAGES, total_steps
 from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), max_steps=(max_steps, int), fail_at_step=(fail_at_step, int),
@@ -77,14 +76,10 @@ check_value("global_batch_size", global_batch_size,
             f"a positive multiple of {math.lcm(world_size, 2)} (world_size = {world_size} ranks in part 1, "
             "2 ranks in parts 2-4): every rank takes the same share of a global batch")
 
+steps = total_steps(MNIST_TRAIN_IMAGES, global_batch_size, world_size, max_steps=max_steps)  # TrainConfig's count
 
-def total_steps(limit):  # = TrainConfig(max_steps=limit).total_steps(60_000, world_size), checked below
-    full_epoch = math.ceil(math.ceil(60_000 / world_size) / (global_batch_size // world_size))
-    return full_epoch if limit == 0 else min(limit, full_epoch)
-
-
-check_value("fail_at_step", fail_at_step, 1 <= fail_at_step <= total_steps(max_steps),
-            f"a training step of the run, between 1 and {total_steps(max_steps)}")
+check_value("fail_at_step", fail_at_step, 1 <= fail_at_step <= steps,
+            f"a training step of the run, between 1 and {steps}")
 check_value("netns", netns, netns in ("auto", "off"), '"auto" or "off"')
 check_value("backend", backend, backend in ("auto", "gloo", "nccl"), '"auto", "gloo" or "nccl"')
 
@@ -103,19 +98,12 @@ from torch.testing import assert_close
 import helpers.engine.cluster as cluster
 import helpers.mnist_torchrun as entry
 from helpers.engine import launch, loopback_interface, resolve_backend
-from helpers.engine.cluster import (
-    TwoNodeNetwork,
-    cluster_commands,
-    failure_report,
-    netns_available,
-    run_job,
-)
+from helpers.engine.cluster import TwoNodeNetwork, failure_report, netns_available
+from helpers.mnist_torchrun import cluster_commands, run_job
 from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker
 
 n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 backend = resolve_backend(None if backend == "auto" else backend, world_size)
-steps = TrainConfig(global_batch_size=global_batch_size, max_steps=max_steps).total_steps(60_000, world_size)
-assert steps == total_steps(max_steps), "the check cell's step count must be TrainConfig's"
 print(f"torch {torch.__version__}; CUDA GPUs: {n_gpus}")
 print(f"one-node runs: world_size = {world_size}, backend = {backend!r}; two-node rehearsals: gloo")
 print(f"every torchrun / launch run trains {steps} steps of global batch {global_batch_size}")
@@ -123,36 +111,40 @@ print(f"every torchrun / launch run trains {steps} steps of global batch {global
 # %% [markdown]
 # ## 1. The entry point: notebook 04's training under torchrun
 #
-# `python -m helpers.engine.cluster` is a torchrun entry point: in each process torchrun starts, it
-# reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` from the environment
-# (`helpers.engine.main_from_env`), initialises the process group and calls
-# `ddp_train_worker` -- the function notebook 04 hands to `launch`. Nothing about the training
-# changes; only who starts the processes. These are the commands, as the module docstring and
-# `docs/CLUSTER.md` state them (`HOST0` is the first node's address):
+# `torchrun ... -m helpers.mnist_torchrun` runs our module in every process that torchrun starts.
+# The module reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment,
+# through `helpers.engine.main_from_env`. It initialises the process group and calls
+# `ddp_train_worker`, the function notebook 04 hands to `launch`. The training does not change;
+# only who starts the processes does.
+#
+# The next cell prints the commands for one node, for several nodes and for SLURM. `HOST0` is
+# the first node's address. The module's docstring and `docs/CLUSTER.md` state the same commands.
+# Below them the cell shows the module's code.
 
 # %%
 commands = cluster_commands()
 for title, text in commands.items():
     print(f"--- {title} ---\n{text}\n")
-doc_lines = {line.strip() for line in cluster.__doc__.splitlines()}
+doc_lines = {line.strip() for line in entry.__doc__.splitlines()}
 missing = [line for text in commands.values() for line in text.splitlines() if line.strip() not in doc_lines]
 assert not missing, f"the module docstring lacks these command lines: {missing}"
-# the entry point stays a module (torchrun runs `python -m helpers.engine.cluster` in every process): its code
+assert all(f"-m {entry.MODULE} " in text for text in commands.values()), "torchrun runs the entry by its own name"
+# the entry point stays a module (torchrun runs `-m helpers.mnist_torchrun` in every process): its code
 display(Code(inspect.getsource(entry.main) + "\n\n" + inspect.getsource(entry.cluster_train_worker),
              language="python"))
 
 # %% [markdown]
-# From a cell we start torchrun as a subprocess: `python -m torch.distributed.run` is `torchrun`
-# with this kernel's interpreter. `run_job` adds `--output` (each rank writes its history and
-# what torchrun told it to `rank<R>.json`), a timeout, and kills anything left when it returns.
+# From a cell we start torchrun as a subprocess. `python -m torch.distributed.run` is `torchrun`
+# with this kernel's interpreter. `run_job` adds `--output`, so each rank writes its history and
+# what torchrun told it to `rank<R>.json`. It also adds a timeout, and it kills anything left
+# when it returns.
 #
-# **Claim:** for the same seed and configuration, `torchrun --standalone --nproc-per-node=2 -m
-# helpers.engine.cluster` produces the same per-step loss history as notebook 04's
-# `launch(ddp_train_worker, 2, config)` (`assert_close` on the loss curves), and the same test
-# accuracy to within 2 of the 10,000 test images.
+# **Claim:** for the same seed and configuration, torchrun on one node and notebook 04's
+# `launch(ddp_train_worker, world_size, config)` give the same per-step loss history. Their test
+# accuracies differ by at most 2 of the 10,000 test images.
 #
-# The next cell runs both, one after the other (most of its time is starting Python and
-# PyTorch in every process).
+# The next cell runs both, one after the other. Most of its time is starting Python and PyTorch
+# in every process.
 
 # %%
 config = TrainConfig(global_batch_size=global_batch_size, lr=lr, max_steps=max_steps, seed=seed, progress=False)
@@ -171,7 +163,8 @@ launched = launch(ddp_train_worker, world_size, config, backend=backend, timeout
 launch_s = time.perf_counter() - t0
 torchrun_curve, launch_curve = torch.tensor(single.ranks[0]["losses"]), torch.tensor(launched[0]["losses"])
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: torchrun and launch() give the same loss history and accuracy
 assert not single.leftovers(), "no agent or worker may outlive its job"
 assert [h["rank"] for h in single.ranks] == list(range(world_size))
 assert len(torchrun_curve) == len(launch_curve) == steps
@@ -190,18 +183,22 @@ pd.DataFrame([
 # %% [markdown]
 # ## 2. Two "nodes" on one host: a multi-node rehearsal
 #
-# On a cluster every machine runs one torchrun agent with the same `--nnodes`,
+# On a cluster, every machine runs one torchrun agent. All agents get the same `--nnodes`,
 # `--rdzv-backend=c10d`, `--rdzv-endpoint=HOST0:PORT` and `--rdzv-id`. The agents meet at the
-# rendezvous (a key-value store hosted by one of them), agree on the node ranks
-# (`GROUP_RANK`), and give each worker its global `RANK = GROUP_RANK * nproc_per_node +
-# LOCAL_RANK`. We rehearse that on this machine: two agents, `--nnodes=2
-# --nproc-per-node=1`, the store on `127.0.0.1` at a free port (agent 0 hosts it:
-# `--rdzv-conf is_host=1`), `--local-addr=127.0.0.1`, and gloo told to use the loopback
-# interface (`GLOO_SOCKET_IFNAME`: `lo` on Linux, `lo0` on macOS). No other address is used.
+# rendezvous, a key-value store that one of them hosts. There they agree on the node ranks,
+# `GROUP_RANK`. Each worker then gets its global rank:
+# `RANK = GROUP_RANK * nproc_per_node + LOCAL_RANK`.
+
+# %% [markdown]
+# We rehearse that on this machine with two agents, `--nnodes=2 --nproc-per-node=1`. The store
+# listens on `127.0.0.1` at a free port. Agent 0 hosts it: `--rdzv-conf is_host=1`. Both agents
+# pass `--local-addr=127.0.0.1`. `GLOO_SOCKET_IFNAME` tells gloo to use the loopback interface:
+# `lo` on Linux, `lo0` on macOS. No other address is used.
 #
-# **Claim:** the job has `WORLD_SIZE == 2`; rank 0 and rank 1 run on different node ranks
-# (`GROUP_RANK` 0 and 1), each as `LOCAL_RANK` 0 of its node; and the result is the one of
-# the single-node 2-process run: same loss history, same accuracy to within 2 of 10,000 images.
+# **Claim:** the job has `WORLD_SIZE == 2`. Rank 0 and rank 1 run on different node ranks,
+# `GROUP_RANK` 0 and 1, each as `LOCAL_RANK` 0 of its node. The result is the one of the
+# single-node run with 2 processes: the same loss history, and the same accuracy to within 2 of
+# 10,000 images.
 #
 # The next cell runs one torchrun job with two agents.
 
@@ -214,7 +211,8 @@ assert two_node.ok, "\n".join(f"node {a.node} exit {a.returncode}:\n{a.tail(30)}
 nodes_df = pd.DataFrame(two_node.node_table()).set_index("RANK")
 two_node_curve = torch.tensor(two_node.ranks[0]["losses"])
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: two agents on loopback: node ranks, world size, same results
 assert not two_node.leftovers()
 assert list(nodes_df.index) == [0, 1] and set(nodes_df["WORLD_SIZE"]) == {2}
 assert list(nodes_df["GROUP_RANK (node)"]) == [0, 1], "rank r should run on node r"
@@ -236,26 +234,31 @@ nodes_df.drop(columns=["GLOO_SOCKET_IFNAME"])
 # %% [markdown]
 # ## 3. Two nodes that really talk over a network interface
 #
-# On loopback the "network" is a shortcut inside the kernel. Linux network namespaces give
-# each "node" its own network stack: its own interfaces, addresses, ports and routing table.
-# `TwoNodeNetwork` creates two namespaces and one virtual Ethernet cable between them (a
-# veth pair, `10.213.7.1/30` in node 0 and `10.213.7.2/30` in node 1; nothing is added to the
-# host's own network), runs agent `i` inside namespace `i` (`ip netns exec`), puts the
-# rendezvous store at node 0's address and tells gloo to use the veth
-# (`GLOO_SOCKET_IFNAME`). On exit it kills whatever still runs inside and deletes both
-# namespaces, also after an error. Creating namespaces needs root (CAP_SYS_ADMIN and
-# CAP_NET_ADMIN); without it this part says so and is skipped.
+# On loopback, the "network" is a shortcut inside the kernel. A Linux network namespace gives a
+# "node" its own network stack: its own interfaces, addresses, ports and routing table.
+# `TwoNodeNetwork` creates two namespaces and joins them with a virtual Ethernet cable, a veth
+# pair. Node 0 gets `10.213.7.1/30` and node 1 gets `10.213.7.2/30`. Nothing is added to the
+# host's own network.
+
+# %% [markdown]
+# `TwoNodeNetwork` runs agent `i` inside namespace `i`, with `ip netns exec`. The rendezvous
+# store sits at node 0's address, and `GLOO_SOCKET_IFNAME` names the veth. On exit it kills
+# whatever still runs inside and deletes both namespaces, also after an error. Creating
+# namespaces needs root: CAP_SYS_ADMIN and CAP_NET_ADMIN. Without it, this part says so and is
+# skipped.
+
+# %% [markdown]
+# How many bytes must cross the veth? To sum two `P`-element gradients, each node must receive
+# at least `P` numbers per step from the other. So each node receives at least `steps * 4 * P`
+# bytes, with `P = 7,850` float32 gradients. The excess is TCP/IP headers, the rendezvous, the
+# initial weight broadcast and the evaluation.
 #
-# **Claim:** the job runs with the ranks in two different network namespaces (neither the
-# kernel's), the workers' `MASTER_ADDR` is node 0's veth address, the kernel's counters show
-# the traffic crossing the veth, and the results are those of part 2. A lower bound for the
-# traffic: to hold the sum of two `P`-element gradients, each node must *receive* at least
-# `P` numbers per step from the other, so each node's received bytes are at least
-# `steps * 4 * P` (`P = 7,850` float32 gradients); the excess is TCP/IP headers, the
-# rendezvous, the initial weight broadcast and the evaluation.
+# **Claim:** the ranks run in two different network namespaces, neither of them the kernel's.
+# The workers' `MASTER_ADDR` is node 0's veth address. The kernel's counters show at least
+# `steps * 4 * P` bytes crossing the veth in each direction. The results are those of part 2.
 #
-# When namespaces are permitted the next cell runs one torchrun job, plus creating and
-# deleting the namespaces; when it is skipped it returns at once.
+# When namespaces are permitted, the next cell runs one torchrun job. When they are not, it
+# returns at once.
 
 # %%
 netns_ok, netns_why = netns_available() if netns == "auto" else (False, f"netns = {netns!r} (parameter)")
@@ -276,7 +279,8 @@ else:
         print(f"namespaces {net.names}, veth {net.interface!r}, addresses {list(net.addresses)}")
     assert ns_job.ok, "\n".join(f"node {a.node} exit {a.returncode}:\n{a.tail(30)}" for a in ns_job.agents)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: two network namespaces: traffic crossed the veth, same results
 if ns_job is not None:
     assert not net.exists(), f"namespaces left behind: {net.exists()}"
     assert not ns_job.leftovers()
@@ -297,10 +301,10 @@ if ns_job is not None:
     display(traffic)
 
 # %% [markdown]
-# The four runs so far, on top of each other: notebook 04's `launch` from this kernel, torchrun
-# on one node, two nodes on loopback and (if it ran) two nodes in two namespaces. Right: how far
-# each curve is from the `launch` curve (zero is drawn at the bottom of the symlog scale).
-# The next cell only draws what the runs above returned.
+# The next cell draws the four runs so far on top of each other. They are notebook 04's `launch`
+# from this kernel, torchrun on one node, two nodes on loopback, and two nodes in two namespaces
+# if that part ran. The right panel shows how far each curve is from the `launch` curve; zero
+# sits at the bottom of its symlog scale. The cell only draws what the runs above returned.
 
 # %%
 runs = {"launch() from the notebook": launch_curve, "torchrun, 1 node": torchrun_curve,
@@ -328,22 +332,23 @@ plt.show()
 # %% [markdown]
 # ## 4. When a node fails
 #
-# We inject a failure: rank 1 (on node 1) raises `InjectedFailure` in the forward pass of
-# training step `fail_at_step` (`--fail-rank 1 --fail-at-step N`; a global forward pre-hook,
-# see `helpers/mnist_torchrun.py`). Rank 0 is then waiting in the gradient all-reduce of that step;
-# gloo sees the peer's socket close and raises "Connection closed by peer". Each agent sees
-# its worker exit with code 1, prints a failure report (the root cause with the worker's
-# traceback, which `@record` on the entry point writes to torchrun's error file), and exits
-# non-zero. Without `--max-restarts` nothing is retried.
+# We inject a failure. Rank 1, on node 1, raises `InjectedFailure` in the forward pass of
+# training step `fail_at_step`. The flags are `--fail-rank 1 --fail-at-step N`, and
+# `helpers/mnist_torchrun.py` raises from a global forward pre-hook. Rank 0 is then waiting in
+# that step's gradient all-reduce. Gloo sees the peer's socket close and raises a lost-connection
+# error: "Connection closed by peer" or "reset by peer".
+
+# %% [markdown]
+# Each agent sees its worker exit with code 1. It prints a failure report and exits non-zero.
+# The report's root cause holds the worker's traceback. `@record` on the entry point writes it to
+# torchrun's error file. Without `--max-restarts`, nothing is retried.
 #
-# **Claim:** both agents exit non-zero by themselves, neither killed by the job's timeout (the
-# seconds between their exits are shown, not asserted: they depend on the machine); node 1's
-# report names rank 1 as its root cause with rank 1's `InjectedFailure`; node 0's report names
-# rank 0 with gloo's lost connection ("Connection closed by peer" or "reset by peer"), not an
-# `InjectedFailure`; and no rank writes a result.
+# **Claim:** both agents exit non-zero by themselves; the job's timeout kills neither. Node 1's
+# report names rank 1 as its root cause, with rank 1's `InjectedFailure`. Node 0's report names
+# rank 0, with gloo's lost connection and no `InjectedFailure`. No rank writes a result.
 #
-# The next cell runs a job that fails after `fail_at_step` steps; the cell after it checks the
-# claim against each agent's own report.
+# The next cell runs a job that fails in step `fail_at_step`. The check after it reads each
+# agent's own report. It prints the seconds between the two exits, which depend on the machine.
 
 # %%
 fail_args = two_node_args + ["--fail-rank", 1, "--fail-at-step", fail_at_step]
@@ -352,7 +357,8 @@ reports = {a.node: failure_report(a) for a in failed.agents}  # node -> the root
 print("What torchrun printed on node 1:\n")
 print(reports[1]["text"].replace(str(cluster.REPO_ROOT), ".") if reports[1] else failed.agents[1].tail(30))
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: each agent exits non-zero and reports its own worker's error
 # each agent's exit, and the report that agent printed (not a report found on the other node)
 LOST_CONNECTION = re.compile(r"connection (closed|reset) by peer", re.I)
 assert not failed.leftovers()
@@ -379,30 +385,30 @@ pd.DataFrame(rows).set_index("node")
 # %% [markdown]
 # ### `--max-restarts`: torchrun restarts the worker group
 #
-# With `--max-restarts=1` an agent whose worker fails stops its workers and joins the
-# rendezvous again instead of exiting; the other agent sees a node waiting (or its own worker
-# fail) and restarts too. All workers start from scratch -- this entry point keeps no
-# checkpoint, so training begins again at step 0 and its result is the clean run's. Here rank
-# 1 fails only in the first attempt (`--fail-attempts 1`, read from
-# `TORCHELASTIC_RESTART_COUNT`).
+# With `--max-restarts=1`, an agent whose worker fails does not exit. It stops its workers and
+# joins the rendezvous again. The other agent sees a node waiting, or its own worker fail, and
+# restarts too. All workers start from scratch. This entry point keeps no checkpoint, so training
+# begins again at step 0 and gives the clean run's result. Here rank 1 fails only in the first
+# attempt: `--fail-attempts 1` is compared with `TORCHELASTIC_RESTART_COUNT`.
+
+# %% [markdown]
+# Two things real jobs run into, seen while building this lesson with torch 2.14:
 #
-# Two things real jobs run into, seen while building this notebook with torch 2.14:
-#
-# * `TORCHELASTIC_RESTART_COUNT` counts **this agent's** failure restarts. The node that
-#   failed restarts with count 1; the other node restarts either because its own worker
-#   failed (count 1) or because it saw a node waiting at the rendezvous, a "membership
-#   change" that does not count (count 0) -- which one depends on timing
+# * `TORCHELASTIC_RESTART_COUNT` counts **this agent's** failure restarts. The node that failed
+#   restarts with count 1. Which count the other node gets depends on timing. If its own worker
+#   failed, its count is 1. If it saw a node waiting at the rendezvous, that is a "membership
+#   change", which does not count, so its count stays 0
 #   ([pytorch#108158](https://github.com/pytorch/pytorch/issues/108158)).
-# * By default the workers share the agents' rendezvous store, and the keys of the failed
-#   attempt are still in it, so a restarted rank can read its peer's *old* address and fail to
-#   connect (we saw "Gloo connectFullMesh failed ... Connection refused" and a hang;
-#   [pytorch#135712](https://github.com/pytorch/pytorch/issues/135712)). Setting
-#   `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every attempt a fresh store; we set it here.
+# * By default, the workers share the agents' rendezvous store. The store still holds the failed
+#   attempt's keys, so a restarted rank can read its peer's *old* address and fail to connect.
+#   We saw "Gloo connectFullMesh failed ... Connection refused" and a hang
+#   ([pytorch#135712](https://github.com/pytorch/pytorch/issues/135712)). Setting
+#   `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` gives every attempt a fresh store. We set it here.
 #
-# **Claim:** with `--max-restarts=1` the job succeeds (both agents exit 0), rank 1 reports
+# **Claim:** with `--max-restarts=1` the job succeeds, and both agents exit 0. Rank 1 reports
 # restart count 1, and the loss history is the clean run's.
 #
-# The next cell pays two start-ups (the failed attempt and the restart).
+# The next cell pays two start-ups: the failed attempt and the restart.
 
 # %%
 restarted = run_job(fail_args + ["--fail-attempts", 1], nodes=2, nproc_per_node=1, max_restarts=1,
@@ -414,7 +420,8 @@ for a in restarted.agents:  # what each agent decided, from its own log
             print(f"node {a.node}: {line.split('] ', 1)[-1][:150]}")
 restart_df = pd.DataFrame(restarted.node_table()).set_index("RANK")
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: --max-restarts=1: the job succeeds with restart count 1
 assert not restarted.leftovers()
 assert all(a.returncode == 0 for a in restarted.agents), [a.returncode for a in restarted.agents]
 assert restart_df.loc[1, "restart count"] == 1, "rank 1 failed once, so its agent restarted once"
@@ -424,9 +431,9 @@ assert_close(torch.tensor(restarted.ranks[0]["losses"]), two_node_curve, rtol=0,
 restart_df[["GROUP_RANK (node)", "restart count", "steps", "test accuracy"]]
 
 # %% [markdown]
-# How long each agent ran, job by job (from the start of the job to the agent's exit; the
-# colour is its exit code). The failed job ends early on both nodes; the restarted job pays a
-# second start-up.
+# The next cell shows how long each agent ran, job by job, from the job's start to the agent's
+# exit. The colour is the exit code. The failed job ends early on both nodes. The restarted job
+# pays a second start-up.
 
 # %%
 jobs = {"1 node": single, "2 nodes, loopback": two_node, "2 nodes, namespaces": ns_job,
@@ -451,48 +458,51 @@ plt.show()
 # %% [markdown]
 # ## What we saw
 #
-# * The same worker function runs from a notebook cell (`launch`) and under `torchrun`
-#   (`python -m helpers.engine.cluster`), and for the same seed and configuration produces the same
-#   loss history and accuracy: only who starts the processes changed. The commands for one
-#   node, several nodes (c10d rendezvous) and SLURM are in `helpers/engine/cluster`'s docstring
-#   and `docs/CLUSTER.md`.
-# * Two torchrun agents on one host make a real two-node job: `WORLD_SIZE` 2, one rank per
-#   node (`GROUP_RANK` 0 and 1, each `LOCAL_RANK` 0), the same results as one node with two
-#   processes. In two network namespaces (when permitted) the traffic visibly crossed a veth
-#   interface, at least `4P` bytes per step in each direction.
-# * When one node's worker fails, both agents exit non-zero by themselves, each with a report
-#   naming its own worker as the root cause (the injected error on node 1, the lost connection
-#   on node 0). `--max-restarts` restarts the whole worker group from scratch; restart counts
-#   are per agent, and on this torch version restarts need `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`.
+# * The same worker runs from a notebook cell with `launch`, and under `torchrun` with
+#   `-m helpers.mnist_torchrun`. For the same seed and configuration, both give the same loss
+#   history and accuracy. Only who starts the processes changed.
+# * The commands for one node, several nodes and SLURM are in the docstring of
+#   `helpers/mnist_torchrun.py` and in `docs/CLUSTER.md`.
+# * Two torchrun agents on one host make a real two-node job. It has `WORLD_SIZE` 2 and one rank
+#   per node, `GROUP_RANK` 0 and 1, each `LOCAL_RANK` 0. Its results equal one node with two
+#   processes.
+# * In two network namespaces, when permitted, the traffic visibly crossed a veth interface: at
+#   least `4P` bytes per step in each direction.
+# * When one node's worker fails, both agents exit non-zero by themselves. Each report names its
+#   own worker as the root cause: the injected error on node 1, the lost connection on node 0.
+# * `--max-restarts` restarts the whole worker group from scratch. Restart counts are per agent.
+#   On this torch version, restarts need `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`.
 #
 # Casebook: [`--local-rank` against `--local_rank` and `LOCAL_RANK`](10d_casebook_launch_and_platform.ipynb#case-local-rank-argument).
 #
 # ## Going further
 #
-# * Run `python ci/run_notebooks.py 07a -p fail_at_step=1`. Before running, predict whether
-#   rank 0 is then waiting in the gradient all-reduce or somewhere earlier, and what node 0's
-#   report says.
-#
+# * Set `fail_at_step = 1` in the parameters cell and run the lesson again. First predict: is
+#   rank 0 then waiting in the gradient all-reduce, or somewhere earlier? What does node 0's
+#   report say?
+
+# %% [markdown]
 # ## Exercises
 #
-# Predict each answer by hand first, write it into `answer_N` (replacing `None`) and run the
-# check cell below it: it prints "correct" or "not yet" with a hint. In the full lesson a
-# solution follows each check, collapsed (click the "…" or the bar on its left to open it);
-# student copies leave the solutions out. Every solution runs when the full lesson runs, so
-# each is known to pass its check. Neither exercise starts a process.
+# Predict each answer by hand first. Write it into `answer_N`, replacing `None`, and run the
+# check cell below it. The check prints "correct" or "not yet" with a hint. In the full lesson, a
+# collapsed solution follows each check: click the "…" or the bar on its left to open it. Student
+# copies leave the solutions out. Every solution runs when the full lesson runs, so each is known
+# to pass its check. Neither exercise starts a process.
 
 # %% [markdown]
 # ### Exercise 1: ranks on three nodes
 #
-# A job starts `torchrun --nnodes=3 --nproc-per-node=4 ...` on each of three machines.
-# What is its `WORLD_SIZE`, and which global `RANK` does torchrun give the worker with
-# `GROUP_RANK` 2 (the third node) and `LOCAL_RANK` 1? Answer with a list of two ints,
+# A job starts `torchrun --nnodes=3 --nproc-per-node=4 ...` on each of three machines. What is
+# its `WORLD_SIZE`? Which global `RANK` does torchrun give the worker with `GROUP_RANK` 2 and
+# `LOCAL_RANK` 1? `GROUP_RANK` 2 is the third node. Answer with a list of two ints,
 # `[WORLD_SIZE, RANK]`.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 1, against the rank rule every job reported
 # expected: the job's shape as the helper writes the multi-node command, and the rank rule that
 # every worker of this notebook's torchrun jobs reported (checked on their node tables)
 command = cluster_commands(nproc_per_node=4, nnodes=3)["multi-node (run on every node)"]
@@ -517,15 +527,16 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: how often a restarted worker starts
 #
-# In part 4's restart job (`--max-restarts=1`; rank 1 raises in the first attempt only,
-# `--fail-attempts 1`), how many times did torchrun start rank 1's worker process, and which
-# restart count (`TORCHELASTIC_RESTART_COUNT`) did rank 1 report from the attempt that
-# finished? Answer with a list of two ints, `[starts, restart count]`.
+# Look at part 4's restart job. It ran with `--max-restarts=1`, and rank 1 raised in the first
+# attempt only. How many times did torchrun start rank 1's worker process? Which restart count,
+# `TORCHELASTIC_RESTART_COUNT`, did rank 1 report from the attempt that finished? Answer with a
+# list of two ints, `[starts, restart count]`.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: exercise 2, against what rank 1 reported
 # expected: what rank 1 reported in part 4's restart job; each restart of its agent starts the worker once more
 rank1_restarts = int(restart_df.loc[1, "restart count"])
 assert restarted.ok and rank1_restarts <= 1, "part 4 allowed one restart and the job succeeded"

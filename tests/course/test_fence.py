@@ -5,8 +5,9 @@
    surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and notebook 07a's torchrun tools
    ``helpers.engine.cluster`` (names in its ``__all__``). A forbidden import fails naming the file,
    the line and the module.
-2. No engine module imports a course module (the engine runs the course's torchrun worker by name:
-   ``helpers/engine/cluster/__main__.py``).
+2. No engine module imports a course module, nor names one in a string: torchrun runs the course's
+   MNIST entry by its own name (``torchrun ... -m helpers.mnist_torchrun``), and the engine's
+   ``run_job`` / ``torchrun_command`` / ``cluster_commands`` take the entry module as ``module=``.
 3. Code in the learner's docs (README, docs/ except ARCHITECTURE.md, the engine's own) imports the
    surface only.
 
@@ -198,3 +199,42 @@ def test_docs_name_only_helpers_that_exist():
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     bad = {p.name: doc_name_problems(p.read_text()) for p in docs}
     assert not {k: v for k, v in bad.items() if v}, bad
+
+
+def course_names_in_strings(path: Path, course: set[str]) -> list[str]:
+    """Each string constant in ``path`` that names a course module ``helpers.<name>``, as ``file:line:
+    text``: a module run by a name in a string is an import the fence cannot see. Docstrings are
+    prose (a docstring may say who calls a module) and are not read."""
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    pattern = re.compile(r"\bhelpers[./](" + "|".join(sorted(map(re.escape, course))) + r")\b")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {id(body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and (body := node.body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [f"{rel}:{node.lineno}: names helpers.{m.group(1)}" for m in pattern.finditer(node.value)]
+    return found
+
+
+def _course_modules() -> set[str]:
+    helpers_dir = ROOT / "helpers"
+    course = {p.stem for p in helpers_dir.glob("*.py")} | {p.name for p in helpers_dir.iterdir()
+                                                          if (p / "__init__.py").exists()}
+    return course - {"__init__", "engine", "mp"}
+
+
+def test_no_engine_module_names_a_course_module():
+    engine_files = sorted((ROOT / "helpers" / "engine").rglob("*.py"))
+    course = _course_modules()
+    assert "mnist_torchrun" in course, course
+    found = [v for path in engine_files for v in course_names_in_strings(path, course)]
+    assert not found, ("engine modules naming course modules (pass them in from the course instead):\n"
+                       + "\n".join(found))
+
+
+def test_a_planted_entry_by_name_is_found(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('import importlib\nENTRY = "helpers.mnist_torchrun"\nimportlib.import_module(ENTRY)\n')
+    assert course_names_in_strings(planted, _course_modules()) == ["planted.py:2: names helpers.mnist_torchrun"]

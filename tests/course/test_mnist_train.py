@@ -4,12 +4,18 @@ The DDP test starts 2 real gloo workers through helpers.engine.launch and checks
 loss follows the single-process loss curve and weights step by step.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.testing import assert_close
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from helpers.engine import launch
+from helpers.mnist_steps import total_steps
 from helpers.mnist_train import (
     TrainConfig,
     build_model,
@@ -23,6 +29,7 @@ from helpers.mnist_train import (
 )
 
 pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------ config
@@ -63,6 +70,21 @@ def test_max_steps_zero_means_full_epochs_and_total_steps():
     assert TrainConfig().total_steps(60_000, 2) == 938
     assert TrainConfig(epochs=2).total_steps(60_000, 4) == 2 * 938
     assert TrainConfig(max_steps=200).total_steps(60_000, 2) == 200
+
+
+def test_the_step_count_has_one_home_without_torch():
+    """07a's and 07b's parameter checks count steps before torch is imported: helpers.mnist_steps,
+    which TrainConfig.total_steps calls."""
+    code = ("import sys; from helpers.mnist_steps import total_steps; "
+            "assert 'torch' not in sys.modules, 'helpers.mnist_steps imported torch'; print(total_steps(60000, 64, 2))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "938", done.stderr
+    for world_size, batch, epochs, cap in [(1, 64, 1, None), (2, 64, 2, 0), (3, 96, 1, 5), (4, 64, 3, 10_000),
+                                           (8, 8, 1, None), (6, 60, 2, 123)]:
+        config = TrainConfig(global_batch_size=batch, epochs=epochs, max_steps=cap)
+        assert config.total_steps(60_000, world_size) == total_steps(60_000, batch, world_size, epochs=epochs,
+                                                                     max_steps=cap)
 
 
 def test_models_have_the_seed_shapes_and_seeded_weights():

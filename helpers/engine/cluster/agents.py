@@ -1,13 +1,16 @@
 """Starting torchrun agents from Python (a notebook cell or a test), and reading what they did.
 
-- :func:`cluster_commands`: the launch commands of :mod:`helpers.engine.cluster`'s docstring, as text.
+- :func:`cluster_commands`: the launch commands of an entry module (one node, several nodes, SLURM), as text.
 - :func:`torchrun_command`: the argv of one torchrun agent (one "node").
 - :func:`run_agents`: start agents as subprocesses, wait with a timeout, leave no agent or worker
   behind; :class:`AgentRun` is what one agent did, :func:`failure_report` parses the root cause
   torchrun prints when a job fails.
-- :func:`run_job`: ``python -m helpers.engine.cluster`` as one or several "nodes" on this machine
+- :func:`run_job`: an entry module under torchrun, as one or several "nodes" on this machine
   (loopback, or a :class:`helpers.engine.cluster.netns.TwoNodeNetwork`), every rank's results read back
   (:class:`JobResult`); :func:`processes_matching` finds anything of a job still running.
+
+Every function that starts or prints a job takes the entry module as ``module=``: the engine names
+no course module; the course passes its own entry (notebook 07a does).
 
 Free ports and ending process trees come from :mod:`helpers.engine.processes`.
 
@@ -55,23 +58,25 @@ _KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL grace for agents (they stop their work
 _POLL_S = 0.1
 
 
-def cluster_commands(nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST0", port: int = 29500,
-                     rdzv_id: str = "mnist-job1", args: str = "--epochs 1") -> dict[str, str]:
-    """The launch commands of :mod:`helpers.engine.cluster`'s docstring, as text (for the notebook and docs).
+def cluster_commands(*, module: str, nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST0",
+                     port: int = 29500, rdzv_id: str = "mnist-job1", args: str = "--epochs 1") -> dict[str, str]:
+    """The torchrun commands that run ``module`` on one node, on several nodes and under SLURM, as text
+    (for a notebook and the docs).
 
     Args:
+        module: the entry module every rank runs (``torchrun ... -m module``).
         nproc_per_node: workers per node (one per GPU on a GPU node).
         nnodes: number of machines.
         host: the rendezvous host, the first node's address (a placeholder by default).
         port: the rendezvous port on ``host``.
         rdzv_id: the job id every node must share (SLURM uses ``$SLURM_JOB_ID``).
-        args: arguments for ``helpers.engine.cluster`` (training options).
+        args: arguments for ``module`` (e.g. training options).
 
     Returns:
         ``{"single node": ..., "multi-node (run on every node)": ..., "SLURM batch script": ...}``:
         shell text, long commands continued over several lines with `` \\``.
     """
-    entry = f"-m helpers.engine.cluster {args}".rstrip()
+    entry = f"-m {module} {args}".rstrip()
     single = f"torchrun --standalone --nproc-per-node={nproc_per_node} {entry}"
     multi = (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} --rdzv-backend=c10d "
              f"--rdzv-endpoint={host}:{port} \\\n    --rdzv-id={rdzv_id} {entry}")
@@ -93,13 +98,12 @@ def cluster_commands(nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST
     return {"single node": single, "multi-node (run on every node)": multi, "SLURM batch script": slurm}
 
 
-def torchrun_command(entry_args: Sequence[str], *, nproc_per_node: int = 1, nnodes: int = 1,
+def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per_node: int = 1, nnodes: int = 1,
                      standalone: bool = False, rdzv_endpoint: str | None = None,
                      rdzv_id: str | None = None, is_host: bool | None = None,
                      local_addr: str | None = None, max_restarts: int = 0,
                      monitor_interval: float = 0.5, rdzv_timeout_s: int = 60,
-                     log_dir: str | os.PathLike | None = None, module: str | None = "helpers.engine.cluster",
-                     prefix: Sequence[str] = ()) -> list[str]:
+                     log_dir: str | os.PathLike | None = None, prefix: Sequence[str] = ()) -> list[str]:
     """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "torch.distributed.run", ...]``.
 
     ``python -m torch.distributed.run`` is ``torchrun`` with this very interpreter (so it works
@@ -107,6 +111,7 @@ def torchrun_command(entry_args: Sequence[str], *, nproc_per_node: int = 1, nnod
 
     Args:
         entry_args: arguments after the module, e.g. ``["--max-steps", "50"]``.
+        module: the entry module (``-m``), required; ``None`` means ``entry_args[0]`` is a script path.
         nproc_per_node: worker processes this agent starts.
         nnodes: agents (nodes) in the job; each runs this command.
         standalone: single node, a private c10d store on a free port (no endpoint needed).
@@ -120,7 +125,6 @@ def torchrun_command(entry_args: Sequence[str], *, nproc_per_node: int = 1, nnod
         rdzv_timeout_s: seconds the agents wait for each other at the rendezvous.
         log_dir: where torchrun keeps its per-attempt files (workers' error files); default:
             a new ``/tmp/torchelastic_*`` folder that torchrun never removes.
-        module: the entry module (``-m``); ``None`` means ``entry_args[0]`` is a script path.
         prefix: a command to run torchrun under, e.g. ``["ip", "netns", "exec", "ns0"]``.
 
     Raises:
@@ -262,7 +266,7 @@ def _read_log(folder: str, node: int, stream: str) -> str:
 
 
 def read_rank_outputs(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every ``rank<R>.json`` written by ``python -m helpers.engine.cluster --output DIR``, in rank order.
+    """Every ``rank<R>.json`` an entry module wrote with ``--output DIR``, in rank order.
 
     Raises:
         FileNotFoundError: if the folder holds no rank output (the job failed before writing).
@@ -277,7 +281,7 @@ def failure_report(run: AgentRun) -> dict[str, Any] | None:
     """The root cause torchrun's agent printed when its job failed, parsed; ``None`` if it
     printed no failure report (e.g. the job succeeded).
 
-    torchrun ends a failed job with a block like ``helpers.engine.cluster FAILED ... Root Cause (first
+    torchrun ends a failed job with a block like ``<entry module> FAILED ... Root Cause (first
     observed failure): [0]: time: ..., host: ..., rank: 1 (local_rank: 0), exitcode: 1 (pid: ...),
     error_file: ..., traceback: ...``. Returns ``{"rank": int, "local_rank": int, "exitcode": int,
     "error": the last line of the worker's traceback (exception type and message), "text": the
@@ -358,11 +362,11 @@ class JobResult:
         return rows
 
 
-def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 2,
+def run_job(train_args: Sequence[str], *, module: str, nodes: int = 1, nproc_per_node: int = 2,
             network: "TwoNodeNetwork | None" = None, max_restarts: int = 0, timeout: float = 240.0,
             env: dict[str, str] | None = None) -> JobResult:
-    """Run ``python -m helpers.engine.cluster <train_args>`` under torchrun, as one or several "nodes"
-    on this machine, and collect every rank's results.
+    """Run ``torchrun ... -m <module> <train_args> --output DIR`` as one or several "nodes" on this
+    machine, and collect every rank's results (each rank writes ``DIR/rank<RANK>.json``).
 
     - ``nodes == 1``: ``torchrun --standalone --nproc-per-node=N`` (its own c10d store on a free
       port).
@@ -379,7 +383,8 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
     ``--log-dir`` are added (a temporary folder, read back and removed).
 
     Args:
-        train_args: options for ``helpers.engine.cluster`` (e.g. ``["--max-steps", "50"]``).
+        train_args: options for ``module`` (e.g. ``["--max-steps", "50"]``).
+        module: the entry module every rank runs; it must accept ``--output DIR``.
         nodes, nproc_per_node: the job's shape.
         network: run the nodes in these namespaces (requires ``nodes == 2``).
         max_restarts: torchrun's ``--max-restarts``.
@@ -402,7 +407,7 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
         args = [*map(str, train_args), "--output", out]
         if nodes == 1:
             job_env["GLOO_SOCKET_IFNAME"] = loopback_interface()
-            commands = [torchrun_command(args, nproc_per_node=nproc_per_node, standalone=True,
+            commands = [torchrun_command(args, module=module, nproc_per_node=nproc_per_node, standalone=True,
                                          max_restarts=max_restarts, log_dir=logs)]
         else:
             rdzv_id = f"ddp-lab-{secrets.token_hex(4)}"
@@ -414,7 +419,7 @@ def run_job(train_args: Sequence[str], *, nodes: int = 1, nproc_per_node: int = 
                 addrs, prefixes = list(network.addresses), [network.prefix(i) for i in range(2)]
                 job_env["GLOO_SOCKET_IFNAME"] = network.interface
                 port = free_port("127.0.0.1")  # a fresh namespace has no listeners: any port is free there
-            commands = [torchrun_command(args, nnodes=nodes, nproc_per_node=nproc_per_node,
+            commands = [torchrun_command(args, module=module, nnodes=nodes, nproc_per_node=nproc_per_node,
                                          rdzv_endpoint=f"{addrs[0]}:{port}", rdzv_id=rdzv_id,
                                          is_host=(i == 0), local_addr=addrs[i], max_restarts=max_restarts,
                                          log_dir=os.path.join(logs, f"node{i}"), prefix=prefixes[i])
