@@ -3,7 +3,7 @@ r"""What every rank runs under torchrun: ``torchrun ... -m helpers.mnist_torchru
 :func:`main` parses the training options, initialises the default process group from the
 environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs
 :func:`cluster_train_worker`, which calls :func:`helpers.mnist_train.ddp_train_worker` -- the
-very worker notebook 04 starts with ``launch(ddp_train_worker, world_size, config)`` -- and
+packaged form of notebook 04's ``ddp_train``, which 04 checks trains the same losses -- and
 records what torchrun told this process (:data:`ENV_KEYS`) and where it ran. With ``--output
 DIR`` each rank writes that to ``DIR/rank<RANK>.json``. For the same seed and configuration the
 loss history equals the notebook's ``launch`` run (asserted in notebook 07a).

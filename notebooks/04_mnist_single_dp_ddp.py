@@ -450,6 +450,26 @@ print(f"DDP: test accuracy {ddp_acc:.4f} ({ddp_ranks[0]['correct']} of {ddp_rank
       f"rank 0's own loss at step 1: {ddp_ranks[0]['local_losses'][0]:.4f}, global: {ddp_losses[0]:.4f}")
 
 # %% [markdown]
+# Lessons 07a and 07b reuse this loop in a packaged form: `ddp_train_worker` in
+# `helpers/mnist_train.py`. It adds a progress bar, timings and a history, and trains the same way.
+#
+# **Claim:** with the same recipe, `ddp_train_worker` gives the same global loss as `ddp_train`
+# at every step checked, bit for bit.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the packaged worker that 07a and 07b reuse trains what ddp_train trains
+from helpers.mnist_train import TrainConfig, ddp_train_worker
+
+recipe = TrainConfig(global_batch_size=global_batch_size, lr=lr, epochs=epochs, max_steps=n_check, model=model,
+                     seed=seed, progress=False)
+packaged = launch(ddp_train_worker, world_size, recipe, timeout=1800.0)
+packaged_losses = torch.as_tensor(packaged[0]["losses"], dtype=ddp_losses.dtype)
+assert torch.equal(packaged_losses, ddp_losses[:n_check]), (
+    "ddp_train_worker's global losses differ from ddp_train's: "
+    f"first at step {int((packaged_losses != ddp_losses[:n_check]).nonzero()[0]) + 1}")
+print(f"ddp_train_worker = ddp_train over {n_check} steps, bit for bit")
+
+# %% [markdown]
 # ### Your own `Dataset`, read by `DataLoader` workers
 #
 # `ddp_train` indexes in-memory tensors. Code you bring usually wraps its data in a `Dataset`

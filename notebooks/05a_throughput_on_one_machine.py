@@ -17,17 +17,17 @@
 # # 05a · Throughput on one machine: input pipeline, ranks and threads, memory
 #
 # <!-- opening:start -->
-# **You will be able to** measure samples/s, the input pipeline, threads and memory per rank. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** measure samples/s, the input pipeline, threads and memory per rank. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
-# **The question:** learners come to DDP for speed. On this machine, how many MNIST samples
-# per second does training really reach, and where does a step's time go before any
-# communication is tuned: the input pipeline, the arithmetic, the threads, the other ranks?
+# **The question:** learners come to DDP for speed. On this machine, how many MNIST samples per
+# second does training really reach? Where does a step's time go before any communication is
+# tuned: the input pipeline, the arithmetic, the threads, the other ranks?
 #
-# Everything is **measured** by `helpers.bench` (the code of `python -m helpers.bench`, shown
-# above each run), with the load average and the spread printed; **no cell asserts a timing**.
-# Each claim (in bold, "Claim:") is asserted in the cell after it, tagged `check`, on
-# structure: equal accuracy, thread counts, bytes held.
+# `helpers.bench` **measures** everything; it is the code of `python -m helpers.bench`, shown
+# above each run. The load average and the spread are printed. **No cell asserts a timing.**
+# Each claim, in bold, is asserted in the folded cell after it, on structure: equal accuracy,
+# thread counts, bytes held.
 #
 # 1. the input pipeline · 2. scaling by world size and threads · 3. memory per rank
 #
@@ -39,13 +39,15 @@
 # | 2. scaling: single process, DP, DDP by `world_size` and threads | DDP on `gloo` (1, 2, 4 processes); `nn.DataParallel` has no devices and **cannot run in parallel** (it calls the module) | `nccl`, one GPU per rank; real DP over all GPUs |
 # | 3. memory per rank | measured (RSS, USS, PSS) | same, host memory |
 #
-# **New here:** samples/s, speed-up and scaling efficiency of [DDP](../docs/GLOSSARY.md#ddp)
-# (and why [DP](../docs/GLOSSARY.md#dp) cannot help on CPU); threads per
-# [rank](../docs/GLOSSARY.md#rank) and oversubscription as the
-# [world size](../docs/GLOSSARY.md#world-size) grows; RSS, USS and PSS. Every term is in the
-# [glossary](../docs/GLOSSARY.md). The default `profile = "smoke"` runs small sizes and skips
-# the measured memory comparison; `profile = "full"` runs everything and takes several times
-# longer. Two exercises at the end, each checked by a cell.
+# **New here:** samples/s, speed-up and scaling efficiency of [DDP](../docs/GLOSSARY.md#ddp),
+# and why [DP](../docs/GLOSSARY.md#dp) cannot help on CPU. Threads per
+# [rank](../docs/GLOSSARY.md#rank), and oversubscription as the
+# [world size](../docs/GLOSSARY.md#world-size) grows. RSS, USS and PSS. Every term is in the
+# [glossary](../docs/GLOSSARY.md).
+#
+# The default `profile = "smoke"` runs small sizes and skips the measured memory comparison.
+# `profile = "full"` runs everything and takes several times longer. Two exercises close the
+# lesson, each checked by a cell.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -89,30 +91,32 @@ print(bench.load_line("start"))
 # ## 1. The input pipeline: the seed recipe against tensors in memory
 #
 # The seed recipe reads MNIST through `torchvision.datasets.MNIST` with
-# `transforms.Compose([ToTensor(), Normalize((0.1307,), (0.3081,))])`: **every item** becomes a
-# PIL image, then a tensor, then a normalised tensor, and the `DataLoader` (batch 64,
-# `num_workers=0`, a `DistributedSampler`) collates 64 of them. That is Python work per image.
+# `transforms.Compose([ToTensor(), Normalize((0.1307,), (0.3081,))])`. So **every item** becomes a
+# PIL image, then a tensor, then a normalised tensor. The `DataLoader` collates 64 of them, with
+# `num_workers=0` and a `DistributedSampler`. That is Python work per image.
 #
-# The project's path (`helpers.data.load_mnist`) decodes the files once into one
-# `(60000, 1, 28, 28) float32` tensor, normalised once; a batch is **one** `index_select`
-# with the same sampler's indices.
+# The project's path, `helpers.data.load_mnist`, decodes the files once into one
+# `(60000, 1, 28, 28) float32` tensor, normalised once. A batch is **one** `index_select` with the
+# same sampler's indices.
 #
-# `bench.bench_pipeline` runs both in the same worker processes: the same `Linear(784, 10)`
-# from the same seed, SGD (lr 0.01), batch 64 per rank, one pass over the same data in the
-# **same order** (the same `DistributedSampler`), timing the epoch loop with its data loading
-# (what differs), then test accuracy. Several ranks wrap the model in DDP; **one** rank runs
-# each pipeline twice, on the plain module (nothing to all-reduce) and in DDP with `world_size`
-# 1, which still sends every gradient through the backend (a cost the fast path feels and the
-# seed recipe hides).
+# `bench.bench_pipeline` runs both in the same worker processes. Both train the same
+# `Linear(784, 10)` from the same seed, with SGD at lr 0.01 and batch 64 per rank. Both make one
+# pass over the same data in the **same order**, from the same `DistributedSampler`. The timer
+# covers the epoch loop with its data loading, which is what differs. Then each measures the test
+# accuracy.
 #
-# Each mode is warmed up with an untimed pass over 1,024 images; the timed epochs then
-# alternate (seed, memory, seed, memory, ...), so a change in the machine's load falls on both.
-# Samples/s: the median over the repeats, with its min–max.
+# Several ranks wrap the model in DDP. **One** rank runs each pipeline twice. Once on the plain
+# module, with nothing to all-reduce. Once in DDP with `world_size` 1, which still sends every
+# gradient through the backend. The fast path feels that cost; the seed recipe hides it.
 #
-# **Claim:** the fast path learns the same model: test accuracies agree within 0.5 points
-# (same data, order and initial weights; only float rounding of the normalisation differs).
-# Its speed is measured, not asserted. The smoke profile measures 1,024 images on 1 rank;
-# `full` the whole epoch on 1 and 2 ranks, 3 repeats (longer).
+# Each mode is warmed up with an untimed pass over 1,024 images. The timed epochs then alternate:
+# seed, memory, seed, memory. So a change in the machine's load falls on both. Samples/s is the
+# median over the repeats, with its min–max. The smoke profile measures 1,024 images on 1 rank.
+# `full` measures the whole epoch on 1 and 2 ranks, 3 repeats, and takes longer.
+#
+# **Claim:** the fast path learns the same model. Data, order and initial weights are the same;
+# only the float rounding of the normalisation differs. The two test accuracies differ by at most
+# 2 test images. Its speed is measured, not asserted.
 
 # %%
 display(Code(inspect.getsource(bench._pipeline_epoch), language="python"))  # each rank's timed epoch
@@ -123,14 +127,19 @@ print(bench.load_line("after the pipeline benchmark"))
 pipe[["pipeline", "wrapper", "world_size", "repeat", "threads_per_rank", "samples", "seconds", "samples_per_s",
       "speedup_vs_seed", "test_accuracy", "launch_seconds"]]
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the same test accuracy from both pipelines
 for (ws, wrapper, rep), g in pipe.groupby(["world_size", "wrapper", "repeat"], sort=False):
     by = g.set_index("pipeline")
     gap = abs(by.loc["memory", "test_accuracy"] - by.loc["seed", "test_accuracy"]) * 100
     print(f"world_size {ws}, {'plain module' if wrapper == 'none' else 'DDP'}, repeat {rep}: test accuracy "
           f"{by.loc['seed', 'test_accuracy']:.4f} (seed) vs {by.loc['memory', 'test_accuracy']:.4f} (in-memory), "
           f"{gap:.2f} points apart")
-    assert gap <= 0.5, f"world_size {ws}: accuracies differ by {gap:.2f} points (> 0.5)"
+    # the bound: 0 images apart in every run measured (smoke, and full epochs on 1 and 2 ranks with
+    # seeds 0 to 3); 2 leaves room for the rounding to flip an image or two on another machine
+    n_test = c["n_test"] or 10_000  # the test images each accuracy counts
+    images_apart = round(gap / 100 * n_test)
+    assert images_apart <= 2, f"world_size {ws}: accuracies differ by {images_apart} test images (> 2)"
 for (ws, wrapper), g in pipe.groupby(["world_size", "wrapper"], sort=False):
     order = " ".join(g.sort_values("timed_position")["pipeline"])
     per_mode = g.groupby("pipeline")["samples_per_s"].agg(["median", "min", "max", "count"])
@@ -170,39 +179,45 @@ plt.show()
 # %% [markdown]
 # ## 2. Scaling: samples/s by world size and threads per rank
 #
-# For a fixed **global batch** (samples per optimizer step), DDP with `n` ranks gives each rank
-# `global_batch / n` samples. Definitions used everywhere below:
+# The **global batch** is the number of samples per optimizer step. For a fixed global batch, DDP
+# with `n` ranks gives each rank `global_batch / n` samples. Two definitions hold everywhere
+# below:
 #
-# * **speed-up** `S(n)` = samples/s with `n` ranks / samples/s with **1 rank and 1 thread**
-#   (same model, same global batch);
-# * **scaling efficiency** = `S(n) / n` (1 is perfect), quoted for 1 thread per rank only (a
-#   rank with more threads uses more cores; see the figure below).
+# * **speed-up** `S(n)` = samples/s with `n` ranks / samples/s with **1 rank and 1 thread**, for
+#   the same model and global batch;
+# * **scaling efficiency** = `S(n) / n`, where 1 is perfect. It is quoted for 1 thread per rank
+#   only: a rank with more threads uses more cores, as the figure below shows.
 #
-# **Threads per rank.** PyTorch runs CPU operators on `torch.get_num_threads()` threads (set by
-# `torch.set_num_threads` or `OMP_NUM_THREADS`; the default is measured in the next cell). Each
-# rank is a separate process with its own thread pool, so `n` ranks × `t` threads want `n * t`
-# cores. **Oversubscription** (more threads than cores, the classic trap) makes threads wait for
-# each other at every parallel operator. How many threads a rank gets depends on **who started
-# it**:
+# **Threads per rank.** PyTorch runs CPU operators on `torch.get_num_threads()` threads. You set
+# them with `torch.set_num_threads` or `OMP_NUM_THREADS`; the next cell measures the default.
+# Each rank is a separate process with its own thread pool, so `n` ranks × `t` threads want
+# `n * t` cores. **Oversubscription** means more threads than cores. It is the classic trap:
+# threads wait for each other at every parallel operator.
 #
-# * `torchrun` (its command line, `torch/distributed/run.py`) sets `OMP_NUM_THREADS=1` in every
-#   worker when it starts more than one process per node and the variable is unset, and prints
-#   a warning saying so: 1 thread per rank, whatever the core count;
-# * `torch.multiprocessing.spawn` and torch's `elastic_launch` (the engine behind torchrun,
-#   called from Python) set nothing: every rank takes torch's default, so `n` ranks run `n`
-#   times that many threads;
-# * our `helpers.engine.launch` calls `torch.set_num_threads(cpu_count // world_size)` in every rank
-#   (at least 1) unless `OMP_NUM_THREADS` is set. Why: the ranks together then use every core
-#   once, neither oversubscribed (spawn's default) nor leaving cores idle when there are fewer
-#   ranks than cores (torchrun's 1).
+# How many threads a rank gets depends on **who started it**:
 #
-# **Claim:** with `OMP_NUM_THREADS` unset, 2 ranks started by `torchrun --nproc-per-node 2`
-# see `OMP_NUM_THREADS=1` and run 1 torch thread each (and torchrun prints the warning); under
-# `mp.spawn` and `elastic_launch` they see no `OMP_NUM_THREADS` and run as many threads as a
-# plain Python process; under `helpers.engine.launch` they run `cpu_count // 2` threads each. Every
-# launcher runs real processes here; this is the code (a benchmark helper, in a module because
-# `mp.spawn` and `torchrun` need importable code). The next cell starts five sets of fresh
-# processes, so it takes a while (longer on a busy machine).
+# * `torchrun` sets `OMP_NUM_THREADS=1` in every worker when the variable is unset and it starts
+#   more than one process per node. It prints a warning saying so. So each rank runs 1 thread,
+#   whatever the core count. The code is in torch/distributed/run.py;
+# * `torch.multiprocessing.spawn` and torch's `elastic_launch` set nothing. `elastic_launch` is
+#   the engine behind torchrun, called from Python. Every rank takes torch's default, so `n` ranks
+#   run `n` times that many threads;
+# * our `helpers.engine.launch` calls `torch.set_num_threads(cpu_count // world_size)` in every
+#   rank, at least 1, unless `OMP_NUM_THREADS` is set. The ranks together then use every core
+#   once. They neither oversubscribe, as spawn's default does, nor leave cores idle, as
+#   torchrun's 1 does with fewer ranks than cores.
+#
+# Every launcher runs real processes here. The code below is a benchmark helper in a module,
+# because `mp.spawn` and `torchrun` need importable code. The next cell starts five sets of fresh
+# processes, so it takes a while, longer on a busy machine.
+#
+# **Claim:** say `OMP_NUM_THREADS` is unset and each launcher starts 2 ranks. Each rank then sees:
+#
+# | launcher | `OMP_NUM_THREADS` | torch threads |
+# |---|---|---|
+# | `torchrun --nproc-per-node 2` | `1`, and torchrun prints a warning | 1 |
+# | `mp.spawn`, `elastic_launch` | unset | as many as a plain Python process |
+# | `helpers.engine.launch` | unset | `cpu_count // 2` |
 
 # %%
 display(Code(inspect.getsource(bench.bench_threads_by_launcher), language="python"))
@@ -211,7 +226,8 @@ th = bench.bench_threads_by_launcher(2)
 threads_df = pd.DataFrame(th["rows"])
 threads_df.assign(total_threads_of_the_2_ranks=threads_df.groupby("launcher")["torch_threads"].transform("sum"))
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: threads per rank under each launcher
 # elastic_launch writes TORCHELASTIC_SIGNALS_TO_HANDLE into the caller's os.environ; the benchmark puts it back
 assert dict(os.environ) == env_before, "bench_threads_by_launcher changed this kernel's environment"
 default_threads = threads_df.loc[threads_df["launcher"] == "plain python", "torch_threads"].iloc[0]
@@ -230,37 +246,44 @@ print(f"a plain process here runs {default_threads} torch threads on {th['cpu_co
 
 # %% [markdown]
 # **Measured, side by side.** Every mode runs in **one** launch of as many ranks as the largest
-# configuration: DDP with `n` ranks runs on ranks `0..n-1` (a process subgroup,
-# `dist.new_group`) while the others wait at a barrier; the single process and DP run on rank 0
-# alone. After a warm-up the modes are timed **in alternation**: each round runs one block of
-# `steps` steps of every mode in turn (A B C A B C ..., never all of A then all of B), so a
-# change in the machine's load falls on every mode. `step_ms` is the slowest rank's **median**
-# step (robust to bursts of other work), with its spread (`step_ms_min`–`step_ms_max`);
-# samples/s = global batch / `step_ms`. `bench.scaling_worker` sets `threads_per_rank` for each
-# block, so every row says what it used.
+# configuration. DDP with `n` ranks runs on ranks `0..n-1`, a process subgroup from
+# `dist.new_group`; the others wait at a barrier. The single process and DP run on rank 0 alone.
 #
-# **Where the time goes.** Each DDP configuration is timed three ways: normal steps; the same
-# steps inside `ddp.no_sync()` on all ranks (no gradient all-reduce: `nosync_step_ms`); and one
-# rank's share on rank 0 **alone** while the others wait (`solo_step_ms`). Then
+# After a warm-up the modes are timed **in alternation**. Each round runs one block of `steps`
+# steps of every mode in turn: A B C A B C, never all of A then all of B. So a change in the
+# machine's load falls on every mode. `step_ms` is the slowest rank's **median** step, robust to
+# bursts of other work. Its spread is `step_ms_min`–`step_ms_max`. Samples/s is global batch /
+# `step_ms`. `bench.scaling_worker` sets `threads_per_rank` for each block, so every row says
+# what it used.
 #
-# * `solo_step_ms` against the 1-rank step / `world_size`: what splitting the batch does to
-#   the arithmetic itself (smaller batches use caches differently);
+# **Where the time goes.** Each DDP configuration is timed three ways:
+#
+# * normal steps;
+# * the same steps inside `ddp.no_sync()` on all ranks, with no gradient all-reduce:
+#   `nosync_step_ms`;
+# * one rank's share on rank 0 **alone**, while the others wait: `solo_step_ms`.
+#
+# Then
+#
+# * `solo_step_ms` against the 1-rank step / `world_size`: what splitting the batch does to the
+#   arithmetic itself. Smaller batches use caches differently;
 # * `interference_ms = nosync - solo`: what the ranks cost each other by sharing cores, caches
 #   and memory bandwidth;
-# * `comm_exposed_ms = step - nosync`: the all-reduce, and waiting for the slowest rank, that
+# * `comm_exposed_ms = step - nosync`: the all-reduce, and the wait for the slowest rank, that
 #   backward did not hide.
 #
-# Each term is a difference of two medians from alternating blocks, and means something only
-# when non-negative: a negative term says the timings moved more than the effect, so that row's
+# Each term is a difference of two medians from alternating blocks. It means something only when
+# it is not negative. A negative term says the timings moved more than the effect, so that row's
 # split **failed**. The table, the printout and the figure flag such rows; nothing is clipped.
 #
 # **DP.** `nn.DataParallel` is one process that splits each batch over GPUs. Without GPUs it has
-# no devices (`device_ids == []`) and just calls the module (`torch/nn/parallel/data_parallel.py`,
-# `forward`): on CPU it **cannot run anything in parallel**. Its rows do the single process's
-# computation (checked below); their times are separate measurements, not expected to be equal.
+# no devices, `device_ids == []`, and its `forward` just calls the module. The code is in
+# torch/nn/parallel/data_parallel.py. So on CPU it **cannot run anything in parallel**. Its rows
+# do the single process's computation, as checked below. Their times are separate measurements,
+# not expected to be equal.
 #
-# With the smoke profile the next cell trains the CNN at global batch 256 on 1 and 2 ranks;
-# `full` adds the linear model, three batch sizes and up to 4 ranks, and takes much longer.
+# With the smoke profile the next cell trains the CNN at global batch 256 on 1 and 2 ranks. `full`
+# adds the linear model, three batch sizes and up to 4 ranks, and takes much longer.
 
 # %%
 display(Code(inspect.getsource(bench.scaling_worker), language="python"))  # what every rank runs
@@ -290,10 +313,11 @@ cols = ["mode", "model", "global_batch_size", "world_size", "threads_per_rank", 
 scal.sort_values(["model", "global_batch_size", "mode", "world_size", "threads_per_rank"])[cols]
 
 # %% [markdown]
-# **Claim (CPU):** on a CPU-only machine `nn.DataParallel` has `device_ids == []` and computes exactly
-# what the plain module computes: the same outputs and the same gradients, bit for bit.
+# **Claim (CPU):** on a CPU-only machine `nn.DataParallel` has `device_ids == []`. It computes
+# exactly what the plain module computes: the same outputs and the same gradients, bit for bit.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: DP on CPU computes what the plain module computes
 from helpers.notebook import cpu_claim
 
 dp_rows = scal[scal["mode"] == "dp"]
@@ -344,25 +368,19 @@ for (model, gb), _ in scal[scal["mode"] == "ddp"].groupby(["model", "global_batc
                   f"from the step spreads {got[1]:.2f}x to {got[2]:.2f}x): {verdict(got[1], got[2])}")
 
 # %% [markdown]
-# **Two views, two panels per model.** Left: the **speed-up** of DDP with 1 thread per rank over
-# 1 rank × 1 thread, against the ideal (`S(n) = n`, the dashed line); the dotted line marks the
-# cores of this machine, past which ranks share cores. Right: the throughput of every
-# configuration at one global batch, the single process and DP included, as bars from zero.
-# No efficiency is plotted: the speed-up against the ideal line shows the same ratio.
-#
 # **Why the efficiency is quoted for 1 thread per rank only.** `S(n) / n` counts ranks, not
-# cores: 2 ranks × 2 threads use 4 threads, and dividing their speed-up by 2 can give an
-# "efficiency" above 1 that only means more cores (or more threads than cores). An efficiency
-# above 1 with 1 thread per rank would mean each rank does better than the whole 1-rank
-# process, per sample (possible when a smaller per-rank batch fits the caches better; more
-# often noise); the next cell says, for every such row, whether the step ranges put it above 1.
+# cores. 2 ranks × 2 threads use 4 threads. Dividing their speed-up by 2 can give an "efficiency"
+# above 1 that only means more cores, or more threads than cores. An efficiency above 1 with
+# 1 thread per rank would mean each rank does better per sample than the whole 1-rank process.
+# That is possible when a smaller per-rank batch fits the caches better. More often it is noise.
+# The next cell says, for every such row, whether the step ranges put it above 1.
 #
-# **Claim:** every speed-up is against a baseline timed in the same launch and the same
-# rounds: the 1-rank × 1-thread blocks ran in every round, alternating with the blocks of every
-# other configuration (so the baseline was not measured under different conditions), and
-# `efficiency` is reported only where the speed-up is over that baseline.
+# **Claim:** every speed-up is against a baseline timed in the same launch and the same rounds.
+# The 1-rank × 1-thread blocks ran in every round, in turn with the blocks of every other
+# configuration. `efficiency` is reported only where the speed-up is over that baseline.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the baseline ran in every round
 for (model, gb), g in scal.groupby(["model", "global_batch_size"]):
     order = g["timed_order"].iloc[0]
     rounds = [order[i * n_modes:(i + 1) * n_modes] for i in range(c["rounds"])]
@@ -381,6 +399,13 @@ for r, (_med, lo, hi) in above:
              "within this run's spread of 1: noise, not a super-linear speed-up"))
 if not above:
     print("no configuration with 1 thread per rank reached an efficiency above 1 in this run")
+
+# %% [markdown]
+# **Two views, two panels per model.** Left: the **speed-up** of DDP with 1 thread per rank over
+# 1 rank × 1 thread. The dashed line is the ideal, `S(n) = n`. The dotted line marks the cores of
+# this machine; past it, ranks share cores. Right: the throughput of every configuration at one
+# global batch, the single process and DP included, as bars from zero. No efficiency is plotted:
+# the speed-up against the ideal line shows the same ratio.
 
 # %%
 models = list(dict.fromkeys(scal["model"]))
@@ -434,14 +459,17 @@ plt.show()
 # %% [markdown]
 # ### Where the time goes in one step
 #
-# For each model at one global batch, the slowest rank's median step, stacked: **one rank's
-# share alone** (`solo_step_ms`: forward, backward, optimizer, batch indexing, with the
-# machine to itself), **interference** (the same work with all ranks running at once, minus
-# alone) and **all-reduce + waiting** (the synced step minus the `no_sync` step). The black
-# tick is the ideal: the 1-rank step divided by the world size. A negative term is drawn below
-# the level it starts from, hatched, and the bar is labelled "split failed": that row's
-# decomposition did not hold in this run. The grey error bar on the top is the synced step's
-# spread (min–max).
+# For each model at one global batch, the figure stacks the slowest rank's median step:
+#
+# * **one rank's share alone**, `solo_step_ms`: forward, backward, optimizer and batch indexing,
+#   with the machine to itself;
+# * **interference**: the same work with all ranks running at once, minus alone;
+# * **all-reduce + waiting**: the synced step minus the `no_sync` step.
+#
+# The black tick is the ideal: the 1-rank step divided by the world size. A negative term is
+# drawn hatched, below the level it starts from. Its bar is labelled "split failed": that row's
+# decomposition did not hold in this run. The grey error bar on top is the synced step's spread,
+# min to max.
 
 # %%
 ddp = scal[scal["mode"] == "ddp"].copy()
@@ -494,17 +522,19 @@ plt.show()
 # %% [markdown]
 # ## 3. Memory: every rank holds its own dataset
 #
-# Every DDP rank is a separate process, and each one above loaded MNIST for itself. Three
-# measures of a process's memory: **RSS** (resident set size; its high-water mark `VmHWM` is
-# the **peak RSS**) counts the pages of the process that are **resident** in RAM, shared or
-# not; pages it has mapped but never touched (or that were swapped out) do not count;
-# **USS** counts only the resident pages no other process maps (what this rank costs on its
-# own); **PSS** divides shared pages among the processes that map them (summed over ranks it
-# is the real total).
+# Every DDP rank is a separate process, and each one above loaded MNIST for itself. There are
+# three measures of a process's memory:
 #
-# **Claim:** RSS counts resident pages, not mapped ones: mapping 64 MiB of anonymous memory
-# grows this process's mapped size (`vms`) by at least 64 MiB and its RSS by less than 8 MiB;
-# writing one byte in every page of it then grows the RSS by at least 56 MiB.
+# * **RSS**, the resident set size, counts the pages of the process that are **resident** in RAM,
+#   shared or not. Pages it mapped but never touched do not count, nor pages swapped out. Its
+#   high-water mark `VmHWM` is the **peak RSS**;
+# * **USS** counts only the resident pages no other process maps: what this rank costs on its own;
+# * **PSS** divides shared pages among the processes that map them. Summed over the ranks, it is
+#   the real total.
+#
+# **Claim:** RSS counts resident pages, not mapped ones. Mapping 64 MiB of anonymous memory grows
+# this process's mapped size, `vms`, by at least 64 MiB, and its RSS by less than 8 MiB. Writing
+# one byte in every page of it then grows the RSS by at least 56 MiB.
 
 # %%
 import mmap
@@ -524,25 +554,20 @@ region.close()
 vms_mapped, rss_mapped = (mapped.vms - before.vms) / 2**20, (mapped.rss - before.rss) / 2**20
 rss_touched = (touched.rss - mapped.rss) / 2**20
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: RSS counts resident pages, not mapped ones
 print(f"mapping 64 MiB: vms +{vms_mapped:.1f} MiB, rss +{rss_mapped:.1f} MiB; "
       f"touching every page: rss +{rss_touched:.1f} MiB")
 assert vms_mapped >= 64 and rss_mapped < 8 and rss_touched >= 56, (vms_mapped, rss_mapped, rss_touched)
 
 # %% [markdown]
-# **Claim:** the `float32` training images alone are `60000 x 784 x 4` bytes = 179.4 MiB per
-# rank, and each scaling rank held at least that much: measured in every rank, the storages
-# of its training tensors (images plus the `int64` labels) hold at least 179.4 MiB, and its
-# resident memory (RSS) grew by at least 179.4 MiB while it loaded them (the parsed `uint8`
-# file comes on top).
-#
-# Sharing one copy would save `(world_size - 1)` copies. `bench.bench_memory` measures it: the
-# `private` variant is the project's path; the `mmap` variant maps the raw `uint8` IDX file
-# read-only (`numpy.memmap`, copy-on-write) so all ranks use the same page-cache pages and
-# convert each batch to normalised `float32` when they use it. The smoke profile skips the
-# measured comparison; `full` launches 1, 2 and 4 ranks for each variant.
+# **Claim:** the `float32` training images alone are `60000 x 784 x 4` bytes = 179.4 MiB per rank.
+# Each scaling rank held at least that much. In every rank, the storages of its training tensors,
+# images plus `int64` labels, hold at least 179.4 MiB. Its RSS grew by at least 179.4 MiB while it
+# loaded them; the parsed `uint8` file comes on top.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank held its own training tensors
 mem_from_scaling = (ddp.groupby("world_size")[["peak_rss_mib_per_rank", "dataset_mib_per_rank"]].max()
                     .join(ddp.groupby("world_size")[["dataset_storage_mib_per_rank",
                                                      "dataset_rss_growth_mib_per_rank"]].min())
@@ -557,6 +582,13 @@ held = mem_from_scaling[["dataset_storage_mib_per_rank", "dataset_rss_growth_mib
 assert (held >= images_mib).all().all(), mem_from_scaling
 print(f"every rank: training tensors' storages {held.iloc[:, 0].min():.1f} MiB, RSS grew by at least "
       f"{held.iloc[:, 1].min():.1f} MiB while loading them (the images alone: {images_mib:.1f} MiB)")
+
+# %% [markdown]
+# Sharing one copy would save `world_size - 1` copies. `bench.bench_memory` measures it. The
+# `private` variant is the project's path. The `mmap` variant maps the raw `uint8` IDX file
+# read-only, with `numpy.memmap` in copy-on-write mode. So all ranks use the same page-cache
+# pages, and convert each batch to normalised `float32` when they use it. The smoke profile skips
+# the measured comparison; `full` launches 1, 2 and 4 ranks for each variant.
 
 # %%
 c = cfg["memory"]
@@ -605,36 +637,38 @@ pd.DataFrame(summary).set_index("measure")
 # %% [markdown]
 # ## What we saw
 #
-# * **The input pipeline can dominate.** The seed recipe turns every image into a PIL image
-#   and back; tensors already in memory skip that per-item work and reach the same test
-#   accuracy (asserted). Make one process fast before adding processes.
-# * **Processes are not free cores.** torchrun sets `OMP_NUM_THREADS=1`, `mp.spawn` and
-#   `elastic_launch` leave torch's default (ranks × threads can exceed the cores), and our
-#   `launch` divides the cores among the ranks. What 2 ranks bought over 1, and where the step
-#   went (alone, interference, all-reduce and waiting), is printed with its spread.
-# * **On CPU, DP does nothing in parallel**: `device_ids == []`, it calls the module.
-# * **Each rank holds its own dataset** (RSS counts resident pages); one shared read-only map
-#   saves `world_size - 1` copies.
+# * **The input pipeline can dominate.** The seed recipe turns every image into a PIL image and
+#   back. Tensors already in memory skip that per-item work. They reach the same test accuracy,
+#   within 2 test images. Make one process fast before adding processes.
+# * **Processes are not free cores.** torchrun sets `OMP_NUM_THREADS=1`. `mp.spawn` and
+#   `elastic_launch` leave torch's default, so ranks × threads can exceed the cores. Our `launch`
+#   divides the cores among the ranks.
+# * **What 2 ranks bought over 1 is measured.** The printout gives it with its spread, and where
+#   the step went: alone, interference, all-reduce and waiting.
+# * **On CPU, DP does nothing in parallel.** It has `device_ids == []` and calls the module.
+# * **Each rank holds its own dataset.** RSS counts resident pages. One shared read-only map saves
+#   `world_size - 1` copies.
 #
 # ## Exercises
 #
 # Two short calculations with this lesson's results. Write your answer in the `answer_N = None`
-# cell and run the cell below it: it says whether the answer is right (it never stops the
-# lesson). In the full lesson the solution, collapsed, is the cell after; student copies leave
-# the solutions out.
+# cell and run the cell below it. It says whether the answer is right and never stops the lesson.
+# In the full lesson the solution, collapsed, is the cell after; student copies leave the
+# solutions out.
 
 # %% [markdown]
 # ### Exercise 1: scaling efficiency from two throughputs
 #
 # In section 2's table, find the two DDP rows of the CNN at global batch 256 with
-# **1 thread per rank**: 1 rank and 2 ranks. From their `samples_per_s` alone, what is the
-# scaling efficiency of 2 ranks (speed-up / number of ranks)? Answer with a fraction such as
-# `0.8` (your numbers are this run's; 1% either way counts as right).
+# **1 thread per rank**: 1 rank and 2 ranks. From their `samples_per_s` alone, what is the scaling
+# efficiency of 2 ranks? It is the speed-up over the number of ranks. Answer with a fraction such
+# as `0.8`. Your numbers are this run's; 1% either way counts as right.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 1
 # expected: the efficiency helpers.bench computed for that row in this run
 rows = scal[(scal["mode"] == "ddp") & (scal["model"] == "cnn") & (scal["global_batch_size"] == 256)
             & (scal["threads_per_rank"] == 1)].set_index("world_size")
@@ -656,13 +690,14 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # ### Exercise 2: what one shared copy would save
 #
 # Section 3 showed that every rank holds its own `float32` training images, `60000 x 784 x 4`
-# bytes. With **4** ranks on one machine, how many MiB (2**20 bytes) would one shared
-# read-only copy save against every rank holding its own? Answer with a number.
+# bytes. Take **4** ranks on one machine. How many MiB of 2**20 bytes would one shared read-only
+# copy save, against every rank holding its own? Answer with a number.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 2
 # expected: section 3's size of the images, times the copies sharing saves
 expected_2 = (4 - 1) * images_mib
 check_answer("ex2", answer_2, expected_2, rel_tol=1e-3,

@@ -17,15 +17,15 @@
 # # 05b · Communication and a cost model: all-reduce, buckets, a cluster
 #
 # <!-- opening:start -->
-# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb). **Run time** (measured): 2 to 5 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
-# **The question:** what does DDP's gradient all-reduce cost on this machine, how does DDP hide
-# it behind backward, and what does the same arithmetic predict for a cluster?
+# **The question:** what does DDP's gradient all-reduce cost on this machine? How does DDP hide
+# it behind backward? What does the same arithmetic predict for a cluster?
 #
-# Measured as in 05a by `helpers.bench` (its code shown above each run), load average
-# printed, **no timing asserted**: each claim (in bold, "Claim:") is asserted in the cell after
-# it, tagged `check`, on structure: bytes sent, bucket layouts, profiler events, a known fit.
+# As in 05a, `helpers.bench` measures everything and shows its code above each run. The load
+# average is printed. **No timing is asserted.** Each claim, in bold, is asserted in the folded
+# cell after it, on structure: bytes sent, bucket layouts, profiler events, a known fit.
 #
 # 1. all-reduce bandwidth · 2. gradient buckets and overlap · 3. a cost model and the bridge to
 # a cluster · 4. launch overhead
@@ -40,13 +40,14 @@
 # | 4. launch overhead | `helpers.engine.launch` against `torch.multiprocessing.spawn` | same |
 #
 # **New here:** the cost of an [all-reduce](../docs/GLOSSARY.md#all-reduce) and its two
-# bandwidths [`algbw` and `busbw`](../docs/GLOSSARY.md#algbw-busbw); `bucket_cap_mb`
-# ([DDP](../docs/GLOSSARY.md#ddp)'s gradient [buckets](../docs/GLOSSARY.md#bucket)),
-# `gradient_as_bucket_view` and DDP communication hooks; `torch.profiler`; the alpha-beta
-# model. Every term is in the [glossary](../docs/GLOSSARY.md). The default `profile = "smoke"`
-# runs small sizes and skips the launcher timings; `profile = "full"` runs them and takes several
-# times longer. Three exercises at the end, each checked by a cell; the last asks for a
-# communication hook, run on real ranks.
+# bandwidths, [`algbw` and `busbw`](../docs/GLOSSARY.md#algbw-busbw). [DDP](../docs/GLOSSARY.md#ddp)'s
+# gradient [buckets](../docs/GLOSSARY.md#bucket) and `bucket_cap_mb`; `gradient_as_bucket_view`;
+# DDP communication hooks; `torch.profiler`; the alpha-beta model. Every term is in the
+# [glossary](../docs/GLOSSARY.md).
+#
+# The default `profile = "smoke"` runs small sizes and skips the launcher timings.
+# `profile = "full"` runs them and takes several times longer. Three exercises close the lesson,
+# each checked by a cell. The last asks for a communication hook, run on real ranks.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -93,32 +94,35 @@ print(bench.load_line("start"))
 # %% [markdown]
 # ## 1. All-reduce bandwidth
 #
-# `bench.bench_allreduce` all-reduces (sums) a `float32` tensor of `S` bytes, back to back,
-# and takes the slowest rank's mean time `t` per call. Two bandwidths, as defined by
-# [nccl-tests](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+# `bench.bench_allreduce` sums a `float32` tensor of `S` bytes over the ranks, call after call.
+# It takes the slowest rank's mean time `t` per call. Two bandwidths follow, as
+# [nccl-tests](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) defines them:
 #
 # * **algbw** `= S / t`: how fast the tensor is "done";
-# * **busbw** `= algbw * 2(n-1)/n`: a ring all-reduce makes every rank send and receive
-#   `2(n-1)/n * S` bytes, so busbw is the rate each link really carried, comparable across `n`
+# * **busbw** `= algbw * 2(n-1)/n`. A ring all-reduce makes every rank send and receive
+#   `2(n-1)/n * S` bytes. So busbw is the rate each link really carried. It compares across `n`
 #   and with the hardware's peak.
 #
-# On one machine the peak is memory itself: every byte `gloo` moves between processes is
-# copied through memory (socket buffers on loopback) at least once. The dashed line is the
-# **memory-copy bandwidth** `S / t_copy` of `dst.copy_(src)` for the same sizes (1 thread).
-# Small messages are dominated by fixed costs (latency), large ones by bandwidth: the shape
-# the cost model of section 3 captures.
+# On one machine the peak is memory itself. Every byte `gloo` moves between processes is copied
+# through memory at least once, in socket buffers on loopback. The dashed line is the
+# **memory-copy bandwidth**: `S / t_copy` of `dst.copy_(src)` on 1 thread, for the same sizes.
+# Fixed costs, the latency, dominate small messages. Bandwidth dominates large ones. The cost
+# model of section 3 captures that shape.
 #
-# Is busbw, a formula, really "the rate each link carries"? During the timed calls each rank
-# also read the kernel's count of the bytes it wrote (`wchar` in `/proc/self/io`: gloo sends
-# through `write`-family system calls on TCP sockets): the bytes it really **sent**.
+# Is busbw, a formula, really "the rate each link carries"? gloo sends through `write`-family
+# system calls on TCP sockets. The kernel counts the bytes written in `wchar`, in
+# `/proc/self/io`. During the timed calls each rank read that count: the bytes it really
+# **sent**.
 #
-# **Claim (CPU):** with gloo on CPU, every rank sends at least `2(n-1)/n × S` bytes per all-reduce,
-# and for messages of 64 KiB and more at most 2% above it; so busbw computed from the measured
-# bytes (`sent / t`) agrees with `algbw × 2(n-1)/n` within 2%. The rest are message headers,
-# the same number of bytes per call on every rank, printed for each world size and message
-# size. They are not a fixed amount per call: more ranks make more ring steps and more headers
-# (asserted when the profile measures several world sizes: `full` adds 4 ranks and larger
-# messages; smoke measures 2 ranks and 4 sizes).
+# **Claim (CPU):** with gloo on CPU, every rank sends at least `2(n-1)/n × S` bytes per
+# all-reduce. From 64 KiB up it sends at most 2% more. So busbw from the sent bytes, `sent / t`,
+# agrees with `algbw × 2(n-1)/n` within 2%.
+#
+# **Claim (CPU):** the extra bytes are message headers: the same count per call on every rank.
+# More ranks make more ring steps and more header bytes.
+#
+# The second claim needs several world sizes: `full` adds 4 ranks and larger messages. Smoke
+# measures 2 ranks and 4 sizes. The headers are printed for each world size and message size.
 
 # %%
 display(Code(inspect.getsource(bench.allreduce_worker), language="python"))  # what every rank runs
@@ -128,7 +132,8 @@ ar = pd.DataFrame(ar_out["allreduce"])
 copy = pd.DataFrame(ar_out["memcpy"])
 print(bench.load_line("after the all-reduce benchmark"))
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: bytes each rank sent, against the ring's 2(n-1)/n x S
 from helpers.notebook import cpu_claim
 
 # on GPUs the benchmark runs NCCL, which does not send through system calls
@@ -178,45 +183,54 @@ plt.show()
 # ## 2. DDP's gradient buckets, and all-reduce overlapping backward
 #
 # DDP does not wait for the whole backward pass. It groups parameters into **buckets**, in the
-# reverse order of the forward pass, and launches an asynchronous all-reduce as soon as every
-# gradient in a bucket is ready, while autograd keeps computing the gradients of earlier layers.
-# A bucket is filled tensor by tensor and closed once it holds **at least** `bucket_cap_mb`
-# MiB (`compute_bucket_assignment_by_size` in torch's `reducer.cpp`): a bucket can exceed the cap
-# by up to one tensor, the one that filled it. A tensor larger than the cap does **not** get a
-# bucket of its own: it joins the open bucket, next to the smaller tensors already in it, and
-# closes it. The first bucket has its own cap: in torch 2.14.1, 1 MiB
-# (`dist._DEFAULT_FIRST_BUCKET_BYTES`) **only when `bucket_cap_mb` is left at its default**
-# (25); passing any `bucket_cap_mb`, even 25, applies that cap to the first bucket too
-# (`torch/nn/parallel/distributed.py`: `first_bucket_bytes_cap = _DEFAULT_FIRST_BUCKET_BYTES if
-# is_using_default else bucket_bytes_cap`).
+# reverse order of the forward pass. As soon as every gradient in a bucket is ready, it launches
+# an asynchronous all-reduce of that bucket. Meanwhile autograd computes the gradients of earlier
+# layers.
+#
+# A bucket is filled tensor by tensor. It closes once it holds **at least** `bucket_cap_mb` MiB,
+# so it can exceed the cap by up to one tensor. A tensor larger than the cap gets **no** bucket of
+# its own. It joins the open bucket, next to the smaller tensors already in it, and closes it. The
+# source is `compute_bucket_assignment_by_size` in torch's `reducer.cpp`.
+#
+# The first bucket has its own cap. In torch 2.14.1 it is 1 MiB, `dist._DEFAULT_FIRST_BUCKET_BYTES`,
+# **only when `bucket_cap_mb` is left at its default** of 25. Pass any `bucket_cap_mb`, even 25,
+# and that cap applies to the first bucket too. The line is in torch/nn/parallel/distributed.py:
+# `first_bucket_bytes_cap = _DEFAULT_FIRST_BUCKET_BYTES if is_using_default else bucket_bytes_cap`.
 #
 # These caps do **not** apply to the first step. DDP cannot know yet in which order backward
-# will produce the gradients, so with `find_unused_parameters=False` (the default) it starts
-# with no cap at all (`compute_bucket_size_limits` in `torch/nn/parallel/distributed.py`:
-# `bucket_size_limits = [sys.maxsize]`, "disable initial bucketing"): the first step
-# all-reduces **one** bucket holding every gradient, after backward. DDP then rebuilds the
-# buckets, with the caps above, in the order the gradients arrived; every later step uses that
-# layout. Small buckets start communicating earlier but pay the fixed cost `alpha` more often;
-# one huge bucket cannot start until backward ends. `gradient_as_bucket_view=True` makes each
-# `.grad` a view into its bucket's buffer: no copy, one gradient-sized buffer less.
+# will produce the gradients. With `find_unused_parameters=False`, the default, it starts with no
+# cap at all: "disable initial bucketing", in `compute_bucket_size_limits`. So the first step
+# all-reduces **one** bucket of every gradient, after backward. DDP then rebuilds the buckets
+# with the caps above, in the order the gradients arrived. Every later step uses that layout.
 #
-# The model is a deep MLP (784 → twelve 512-wide layers → 10, 3.3 M parameters, 13.2 MB of
-# `float32` gradients; each hidden layer holds 1.05 MB, just over 1 MiB). The layout is read
-# with a **communication hook** (`ddp.register_comm_hook`) that records each bucket's size and
-# its tensors' sizes (`bucket.parameters()`, in bucket order) in the first and second steps,
-# then does exactly DDP's default all-reduce.
+# Small buckets start communicating earlier but pay the fixed cost `alpha` more often. One huge
+# bucket cannot start until backward ends. `gradient_as_bucket_view=True` makes each `.grad` a
+# view into its bucket's buffer: no copy, one gradient-sized buffer less.
 #
-# **Claim:** under every cap the first step all-reduces one bucket of all 13.2 MB; the
-# layouts below are the second step's, the rebuilt ones. A larger cap never gives more buckets,
-# and the buckets always add up to all the gradients. Every bucket but the last holds at least
-# its cap, and holds less without its last tensor (it closed on the tensor that reached the
-# cap); no bucket is larger than its cap plus the largest gradient tensor, and under a cap
-# smaller than the model, buckets larger than the cap occur. Under the 1 MiB cap, the first
-# layer's weight (1.6 MB, larger than the cap) shares its bucket with the tensor before it. With
-# `bucket_cap_mb` left at its default the first bucket is between 1 MiB and 1 MiB + one tensor
-# (two buckets for this model); with `bucket_cap_mb=25` passed explicitly all 13.2 MB go in one
-# bucket. The smoke profile runs 2 ranks with caps 1 and 25 MiB, the default, and the
-# profiled steps; `full` runs 7 caps.
+# The model is a deep MLP: 784 → twelve 512-wide layers → 10. It has 3.3 M parameters, 13.2 MB
+# of `float32` gradients. Each hidden layer holds 1.05 MB, just over 1 MiB. A **communication
+# hook**, `ddp.register_comm_hook`, reads the layout. It records each bucket's size and its
+# tensors' sizes, from `bucket.parameters()`, in the first and second steps. Then it does exactly
+# DDP's default all-reduce.
+#
+# The smoke profile runs 2 ranks with caps of 1 and 25 MiB, the default, and the profiled steps.
+# `full` runs 7 caps.
+
+# %% [markdown]
+# **Claim:** under every cap the first step all-reduces one bucket of all 13.2 MB. The layouts
+# below are the second step's, the rebuilt ones. A larger cap never gives more buckets. The
+# buckets always add up to all the gradients.
+#
+# **Claim:** every bucket but the last holds at least its cap, and less without its last tensor.
+# No bucket is larger than its cap plus the largest gradient tensor. Under a cap smaller than the
+# model, buckets larger than the cap occur.
+#
+# **Claim:** the first layer's weight, 1.6 MB, is larger than a 1 MiB cap. It shares its bucket
+# with the tensor before it.
+#
+# **Claim:** with `bucket_cap_mb` left at its default, the first bucket holds from 1 MiB to 1 MiB
+# plus one tensor: two buckets for this model. With `bucket_cap_mb=25` passed, all 13.2 MB go in
+# one bucket.
 
 # %%
 display(Code(inspect.getsource(bench._counting_hook) + "\n\n" + inspect.getsource(bench._bucket_layout_steps),
@@ -227,7 +241,8 @@ bk_out = bench.bench_buckets(c["world_size"], c["bucket_caps_mb"], c["as_view"],
 bk = pd.DataFrame(bk_out["rows"])
 print(bench.load_line("after the bucket benchmark"))
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: bucket layouts under every cap
 grad_mb = bench.MLP_PARAMS * 4 / 1e6
 tensor_bytes = [p.numel() * 4 for p in bench.build_bench_model("mlp").parameters()]  # from the model itself
 largest = max(tensor_bytes)
@@ -291,24 +306,31 @@ plt.show()
 # %% [markdown]
 # ### A profiler timeline: all-reduce during backward, against all-reduce after it
 #
-# Rank 0 ran two training steps under `torch.profiler` (bucket cap as in
-# `cfg["buckets"]["profile_cap_mb"]`), **twice, on the same model, buckets and batch**: once as
-# DDP runs them (each bucket's all-reduce launched from inside backward as soon as its
-# gradients are ready), and once with the overlap taken away (`bench._allreduce_after_backward_step`:
-# backward inside `ddp.no_sync()`, then the same buckets all-reduced one after another). Each
-# bar is a recorded event: the forward pass, every backward operator on the main thread, the
-# optimizer step, the moment each all-reduce is **launched** (`c10d::allreduce_`), and the
-# all-reduce running on the backend's own threads (`gloo:all_reduce`; on GPUs the NCCL
-# kernels). A running all-reduce includes any wait for the other rank.
+# Rank 0 ran two training steps under `torch.profiler`, with the bucket cap of
+# `cfg["buckets"]["profile_cap_mb"]`. It ran them **twice, on the same model, buckets and
+# batch**. The first run is DDP's own: each bucket's all-reduce is launched from inside backward,
+# as soon as its gradients are ready. The second run takes the overlap away. It runs backward
+# inside `ddp.no_sync()`, then all-reduces the same buckets one after another. That is
+# `bench._allreduce_after_backward_step`.
 #
-# **Claim:** in every step DDP launches all buckets but the last while backward still has
-# gradients of earlier layers to compute, which is what lets communication overlap it; the
-# comparison run launches none of them before backward's last operator, so its all-reduce
-# runs entirely after backward. What the overlap buys is the difference of the two runs' step
-# times and of the all-reduce time left after backward, over the same window: a timing,
-# printed, not asserted (on a CPU the gloo threads and backward compete for the same cores;
-# the comparison also flattens and copies back each bucket itself, a little work DDP's flat
-# buckets do not need).
+# Each bar is a recorded event: the forward pass, every backward operator on the main thread, and
+# the optimizer step. A tick marks the moment each all-reduce is **launched**, `c10d::allreduce_`.
+# The all-reduce then runs on the backend's own threads, `gloo:all_reduce`; on GPUs these are
+# NCCL kernels. A running all-reduce includes any wait for the other rank.
+#
+# Autograd writes each parameter's gradient in an `AccumulateGrad` operator. DDP's hook on it
+# launches the all-reduce once a bucket's last gradient is written. So the `AccumulateGrad`
+# operators that start after a launch are the gradients still to compute.
+#
+# **Claim:** in every step, after DDP launches bucket k, backward still writes every gradient of
+# the later buckets: they belong to earlier layers. That lets communication overlap backward. The
+# comparison run launches after backward's last gradient, so its all-reduce runs entirely after
+# backward.
+#
+# What the overlap buys is a timing, printed, not asserted. It is the difference of the two runs'
+# step times, and of the all-reduce time left after backward. On a CPU the gloo threads and
+# backward compete for the same cores. The comparison also flattens and copies back each bucket,
+# a little work DDP's flat buckets do not need.
 
 # %%
 display(Code(inspect.getsource(bench._allreduce_after_backward_step), language="python"))  # the comparison
@@ -318,11 +340,41 @@ runs = {"DDP: all-reduce during backward": bk_out["timeline"],
 ovs = {name: bench.timeline_overlap(t) for name, t in runs.items()}
 ov, ov_after = ovs.values()
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: launches during backward, gradients still to compute
 print(f"profiled model: {n_prof} buckets of", ", ".join(f"{b:.2f}" for b in bk_out["profile_bucket_mb"]), "MB")
 assert ov["launches"] == ov["steps"] * n_prof and ov_after["launches"] == ov_after["steps"] * n_prof, (ov, ov_after)
 assert ov["launched_early_per_step"] == [n_prof - 1] * ov["steps"], ov  # in every step, not only in total
 assert ov_after["launched_early_per_step"] == [0] * ov_after["steps"] and ov_after["busy_in_backward_ms"] == 0, ov_after
+# how many gradient tensors each profiled bucket holds, from the model's tensors in arrival order
+arrival = [p.numel() * 4 for p in reversed(list(bench.build_bench_model("mlp").parameters()))]
+per_bucket, i = [], 0
+for mb in bk_out["profile_bucket_mb"]:
+    j = i
+    while sum(arrival[i:j]) < round(mb * 1e6):
+        j += 1
+    assert sum(arrival[i:j]) == round(mb * 1e6), (mb, arrival[i:j])
+    per_bucket.append(j - i)
+    i = j
+assert i == len(arrival)
+
+
+def grads_after_each_launch(timeline):
+    """Per step, per all-reduce launch: how many gradients (AccumulateGrad operators) start after it."""
+    out = []
+    for s in (e for e in timeline if e["kind"] == "step"):
+        inside = [e for e in timeline if s["start_ms"] <= e["start_ms"] < s["start_ms"] + s["dur_ms"]]
+        grads = [e["start_ms"] for e in inside if e["kind"] == "backward" and e["name"].endswith("AccumulateGrad")]
+        launches = sorted(e["start_ms"] for e in inside if e["kind"] == "allreduce launched")
+        out.append([sum(g > t for g in grads) for t in launches])
+    return out
+
+
+still_to_compute = [sum(per_bucket[k + 1:]) for k in range(n_prof)]  # the later buckets' gradients
+during, after = (grads_after_each_launch(t) for t in runs.values())
+assert during == [still_to_compute] * ov["steps"], (during, still_to_compute)
+assert after == [[0] * n_prof] * ov_after["steps"], after
+print(f"gradients still to compute after each launch, per step: {during} (DDP), {after} (after backward)")
 for name, o in ovs.items():
     print(f"{name}: steps {', '.join(f'{t:.1f}' for t in o['step_ms'])} ms; all-reduce running "
           f"{o['busy_ms'] / o['steps']:.1f} ms per step, of which {o['busy_in_backward_ms'] / o['steps']:.1f} ms "
@@ -363,26 +415,29 @@ plt.show()
 # %% [markdown]
 # ## 3. A cost model: from this laptop to a cluster
 #
-# The standard model of a ring all-reduce of `S` bytes over `n` processes (a reduce-scatter then
-# an all-gather, `2(n-1)` steps, each moving `S/n` bytes per process):
+# The standard model of a ring all-reduce of `S` bytes over `n` processes is below. A ring runs a
+# reduce-scatter, then an all-gather: `2(n-1)` steps, each moving `S/n` bytes per process.
 #
 # $$t(S, n) = 2(n-1)\,\alpha + \frac{2(n-1)}{n}\,\frac{S}{B}$$
 #
-# with `alpha` the latency of one step and `B` the link bandwidth. Sources: Thakur,
-# Rabenseifner & Gropp, *Optimization of Collective Communication Operations in MPICH*
-# (IJHPCA 19(1), 2005), for the alpha-beta cost analysis of all-reduce algorithms; Patarasuk &
-# Yuan, *Bandwidth optimal all-reduce algorithms for clusters of workstations* (JPDC 69(2),
-# 2009), for the ring's `2(n-1)/n * S` bytes per process being the lower bound. The same factor
-# turns algbw into busbw (section 1).
+# Here `alpha` is the latency of one step and `B` the link bandwidth. The alpha-beta analysis of
+# all-reduce is from Thakur, Rabenseifner and Gropp, *Optimization of Collective Communication
+# Operations in MPICH*, IJHPCA 19(1), 2005. Patarasuk and Yuan show that the ring's
+# `2(n-1)/n * S` bytes per process is the lower bound: *Bandwidth optimal all-reduce algorithms
+# for clusters of workstations*, JPDC 69(2), 2009. The same factor turns algbw into busbw, as in
+# section 1.
 #
-# The model is linear in `(alpha, 1/B)`, so `costmodel.fit_alpha_beta` fits it by least squares
-# on relative errors. **Claim:** the fitting code recovers known `alpha` and `B` from points
-# generated by the formula. Then it is fitted to the points measured in section 1 where every
-# rank has a core of its own (the model's assumption), and its errors on all points are shown
-# (a measurement, not asserted): oversubscribed points (more ranks than cores) wait for a core
-# at every ring step, which the model does not know about.
+# The model is linear in `alpha` and `1/B`. So `costmodel.fit_alpha_beta` fits it by least
+# squares on relative errors.
+#
+# **Claim:** the fitting code recovers known `alpha` and `B` from points generated by the formula.
+#
+# The next cell then fits the points of section 1 where every rank has a core of its own, as the
+# model assumes. Its errors on all points are shown, not asserted. With more ranks than cores, a
+# rank waits for a core at every ring step, and the model does not know that.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the fit recovers known alpha and B
 true_alpha, true_bw = 25e-6, 1.5e9
 S_syn = np.array([4096 * 4**k for k in range(8)] * 2, dtype=float)
 n_syn = np.array([2] * 8 + [4] * 8)
@@ -420,13 +475,14 @@ plt.show()
 # %% [markdown]
 # ### Predicting this machine's step time and efficiency
 #
-# If compute split perfectly over the ranks and communication did not overlap backward, a DDP
-# step with `n` ranks would take `step(1 rank) / n + t(gradient bytes, n)`. The next cell
-# measures DDP steps with 1 thread per rank at global batch 256, as lesson 05a's scaling
-# section does (fewer configurations), and compares them with that prediction. What the model
-# leaves out: every synchronised step also waits for the slowest rank (on a small shared
-# machine the ranks' compute jitters from step to step), and ranks that share cores slow each
-# other down (`interference_ms`). The table prints both, and their ratio, for this run.
+# Say compute split perfectly over the ranks and communication did not overlap backward. Then a
+# DDP step with `n` ranks would take `step(1 rank) / n + t(gradient bytes, n)`. The next cell
+# measures DDP steps with 1 thread per rank at global batch 256, as lesson 05a does with fewer
+# configurations. It compares them with that prediction.
+#
+# The model leaves two things out. Every synchronised step also waits for the slowest rank, and
+# on a small shared machine the ranks' compute jitters from step to step. Ranks that share cores
+# also slow each other down: `interference_ms`. The table prints both, and their ratio.
 
 # %%
 c = cfg["scaling"]
@@ -463,14 +519,19 @@ pred
 # %% [markdown]
 # ### The bridge to a cluster
 #
-# The same formula with a cluster's numbers. Stated assumptions (change them in the parameters
-# cell): a model of `cluster_params_million` parameters (ResNet-50: 25.6 M) with `float32`
-# gradients, `cluster_link_gbit_s` per GPU (100 Gb/s = 12.5 GB/s), an **assumed** latency
-# `cluster_alpha_us` per ring step, an **assumed** `cluster_compute_ms` of compute per step on
-# one GPU (weak scaling: the per-GPU batch stays fixed), DDP's default 25 MiB buckets, each
-# paying the latency term. Two bounds: **no overlap** (`compute + comm`) and **perfect overlap**
-# (`max(compute, comm)`). A flat ring is assumed; real libraries (NCCL) switch to trees and
-# hierarchical rings at scale precisely because the latency term `2(n-1)·alpha` grows with `n`.
+# The same formula with a cluster's numbers. These are the assumptions; change them in the
+# parameters cell:
+#
+# * a model of `cluster_params_million` parameters with `float32` gradients; ResNet-50 has 25.6 M;
+# * `cluster_link_gbit_s` per GPU: 100 Gb/s is 12.5 GB/s;
+# * an **assumed** latency `cluster_alpha_us` per ring step;
+# * an **assumed** `cluster_compute_ms` of compute per step on one GPU. This is weak scaling: the
+#   per-GPU batch stays fixed;
+# * DDP's default 25 MiB buckets, each paying the latency term.
+#
+# Two bounds follow: **no overlap**, `compute + comm`, and **perfect overlap**,
+# `max(compute, comm)`. A flat ring is assumed. Real libraries such as NCCL switch to trees and
+# hierarchical rings at scale. They do so because the latency term `2(n-1)·alpha` grows with `n`.
 
 # %%
 cluster_n = [8, 16, 32, 64, 128, 256, 512, 1024]
@@ -505,14 +566,18 @@ plt.show()
 # ## 4. Launch overhead
 #
 # Every launch needs processes that have imported torch and met at a rendezvous before `fn`
-# runs. `bench.bench_launch_overhead` times a trivial worker (it returns its rank) from the
-# call to the results: through `helpers.engine.launch` (ranks forked from a server process
-# that imported torch once), with that server already running and after stopping it (what a
-# kernel's first launch pays); through `torch.multiprocessing.spawn` with the tutorials' setup
-# (every rank a fresh interpreter that imports torch); and, as the floor of any launcher that
-# starts fresh interpreters, one `python -c "import torch"`. With 2 ranks it also times warm
-# ranks (`helpers.engine.start_ranks`). Smoke measures only the `import torch` floor; full
-# makes 18 launches.
+# runs. `bench.bench_launch_overhead` times a trivial worker that returns its rank. It counts
+# from the call to the results, for each way to launch:
+#
+# * `helpers.engine.launch`, which forks ranks from a server process that imported torch once.
+#   It is timed with that server already running, and after stopping it: what a kernel's first
+#   launch pays;
+# * `torch.multiprocessing.spawn` with the tutorials' setup. Every rank is a fresh interpreter
+#   that imports torch;
+# * one `python -c "import torch"`: the floor of any launcher that starts fresh interpreters;
+# * with 2 ranks, warm ranks from `helpers.engine.start_ranks`.
+#
+# Smoke measures only the `import torch` floor; full makes 18 launches.
 
 # %%
 c = cfg["launch"]
@@ -542,35 +607,37 @@ pd.DataFrame(summary).set_index("measure")
 # %% [markdown]
 # ## What we saw
 #
-# * **All-reduce has a latency and a bandwidth regime**: a time `alpha` per ring step and a
-#   bandwidth `B` describe it (fitted in section 3); on one machine every byte is copied
-#   through memory.
-# * **busbw is what each rank really sends per second**: the kernel's count of bytes written
+# * **All-reduce has a latency and a bandwidth regime.** A time `alpha` per ring step and a
+#   bandwidth `B` describe it; section 3 fitted them. On one machine every byte is copied through
+#   memory.
+# * **busbw is what each rank really sends per second.** The kernel's count of bytes written
 #   matched `2(n-1)/n × S`, plus headers that grow with the ranks.
-# * **DDP hides communication behind backward**: all buckets but the last launch inside
-#   backward. A bucket closes once it reaches the cap, so a tensor larger than the cap closes
-#   the bucket it joins; the 1 MiB first bucket exists only when `bucket_cap_mb` is left at its
-#   default; the first step runs on one bucket of everything.
-# * **The model travels**: on a cluster the bandwidth term levels off at `2S/B`, the latency
+# * **DDP hides communication behind backward.** After each bucket but the last is launched,
+#   backward still computes the gradients of earlier layers.
+# * **Buckets close at the cap.** A tensor larger than the cap closes the bucket it joins. The
+#   1 MiB first bucket exists only when `bucket_cap_mb` is left at its default. The first step
+#   runs on one bucket of everything.
+# * **The model travels.** On a cluster the bandwidth term levels off at `2S/B`, and the latency
 #   term grows with `n`.
 #
 # ## Exercises
 #
-# Two short calculations with this lesson's formulas and one worker to write (a communication
-# hook, run on real ranks). Write your answer in the `answer_N = None` cell and run the cell
-# below it: it says whether the answer is right (it never stops the lesson). In the full lesson
-# the solution, collapsed, is the cell after; student copies leave the solutions out.
+# Two short calculations with this lesson's formulas, and one worker to write: a communication
+# hook, run on real ranks. Write your answer in the `answer_N = None` cell and run the cell below
+# it. It says whether the answer is right and never stops the lesson. In the full lesson the
+# solution, collapsed, is the cell after; student copies leave the solutions out.
 
 # %% [markdown]
 # ### Exercise 1: busbw on 8 ranks
 #
-# An all-reduce over **8** ranks reaches `algbw = 10` GB/s. What is its `busbw`, in GB/s
-# (the rate each link of the ring really carries)? Answer with a number.
+# An all-reduce over **8** ranks reaches `algbw = 10` GB/s. What is its `busbw` in GB/s, the rate
+# each link of the ring really carries? Answer with a number.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 1
 # expected: the notebook's own cost model (the formula section 1 checked on every measured row)
 expected_1 = costmodel.busbw(10e9, 8) / 1e9
 check_answer("ex1", answer_1, expected_1, rel_tol=1e-3, hint="busbw = algbw x 2(n-1)/n")
@@ -586,16 +653,17 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% [markdown]
 # ### Exercise 2: the ring model on a cluster
 #
-# Take the cluster of section 3 (the parameters cell: `cluster_params_million` million
-# `float32` gradients, `cluster_link_gbit_s` Gb/s per GPU, latency `cluster_alpha_us` per
-# ring step; defaults 25.6 M, 100 Gb/s, 10 us). How many **milliseconds** does the ring
-# model predict for **one** all-reduce of all the gradients (a single bucket) over **8**
-# GPUs? Answer with a number, to 0.1 ms.
+# Take the cluster of section 3, from the parameters cell. It has `cluster_params_million`
+# million `float32` gradients, `cluster_link_gbit_s` Gb/s per GPU and a latency of
+# `cluster_alpha_us` per ring step. The defaults are 25.6 M, 100 Gb/s and 10 us. How many
+# **milliseconds** does the ring model predict for **one** all-reduce of all the gradients, as a
+# single bucket, over **8** GPUs? Answer with a number, to 0.1 ms.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 2
 # expected: the notebook's own ring model, helpers.costmodel.ring_allreduce_seconds
 expected_2 = costmodel.ring_allreduce_seconds(cluster_params_million * 1e6 * 4, 8, cluster_alpha_us * 1e-6,
                                               cluster_link_gbit_s * 1e9 / 8) * 1e3
@@ -618,20 +686,25 @@ check_answer("ex2", solution_2, expected_2, strict=True)
 # %% [markdown]
 # ### Exercise 3: write a communication hook that reads DDP's buckets
 #
-# Section 2 read the bucket layout with a communication hook. Write it yourself: a worker
-# `bucket_sizes(rank, world_size, cap_mb)` that wraps `bench.build_bench_model("mlp")` in
-# `DistributedDataParallel(..., bucket_cap_mb=cap_mb)`, registers a hook
-# `hook(state, bucket)` that appends the size in bytes of `bucket.buffer()` to `state` (a list)
-# and then averages the bucket as DDP would (divide by the world size, all-reduce, return the
-# future's tensor), runs forward and backward on a random batch twice (DDP rebuilds its buckets
-# after the first step; record only the second), and returns the list. Then set
-# `answer_3 = bucket_sizes`. The check cell runs your worker on 2 real ranks with a 1 MiB cap
-# and compares it with section 2's table (it starts 2 processes).
+# Section 2 read the bucket layout with a communication hook. Write it yourself, as a worker
+# `bucket_sizes(rank, world_size, cap_mb)` that:
+#
+# 1. wraps `bench.build_bench_model("mlp")` in `DistributedDataParallel(..., bucket_cap_mb=cap_mb)`;
+# 2. registers a hook `hook(state, bucket)`. The hook appends the size in bytes of
+#    `bucket.buffer()` to `state`, a list. Then it averages the bucket as DDP would: divide by the
+#    world size, all-reduce, return the future's tensor;
+# 3. runs forward and backward on a random batch twice. DDP rebuilds its buckets after the first
+#    step, so record only the second;
+# 4. returns the list.
+#
+# Then set `answer_3 = bucket_sizes`. The check cell starts 2 real ranks and runs your worker
+# with a 1 MiB cap. It compares the result with section 2's table.
 
 # %% tags=["exercise"]
 answer_3 = None  # your worker function here (define it in this cell, then answer_3 = bucket_sizes)
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 3
 # expected: the layout section 2 measured for a 1 MiB cap (bench.bucket_worker's hook), in bytes
 from helpers.engine import launch
 

@@ -114,7 +114,8 @@ print(f"every torchrun / launch run trains {steps} steps of global batch {global
 # `torchrun ... -m helpers.mnist_torchrun` runs our module in every process that torchrun starts.
 # The module reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment,
 # through `helpers.engine.main_from_env`. It initialises the process group and calls
-# `ddp_train_worker`, the function notebook 04 hands to `launch`. The training does not change;
+# `ddp_train_worker`, the packaged form of notebook 04's `ddp_train`. Notebook 04 checks that
+# both train the same losses. The training does not change;
 # only who starts the processes does.
 #
 # The next cell prints the commands for one node, for several nodes and for SLURM. `HOST0` is

@@ -25,7 +25,8 @@
 # longer fits one device?
 #
 # Everything here reuses notebook 04's MNIST recipe: `Linear(784, 10)`, SGD, `lr = 0.01` and
-# global batch 64. It also reuses notebook 04's worker, `helpers.mnist_train.ddp_train_worker`.
+# global batch 64. Its worker is `helpers.mnist_train.ddp_train_worker`, the packaged form of
+# notebook 04's `ddp_train`.
 # This lesson's cells write the communication hooks and the DDP training that measures them.
 # `helpers/comm_hooks.py` keeps only the byte-count formulas they are checked against. Each
 # claim, in bold, is asserted by the check cell after the code that runs it.

@@ -17,16 +17,16 @@
 # # 08b · torch.compile with DDP
 #
 # <!-- opening:start -->
-# **You will be able to** count what `torch.compile` captures under DDP and where buckets split the graph. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# **You will be able to** count what `torch.compile` captures under DDP and where buckets split the graph. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb). **Run time** (measured): under 1 min in the larger `full` profile; as you run it, not measured yet. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
-# **The question:** I put `torch.compile` and DDP together: what got compiled, and is my checkpoint
+# **The question:** I put `torch.compile` and DDP together. What got compiled? Is my checkpoint
 # still a checkpoint of my model?
 #
-# Everything runs on 2 real ranks (`launch`, backend `gloo`, CPU). No C++ compiler is needed: the
-# compiler backend here is a small function that records each graph `torch.compile` hands it and
-# runs the graph as it is. Counting those graphs is how we see what was compiled. Each claim (in
-# bold, "Claim:") is asserted in the code cell right after it, tagged `check`.
+# Everything runs on 2 real ranks: `launch`, backend `gloo`, CPU. No C++ compiler is needed. The
+# compiler backend here is a small function that records each graph `torch.compile` hands it. It
+# then runs the graph as it is. Counting those graphs shows what was compiled. Each claim, in
+# bold, is asserted in the folded code cell right after it.
 #
 # 1. what gets compiled, in each wrapping order · 2. one graph per bucket · 3. checkpoint keys
 #
@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -66,13 +67,13 @@ print(f"torch {torch.__version__}")
 # %% [markdown]
 # ## 0. A backend that counts graphs
 #
-# `torch.compile(model, backend=fn)` traces Python code into FX graphs (TorchDynamo) and calls
-# `fn(gm, example_inputs)` once per graph; whatever `fn` returns is run in place of that piece of
-# code. `counting_backend()` keeps each `GraphModule` and returns `gm.forward`, so the model runs
-# exactly as before. `layers_in(gm)` reads which layers a graph holds from the names Dynamo gives
-# the weights it takes as inputs (`..._modules_2_parameters_weight_` for layer 2).
+# `torch.compile(model, backend=fn)` uses TorchDynamo to trace Python code into FX graphs. It calls
+# `fn(gm, example_inputs)` once per graph, and runs whatever `fn` returns in place of that code.
+# `counting_backend()` keeps each `GraphModule` and returns `gm.forward`, so the model runs
+# exactly as before. `layers_in(gm)` reads which layers a graph holds. It uses the names Dynamo
+# gives the weights a graph takes as inputs: `..._modules_2_parameters_weight_` is layer 2.
 #
-# `Net` is a stack of `Linear(512, 512)` layers in a class of our own; section 1 also tries the
+# `Net` is a stack of `Linear(512, 512)` layers in a class of our own. Section 1 also tries the
 # same layers in an `nn.Sequential`.
 
 # %%
@@ -116,14 +117,15 @@ def step(model, rank):
 # %% [markdown]
 # ## 1. What gets compiled, in each wrapping order
 #
-# There are two ways to combine them: compile the wrapper, `torch.compile(DDP(model))`, or wrap
+# There are two ways to combine them. Compile the wrapper, `torch.compile(DDP(model))`, or wrap
 # the compiled model, `DDP(torch.compile(model))`. DDP's `forward` is torch's own code, and
-# Dynamo does not trace into its bookkeeping: `DistributedDataParallel._inside_ddp_forward` is
-# marked with `torch._disable_dynamo` (torch/nn/parallel/distributed.py), so tracing breaks
-# there and starts afresh at the inner model's `forward`. Each run below does two training steps
-# and counts the graphs; it also compares the gradients with plain eager DDP. The ranks print a
-# warning, "Profiler record function ... will be ignored": DDP's `forward` opens a
-# `torch.autograd.profiler.record_function` region, which Dynamo leaves out; it is harmless.
+# Dynamo does not trace into its bookkeeping. In torch/nn/parallel/distributed.py,
+# `DistributedDataParallel._inside_ddp_forward` is marked with `torch._disable_dynamo`. So
+# tracing breaks there and starts afresh at the inner model's `forward`.
+#
+# Each run below does two training steps and counts the graphs. It also compares the gradients
+# with plain eager DDP. The ranks print a harmless warning, "Profiler record function ... will
+# be ignored". DDP's `forward` opens a `record_function` region, and Dynamo leaves it out.
 
 # %%
 def orders_worker(rank, world_size, n_layers):
@@ -156,15 +158,22 @@ ORD = launch(orders_worker, WORLD, n_layers, backend="gloo", timeout=300)
 pd.DataFrame(ORD[0]).T
 
 # %% [markdown]
-# **Claim:** without DDP, `torch.compile` captures the whole model in one graph. With our own
-# `Net`, both orders compile it, in **2** graphs: the last layer alone, and the layers before it
-# (section 2 says why). Two steps give no more graphs than one: nothing is recompiled. With the
-# same layers in an `nn.Sequential`, `torch.compile(DDP(...))` compiles **nothing** (0 graphs, the
-# model runs eagerly) while `DDP(torch.compile(...))` gives the same 2 graphs. Every run with DDP
-# has the gradients of eager DDP, on both ranks: DDP still averages them in every order (without
-# DDP each rank keeps its own).
+# **Claim:** the graphs of each build are those of the table. Two steps give no more graphs than
+# one: nothing is recompiled. Every build with DDP has the gradients of eager DDP on both ranks.
+# Without DDP each rank keeps its own gradients.
+#
+# | build | graphs |
+# |---|---|
+# | `torch.compile(model)`, no DDP | 1: the whole model |
+# | `torch.compile(DDP(Net))` | 2: layers `0 … n_layers − 2`, then the last layer |
+# | `DDP(torch.compile(Net))` | the same 2 |
+# | `torch.compile(DDP(Sequential))` | **0**: the model runs eagerly |
+# | `DDP(torch.compile(Sequential))` | the same 2 as `Net` |
+#
+# Section 2 says why DDP makes 2 graphs.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the graphs of each build, and the gradients
 expected_layers = {"torch.compile(model), no DDP": [list(range(n_layers))],
                    "torch.compile(DDP(model))": [list(range(n_layers - 1)), [n_layers - 1]],
                    "DDP(torch.compile(model))": [list(range(n_layers - 1)), [n_layers - 1]],
@@ -177,38 +186,48 @@ for r in range(WORLD):
         assert ORD[r][name]["grads as eager DDP"] == (not name.endswith("no DDP")), (r, name)  # no DDP: rank-local gradients
 
 # %% [markdown]
-# Why the `nn.Sequential` compiles to nothing in the first order: in `torch.compile(DDP(...))`,
+# Why does the `nn.Sequential` compile to nothing in the first order? In `torch.compile(DDP(...))`,
 # the frame Dynamo meets after the break is the inner model's `forward`. For `Net` that is our
-# code, and Dynamo traces it. `nn.Sequential.forward` is in torch/nn, and Dynamo's rules
-# (`check_file` in torch/_dynamo/trace_rules.py) trace files under torch/nn only when they are
-# called from code already being traced (`MOD_INLINELIST`); a frame that *starts* there matches
-# `MOD_SKIPLIST` and runs eagerly. `DDP(torch.compile(...))` compiles the inner model directly
-# (the `OptimizedModule` is the module DDP calls), and, as the table shows, that traces the
-# `nn.Sequential` too. Counting graphs, as here, is the quick way to know; Dynamo's own
-# report is `TORCH_LOGS="graph_breaks"`. Whichever order you choose, count.
+# code, and Dynamo traces it. `nn.Sequential.forward` is in torch/nn. Dynamo's rules trace files
+# under torch/nn only when code already being traced calls them: that is `MOD_INLINELIST`. A
+# frame that *starts* there matches `MOD_SKIPLIST` and runs eagerly. The rules are `check_file`
+# in torch/_dynamo/trace_rules.py.
+#
+# `DDP(torch.compile(...))` compiles the inner model directly: the `OptimizedModule` is the
+# module DDP calls. As the table shows, that traces the `nn.Sequential` too. Counting graphs is
+# the quick way to know; Dynamo's own report is `TORCH_LOGS="graph_breaks"`. Whichever order you
+# choose, count.
 
 # %% [markdown]
 # ## 2. One graph per bucket
 #
-# DDP all-reduces gradients bucket by bucket while backward still runs (lesson 05b). A single
-# compiled graph would make every gradient ready at once, at the end of its backward, and kill
-# that overlap. So when Dynamo compiles code under a DDP forward, `DDPOptimizer`
-# (torch/_dynamo/backends/distributed.py, "Note [DDPOptimizer]") splits the graph where DDP's
-# buckets end: it walks the graph backwards, adds up parameter bytes, and starts a new graph when
-# a bucket is full, then hands each piece to your backend. The first bucket is capped at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB), the others at DDP's
-# `bucket_cap_mb` (25 by default). The switch is `torch._dynamo.config.optimize_ddp` (on by
-# default).
+# DDP all-reduces gradients bucket by bucket while backward still runs, as lesson 05b showed. A
+# single compiled graph would make every gradient ready at once, at the end of its backward. That
+# would kill the overlap. So when Dynamo compiles code under a DDP forward, `DDPOptimizer` splits
+# the graph. It is in torch/_dynamo/backends/distributed.py, "Note [DDPOptimizer]".
+#
+# `DDPOptimizer` redoes DDP's bucket arithmetic on its own. It walks the graph backwards, adds up
+# parameter bytes, and starts a new graph when a bucket is full. Then it hands each piece to your
+# backend. Its first piece is always capped at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`,
+# 1 MiB. The others are capped at DDP's `bucket_cap_mb`, 25 by default. The switch is
+# `torch._dynamo.config.optimize_ddp`, on by default.
+#
+# DDP's own first bucket differs. It is capped at 1 MiB only when `bucket_cap_mb` is left at its
+# default. Pass any cap and DDP applies it to the first bucket too, as lesson 05b showed.
+# torch/_dynamo/convert_frame.py builds `DDPOptimizer` without DDP's first cap. So the graphs
+# follow DDP's buckets at the default cap, and may not at other caps.
 #
 # Each of our layers holds 1 MiB of weight plus 2 KiB of bias. Backwards, the last layer alone
-# fills the 1 MiB first bucket; the other `n_layers − 1` fit in one 25 MiB bucket: 2 graphs, as
-# in section 1. With `bucket_cap_mb=1` every layer is its own bucket.
+# fills the 1 MiB first bucket. The other `n_layers − 1` fit in one 25 MiB bucket: 2 graphs, as
+# in section 1. With `bucket_cap_mb=1` every layer is its own bucket. The worker also reads eager
+# DDP's buckets with a communication hook, after DDP rebuilt them in its first step.
 
 # %%
 def buckets_worker(rank, world_size, n_layers):
     """torch.compile(DDP(Net)) for each (layers, bucket_cap_mb, optimize_ddp); the last run wraps the other way."""
     runs = {"bucket_cap_mb=25 (default)": (n_layers, 25, True),
             "bucket_cap_mb=1": (n_layers, 1, True),
+            "bucket_cap_mb=2": (n_layers, 2, True),
             "bucket_cap_mb=1, optimize_ddp=False": (n_layers, 1, False),
             "bucket_cap_mb=0.5": (n_layers, 0.5, True),
             "bucket_cap_mb=0.5, optimize_ddp=False": (n_layers, 0.5, False),
@@ -231,7 +250,28 @@ def buckets_worker(rank, world_size, n_layers):
     eager = DDP(make(n_layers), bucket_cap_mb=0.5)  # the same cap without compile
     step(eager, rank)
     out["eager DDP, bucket_cap_mb=0.5"] = {"bucket_bytes_cap": eager.bucket_bytes_cap}
+    for cap in (None, 1, 2):  # eager DDP's own buckets: None leaves bucket_cap_mb at its default
+        out[f"eager DDP buckets, bucket_cap_mb={cap or '25 (default)'}"] = {"layers": ddp_buckets(n_layers, rank, cap)}
     return out
+
+
+def ddp_buckets(n_layers, rank, cap):
+    """The layers of each bucket eager DDP all-reduces in its second step, in forward order."""
+    net = make(n_layers)
+    ddp = DDP(net) if cap is None else DDP(net, bucket_cap_mb=cap)
+    layer_of = {id(p): i for i, layer in enumerate(net.layers) for p in layer.parameters()}
+    seen = []
+
+    def hook(state, bucket):  # a communication hook: read the bucket, then all-reduce it as DDP does
+        seen.append(sorted({layer_of[id(p)] for p in bucket.parameters()}))
+        return allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        seen.clear()
+        ddp.zero_grad()
+        step(ddp, rank)
+    return sorted(seen)
 
 
 K = launch(buckets_worker, WORLD, n_layers, backend="gloo", timeout=300)
@@ -240,33 +280,57 @@ pd.DataFrame([{"build": name, "graphs": v.get("graphs", ""), "layers of each gra
               for name, v in K[0].items()]).set_index("build")
 
 # %% [markdown]
-# **Claim:** with the default cap the model compiles to 2 graphs (layers `0 … n_layers − 2`,
-# then the last one); with `bucket_cap_mb=1` to `n_layers` graphs, one layer each; with
-# `optimize_ddp=False` to one graph, at a cap of 1 and of 0.5 alike.
+# **Claim:** the default cap gives 2 graphs: layers `0 … n_layers − 2`, then the last one.
+# `bucket_cap_mb=1` gives `n_layers` graphs, one layer each. In both cases the graphs hold the
+# layers of DDP's buckets. `optimize_ddp=False` gives one graph, at a cap of 1 and of 0.5 alike.
+#
+# **Claim:** at other caps the graphs need not follow DDP's buckets. With `bucket_cap_mb=2`,
+# DDP's buckets hold 2 layers each, counted back from the last layer. Compile's first graph holds
+# the last layer alone, and the graphs before it hold 2 layers each.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: graphs per cap, against eager DDP's buckets
 for r in range(WORLD):
     assert K[r]["bucket_cap_mb=25 (default)"]["layers"] == [list(range(n_layers - 1)), [n_layers - 1]], K[r]
     assert K[r]["bucket_cap_mb=1"]["layers"] == [[i] for i in range(n_layers)], K[r]
     assert K[r]["bucket_cap_mb=1"]["graphs"] == n_layers, K[r]
     assert K[r]["bucket_cap_mb=1, optimize_ddp=False"]["layers"] == [list(range(n_layers))], K[r]
     assert K[r]["bucket_cap_mb=0.5, optimize_ddp=False"]["layers"] == [list(range(n_layers))], K[r]
+    for cap in ("25 (default)", 1):  # where the graphs and DDP's buckets agree
+        assert K[r][f"bucket_cap_mb={cap}"]["layers"] == K[r][f"eager DDP buckets, bucket_cap_mb={cap}"]["layers"], K[r]
 assert torch._dynamo.config.optimize_ddp is True  # the default, in this process too
 assert dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20 == WIDTH * WIDTH * 4
+
+
+def pairs_from_the_end(layers):
+    """[[0, 1], [2, 3]] for [0, 1, 2, 3]; [[0], [1, 2]] for [0, 1, 2]: 2 layers a bucket, counted back."""
+    return [layers[max(0, i - 2):i] for i in range(len(layers), 0, -2)][::-1]
+
+
+for r in range(WORLD):
+    ddp_layers = K[r]["eager DDP buckets, bucket_cap_mb=2"]["layers"]
+    graphs = K[r]["bucket_cap_mb=2"]["layers"]
+    assert ddp_layers == pairs_from_the_end(list(range(n_layers))), ddp_layers
+    assert graphs == pairs_from_the_end(list(range(n_layers - 1))) + [[n_layers - 1]], graphs
+    assert graphs != ddp_layers
+print(f"bucket_cap_mb=2: DDP's buckets {ddp_layers}; compiled graphs {graphs}")
 
 # %% [markdown]
 # ### The `bucket_cap_mb` constraint under compile
 #
-# `DDPOptimizer.__init__` refuses a cap below the first bucket's 1 MiB, with an
-# `AssertionError` rather than a clear `ValueError`, and only at the first compiled forward.
-# Eager DDP takes the same cap without complaint.
+# `DDPOptimizer.__init__` refuses a cap below its first piece's 1 MiB. It raises an
+# `AssertionError`, not a clear `ValueError`, and only at the first compiled forward. Eager DDP
+# takes the same cap without complaint.
 #
 # **Claim:** `torch.compile(DDP(model, bucket_cap_mb=0.5))` fails at its first forward, on every
 # rank, with "First bucket should be smaller/equal to other buckets to get comms warmed up
-# ASAP", and so does `DDP(torch.compile(model), bucket_cap_mb=0.5)`; eager `DDP(model, bucket_cap_mb=0.5)` trains with a 524,288-byte cap. Under compile,
-# keep `bucket_cap_mb >= 1`, or switch `optimize_ddp` off (one graph, no overlap).
+# ASAP". So does `DDP(torch.compile(model), bucket_cap_mb=0.5)`. Eager
+# `DDP(model, bucket_cap_mb=0.5)` trains with a 524,288-byte cap.
+#
+# Under compile, keep `bucket_cap_mb >= 1`. Or switch `optimize_ddp` off: one graph, no overlap.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: bucket_cap_mb=0.5 fails under compile, not in eager DDP
 for r in range(WORLD):
     for name in ("bucket_cap_mb=0.5", "DDP(torch.compile(model)), bucket_cap_mb=0.5"):
         error = K[r][name].get("error", "")
@@ -278,10 +342,10 @@ print(K[0]["bucket_cap_mb=0.5"]["error"])
 # %% [markdown]
 # ## 3. Checkpoint keys
 #
-# Both wrappers are modules that hold the model as a submodule: DDP as `module`,
-# `torch.compile`'s `OptimizedModule` as `_orig_mod`. Their `state_dict()` keys carry that path,
-# so a checkpoint saved from the wrapper does not load into a plain model. The worker trains one
-# step in each order, saves from rank 0 (into memory) and loads into a fresh plain `Net`.
+# Both wrappers are modules that hold the model as a submodule. DDP calls it `module`;
+# `torch.compile`'s `OptimizedModule` calls it `_orig_mod`. Their `state_dict()` keys carry that
+# path, so a checkpoint saved from the wrapper does not load into a plain model. The worker trains
+# one step in each order. Rank 0 saves into memory and loads into a fresh plain `Net`.
 
 # %%
 def plain_state(model):
@@ -333,16 +397,19 @@ S = launch(keys_worker, WORLD, n_layers, backend="gloo", timeout=300)
 pd.DataFrame({name: {k: v for k, v in S[0][name].items() if "keys" not in k} for name in list(S[0])[:2]}).T
 
 # %% [markdown]
-# **Claim:** `torch.compile(DDP(net))` names its weights `_orig_mod.module.layers.0.weight`, and
-# `DDP(torch.compile(net))` names them `module._orig_mod.layers.0.weight`: every key carries the
-# prefix. Loading either into a plain `Net` raises "Error(s) in loading state_dict for Net" (the
-# keys are missing). Two ways give the plain model's keys: the `state_dict()` of `net`, the
-# object you wrapped (the wrappers share its parameters, so it holds the trained values), or the
-# wrapper's state with the prefixes stripped by torch's
-# `consume_prefix_in_state_dict_if_present` (`plain_state` above). The stripped state loads
-# strictly into a fresh `Net` and gives back the trained weights.
+# Two ways give the plain model's keys. One is the `state_dict()` of `net`, the object you
+# wrapped: the wrappers share its parameters, so it holds the trained values. The other is the
+# wrapper's state with the prefixes stripped by torch's `consume_prefix_in_state_dict_if_present`,
+# as `plain_state` above does.
+#
+# **Claim:** every key carries the wrappers' prefix: `_orig_mod.module.layers.0.weight` under
+# `torch.compile(DDP(net))`, `module._orig_mod.layers.0.weight` under `DDP(torch.compile(net))`.
+# Loading either into a plain `Net` raises "Error(s) in loading state_dict for Net": keys are
+# missing. `net.state_dict()` holds the trained values. The stripped state loads strictly into a
+# fresh `Net` and gives back the trained weights.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: checkpoint keys in both orders, and the restored weights
 prefixes = {"torch.compile(DDP(net))": "_orig_mod.module.", "DDP(torch.compile(net))": "module._orig_mod."}
 for r in range(WORLD):
     for name, prefix in prefixes.items():
@@ -364,21 +431,22 @@ print(f"lesson 08b ran in {time.perf_counter() - t_notebook:.0f} s")
 # | --- | --- | --- |
 # | own model class | compiled, one graph per bucket | compiled, one graph per bucket |
 # | `nn.Sequential` of layers | nothing compiled | compiled |
-# | graphs, default cap | 2 (first bucket 1 MiB, then ≤ 25 MiB) | 2 |
+# | graphs, default cap | 2: first bucket 1 MiB, then ≤ 25 MiB | 2 |
+# | graphs, other caps | first graph 1 MiB, then `bucket_cap_mb`: may differ from DDP's buckets | the same |
 # | `bucket_cap_mb < 1` | `AssertionError` at the first forward | the same |
 # | checkpoint keys | `_orig_mod.module.…` | `module._orig_mod.…` |
 #
-# Compiling a DDP model is not all-or-nothing, and nothing tells you when nothing was compiled:
-# count the graphs with a recording backend, or read `TORCH_LOGS="graph_breaks"`. Under DDP
-# the compiler splits the graph at bucket boundaries, so `bucket_cap_mb` decides how many graphs
-# you get, and it must be at least the 1 MiB first bucket. For checkpoints, save the object you
-# wrapped (`net.state_dict()`) or strip the prefixes with
-# `consume_prefix_in_state_dict_if_present`.
+# Compiling a DDP model is not all-or-nothing, and nothing tells you when nothing was compiled.
+# Count the graphs with a recording backend, or read `TORCH_LOGS="graph_breaks"`. Under DDP the
+# compiler splits the graph by its own bucket arithmetic. At the default cap its pieces are DDP's
+# buckets; at other caps its first piece stays at 1 MiB. So `bucket_cap_mb` decides how many
+# graphs you get, and it must be at least 1 MiB. For checkpoints, save the object you wrapped,
+# `net.state_dict()`. Or strip the prefixes with `consume_prefix_in_state_dict_if_present`.
 #
 # ## Exercises
 #
-# Each asks for a value: predict it by hand first, then set `answer_N` (replacing `None`) and run
-# the check cell below it, which prints "correct" or "not yet" with a hint. In the full lesson a
+# Each asks for a value. Predict it by hand first. Then set `answer_N` in place of `None` and run
+# the check cell below it. It prints "correct" or "not yet" with a hint. In the full lesson a
 # solution follows each check, collapsed; student copies leave the solutions out. Every solution
 # runs when the full lesson runs, so each is known to pass its check.
 
@@ -386,12 +454,13 @@ print(f"lesson 08b ran in {time.perf_counter() - t_notebook:.0f} s")
 # ### Exercise 1: how many graphs?
 #
 # `torch.compile(DDP(Net(6), bucket_cap_mb=2))`: which layers does each graph hold? Answer with
-# a list of lists in forward order, like section 2's table (`[[0, 1], [2]]`).
+# a list of lists in forward order, like section 2's table: `[[0, 1], [2]]`.
 
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 1
 # expected: what section 2's worker recorded for this build
 expected_1 = K[0]["exercise: 6 layers, bucket_cap_mb=2"]["layers"]
 check_answer("ex1", answer_1, expected_1, hint="walk backwards: first bucket 1 MiB, then 2 MiB each; a layer is 1 MiB + 2 KiB")
@@ -406,13 +475,14 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # ### Exercise 2: the key of a bias
 #
 # You trained `DDP(torch.compile(net))` with `net = Net(n_layers)`. What is the key of layer 1's
-# bias in the wrapper's `state_dict()`, and what is it after `plain_state`? Answer with a tuple of
+# bias in the wrapper's `state_dict()`? What is it after `plain_state`? Answer with a tuple of
 # two strings.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 2
 # expected: from section 3's worker
 keys_2 = [k for k in S[0]["DDP(torch.compile(net))"]["plain keys"] if k.startswith("layers.1.bias")]
 expected_2 = ("module._orig_mod." + keys_2[0], keys_2[0])

@@ -17,7 +17,7 @@
 # # 09 · A cluster on the laptop: DDP, the sampler and FSDP2 at 64 ranks
 #
 # <!-- opening:start -->
-# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,000 words at 200 words/min): about 5 min.
+# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time**: not measured yet. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
 # **The question:** what changes when the job has 64 ranks instead of 2, and what stays the same?
@@ -28,8 +28,9 @@
 # values are real: `all_reduce`, DDP and FSDP2 run unchanged. The time is not: the ranks share one
 # process and take turns. Each claim (in bold, "Claim:") is asserted in the code cell after it.
 #
-# 1. DDP on many ranks · 2. bytes per rank and the cost model · 3. the sampler at 64 and 256
-# replicas · 4. global batch and schedule · 5. FSDP2 shards · 6. what a simulation cannot show
+# 0. the collectives at 64 ranks · 1. DDP on many ranks · 2. bytes per rank and the cost model ·
+# 3. the sampler at 64 and 256 replicas · 4. global batch and schedule · 5. FSDP2 shards ·
+# 6. what a simulation cannot show
 #
 # Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
@@ -58,6 +59,7 @@ check_value("compute_ms", compute_ms, compute_ms > 0, "above 0")
 
 # %%
 import math
+import warnings
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -73,6 +75,63 @@ from helpers.costmodel import predict_data_parallel, ring_allreduce_seconds
 from helpers.engine import launch, simulate
 
 N_TRAIN, N_TEST = 60_000, 10_000  # MNIST's sizes
+
+# %% [markdown]
+# ## 0. The collectives at 64 ranks: predict, then check
+#
+# Lesson 00a ran each collective on 2 ranks. Here they run on `world_size` ranks, 64 by default.
+# Rank r starts with the number `r + 1`. Write down your prediction for rank 5 and for the last
+# rank before you run the next cell:
+#
+# - `all_reduce` with the default sum, on `r + 1`;
+# - `broadcast` from rank 0, of `100 + r`;
+# - `all_gather_into_tensor` of `[r]` into a tensor of `world_size` numbers;
+# - `reduce_scatter_tensor` with the sum, of `[0, 1, ..., world_size - 1]` times `r + 1`.
+#
+# torch 2.14 also calls the last two `all_gather_single` and `reduce_scatter_single`. The old
+# names still work and print a `FutureWarning`, which the cell hides.
+
+# %%
+def collectives(rank, world_size):
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)  # sum over the ranks, in place
+    sent = torch.tensor([100.0 + rank])
+    dist.broadcast(sent, src=0)  # rank 0's value everywhere
+    gathered = torch.empty(world_size)
+    dist.all_gather_into_tensor(gathered, torch.tensor([float(rank)]))  # one number from each rank
+    shard = torch.empty(1)
+    dist.reduce_scatter_tensor(shard, torch.arange(world_size, dtype=torch.float32) * (rank + 1))
+    return {"all_reduce": total.item(), "broadcast": sent.item(),
+            "all_gather_into_tensor": gathered.tolist(), "reduce_scatter_tensor": shard.item()}
+
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "`torch.distributed.*` is deprecated", FutureWarning)
+    coll = simulate(collectives, world_size)
+pd.DataFrame(coll).loc[[0, 5, world_size - 1]].assign(
+    all_gather_into_tensor=lambda d: d["all_gather_into_tensor"].map(lambda v: f"{v[:3]} ... {v[-1]}"))
+
+# %% [markdown]
+# **Claim:** with N = `world_size` ranks, every rank holds these values:
+#
+# | collective | value on rank r |
+# |---|---|
+# | `all_reduce` | `1 + 2 + ... + N = N(N + 1) / 2` on every rank |
+# | `broadcast` | 100, rank 0's value, on every rank |
+# | `all_gather_into_tensor` | `[0, 1, ..., N - 1]` on every rank |
+# | `reduce_scatter_tensor` | `r × N(N + 1) / 2`: element r of the summed inputs |
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's value of the four collectives
+n = world_size
+assert len(coll) == n
+for r, got in enumerate(coll):
+    assert got["all_reduce"] == n * (n + 1) / 2, (r, got["all_reduce"])
+    assert got["broadcast"] == 100.0, (r, got["broadcast"])
+    assert got["all_gather_into_tensor"] == [float(i) for i in range(n)], r
+    assert got["reduce_scatter_tensor"] == r * n * (n + 1) / 2, (r, got["reduce_scatter_tensor"])
+print(f"{n} ranks: all_reduce {n * (n + 1) // 2} everywhere; rank 5's reduce_scatter_tensor "
+      f"{coll[5]['reduce_scatter_tensor']:g}")
 
 # %% [markdown]
 # ## 1. DDP on many ranks: the gradient is the mean
@@ -98,7 +157,8 @@ mean = [torch.stack(gs).mean(0) for gs in zip(*local)]
 # **Claim:** after the backward, every one of the ranks holds the same gradient, the mean of the
 # local gradients computed one by one in this process; no rank's local gradient equals it.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: every rank's gradient is the mean of the local gradients
 for out in results:
     for g, m in zip(out["grads"], mean):
         torch.testing.assert_close(g, m, rtol=1e-5, atol=1e-7)
@@ -111,7 +171,8 @@ print(f"{world_size} ranks, one gradient: the mean of {world_size} local gradien
 # **Claim:** the simulation at 2 ranks gives the values 2 real gloo ranks give, for every
 # parameter's gradient and weight.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: 2 simulated ranks give what 2 real gloo ranks give
 real = launch(ddp_steps, 2, 2, batch_per_rank)
 simulated = simulate(ddp_steps, 2, 2, batch_per_rank)
 for r in range(2):
@@ -152,7 +213,8 @@ print(f"bucket bytes on rank 0: {buckets[0]}; all float32 gradients: {grad_bytes
 # **Claim:** every rank sees the same buckets, and they hold all the gradient bytes: 4 bytes per
 # parameter.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the same buckets on every rank, holding every gradient byte
 assert all(b == buckets[0] for b in buckets)
 assert sum(buckets[0]) == grad_bytes
 
@@ -171,7 +233,8 @@ table
 # **Claim:** the bytes each rank sends grow towards twice the gradient bytes, never past them.
 # The cost model's all-reduce time is the ring formula's, one bucket at a time.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: bytes per rank, and the cost model's ring formula
 assert all(a < b for a, b in zip(sent, sent[1:])) and sent[-1] < 2 * grad_bytes
 for n, row in zip(sizes, model_rows):
     ring = len(buckets[0]) * 2 * (n - 1) * alpha_us * 1e-6 + ring_allreduce_seconds(grad_bytes, n, 0.0, bandwidth)
@@ -217,7 +280,8 @@ pd.DataFrame(rows)
 # gives 937 and drops 32. At 256 replicas: 235 and 160 of padding. The test set at 64 replicas
 # has 48 items seen twice, at 256 replicas 240.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the sampler's padding and drops at 64 and 256 replicas
 by = {r["replicas"]: r for r in rows}
 assert (by[64]["train per rank"], by[64]["train padding"]) == (938, 32)
 assert (by[64]["drop_last per rank"], by[64]["dropped"]) == (937, 32)
@@ -234,7 +298,8 @@ for outs in sampler.values():
 # **Claim:** at 256 replicas the accuracy over the padded test set differs from the true one.
 # The gap is what the 240 repeated items add.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the accuracy over the padded test set
 seen = [i for o in sampler[256] for i in o["test"]]
 right = [i % 7 != 0 for i in seen]
 true_acc = sum(i % 7 != 0 for i in range(N_TEST)) / N_TEST
@@ -269,7 +334,8 @@ print(f"global batch {global_batch}; steps per epoch: {sharded_steps} sharded, {
 # counted on the unsharded loader's length has barely moved when the epoch ends: the learning rate
 # is still above 90% of its peak, where it should be 0.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: steps per epoch, and the schedule counted on the wrong loader
 assert sharded_steps == math.ceil(math.ceil(N_TRAIN / world_size) / batch_per_rank)
 assert unsharded_steps == math.ceil(N_TRAIN / batch_per_rank)
 opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
@@ -313,7 +379,8 @@ memory
 # there is no chunk r). Together the shards hold every byte once; DDP holds all of them on every
 # rank.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: rank r's FSDP2 shard is chunk r
 for rank, ranks in enumerate(shards):
     for shard, p in zip(ranks, full):
         chunks = p.chunk(world_size)
@@ -344,7 +411,8 @@ fig.tight_layout()
 # **Claim:** under the `fake` backend, with `world_size` ranks, rank 0's gradient is its local gradient, not
 # the mean of section 1.
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the fake backend leaves the local gradient
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
@@ -370,6 +438,7 @@ print("fake backend: rank 0 keeps its local gradient; the threaded simulation ga
 # %% [markdown]
 # ## What we saw
 #
+# - The four collectives gave every one of 64 ranks the value you could predict by hand.
 # - `simulate` ran DDP unchanged at 64 ranks. Every rank's gradient was the mean, as at 2 real ranks.
 # - Each rank sends `2(N-1)/N` times the gradient bytes per step: under twice the gradient, at any N.
 # - The sampler pads at 64 and 256 replicas, and repeated test items move an accuracy.
@@ -391,7 +460,8 @@ print("fake backend: rank 0 keeps its local gradient; the threaded simulation ga
 # %% tags=["exercise"]
 answer_1 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 1
 expected_1 = 128 * len(DistributedSampler(range(N_TEST), num_replicas=128, rank=0, shuffle=False)) - N_TEST
 check_answer("ex1", answer_1, expected_1, hint="each rank gets ceil(10,000 / 128) items")
 
@@ -409,7 +479,8 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
-# %% tags=["check"]
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: your answer to exercise 2
 expected_2 = sent[sizes.index(256)]
 check_answer("ex2", answer_2, expected_2, hint="2(N-1)/N times 4 bytes per parameter")
 
