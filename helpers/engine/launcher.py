@@ -71,7 +71,6 @@ from helpers.engine import processes as procs
 from helpers.engine import stacks
 from helpers.engine.by_value import serialise_call
 from helpers.engine.errors import (
-    _HELPERS_DIR,
     LaunchError,
     LaunchInterrupted,
     LaunchTimeout,
@@ -83,6 +82,7 @@ from helpers.engine.fork_server import fork_server, fork_server_pid, main_withou
 from helpers.engine.processes import main_from_env
 from helpers.engine.rank_main import worker_device, worker_entry
 from helpers.engine.run_dir import Relay, read_markers, run_folder
+from helpers.engine.tracebacks import _HELPERS_DIR
 
 __all__ = [
     "launch",

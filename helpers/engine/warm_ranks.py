@@ -71,7 +71,7 @@ import ipyparallel as ipp
 
 from helpers.engine import warm_ranks_remote as eng
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
-from helpers.engine.errors import LaunchInterrupted, RanksStopped, Readable
+from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
 from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
 from helpers.engine.warm_ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
@@ -89,10 +89,6 @@ _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' outp
 # ----------------------------------------------------------------------------------------------
 # in the kernel
 # ----------------------------------------------------------------------------------------------
-
-class NoRanks(Readable, RuntimeError):
-    """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
-
 
 _CURRENT: WarmRanks | None = None
 _ATEXIT_REGISTERED = False

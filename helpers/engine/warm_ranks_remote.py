@@ -19,9 +19,9 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from traitlets.config import Config
 
-from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
+from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - eng.RanksTimeout, eng.RESTART_NOTE
+from helpers.engine.launcher import WorkerError, worker_device
 from helpers.engine.run_dir import rank_lines
-from helpers.engine.stacks import timeout_advice
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
@@ -43,8 +43,6 @@ def engine_config(env: dict[str, str]) -> Config:
     ipyparallel/cluster/launcher.py), so that they are set before anything is imported there."""
     return Config({"LocalEngineSetLauncher": {"engine_args": list(ENGINE_ARGS), "environment": dict(env)}})
 
-RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
-                 "(names defined on the ranks are gone: run your set-up cells again).")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 #: What the controller (or an engine) prints when a port it had chosen was taken by another process
@@ -59,31 +57,6 @@ INIT_TWICE_NOTE = ("warm ranks already have a default process group: `rank`, `wo
 #: Errors that leave the process group unusable (a peer gone, a collective timed out).
 GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
                  "timed out", "DistBackendError", "DistNetworkError", "NCCL")
-
-
-class RanksTimeout(LaunchTimeout):
-    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
-
-    Attributes:
-        timeout: the limit in seconds.
-        ranks_not_finished: ranks that had not finished when time ran out.
-        stacks: ``{rank: Python stack dump}`` of those ranks, taken before they were ended (``str(e)``
-            says where each was stuck, as :class:`LaunchTimeout` does); ``{}`` where none came.
-        cells: ``{file name: (label, code, lines above it)}`` of ``%%px`` cells, for the lines of their frames.
-    """
-
-    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run",
-                 stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str, int]] | None = None):
-        super().__init__(timeout, ranks_not_finished, stacks)
-        self.what = what
-        self.cells = dict(cells or {})
-        self.args = (
-            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            f"{timeout_advice(self.ranks_not_finished, self.stacks, 'pass a larger timeout')} " + RESTART_NOTE,
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.timeout, self.ranks_not_finished, self.what, self.stacks, self.cells))
 
 
 # ----------------------------------------------------------------------------------------------
