@@ -9,7 +9,7 @@ import sys
 
 from traitlets import CaselessStrEnum, default
 
-from helpers.engine.run_dir import socket_dir
+from helpers.engine.internal import socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
 #: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,

@@ -23,7 +23,8 @@ from _support import (
     wait_until_gone,
 )
 from ci.cleanup import IPCKernelManager
-from helpers.engine import LaunchError, WorkerError, current_ranks, faults, launch, start_ranks, threads_per_rank
+from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
+from helpers.engine.internal import current_ranks, threads_per_rank
 
 # slow: kernels or warm ranks in (nearly) every test
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
