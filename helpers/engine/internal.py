@@ -32,7 +32,7 @@ _WHERE = {
     "is_live": "processes",
     "stop_fork_server": "fork_server",
     "is_reaper": "run_dir",
-    "socket_dir": "run_dir",
+    "socket_dir": "socket_folder",
 }
 
 __all__ = sorted(_WHERE)

@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
 from helpers.engine.launcher import _check_callable, _check_timeout, _DefaultTimeout
-from helpers.engine.run_dir import rank_lines
+from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
     _gives_turn,
     _local,

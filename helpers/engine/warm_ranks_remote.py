@@ -21,7 +21,7 @@ from traitlets.config import Config
 
 from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - remote.RanksTimeout, remote.RESTART_NOTE
 from helpers.engine.launcher import WorkerError, worker_device
-from helpers.engine.run_dir import rank_lines
+from helpers.engine.rank_output import rank_lines
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
@@ -329,7 +329,7 @@ def kernel_namespace() -> dict:
 class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
     relayed into the caller's streams as :func:`helpers.engine.launch` relays its ranks' output
-    (:func:`helpers.engine.run_dir.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
+    (:func:`helpers.engine.rank_output.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
     ``sys.stdout``, stderr to ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since
     the last call (the ranks' streams grow as ipyparallel receives them); ``final=True`` also prints
     an unfinished last line."""
