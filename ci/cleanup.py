@@ -4,7 +4,7 @@ When a cell is cut short (timeout, interrupt) the kernel's whole process tree (e
 is killed before papermill shuts the kernel down; after shutdown, any process that was seen in
 the kernel's tree, or that is still a descendant of the runner (on Linux the runner is a "child
 subreaper" while it runs, so orphaned grandchildren are re-parented to it and found), is given
-a few seconds to exit, then killed (:func:`helpers.engine.end_processes`). Used by
+a few seconds to exit, then killed (:func:`helpers.engine.internal.end_processes`). Used by
 :mod:`ci.execution`.
 """
 
@@ -23,8 +23,7 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 
 from helpers.checkout import pythonpath_first
-from helpers.engine.processes import descendants, end_processes, is_live
-from helpers.engine.run_dir import is_reaper
+from helpers.engine.internal import descendants, end_processes, is_live, is_reaper
 from helpers.ipc_kernel import ipc_kernel_manager
 
 #: Pass to ``papermill.execute_notebook(..., kernel_manager_class=IPCKernelManager)``.
@@ -75,7 +74,7 @@ def _wait_gone(procs: list, timeout: float) -> list:
 def kill_all(procs: list, timeout: float = 5.0) -> list:
     """SIGKILL ``procs`` (parents before children, the order given) and wait; returns survivors.
 
-    The killing is :func:`helpers.engine.end_processes` (the one process-tree ender); then the
+    The killing is :func:`helpers.engine.internal.end_processes` (the one process-tree ender); then the
     orphans this subreaper adopted while their parents died are reaped."""
     survivors = end_processes(procs, terminate=False, timeout=timeout)
     _reap_zombie_children()

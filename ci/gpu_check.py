@@ -46,7 +46,8 @@ from torch import nn
 from ci.gpu_claims import gpu_claim_status
 
 try:
-    from helpers.engine import end_processes, launch, leftover_children, start_ranks, worker_device
+    from helpers.engine import launch, leftover_children, start_ranks, worker_device
+    from helpers.engine.internal import end_processes
 except ModuleNotFoundError as e:  # run as a file without the repository installed
     if e.name != "helpers":
         raise

@@ -40,7 +40,7 @@ EXIT_OK, EXIT_DIFFERS, EXIT_MISSING = 0, 1, 2
 DESIGN_NOTES = [
     "Design decisions recorded by these tests:",
     "- `world_size` above the CPU count is allowed with an `OversubscriptionWarning`; above",
-    "  `helpers.engine.MAX_RANKS_PER_CPU` (8) ranks per core it is refused before any process starts.",
+    "  `helpers.engine.internal.MAX_RANKS_PER_CPU` (8) ranks per core it is refused before any process starts.",
     "- Errors a rank raises only because a peer died (gloo's \"Connection closed by peer\") are",
     "  reported as secondary; the root cause is the rank that failed first.",
 ]

@@ -9,7 +9,7 @@ import sys
 
 from traitlets import CaselessStrEnum, default
 
-from helpers.engine.run_dir import socket_dir
+from helpers.engine.internal import socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
 #: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
@@ -34,7 +34,7 @@ def ipc_kernel_manager(base: type) -> type:
     messages, "Invalid Signature"), and left in the folder. Here they are
     ``<tempdir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel; jupyter_client
     removes them when the kernel is cleaned up (``cleanup_ipc_files``). ``<tempdir>`` is
-    :func:`helpers.engine.run_dir.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
+    :func:`helpers.engine.socket_folder.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
     long for a socket path.
     """
 

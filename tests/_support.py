@@ -78,8 +78,8 @@ def marked_processes(mark, cmd_contains="ipyparallel"):
     found = []
     for p in psutil.process_iter():
         try:
-            # the name too: a warm-rank engine forked from the fork server has the server's command
-            # line and the name helpers.engine.warm_ranks_forked.ENGINE_NAME ("ipyparallel-eng")
+            # the name too: a warm rank process forked from the fork server has the server's command
+            # line and the name helpers.engine.warm_ranks_forked.RANK_PROCESS_NAME ("ipyparallel-eng")
             if p.pid != os.getpid() and p.environ().get(RANKS_MARK) == mark \
                     and cmd_contains in " ".join([p.name(), *p.cmdline()]):
                 found.append(p)

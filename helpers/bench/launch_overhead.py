@@ -18,7 +18,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.engine import free_port, launch, stop_fork_server
+from helpers.engine import free_port, launch
+from helpers.engine.internal import stop_fork_server
 
 
 def trivial_worker(rank: int, world_size: int) -> int:
@@ -70,7 +71,7 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
 
     Methods: ``"helpers.engine.launch"`` (:func:`helpers.engine.launch` with its fork server running:
     torch's elastic agent, ranks forked from a server that imported torch, output relay, error
-    handling), :data:`LAUNCH_FIRST` (the same after :func:`helpers.engine.stop_fork_server`:
+    handling), :data:`LAUNCH_FIRST` (the same after :func:`helpers.engine.internal.stop_fork_server`:
     what the first launch in a kernel pays, the server's ``import torch`` included),
     ``"torch.multiprocessing.spawn"`` (:func:`spawn_launch`: every rank a fresh interpreter),
     ``"python -c 'import torch'"`` (one fresh interpreter; ``world_size`` 1) and, when 2 is in

@@ -19,7 +19,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from helpers.bench.launch_overhead import spawn_launch
-from helpers.engine import QuietElastic, launch
+from helpers.engine import launch
+from helpers.engine.internal import QuietElastic
 
 #: What :func:`bench_threads_by_launcher` runs in each rank (and in the plain process): prints
 #: one JSON line with the rank, ``torch.get_num_threads()`` and ``OMP_NUM_THREADS`` as it found it.

@@ -137,7 +137,7 @@ class Doctor:
         with contextlib.suppress(Exception):
             import psutil
 
-            from helpers.engine import end_processes
+            from helpers.engine.internal import end_processes
 
             end_processes(psutil.Process().children(recursive=True), terminate=False)
         os._exit(1)

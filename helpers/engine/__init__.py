@@ -1,6 +1,6 @@
 """The notebook-safe engine: start DDP ranks from a notebook cell (or a script) and get their results back.
 
-Notebooks, the course's helpers, ``ci/`` and the docs use only this public surface
+Notebooks, the course's helpers and the learner's docs use only this public surface
 (``tests/course/test_fence.py`` checks it)::
 
     from helpers.engine import launch, worker_device    # fn(rank, world_size, ...) on N real ranks
@@ -9,24 +9,23 @@ Notebooks, the course's helpers, ``ci/`` and the docs use only this public surfa
     from helpers.engine import simulate                 # fn(rank, world_size, ...) on N simulated ranks (threads)
     import helpers.engine.cluster as cluster            # notebook 07a: torchrun agents, two-node rehearsal
 
+This is the learner's surface: the names lessons teach and the course code they run uses. What only
+the benchmarks, the doctor, ``ci/`` and the tests need is behind :mod:`helpers.engine.internal`.
 Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import torch, nor do its
 ``fork_server``, ``run_dir`` and ``processes`` modules; the first name used imports what it needs):
 
-- starting ranks: :func:`launch`, :func:`spawn` (``helpers.mp.spawn``), :func:`start_ranks`,
-  :func:`current_ranks`, :class:`WarmRanks`; :func:`simulate` (8 to 256 ranks as threads of this
-  process on torch's threaded process group: real values, no real time);
+- starting ranks: :func:`launch`, :func:`start_ranks` (warm ranks across cells, ``%%px``),
+  :func:`simulate` (8 to 256 ranks as threads of this process on torch's threaded process group:
+  real values, no real time); ``helpers.mp`` for ``torch.multiprocessing``'s interface;
 - inside a rank: :func:`worker_device` (``cuda:<local_rank>`` under nccl, else ``cpu``);
   :func:`main_from_env` (the torchrun entry for a worker written for :func:`launch`);
-- rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`),
-  :func:`threads_per_rank`, :data:`MAX_RANKS_PER_CPU`;
-- processes: :func:`free_port`, :func:`loopback_interface`, :func:`end_processes`,
-  :func:`leftover_children`, :func:`stop_fork_server`; :class:`QuietElastic` (torch's elastic
-  agent without its log lines, for code that calls the agent directly);
+- rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`);
+- processes: :func:`free_port`, :func:`loopback_interface`, :func:`leftover_children`;
 - errors learners catch: :class:`LaunchError` (bad input, before any process starts),
   :class:`WorkerError` (a rank raised; names the root-cause rank), :class:`LaunchTimeout`,
   :class:`LaunchInterrupted`, :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`,
   :class:`SimulationUnavailable` (this torch lacks what :func:`simulate` needs);
-  :class:`OversubscriptionWarning` (more ranks than cores);
+  :class:`OversubscriptionWarning` (more ranks than cores), all defined in :mod:`helpers.engine.errors`;
 - :mod:`faults`: deliberate faults (a rank that raises, hangs, exits, is killed) for tests and lessons.
 
 The module map and the engine's guarantees are in docs/ARCHITECTURE.md.
@@ -40,25 +39,17 @@ import importlib
 _WHERE = {
     "launch": "launcher",
     "simulate": "simulated",
-    "SimulationUnavailable": "simulated",
+    "SimulationUnavailable": "errors",
     "resolve_backend": "launcher",
-    "threads_per_rank": "launcher",
-    "MAX_RANKS_PER_CPU": "launcher",
     "BACKENDS": "launcher",
-    "QuietElastic": "launcher",
     "worker_device": "rank_main",
     "main_from_env": "processes",
     "free_port": "processes",
     "loopback_interface": "processes",
-    "end_processes": "processes",
     "leftover_children": "processes",
-    "stop_fork_server": "fork_server",
-    "spawn": "mp",
     "start_ranks": "warm_ranks",
-    "current_ranks": "warm_ranks",
-    "WarmRanks": "warm_ranks",
-    "RanksTimeout": "warm_ranks",
-    "NoRanks": "warm_ranks",
+    "RanksTimeout": "errors",
+    "NoRanks": "errors",
     "RanksStopped": "errors",
     "LaunchError": "errors",
     "WorkerError": "errors",

@@ -29,7 +29,7 @@ What this module adds to Python's fork server (``multiprocessing.forkserver``):
 - **a socket path that fits**: Python binds the server's Unix socket at
   ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
   (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
-  in a folder that fits (:func:`helpers.engine.run_dir.socket_dir`), as CPython 3.14 does itself.
+  in a folder that fits (:func:`helpers.engine.socket_folder.socket_dir`), as CPython 3.14 does itself.
 - **a session (so a Unix process group) of its own**: ipykernel answers a shutdown request by
   signalling every child in its Unix process group until none is left, zombies included
   (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py, about 29 s of
@@ -77,7 +77,7 @@ import tempfile
 import threading
 from multiprocessing import forkserver, spawn, util
 
-from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
+from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
 
 __all__ = ["AGENT_ENV", "PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server",
            "fork_server_pid", "fresh_random_state", "main_without_file", "start_method", "stop_fork_server"]
@@ -143,12 +143,12 @@ _PYMP_NAME = len("pymp-") + 8
 def _socket_folder_that_fits() -> None:
     """Before Python binds the server's socket in its per-process temp folder (``pymp-*``, made on
     first use in ``TMPDIR`` and kept in ``current_process()._config["tempdir"]``): if that path
-    would be too long, make the folder in :func:`helpers.engine.run_dir.socket_dir` instead, removed when
+    would be too long, make the folder in :func:`helpers.engine.socket_folder.socket_dir` instead, removed when
     this process exits, as Python removes its own. CPython 3.14's ``util.get_temp_dir`` does this
     itself (https://github.com/python/cpython/issues/132124).
 
     Raises:
-        OSError: no temp folder short enough (:func:`helpers.engine.run_dir.socket_dir`).
+        OSError: no temp folder short enough (:func:`helpers.engine.socket_folder.socket_dir`).
     """
     config = multiprocessing.current_process()._config
     folder = config.get("tempdir")

@@ -42,8 +42,8 @@ The same worker function, once moved into a module, runs unchanged under ``torch
 - :mod:`helpers.engine.by_value`: what may be sent (by value or by reference), the refusal walk;
 - :mod:`helpers.engine.rank_main`: what runs inside each rank (parent-death signal, process group,
   ``fn``, markers), and :func:`worker_device`;
-- :mod:`helpers.engine.run_dir`: the run folder the launcher and its ranks share (markers, each rank's
-  captured stdout/stderr and their relay), removed even when the launcher is SIGKILLed;
+- :mod:`helpers.engine.run_dir`: the run folder the launcher and its ranks share, removed even if it is SIGKILLed;
+- :mod:`helpers.engine.rank_output`: each rank's stdout/stderr captured there and relayed as ``[rank r]`` lines;
 - :mod:`helpers.engine.stacks`: where each rank is stuck on a timeout or an interrupt (faulthandler);
 - :mod:`helpers.engine.processes`: free ports, ending process trees, the backend rule, the torchrun entry.
 
@@ -71,7 +71,6 @@ from helpers.engine import processes as procs
 from helpers.engine import stacks
 from helpers.engine.by_value import serialise_call
 from helpers.engine.errors import (
-    _HELPERS_DIR,
     LaunchError,
     LaunchInterrupted,
     LaunchTimeout,
@@ -82,7 +81,9 @@ from helpers.engine.errors import (
 from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file
 from helpers.engine.processes import main_from_env
 from helpers.engine.rank_main import worker_device, worker_entry
-from helpers.engine.run_dir import Relay, read_markers, run_folder
+from helpers.engine.rank_output import Relay
+from helpers.engine.run_dir import read_markers, run_folder
+from helpers.engine.tracebacks import _HELPERS_DIR
 
 __all__ = [
     "launch",
@@ -308,7 +309,7 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         max_restarts=0,
         monitor_interval=_POLL_S,
         start_method=start_method,  # never fork: see the module docstring
-        # no redirects: each rank captures its own stdout/stderr (helpers.engine.run_dir.capture_output),
+        # no redirects: each rank captures its own stdout/stderr (helpers.engine.rank_output.capture_output),
         # since the agent's redirect is a no-op on macOS and Windows; log_dir keeps its error.json
         # files in the run folder
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE),

@@ -9,7 +9,7 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
    server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); seeds torch, numpy
    and ``random`` afresh (:func:`helpers.engine.fork_server.fresh_random_state`); points its stdout and
-   stderr at its files in the run folder (:func:`helpers.engine.run_dir.capture_output`);
+   stderr at its files in the run folder (:func:`helpers.engine.rank_output.capture_output`);
 2. registers its stack dump on SIGUSR1 (:func:`helpers.engine.stacks.register`, read by the
    launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
    unpickles ``fn, args, kwargs``;
@@ -41,7 +41,8 @@ import torch.distributed as dist
 from helpers.engine import processes as procs
 from helpers.engine import stacks
 from helpers.engine.fork_server import AGENT_ENV, close_inherited_pipe, fresh_random_state
-from helpers.engine.run_dir import capture_output, write_marker
+from helpers.engine.rank_output import capture_output
+from helpers.engine.run_dir import write_marker
 from helpers.engine.start_method import with_hint
 
 __all__ = ["worker_device", "worker_entry"]

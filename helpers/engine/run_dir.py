@@ -1,5 +1,4 @@
-"""Temp folders: the run folder one launch shares with its ranks (and the reaper that removes it),
-and :func:`socket_dir`, a temp folder short enough to hold a Unix socket.
+"""The run folder one launch shares with its ranks: its markers, and the reaper that removes it.
 
 :func:`helpers.engine.launch` makes a fresh folder ``ddp-lab-launch-*`` in the temp directory
 for each launch. The ranks and the launcher talk through it with small JSON marker files, each
@@ -10,7 +9,7 @@ written atomically (a temp file, then ``os.replace``):
 - ``error.<rank>``: ``{"rank", "type", "message", "traceback", "time"}``, when ``fn`` raised;
 
 and each rank points its own stdout and stderr (file descriptors 1 and 2) at
-``output/<rank>/std{out,err}.log`` (:func:`capture_output`), which :class:`Relay` copies into the
+``output/<rank>/std{out,err}.log`` (:mod:`helpers.engine.rank_output`), which its ``Relay`` copies into the
 caller's streams line by line. (torch's elastic agent writes its ``error.json`` files under ``logs/``.)
 
 :func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
@@ -24,25 +23,16 @@ the launcher is gone, and killing it first leaves the folder behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["REAPER_NAME", "SUN_PATH_MAX", "Relay", "capture_output", "is_reaper", "rank_lines", "read_markers",
-           "run_folder", "socket_dir", "write_marker"]
-
-#: Bytes in a Unix socket's path, its final NUL included (``sun_path`` in ``<sys/un.h>``): 108 on
-#: Linux, 104 on macOS and the BSDs (man 7 unix). ZeroMQ's ``ipc://`` endpoints are such sockets.
-SUN_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
-#: Where :func:`socket_dir` looks when the temp directory's path is too long (CPython's choice, below).
-SYSTEM_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
+__all__ = ["REAPER_NAME", "is_reaper", "read_markers", "run_folder", "write_marker"]
 
 #: The reaper: wait for end-of-file on stdin (the launcher ended or died), then remove the folder
 #: ("$1"); a rank still writing a log line as it is SIGKILLed can refill it once, so retry.
@@ -101,39 +91,6 @@ def _stop_reaper(reaper: subprocess.Popen | None) -> None:
         reaper.wait()
 
 
-def socket_dir(name_length: int) -> str:
-    """A temp folder in which a Unix socket named with ``name_length`` more characters (after a path
-    separator) fits in :data:`SUN_PATH_MAX`: the temp directory (``tempfile.gettempdir()``, i.e.
-    ``TMPDIR``) when it fits, else the first of :data:`SYSTEM_TEMP_DIRS` that is a writable folder.
-
-    A long ``TMPDIR`` (a cluster job's scratch folder, a test's ``tmp_path``) otherwise makes binding
-    the socket fail with ``OSError: AF_UNIX path too long``. CPython 3.14 falls back to the same three
-    folders for multiprocessing's own sockets (https://github.com/python/cpython/issues/132124);
-    Python 3.10 to 3.12 do not.
-
-    Returns:
-        str: an absolute folder path.
-
-    Raises:
-        OSError: neither the temp directory nor any of :data:`SYSTEM_TEMP_DIRS` fits; the message
-            gives ``TMPDIR``'s length and what to do.
-    """
-    def fits(folder: str) -> bool:
-        return len(os.fsencode(folder)) + 1 + name_length < SUN_PATH_MAX
-
-    base = tempfile.gettempdir()
-    if fits(base):
-        return base
-    for folder in SYSTEM_TEMP_DIRS:
-        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK) and fits(folder):
-            return folder
-    raise OSError(
-        f"the temp directory {base!r} is {len(os.fsencode(base))} bytes long: a Unix socket in it "
-        f"(a name of {name_length} characters) would pass the {SUN_PATH_MAX - 1}-byte limit, and none of "
-        f"{', '.join(SYSTEM_TEMP_DIRS)} is a writable folder to use instead. Set TMPDIR to a shorter "
-        "folder (for example `export TMPDIR=/tmp`) before starting Python or Jupyter.")
-
-
 def write_marker(run_dir: str, kind: str, rank: int, payload: dict) -> None:
     """Write ``run_dir/<kind>.<rank>`` as JSON, atomically (readers never see half a file)."""
     path = os.path.join(run_dir, f"{kind}.{rank}")
@@ -155,101 +112,3 @@ def read_markers(run_dir: str, kind: str) -> dict[int, dict]:
             except (OSError, ValueError):
                 pass
     return found
-
-
-#: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
-OUTPUT_DIR = "output"
-_STREAMS = ((1, "stdout"), (2, "stderr"))
-
-
-def capture_output(run_dir: str, rank: int) -> None:
-    """In a rank, first thing: point file descriptors 1 and 2 at ``run_dir/output/<rank>/stdout.log``
-    and ``stderr.log`` (``os.dup2``), which :class:`Relay` copies to the launcher, and make Python's
-    ``sys.stdout``/``sys.stderr`` line-buffered.
-
-    At the descriptor level, so what C code writes (gloo's warnings) and what a subprocess of the
-    rank writes (a DataLoader worker, ``os.system``) is captured too, not only ``print``. Done here,
-    not by torch's elastic agent (``redirects=`` in its ``LogsSpecs``): the agent's redirect is a
-    null context on macOS and Windows (``get_std_cm`` in
-    ``torch/distributed/elastic/multiprocessing/api.py``: ``if IS_WINDOWS or IS_MACOS ...: return
-    nullcontext()``), where rank output would otherwise never reach the cell. What is still
-    buffered when the rank's process ends normally (a last line without a newline, C stdio
-    buffers) is flushed by a ``multiprocessing`` finaliser; a rank killed by a signal loses only
-    what was not yet written out (with line buffering: at most its unfinished last line).
-    """
-    folder = os.path.join(run_dir, OUTPUT_DIR, str(rank))
-    os.makedirs(folder, exist_ok=True)
-    _flush_all()
-    for fd, name in _STREAMS:
-        target = os.open(os.path.join(folder, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-        stream = getattr(sys, name)
-        if stream is None or _fileno(stream) != fd:  # no console (pythonw), or not the descriptor
-            setattr(sys, name, open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False))
-        else:
-            with contextlib.suppress(Exception):  # not a TextIOWrapper: leave it
-                stream.reconfigure(line_buffering=True)
-    from multiprocessing import util  # a rank is a multiprocessing child: its finalisers run at its exit
-    util.Finalize(None, _flush_all, exitpriority=-1000)
-
-
-def _fileno(stream) -> int | None:
-    try:
-        return stream.fileno()
-    except Exception:  # noqa: BLE001 - io.UnsupportedOperation, ValueError (closed)
-        return None
-
-
-def _flush_all() -> None:
-    """Flush Python's ``sys.stdout``/``sys.stderr``, then C's stdio buffers (``fflush(NULL)``)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).fflush(None)
-
-
-def rank_lines(rank: int, lines: list[str]) -> str:
-    """``lines`` (without their newlines) as the caller is shown a rank's output: each prefixed
-    ``[rank r]``, only what follows its last carriage return (a progress bar's final state), each
-    ending in a newline."""
-    return "".join(f"[rank {rank}] {line.rsplit(chr(13), 1)[-1]}\n" for line in lines)
-
-
-class Relay:
-    """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
-    caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``, each rank's lines in the order it wrote them."""
-
-    _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
-
-    def __init__(self, run_dir: str):
-        self.output_dir = os.path.join(run_dir, OUTPUT_DIR)
-        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes]
-
-    def poll(self, final: bool = False) -> None:
-        for path in glob.glob(os.path.join(self.output_dir, "*", "std*.log")):
-            if path not in self.files:
-                m = self._pattern.search(path.replace(os.sep, "/"))
-                if m:
-                    self.files[path] = [int(m.group(1)), m.group(2), 0, b""]
-        for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1])):
-            rank, name, offset, pending = state
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            state[2] = offset + len(data)
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            if final and pending:
-                lines.append(pending)
-                pending = b""
-            state[3] = pending
-            if lines:
-                out = sys.stdout if name == "stdout" else sys.stderr
-                out.write(rank_lines(rank, [line.decode("utf-8", "replace") for line in lines]))
-                out.flush()

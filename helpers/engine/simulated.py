@@ -45,9 +45,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerError
+from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
 from helpers.engine.launcher import _check_callable, _check_timeout, _DefaultTimeout
-from helpers.engine.run_dir import rank_lines
+from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
     _gives_turn,
     _local,
@@ -75,10 +75,6 @@ _POLL_S = 0.05  # how often the caller relays output and checks the ranks (secon
 _END_GRACE_S = 2.0  # after the ranks are told to end: how long before a running rank is interrupted
 _LEFTOVER_S = 30.0  # ... and how long the caller waits for every rank thread to end (seconds)
 _STARTUP_S = 120.0  # the ranks' process groups may take max(timeout, this) seconds to form
-
-
-class SimulationUnavailable(LaunchError):
-    """This torch lacks the private pieces :func:`simulate` is built on; raised before any thread starts."""
 
 
 _ONE_AT_A_TIME = threading.Lock()

@@ -31,8 +31,8 @@ import re
 import signal
 import time
 
-from helpers.engine.errors import Frame, _is_hidden, format_frames
 from helpers.engine.run_dir import read_markers
+from helpers.engine.tracebacks import Frame, _is_hidden, format_frames
 
 __all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_unfinished", "px_cell_name", "ranks_phrase",
            "register", "registered", "state", "stuck_frames", "summary", "timeout_advice"]

@@ -1,7 +1,7 @@
 """Warm ranks: a process group that lives across notebook cells, on ipyparallel engines.
 
 :func:`launch` starts new processes for every call, and nothing of them survives it. Warm ranks
-start ``world_size`` persistent IPython engines once (``ipyparallel``) with a process group, and
+start ``world_size`` persistent ipyparallel engines once (one process per rank) with a process group, and
 keep them: names defined in one cell are still there in the next (poke at weights, gradients,
 buckets step by step), and a call costs milliseconds::
 
@@ -16,17 +16,17 @@ buckets step by step), and a call costs milliseconds::
     ranks.pull("t")                                  # every rank's t, in rank order
     ranks.stop()
 
-Predefined on every rank: ``rank`` (= engine id), ``world_size``, ``device`` (``cuda:<rank>``
+Predefined on every rank: ``rank`` (= its ipyparallel engine id), ``world_size``, ``device`` (``cuda:<rank>``
 under nccl, else ``cpu``), ``torch``, ``dist`` (``torch.distributed``).
 
-What this module adds to ipyparallel (engines, ``%%px``, output labelled ``[stdout:<rank>]``
+What this module adds to ipyparallel (ipyparallel engines, ``%%px``, output labelled ``[stdout:<rank>]``
 and cloudpickle for cell-defined code are ipyparallel's own):
 
 - the input checks, backend rule and threads per rank of :func:`helpers.engine.launch`;
 - a process group on ``127.0.0.1`` through a ``TCPStore`` rank 0 opens on port 0 (the OS picks a
   free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
 - a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
-  cannot restart engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
+  cannot restart ipyparallel engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
   ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display (in
   rank order once the cell ends), but watches the ranks while it waits. A hung collective, a
   rank that raised while its peers wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt
@@ -44,9 +44,9 @@ and cloudpickle for cell-defined code are ipyparallel's own):
 - a start without a port race left unhandled: ipyparallel's controller chooses its ports, then
   binds them; when another process takes one in between, the controller dies, or lives on without
   a scheduler (the start then hung for 180 s). Each wait of a start reads the controller's and
-  engines' output and watches their processes, ends that try at once and starts again with new
+  ipyparallel engines' output and watches their processes, ends that try at once and starts again with new
   ports (up to 4 tries); a failed start says whether anything is left running, after checking;
-- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and engine trees,
+- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and the rank processes' trees,
   at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
   ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`)
   kills them if the kernel dies without ``atexit`` (SIGKILL).
@@ -69,14 +69,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from helpers.engine import warm_ranks_remote as eng
+from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
-from helpers.engine.errors import LaunchInterrupted, RanksStopped, Readable
+from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
 from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
-from helpers.engine.warm_ranks_lifecycle import _GROUP_MARGIN_S, RanksLifeCycle
+from helpers.engine.warm_ranks_start_stop import _GROUP_MARGIN_S, RanksStartStop
 
-RanksTimeout = eng.RanksTimeout  # raised by run and %%px past their timeout
+RanksTimeout = remote.RanksTimeout  # raised by run and %%px past their timeout
 
 __all__ = ["RanksTimeout", "WarmRanks", "current_ranks", "start_ranks"]
 
@@ -89,10 +89,6 @@ _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' outp
 # ----------------------------------------------------------------------------------------------
 # in the kernel
 # ----------------------------------------------------------------------------------------------
-
-class NoRanks(Readable, RuntimeError):
-    """A ``%%px`` cell (or a call) with no warm ranks running: the message says how to start them."""
-
 
 _CURRENT: WarmRanks | None = None
 _ATEXIT_REGISTERED = False
@@ -123,7 +119,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     ``timeout``, ``env`` or the kernel's environment) stops the old ranks first.
 
     Args:
-        world_size: number of ranks (engines), a positive int; same limits as ``launch``.
+        world_size: number of ranks, a positive int; same limits as ``launch``.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
             least ``world_size`` GPUs, else gloo): :func:`helpers.engine.resolve_backend`.
         timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
@@ -133,12 +129,12 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
         activate: register the ``%%px``/``%px`` magics in the calling IPython session.
 
     Returns:
-        WarmRanks: rank ``r`` is engine ``r``; ``torch.set_num_threads(threads_per_rank(world_size))``
+        WarmRanks: rank ``r`` is ipyparallel engine ``r``; ``torch.set_num_threads(threads_per_rank(world_size))``
         on each unless ``OMP_NUM_THREADS`` is set; ``device`` is ``cuda:<rank>`` under nccl.
 
     Raises:
         LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
-        RuntimeError: the controller, the engines or the process group did not come up (a process
+        RuntimeError: the controller, the rank processes or the process group did not come up (a process
             exited, or 180 s passed); every process of the start was ended, and the message says
             whether that was checked to hold. ipyparallel's controller chooses its ports, then binds
             them: when another process takes one in between (``Address already in use``), the start
@@ -167,17 +163,18 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-class WarmRanks(RanksLifeCycle):
+class WarmRanks(RanksStartStop):
     """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
 
     Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
-    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (engine process
+    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (rank process
     ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
     all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
-    after a fault), ``startup_seconds`` (the last start: engines, torch import, group) and
-    ``startup_phases`` (``{"engines": s, "torch and group": s}``: controller and engines up, then
-    each engine importing torch and joining the group), ``start_attempts`` (tries the last start took,
-    see :func:`start_ranks`), ``regroups`` (default groups made again after user code destroyed one).
+    after a fault), ``startup_seconds`` (the last start: processes, torch import, group) and
+    ``startup_phases`` (``{"ipyparallel engines": s, "torch and group": s}``: controller and
+    ipyparallel engines up, then each rank importing torch and joining the group), ``start_attempts``
+    (tries the last start took, see :func:`start_ranks`), ``regroups`` (default groups made again after
+    user code destroyed one).
     """
 
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
@@ -240,10 +237,10 @@ class WarmRanks(RanksLifeCycle):
         others = {r: "ended" for r in range(self.world_size) if r != rank}
         others.update({r: d for r, d in dead.items() if r != rank})
         return WorkerError(rank, dead[rank],
-                           f"the engine process of rank {rank} (pid {self.pids[rank]}) "
+                           f"the process of rank {rank} (pid {self.pids[rank]}) "
                            + (f"was found dead when {what} started" if before else f"died before {what} finished")
                            + " (a signal such as SIGKILL, e.g. from the out-of-memory killer, or os._exit()). "
-                           + eng.RESTART_NOTE, "", others)
+                           + remote.RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:
         """End the ranks now (no half-dead group survives) and start fresh ones on the next call
@@ -272,7 +269,7 @@ class WarmRanks(RanksLifeCycle):
                     poll()
                 done = [p.ready() for p in parts]
                 errors = [r for r, p in enumerate(parts) if done[r] and not p.successful()]
-                if all(done):  # an engine that died mid-task ends as an EngineError: report the death
+                if all(done):  # a rank that died mid-task ends as ipyparallel's EngineError: report the death
                     dead = self.dead_ranks() if errors else {}
                     return errors, (self._dead_error(dead, what) if dead else None)
                 dead = self.dead_ranks()
@@ -281,22 +278,22 @@ class WarmRanks(RanksLifeCycle):
                 if errors:
                     first_error = first_error or time.monotonic()
                     if time.monotonic() - first_error > _ERROR_GRACE_S:
-                        err = eng.worker_error(parts, errors[0])
+                        err = remote.worker_error(parts, errors[0])
                         err.other_ranks.update({r: "had not finished (waiting for the failed rank); ended"
                                                 for r, d in enumerate(done) if not d})
-                        return errors, err.with_note(eng.RESTART_NOTE)
+                        return errors, err.with_note(remote.RESTART_NOTE)
                 if time.monotonic() - start > limit:  # where each unfinished rank is stuck, before they end
                     late = [r for r, d in enumerate(done) if not d]
-                    return errors, eng.RanksTimeout(limit, late, what, *self._stuck(late))
+                    return errors, remote.RanksTimeout(limit, late, what, *self._stuck(late))
         except KeyboardInterrupt:
             running = [r for r, p in enumerate(parts) if not p.ready()]
-            eng.interrupt([self.pids[r] for r in running])
+            remote.interrupt([self.pids[r] for r in running])
             stopped = ar.wait(_INTERRUPT_GRACE_S)
             if stopped:
                 return [], LaunchInterrupted(f"{what} interrupted: SIGINT sent to ranks {running}, which stopped")
             still = [r for r, p in enumerate(parts) if not p.ready()]
             return [], LaunchInterrupted(f"{what} interrupted: ranks {still} did not stop on SIGINT (e.g. waiting "
-                                         "in a collective). " + eng.RESTART_NOTE, *self._stuck(still))
+                                         "in a collective). " + remote.RESTART_NOTE, *self._stuck(still))
 
     def _supervise_with_output(self, ar, timeout: float | None, what: str, poll=None):
         """:meth:`_supervise`, then wait for the ranks' output, which follows a result seconds later on a loaded
@@ -322,21 +319,21 @@ class WarmRanks(RanksLifeCycle):
         err = None
         if errors:
             parts = ar.split() if self.world_size > 1 else [ar]
-            err = eng.worker_error(parts, errors[0])
+            err = remote.worker_error(parts, errors[0])
             for r in errors[1:]:
-                other = eng.worker_error(parts, r)
+                other = remote.worker_error(parts, r)
                 same = (other.exc_type, other.message.replace(f"rank {r} ", f"rank {err.rank} ")) == \
                     (err.exc_type, err.message)
                 first_line = other.message.partition("\n")[0][:200]  # a hint once, in err itself
                 err.other_ranks[r] = f"the same {other.exc_type}" if same else first_line
-            if any(s in f"{err.exc_type} {err.message}" for s in eng.GROUP_BROKEN):
+            if any(s in f"{err.exc_type} {err.message}" for s in remote.GROUP_BROKEN):
                 # a collective failed: the group's state is unknown, start afresh
-                raise self._restart_with(err.with_note("a collective failed: " + eng.RESTART_NOTE))
+                raise self._restart_with(err.with_note("a collective failed: " + remote.RESTART_NOTE))
         self._check_group(what, has_group)
         if err is None:
             return
-        err = eng.kernel_name_error(err, kernel_names or {}) or err
-        raise err.with_note(eng.INIT_TWICE_NOTE if "initialize the default process group twice" in err.message
+        err = remote.kernel_name_error(err, kernel_names or {}) or err
+        raise err.with_note(remote.INIT_TWICE_NOTE if "initialize the default process group twice" in err.message
                             else None)
 
     def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
@@ -347,7 +344,7 @@ class WarmRanks(RanksLifeCycle):
         deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
         if has_group is None:
             try:
-                has_group = self._await(self.view.apply_async(eng.has_group), "the ranks' group check", deadline)
+                has_group = self._await(self.view.apply_async(remote.has_group), "the ranks' group check", deadline)
             except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
                 self._restart_with(None)
                 return
@@ -355,7 +352,7 @@ class WarmRanks(RanksLifeCycle):
         if not lost:
             return
         try:
-            self._await(self.view.apply_async(eng.leave_group), "the ranks leaving the old group", deadline)
+            self._await(self.view.apply_async(remote.leave_group), "the ranks leaving the old group", deadline)
             self._join_group(deadline)
             self.regroups += 1
             outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
@@ -401,8 +398,8 @@ class WarmRanks(RanksLifeCycle):
         # file name and lines, so a rank's traceback shows the cell's line
         payload = serialise_call(fn, args, kwargs)
         self._check_alive("run")
-        ar = self.view.apply_async(eng.call_payload, payload)
-        output = eng.RankOutput(ar)
+        ar = self.view.apply_async(remote.call_payload, payload)
+        output = remote.RankOutput(ar)
         try:
             errors, fault = self._supervise_with_output(ar, timeout, "run", poll=output.poll)
         finally:  # what the ranks printed, also before a fault
@@ -469,14 +466,14 @@ class WarmRanks(RanksLifeCycle):
         self._note_cell(code)  # its frames on the ranks carry a file name made from the code
         ar = self.view.execute(code, silent=False, block=False)
         ar._fname = "%px"
-        in_rank_order = eng.stream_per_rank(ar)
+        in_rank_order = remote.stream_per_rank(ar)
         with ar.stream_output() if stream else contextlib.nullcontext():
             errors, fault = self._supervise_with_output(ar, timeout, "%%px cell")
         if stream:
             in_rank_order()
         else:
-            eng.display_in_rank_order(ar)
-        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=eng.kernel_namespace())
+            remote.display_in_rank_order(ar)
+        self._raise_for(ar, errors, fault, "%%px cell", kernel_names=remote.kernel_namespace())
 
 
 def _px_magic(line: str, cell: str | None = None):

@@ -1,8 +1,8 @@
-"""Warm ranks' engines forked from the fork server: ``import torch`` is not paid again per rank.
+"""Warm ranks' processes (ipyparallel engines) forked from the fork server: ``import torch`` is not paid again per rank.
 
-ipyparallel starts each engine as a fresh interpreter (``python -m ipyparallel.engine``), which
-then imports torch (seconds of CPU per rank, per start). :class:`ForkedEngineSetLauncher` starts
-each engine instead as a child of the fork server :func:`helpers.engine.launch` uses
+ipyparallel starts each of its engines as a fresh interpreter (``python -m ipyparallel.engine``), which
+then imports torch (seconds of CPU per rank, per start). :class:`ForkedRankSetLauncher` starts
+each rank's ipyparallel engine instead as a child of the fork server :func:`helpers.engine.launch` uses
 (:mod:`helpers.engine.fork_server`), which has torch imported already: a ``forkserver``
 ``multiprocessing.Process`` whose target runs ipyparallel's engine app
 (``ipyparallel.engine.app.main``) with the arguments, environment, output file and new session
@@ -13,7 +13,7 @@ is restarted when ``os.environ`` changed); none of the kernel's state.
 
 Used when no extra ``env`` is asked for (variables meant to be set before torch is imported, such
 as ``OMP_NUM_THREADS``, would come too late in a process that has torch already) and the fork
-server is available; otherwise the engines start as ipyparallel starts them.
+server is available; otherwise the ranks' ipyparallel engines start as ipyparallel starts them.
 """
 
 from __future__ import annotations
@@ -30,23 +30,23 @@ from ipyparallel.cluster import launcher
 
 from helpers.engine.fork_server import close_inherited_pipe, fork_server, fresh_random_state, main_without_file
 
-__all__ = ["ENGINE_NAME", "ForkedEngineLauncher", "ForkedEngineSetLauncher"]
+__all__ = ["RANK_PROCESS_NAME", "ForkedRankLauncher", "ForkedRankSetLauncher"]
 
-#: A forked engine's process name (``/proc/<pid>/comm``, what ``ps`` and ``psutil.Process.name()``
+#: A forked rank's process name (``/proc/<pid>/comm``, what ``ps`` and ``psutil.Process.name()``
 #: show; at most 15 characters): its command line is the fork server's, so this tells it apart.
-ENGINE_NAME = "ipyparallel-eng"
+RANK_PROCESS_NAME = "ipyparallel-eng"
 _PR_SET_NAME = 15  # from <linux/prctl.h>
 
 
-def _engine_main(args: list[str], env: dict[str, str], output_file: str, cwd: str | None) -> None:
-    """In the forked child: become what ipyparallel's ``Popen`` would have started, then run the engine."""
-    close_inherited_pipe()  # the server must notice its parent's death while engines live
+def _rank_main(args: list[str], env: dict[str, str], output_file: str, cwd: str | None) -> None:
+    """In the forked child: become what ipyparallel's ``Popen`` would have started, then run ipyparallel's engine."""
+    close_inherited_pipe()  # the server must notice its parent's death while ranks live
     fresh_random_state()  # not the server's generators: each rank of each start draws its own numbers
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ENGINE_NAME.encode(), 0, 0, 0)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, RANK_PROCESS_NAME.encode(), 0, 0, 0)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh interpreter
-    os.setsid()  # ipyparallel's start_new_session=True: no signal to the kernel's group reaches the engine
+    os.setsid()  # ipyparallel's start_new_session=True: no signal to the kernel's group reaches the rank
     out = os.open(output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -66,8 +66,8 @@ def _engine_main(args: list[str], env: dict[str, str], output_file: str, cwd: st
     main()
 
 
-class ForkedEngineLauncher(launcher.LocalEngineLauncher):
-    """One engine, forked from the fork server (see the module's docstring); stopped, signalled and
+class ForkedRankLauncher(launcher.LocalEngineLauncher):
+    """One rank's ipyparallel engine, forked from the fork server (see the module's docstring); stopped, signalled and
     waited for by pid as ipyparallel's own launcher does, with the exit code the fork server reports."""
 
     _mp = None
@@ -79,10 +79,10 @@ class ForkedEngineLauncher(launcher.LocalEngineLauncher):
         env.update(self.get_env())
         args = list(self.args[len(self.engine_cmd):])
         # main_without_file: a script read on standard input (`python3 - < script.py`) is no file
-        # the engine could re-run
+        # the ipyparallel engine could re-run
         with fork_server(), main_without_file():
             proc = multiprocessing.get_context("forkserver").Process(
-                target=_engine_main, args=(args, env, self.output_file, self.work_dir), name=self.identifier)
+                target=_rank_main, args=(args, env, self.output_file, self.work_dir), name=self.identifier)
             proc.start()
         # not joined at this process's exit by multiprocessing (the ranks' own stop ends it)
         multiprocessing.process._children.discard(proc)
@@ -103,7 +103,7 @@ class ForkedEngineLauncher(launcher.LocalEngineLauncher):
         self.loop.add_callback(lambda: self.notify_stop(stop_data))
 
 
-class ForkedEngineSetLauncher(launcher.LocalEngineSetLauncher):
-    """ipyparallel's local engine set, each engine a :class:`ForkedEngineLauncher`."""
+class ForkedRankSetLauncher(launcher.LocalEngineSetLauncher):
+    """ipyparallel's local engine set, each ipyparallel engine a :class:`ForkedRankLauncher`."""
 
-    launcher_class = ForkedEngineLauncher
+    launcher_class = ForkedRankLauncher

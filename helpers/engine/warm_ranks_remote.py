@@ -1,8 +1,8 @@
-"""The process side of warm ranks (:mod:`helpers.engine.warm_ranks`): the options the controller and engines
-start with, what runs on each engine, how a rank's errors are read, and the watchdog that ends
-the engines if the kernel dies.
+"""The process side of warm ranks (:mod:`helpers.engine.warm_ranks`): the options the controller and the ranks'
+ipyparallel engines start with, what runs in each rank, how a rank's errors are read, and the watchdog that ends
+the rank processes if the kernel dies.
 
-Functions here are sent to the engines by reference (every engine imports ``helpers``).
+Functions here are sent to the ranks by reference (every rank imports ``helpers``).
 """
 
 from __future__ import annotations
@@ -19,35 +19,33 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from traitlets.config import Config
 
-from helpers.engine.launcher import LaunchTimeout, WorkerError, worker_device
-from helpers.engine.run_dir import rank_lines
-from helpers.engine.stacks import timeout_advice
+from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - remote.RanksTimeout, remote.RESTART_NOTE
+from helpers.engine.launcher import WorkerError, worker_device
+from helpers.engine.rank_output import rank_lines
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
-#: registers an engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead, as before;
+#: registers an ipyparallel engine at a heartbeat: 2 up in 2.5 s, not 6 s, on 2 cores); 120 misses (30 s) = dead;
 #: warnings and errors only in its log (traitlets spells the level WARN: WARNING is refused and it exits 1).
 CONTROLLER_ARGS = ["--usethreads", "--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=120",
                     "--log-level=WARN"]
-#: The engines too log warnings and errors only: what ipyparallel prints when one dies is then its last words, not
-#: its log of every request. No KernelNanny (``IPEngine.enable_nanny``, ipyparallel/engine/app.py): it is one more
-#: process per rank (about 1 CPU-s to start, measured) that relays signals and reports an engine's exit to the hub;
-#: the engines are children of this kernel, so :meth:`WarmRanks._supervise` signals their pids itself and finds a
-#: dead rank by its pid.
-ENGINE_ARGS = ["--log-level=WARN", "--IPEngine.enable_nanny=False"]
+#: The ranks' ipyparallel engines too log warnings and errors only: what ipyparallel prints when one dies is then
+#: its last words, not its log of every request. No KernelNanny (``IPEngine.enable_nanny``,
+#: ipyparallel/engine/app.py): it is one more process per rank (about 1 CPU-s to start, measured) that relays
+#: signals and reports an ipyparallel engine's exit to the hub; the rank processes are children of this kernel,
+#: so :meth:`WarmRanks._supervise` signals their pids itself and finds a dead rank by its pid.
+IPENGINE_ARGS = ["--log-level=WARN", "--IPEngine.enable_nanny=False"]
 
 
-def engine_config(env: dict[str, str]) -> Config:
-    """The engines' launcher options: :data:`ENGINE_ARGS`, and ``env`` (the caller's extra variables)
-    in the environment each engine process starts with (``BaseLauncher.environment``,
+def ipengine_config(env: dict[str, str]) -> Config:
+    """The ranks' ipyparallel engine launcher options: :data:`IPENGINE_ARGS`, and ``env`` (the caller's extra variables)
+    in the environment each rank process starts with (``BaseLauncher.environment``,
     ipyparallel/cluster/launcher.py), so that they are set before anything is imported there."""
-    return Config({"LocalEngineSetLauncher": {"engine_args": list(ENGINE_ARGS), "environment": dict(env)}})
+    return Config({"LocalEngineSetLauncher": {"engine_args": list(IPENGINE_ARGS), "environment": dict(env)}})
 
-RESTART_NOTE = ("All ranks were ended; fresh ones start by themselves on the next run or %%px cell "
-                 "(names defined on the ranks are gone: run your set-up cells again).")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-#: What the controller (or an engine) prints when a port it had chosen was taken by another process
+#: What the controller (or a rank's ipyparallel engine) prints when a port it had chosen was taken by another process
 #: before it bound it: pyzmq's ``ZMQError: Address already in use (addr='tcp://127.0.0.1:PORT')``.
 PORT_TAKEN = re.compile(r"Address already in use(?: \(addr='([^']*)'\))?")
 
@@ -61,33 +59,8 @@ GROUP_BROKEN = ("Connection closed by peer", "Connection reset by peer", "Broken
                  "timed out", "DistBackendError", "DistNetworkError", "NCCL")
 
 
-class RanksTimeout(LaunchTimeout):
-    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
-
-    Attributes:
-        timeout: the limit in seconds.
-        ranks_not_finished: ranks that had not finished when time ran out.
-        stacks: ``{rank: Python stack dump}`` of those ranks, taken before they were ended (``str(e)``
-            says where each was stuck, as :class:`LaunchTimeout` does); ``{}`` where none came.
-        cells: ``{file name: (label, code, lines above it)}`` of ``%%px`` cells, for the lines of their frames.
-    """
-
-    def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run",
-                 stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str, int]] | None = None):
-        super().__init__(timeout, ranks_not_finished, stacks)
-        self.what = what
-        self.cells = dict(cells or {})
-        self.args = (
-            f"{what} timed out after {timeout:g} s; ranks not finished: {self.ranks_not_finished}. "
-            f"{timeout_advice(self.ranks_not_finished, self.stacks, 'pass a larger timeout')} " + RESTART_NOTE,
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.timeout, self.ranks_not_finished, self.what, self.stacks, self.cells))
-
-
 # ----------------------------------------------------------------------------------------------
-# on the engines (sent by reference: every engine imports helpers)
+# in the ranks (sent by reference: every rank imports helpers)
 # ----------------------------------------------------------------------------------------------
 
 _STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
@@ -199,7 +172,7 @@ def call_payload(payload: bytes):
 
 
 # ----------------------------------------------------------------------------------------------
-# the watchdog: kills the engines and controller, and removes their folder, if the kernel dies without atexit
+# the watchdog: kills the rank processes and controller, and removes their folder, if the kernel dies without atexit
 # ----------------------------------------------------------------------------------------------
 
 WATCHDOG = r"""
@@ -265,17 +238,17 @@ def kernel_name_error(err: WorkerError, kernel_names) -> WorkerError | None:
 
 
 def interrupt(pids: list[int]) -> None:
-    """Send SIGINT to each engine in ``pids``, what "interrupt kernel" does to a kernel (an engine without a
-    KernelNanny, see :data:`ENGINE_ARGS`, is signalled directly); a pid already gone is skipped."""
+    """Send SIGINT to each rank process in ``pids``, what "interrupt kernel" does to a kernel (an ipyparallel
+    engine without a KernelNanny, see :data:`IPENGINE_ARGS`, is signalled directly); a pid already gone is skipped."""
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT)
 
 
 def exit_description(cluster, pid: int) -> str:
-    """How engine ``pid`` of ``cluster`` (an ``ipp.Cluster``) ended: "killed by SIGKILL", "exited with code 0"."""
+    """How rank process ``pid`` of ``cluster`` (an ``ipp.Cluster``) ended: "killed by SIGKILL", "exited with code 0"."""
     code = None
-    deadline = time.monotonic() + 3.0  # ipyparallel's waiter thread reaps the engine (slow on busy cores)
+    deadline = time.monotonic() + 3.0  # ipyparallel's waiter thread reaps the rank process (slow on busy cores)
     while code is None and time.monotonic() < deadline and cluster is not None:
         for es in cluster.engines.values():
             for el in es.launchers.values():  # still listed: psutil caches what wait() reaped
@@ -356,7 +329,7 @@ def kernel_namespace() -> dict:
 class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
     relayed into the caller's streams as :func:`helpers.engine.launch` relays its ranks' output
-    (:func:`helpers.engine.run_dir.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
+    (:func:`helpers.engine.rank_output.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
     ``sys.stdout``, stderr to ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since
     the last call (the ranks' streams grow as ipyparallel receives them); ``final=True`` also prints
     an unfinished last line."""

@@ -1,10 +1,11 @@
 """The fence between the two rooms of ``helpers/``: the course (lessons, their helpers) and the engine.
 
-1. Every notebook twin, every course module (``helpers/*.py`` outside ``engine/``,
-   ``helpers/bench``, ``helpers/doctor``) and ``ci/`` imports from the engine only its public
-   surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and notebook 07a's torchrun tools
-   ``helpers.engine.cluster`` (names in its ``__all__``). A forbidden import fails naming the file,
-   the line and the module.
+1. Every notebook twin and every course module (``helpers/*.py`` outside ``engine/``) imports from
+   the engine only its learner's surface: names in ``helpers.engine.__all__``, ``helpers.mp``, and
+   notebook 07a's torchrun tools ``helpers.engine.cluster`` (names in its ``__all__``).
+   ``helpers/bench``, ``helpers/doctor``, ``ci/`` and ``helpers/ipc_kernel.py`` may also import the
+   internal door, ``helpers.engine.internal`` (names in its ``__all__``); lessons may not. A
+   forbidden import fails naming the file, the line and the module.
 2. No engine module imports a course module, nor names one in a string: torchrun runs the course's
    MNIST entry by its own name (``torchrun ... -m helpers.mnist_torchrun``), and the engine's
    ``run_job`` / ``torchrun_command`` / ``cluster_commands`` take the entry module as ``module=``.
@@ -12,7 +13,7 @@
    surface only.
 
 Read with ``ast`` (imports inside functions count too); nothing is executed but ``import
-helpers.engine``, which imports no torch.
+helpers.engine`` and ``import helpers.engine.internal``, which import no torch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 from pathlib import Path
 
 import helpers.engine
+import helpers.engine.internal
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = "helpers.engine"
@@ -41,11 +43,15 @@ PUBLIC = {
     f"{ENGINE}.cluster": _all_of(ROOT / "helpers/engine/cluster/__init__.py"),
     "helpers.mp": _all_of(ROOT / "helpers/engine/mp.py"),
 }
-#: the runner's clean-up ends what a cut-short launch left (reapers, socket folders): it reads the
-#: engine's own records of those, so it may import these two engine modules (it is tested in tests/engine)
-ALLOWED_INTERNALS = {"ci/cleanup.py": {f"{ENGINE}.processes", f"{ENGINE}.run_dir"},
-                     # kernels' socket files go where the engine's do (a path short enough for a socket)
-                     "helpers/ipc_kernel.py": {f"{ENGINE}.run_dir"}}
+#: what only the benchmarks, the doctor, the runner and the tests need
+INTERNAL = {f"{ENGINE}.internal": set(helpers.engine.internal.__all__)}
+
+
+def may_use_internal(rel: str) -> bool:
+    """``helpers/bench``, ``helpers/doctor`` and ``ci/`` may import the internal door; so may
+    ``helpers/ipc_kernel.py`` (its kernels' socket files go where the engine's do). Lessons and the
+    course helpers they call may not."""
+    return rel.startswith(("helpers/bench/", "helpers/doctor/", "ci/")) or rel == "helpers/ipc_kernel.py"
 
 
 def _module_name(path: Path) -> str:
@@ -82,13 +88,12 @@ def fence_violations(path: Path, rel: str | None = None) -> list[str]:
         for mod, imported in targets:
             if not (mod == ENGINE or mod.startswith(ENGINE + ".") or mod == "helpers.mp"):
                 continue
-            if mod in ALLOWED_INTERNALS.get(rel, ()):
-                continue
-            if mod not in PUBLIC:
+            allowed = {**PUBLIC, **(INTERNAL if may_use_internal(rel) else {})}
+            if mod not in allowed:
                 found.append(f"{rel}:{line}: imports {mod}, inside the engine: use the surface "
                              f"(from helpers.engine import ...; names in helpers.engine.__all__)")
                 continue
-            bad = sorted(set(imported or ()) - PUBLIC[mod])
+            bad = sorted(set(imported or ()) - allowed[mod])
             if bad:
                 found.append(f"{rel}:{line}: imports {', '.join(bad)} from {mod}, not in its __all__")
     return found
@@ -119,6 +124,31 @@ def test_the_fence_names_file_line_and_module_of_a_planted_bad_import(tmp_path):
     assert [v.split(": ", 1)[0] for v in found] == ["planted.py:4", "planted.py:5", "planted.py:6", "planted.py:7"]
     assert "helpers.engine.processes" in found[0] and "fork_server from helpers.engine" in found[1], found
     assert "helpers.engine.warm_ranks" in found[2] and "agents from helpers.engine.cluster" in found[3], found
+
+
+def test_only_bench_doctor_and_ci_may_use_the_internal_door(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from helpers.engine.internal import end_processes\n"
+                       "from helpers.engine.internal import nope\n"
+                       "from helpers.engine import end_processes\n")
+    for rel in ("notebooks/00a_processes_and_collectives.py", "helpers/mnist_train.py"):
+        found = fence_violations(planted, rel)
+        assert [v.split(": ", 1)[0] for v in found] == [f"{rel}:1", f"{rel}:2", f"{rel}:3"], found
+        assert "helpers.engine.internal, inside the engine" in found[0], found
+    for rel in ("ci/cleanup.py", "helpers/bench/threads.py", "helpers/doctor/run.py"):
+        found = fence_violations(planted, rel)
+        assert [v.split(": ", 1)[0] for v in found] == [f"{rel}:2", f"{rel}:3"], found
+        assert "nope from helpers.engine.internal" in found[0], found
+        assert "end_processes from helpers.engine, not in its __all__" in found[1], found
+
+
+def test_the_surface_and_the_door_do_not_overlap():
+    """A name is either the learner's (``helpers.engine``) or internal, never both; each resolves."""
+    surface, door = set(helpers.engine.__all__), set(helpers.engine.internal.__all__)
+    assert not surface & door, surface & door
+    for module, names in ((helpers.engine, surface), (helpers.engine.internal, door)):
+        missing = [n for n in sorted(names) if getattr(module, n, None) is None]
+        assert not missing, f"{module.__name__} lists names it cannot give: {missing}"
 
 
 def test_no_engine_module_imports_a_course_module():

@@ -25,7 +25,8 @@ def test_prose_meets_the_targets(stem):
     assert f.parens_per_sentence <= prose.MAX_PARENS_PER_SENTENCE, (
         f"{stem}: {f.parens_per_sentence:.2f} parentheses per sentence (at most {prose.MAX_PARENS_PER_SENTENCE:g})")
     assert f.longest_claim <= prose.MAX_CLAIM_WORDS, (
-        f"{stem}: a claim of {f.longest_claim} words (at most {prose.MAX_CLAIM_WORDS}): make a multi-case claim a table")
+        f"{stem}: a claim of {f.longest_claim} words (at most {prose.MAX_CLAIM_WORDS}): "
+        "make a multi-case claim a table")
 
 
 @pytest.mark.parametrize("stem", STEMS)

@@ -889,15 +889,15 @@ def _controller_port_held(monkeypatch, port_use):
     without one), as if another process had taken it between the controller's choice and its bind.
     Returns the socket."""
     from helpers.engine import free_port
-    from helpers.engine import warm_ranks_remote as eng
+    from helpers.engine import warm_ranks_remote as remote
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     port = held.getsockname()[1]
     ports = [port] if port_use == "registration" else [free_port(), free_port(), port]  # registration, control, mux
-    monkeypatch.setattr(eng, "CONTROLLER_ARGS",
-                        [*eng.CONTROLLER_ARGS, "--IPController.engine_ports=" + ",".join(map(str, ports))])
+    monkeypatch.setattr(remote, "CONTROLLER_ARGS",
+                        [*remote.CONTROLLER_ARGS, "--IPController.engine_ports=" + ",".join(map(str, ports))])
     return held
 
 

@@ -155,7 +155,7 @@ def test_server_ends_when_its_process_exits():
 def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
     """A temp directory that leaves room for the socket's name is used as it is; one that does not
     is replaced by a system temp folder, which does."""
-    from helpers.engine.run_dir import SUN_PATH_MAX, socket_dir
+    from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     assert socket_dir(10) == str(tmp_path)
@@ -174,7 +174,7 @@ def test_a_temp_directory_too_long_for_a_socket_still_starts_the_server(tmp_path
     server starts, its socket folder is a short one, and it is removed when the process exits. A
     fresh process (its multiprocessing temp folder is chosen once per process); no preloaded
     modules, so the check costs no ``import torch``."""
-    from helpers.engine.run_dir import SUN_PATH_MAX
+    from helpers.engine.socket_folder import SUN_PATH_MAX
 
     long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
     long_tmp.mkdir()

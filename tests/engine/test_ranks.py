@@ -23,7 +23,8 @@ from _support import (
     wait_until_gone,
 )
 from ci.cleanup import IPCKernelManager
-from helpers.engine import LaunchError, WorkerError, current_ranks, faults, launch, start_ranks, threads_per_rank
+from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
+from helpers.engine.internal import current_ranks, threads_per_rank
 
 # slow: kernels or warm ranks in (nearly) every test
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -181,12 +182,13 @@ def test_engines_are_forked_from_the_fork_server_with_torch_imported(ranks):
     import multiprocessing
 
     from helpers.engine.fork_server import fork_server_pid
-    from helpers.engine.warm_ranks_forked import ENGINE_NAME
+    from helpers.engine.warm_ranks_forked import RANK_PROCESS_NAME
 
     got = ranks.run(lambda rank, world_size: (os.getppid(), psutil.Process().name(), os.getsid(0) == os.getpid(),
                                               multiprocessing.get_start_method()))
     server = fork_server_pid()
-    assert server is not None and got == [(server, ENGINE_NAME, True, multiprocessing.get_start_method())] * 2, got
+    expected = (server, RANK_PROCESS_NAME, True, multiprocessing.get_start_method())
+    assert server is not None and got == [expected] * 2, got
 
 
 @pytest.mark.matrix

@@ -181,11 +181,11 @@ def test_kernel_starts_where_the_temp_directory_is_too_long_for_its_sockets(tmp_
     """An ``ipc`` kernel's sockets are ``<tempdir>/kernel-<12 hex>-ipc-<n>``; with a temp directory
     too long for a socket path (``TMPDIR`` a cluster job's scratch folder) ZeroMQ could not bind
     them and the kernel would die at start. They go to a short system temp folder instead
-    (``helpers.engine.run_dir.socket_dir``), and none is left after the kernel."""
+    (``helpers.engine.socket_folder.socket_dir``), and none is left after the kernel."""
     from jupyter_client.manager import KernelManager
 
     from ci.cleanup import ipc_kernel_manager
-    from helpers.engine.run_dir import SUN_PATH_MAX
+    from helpers.engine.socket_folder import SUN_PATH_MAX
 
     long_tmp = tmp_path / ("t" * max(1, SUN_PATH_MAX - len(str(tmp_path)) - 20))
     long_tmp.mkdir()

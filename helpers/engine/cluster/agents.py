@@ -378,7 +378,7 @@ def run_job(train_args: Sequence[str], *, module: str, nodes: int = 1, nproc_per
       advertises ``network.addresses[i]``, the store is at ``addresses[0]`` and gloo uses the
       veth interface, so every byte between the nodes crosses it.
 
-    Every agent gets ``OMP_NUM_THREADS`` = :func:`helpers.engine.threads_per_rank` of all
+    Every agent gets ``OMP_NUM_THREADS`` = :func:`helpers.engine.internal.threads_per_rank` of all
     processes on this host (the launcher's rule), plus ``env``. ``--output`` and torchrun's
     ``--log-dir`` are added (a temporary folder, read back and removed).
 

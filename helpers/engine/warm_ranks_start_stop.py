@@ -1,7 +1,7 @@
-"""Warm ranks' life cycle: start the ipyparallel controller, engines and process group, retry a
-start whose port another process took, stop everything and check that nothing is left.
+"""Starting and stopping warm ranks: start the ipyparallel controller, the ranks' ipyparallel engines and the
+process group, retry a start whose port another process took, stop everything and check that nothing is left.
 
-:class:`RanksLifeCycle` is a base of :class:`helpers.engine.WarmRanks`; learners use that module.
+:class:`RanksStartStop` is a base of :class:`.warm_ranks.WarmRanks`, which learners get from ``start_ranks``.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import ipyparallel as ipp
 import psutil
 
 from helpers.engine import stacks
-from helpers.engine import warm_ranks_remote as eng
+from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.fork_server import start_method
 from helpers.engine.launcher import threads_per_rank
 from helpers.engine.processes import descendants, end_processes, is_live
-from helpers.engine.warm_ranks_forked import ForkedEngineSetLauncher
+from helpers.engine.warm_ranks_forked import ForkedRankSetLauncher
 
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
-_START_TIMEOUT_S = 180.0  # engines + torch import + process group (seconds; 2 busy cores)
+_START_TIMEOUT_S = 180.0  # ipyparallel engines + torch import + process group (seconds; 2 busy cores)
 _START_ATTEMPTS = 4  # starts tried when another process took a port ipyparallel's controller had chosen
 _PX_CELLS_KEPT = 200  # %%px cells remembered for where-stuck reports (their code, by file name)
-_START_POLL_S = 0.1  # how often a start checks the controller's and engines' output and processes (seconds)
+_START_POLL_S = 0.1  # how often a start checks the controller's and ranks' output and processes (seconds)
 
 
 def _output_of(launcher) -> str:
@@ -49,14 +49,14 @@ def _output_of(launcher) -> str:
 def _left_message(left: list) -> str:
     """The end of a failed start's message: what was checked to be left running."""
     if not left:
-        return "its controller and engines were ended, and none is left running (checked)"
+        return "its controller and rank processes were ended, and none is left running (checked)"
     pids = ", ".join(str(p.pid) for p in left)
     return f"these of its processes could not be ended: pids {pids}; end them with `kill -9 {pids.replace(',', '')}`"
 
 
 
-class RanksLifeCycle:
-    """Starting and stopping the controller, engines and group of :class:`helpers.engine.WarmRanks`."""
+class RanksStartStop:
+    """Starting and stopping the controller, the rank processes and group of :class:`.warm_ranks.WarmRanks`."""
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -65,7 +65,7 @@ class RanksLifeCycle:
         for attempt in range(1, _START_ATTEMPTS + 1):
             self.start_attempts = attempt
             try:
-                t_engines = self._start_once()
+                t_up = self._start_once()
                 self._release_ipp_log(show=True)
                 break
             except BaseException as e:
@@ -81,16 +81,16 @@ class RanksLifeCycle:
                     why = (f"on {attempt} tries, another process took a port ipyparallel's controller had "
                            f"chosen before it could bind it ({taken}: Address already in use)")
                 else:
-                    why = f"{type(e).__name__}: {eng.ANSI.sub('', str(e))}"
+                    why = f"{type(e).__name__}: {remote.ANSI.sub('', str(e))}"
                 raise RuntimeError(f"warm ranks did not start ({why}); {_left_message(left)}") from e
         self.startup_seconds = time.perf_counter() - t0
-        self.startup_phases = {"engines": t_engines - t0, "torch and group": time.perf_counter() - t_engines}
+        self.startup_phases = {"ipyparallel engines": t_up - t0, "torch and group": time.perf_counter() - t_up}
         if self._activate_magics:
             self._activate()
 
     def _start_once(self) -> float:
-        """One try at starting the controller, the engines and the group; returns the
-        ``perf_counter()`` at which the engines were up. Every wait watches the processes and the
+        """One try at starting the controller, the ranks' ipyparallel engines and the group; returns the
+        ``perf_counter()`` at which the rank processes were up. Every wait watches the processes and the
         controller's output (:meth:`_await`), so a port taken or a process gone ends it at once."""
         # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
         # while starting (a try that lost a port is retried without a word), then to stderr
@@ -99,51 +99,52 @@ class RanksLifeCycle:
         self._ipp_log.addHandler(self._ipp_held)
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         deadline = time.monotonic() + _START_TIMEOUT_S
-        # engines forked from the fork server (torch imported there once) unless extra env must be set before torch
+        # rank processes forked from the fork server (torch imported there once), unless env must be set before torch
         forked = not self.env and start_method() == "forkserver"
-        forked = {"engine_launcher_class": ForkedEngineSetLauncher} if forked else {}
+        forked = {"engine_launcher_class": ForkedRankSetLauncher} if forked else {}
         self.cluster = ipp.Cluster(
-            **forked, controller_args=eng.CONTROLLER_ARGS,
+            **forked, controller_args=remote.CONTROLLER_ARGS,
             n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
             controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-            log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=eng.engine_config(self.env))
+            log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=remote.ipengine_config(self.env))
         self.cluster.start_cluster_sync(n=self.world_size)
         self.client = self.cluster.connect_client_sync()
         # interactive=False: no progress bar in the cell
         self._await(self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
-                                                 block=False), "the engines registering", deadline)
+                                                 block=False), "the ranks registering", deadline)
         ids = sorted(self.client.ids)
-        assert ids == list(range(self.world_size)), f"engine ids {ids}"
+        assert ids == list(range(self.world_size)), f"ipyparallel engine ids {ids}"
         self.view = self.client[ids]
         self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-        self.pids = self._await(self.view.apply_async(os.getpid), "the engines answering", deadline)
-        t_engines = time.perf_counter()
+        self.pids = self._await(self.view.apply_async(os.getpid), "the ranks answering", deadline)
+        t_up = time.perf_counter()
         self._started = self._processes()
         self._start_watchdog()
         self._join_group(deadline)
-        self._await(self.view.apply_async(eng.register_stacks, self._profile_dir), "the ranks' stack dumps", deadline)
+        self._await(self.view.apply_async(remote.register_stacks, self._profile_dir), "the ranks' stack dumps",
+                    deadline)
         for r in ids:
             self._await(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
                         "setting rank and world_size", deadline)
-        self._await(self.view.execute(eng.PRELUDE, block=False), "the prelude (import torch)", deadline)
-        return t_engines
+        self._await(self.view.execute(remote.PRELUDE, block=False), "the prelude (import torch)", deadline)
+        return t_up
 
     def _join_group(self, deadline: float) -> None:
         """Every rank joins a new default group, through a TCPStore rank 0 opens on port 0."""
         group_timeout = self.timeout + _GROUP_MARGIN_S
-        port = self._await(self.client[0].apply_async(eng.open_store, self.world_size, group_timeout),
+        port = self._await(self.client[0].apply_async(remote.open_store, self.world_size, group_timeout),
                            "rank 0 opening the group's store", deadline)
-        joins = [self.client[r].apply_async(eng.join_group, r, self.world_size, self.backend, port, group_timeout,
+        joins = [self.client[r].apply_async(remote.join_group, r, self.world_size, self.backend, port, group_timeout,
                                             threads_per_rank(self.world_size))
                  for r in range(self.world_size)]
         self.devices = [self._await(j, "the ranks joining the process group", deadline) for j in joins]
 
     def _await(self, waiting, what: str, deadline: float):
         """The result of ``waiting`` (an ipyparallel AsyncResult or a Future), checking every
-        :data:`_START_POLL_S` that no port was taken and the controller and engines still run.
+        :data:`_START_POLL_S` that no port was taken and the controller and rank processes still run.
 
         Raises:
-            RuntimeError: a port was taken, or the controller or an engine exited.
+            RuntimeError: a port was taken, or the controller or a rank process exited.
             TimeoutError: not done by ``deadline`` (``time.monotonic()``).
         """
         while True:
@@ -179,7 +180,7 @@ class RanksLifeCycle:
         self._ipp_log.addHandler(stderr)
 
     def _launchers(self) -> list:
-        """ipyparallel's launchers of the controller and every engine (none once stopped)."""
+        """ipyparallel's launchers of the controller and every rank's ipyparallel engine (none once stopped)."""
         if self.cluster is None:
             return []
         launchers = [self.cluster.controller] if self.cluster.controller is not None else []
@@ -188,10 +189,10 @@ class RanksLifeCycle:
         return launchers
 
     def _port_taken(self) -> str | None:
-        """The address (``tcp://127.0.0.1:PORT``) the controller or an engine could not bind because
+        """The address (``tcp://127.0.0.1:PORT``) the controller or a rank's ipyparallel engine could not bind because
         another process had taken it, read from their output files; ``None`` if none."""
         for launcher in self._launchers():
-            m = eng.PORT_TAKEN.search(_output_of(launcher))
+            m = remote.PORT_TAKEN.search(_output_of(launcher))
             if m:
                 return m.group(1) or "a port"
         return None
@@ -201,7 +202,8 @@ class RanksLifeCycle:
         for launcher in self._launchers():
             proc = getattr(launcher, "process", None)
             if proc is not None and not is_live(proc):
-                who = "the ipyparallel controller" if launcher is self.cluster.controller else "an engine"
+                controller = launcher is self.cluster.controller
+                who = "the ipyparallel controller" if controller else "a rank's ipyparallel engine"
                 last = [line for line in _output_of(launcher).splitlines() if line.strip()][-1:]
                 return f"{who} (pid {proc.pid}) exited" + (f" ({last[0].strip()[:300]})" if last else "")
         return None
@@ -209,12 +211,12 @@ class RanksLifeCycle:
     def _start_watchdog(self) -> None:
         roots = [*self.pids, *(p.pid for p in self._launched())]
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", eng.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
+            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
     def _launched(self) -> list:
-        """The controller's and every engine's process as ipyparallel's launchers started them
+        """The controller's and every rank's process as ipyparallel's launchers started them
         (psutil.Process; none once stopped)."""
         return [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
 
@@ -231,7 +233,7 @@ class RanksLifeCycle:
         return found
 
     def _processes(self) -> list:
-        """The controller and engine process trees (psutil.Process), found from the launchers."""
+        """The controller and rank process trees (psutil.Process), found from the launchers."""
         roots = self._launched()
         roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
         procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
@@ -244,7 +246,7 @@ class RanksLifeCycle:
         return list(procs.values())
 
     def _shutdown(self) -> list:
-        """Kill the controller, the engines and the watchdog; remove ipyparallel's folder. Returns the
+        """Kill the controller, the rank processes and the watchdog; remove ipyparallel's folder. Returns the
         processes of these ranks still running afterwards, looked for again (normally none)."""
         procs = self._processes()
         procs += [p for p in self._marked() if p.pid not in {q.pid for q in procs}]
@@ -254,7 +256,7 @@ class RanksLifeCycle:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
-        left = end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: engines hold nothing worth a grace
+        left = end_processes(procs, terminate=False, timeout=5.0)  # SIGKILL: rank processes hold nothing worth a grace
         left += [p for p in self._marked() if is_live(p) and p.pid not in {q.pid for q in left}]
         if self.cluster is not None:
             self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
@@ -270,7 +272,7 @@ class RanksLifeCycle:
         return left
 
     def stop(self) -> None:
-        """Stop the ranks: kill the engines, the controller and the watchdog. Safe to call twice."""
+        """Stop the ranks: kill their processes, the controller and the watchdog. Safe to call twice."""
         if self.stopped:
             return
         self.stopped = True
@@ -323,7 +325,7 @@ class RanksLifeCycle:
         return dumps, dict(self.__dict__.get("px_cells", {}))
 
     def dead_ranks(self) -> dict[int, str]:
-        """``{rank: description}`` of ranks whose engine process is gone (killed, exited)."""
+        """``{rank: description}`` of ranks whose process is gone (killed, exited)."""
         dead = {}
         for rank, pid in enumerate(self.pids):
             try:
@@ -332,5 +334,5 @@ class RanksLifeCycle:
                     continue
             except psutil.Error:
                 pass
-            dead[rank] = eng.exit_description(self.cluster, pid)
+            dead[rank] = remote.exit_description(self.cluster, pid)
         return dead

@@ -1,0 +1,116 @@
+"""Each rank's output: captured by the rank into the run folder, relayed to the caller as ``[rank r]`` lines.
+
+:func:`capture_output` points a rank's file descriptors 1 and 2 at ``output/<rank>/std{out,err}.log``
+in its run folder (:mod:`helpers.engine.run_dir`); :class:`Relay` copies those files into the
+caller's streams line by line; :func:`rank_lines` is the one format of a rank's line (warm and
+simulated ranks use it too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import re
+import sys
+
+__all__ = ["OUTPUT_DIR", "Relay", "capture_output", "rank_lines"]
+
+
+#: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
+OUTPUT_DIR = "output"
+_STREAMS = ((1, "stdout"), (2, "stderr"))
+
+
+def capture_output(run_dir: str, rank: int) -> None:
+    """In a rank, first thing: point file descriptors 1 and 2 at ``run_dir/output/<rank>/stdout.log``
+    and ``stderr.log`` (``os.dup2``), which :class:`Relay` copies to the launcher, and make Python's
+    ``sys.stdout``/``sys.stderr`` line-buffered.
+
+    At the descriptor level, so what C code writes (gloo's warnings) and what a subprocess of the
+    rank writes (a DataLoader worker, ``os.system``) is captured too, not only ``print``. Done here,
+    not by torch's elastic agent (``redirects=`` in its ``LogsSpecs``): the agent's redirect is a
+    null context on macOS and Windows (``get_std_cm`` in
+    ``torch/distributed/elastic/multiprocessing/api.py``: ``if IS_WINDOWS or IS_MACOS ...: return
+    nullcontext()``), where rank output would otherwise never reach the cell. What is still
+    buffered when the rank's process ends normally (a last line without a newline, C stdio
+    buffers) is flushed by a ``multiprocessing`` finaliser; a rank killed by a signal loses only
+    what was not yet written out (with line buffering: at most its unfinished last line).
+    """
+    folder = os.path.join(run_dir, OUTPUT_DIR, str(rank))
+    os.makedirs(folder, exist_ok=True)
+    _flush_all()
+    for fd, name in _STREAMS:
+        target = os.open(os.path.join(folder, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+        stream = getattr(sys, name)
+        if stream is None or _fileno(stream) != fd:  # no console (pythonw), or not the descriptor
+            setattr(sys, name, open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False))
+        else:
+            with contextlib.suppress(Exception):  # not a TextIOWrapper: leave it
+                stream.reconfigure(line_buffering=True)
+    from multiprocessing import util  # a rank is a multiprocessing child: its finalisers run at its exit
+    util.Finalize(None, _flush_all, exitpriority=-1000)
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except Exception:  # noqa: BLE001 - io.UnsupportedOperation, ValueError (closed)
+        return None
+
+
+def _flush_all() -> None:
+    """Flush Python's ``sys.stdout``/``sys.stderr``, then C's stdio buffers (``fflush(NULL)``)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
+
+
+def rank_lines(rank: int, lines: list[str]) -> str:
+    """``lines`` (without their newlines) as the caller is shown a rank's output: each prefixed
+    ``[rank r]``, only what follows its last carriage return (a progress bar's final state), each
+    ending in a newline."""
+    return "".join(f"[rank {rank}] {line.rsplit(chr(13), 1)[-1]}\n" for line in lines)
+
+
+class Relay:
+    """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
+    caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
+    ``sys.stderr``, each rank's lines in the order it wrote them."""
+
+    _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
+
+    def __init__(self, run_dir: str):
+        self.output_dir = os.path.join(run_dir, OUTPUT_DIR)
+        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes]
+
+    def poll(self, final: bool = False) -> None:
+        for path in glob.glob(os.path.join(self.output_dir, "*", "std*.log")):
+            if path not in self.files:
+                m = self._pattern.search(path.replace(os.sep, "/"))
+                if m:
+                    self.files[path] = [int(m.group(1)), m.group(2), 0, b""]
+        for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1])):
+            rank, name, offset, pending = state
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            state[2] = offset + len(data)
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            if final and pending:
+                lines.append(pending)
+                pending = b""
+            state[3] = pending
+            if lines:
+                out = sys.stdout if name == "stdout" else sys.stderr
+                out.write(rank_lines(rank, [line.decode("utf-8", "replace") for line in lines]))
+                out.flush()
