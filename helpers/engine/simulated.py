@@ -49,6 +49,7 @@ from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout,
 from helpers.engine.launcher import _check_callable, _check_timeout, _DefaultTimeout
 from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
+    _calls,
     _gives_turn,
     _local,
     _random_state,
@@ -258,6 +259,7 @@ def _threaded_world():
     """torch's threaded world installed for the block, everything it changes put back after."""
     plg, install, uninstall, isolation = _pieces()
     plg.reset()
+    _calls.reset()
     caller_random = _random_state()
     install()
     isolation(True)

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["_RankStream", "_Stopped", "_Turns", "_gives_turn", "_local", "_random_state", "_set_random_state",
-           "_turn_given"]
+__all__ = ["CollectiveMismatch", "_RankStream", "_Stopped", "_Turns", "_calls", "_gives_turn", "_local",
+           "_random_state", "_set_random_state", "_turn_given"]
 
 _local = threading.local()  # in a rank thread: .rank, .run, .holding (it has the turn)
 
@@ -113,12 +113,78 @@ def _turn_given():
         _local.holding = True
 
 
+class CollectiveMismatch(RuntimeError):
+    """Simulated ranks called different collectives, or one with tensors of different shapes, at the
+    same point of a process group's sequence (real ranks would hang there, or fail inside gloo)."""
+
+
+class _Calls:
+    """The collectives each rank has called on each process group, in order: the n-th call of every
+    rank must be the same operation, and an all-reduce or broadcast gets tensors of the same shape."""
+
+    SAME_SHAPES = ("allreduce", "allreduce_coalesced", "broadcast")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, int], tuple[int, str, int]] = {}  # (group, n) -> (rank, signature, ranks in)
+        self._counts: dict[tuple[str, int], int] = {}  # (group, rank) -> calls so far
+
+    @staticmethod
+    def _signature(name: str, args) -> str:
+        if name not in _Calls.SAME_SHAPES:
+            return name
+        tensors = args[0] if args and isinstance(args[0], (list, tuple)) else []
+        shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
+        return f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
+
+    def reset(self) -> None:
+        with self._lock:
+            self._seen.clear()
+            self._counts.clear()
+
+    def check(self, group: str, rank: int, world_size: int, name: str, args) -> None:
+        """Record ``rank``'s next call on ``group``; raise :class:`CollectiveMismatch` if an earlier
+        rank's call at the same point differs."""
+        signature = self._signature(name, args)
+        with self._lock:
+            n = self._counts.get((group, rank), 0) + 1
+            self._counts[(group, rank)] = n
+            first = self._seen.get((group, n))
+            if first is None:
+                self._seen[(group, n)] = (rank, signature, 1)
+                return
+            other, expected, arrived = first
+            if signature == expected:
+                if arrived + 1 == world_size:
+                    del self._seen[(group, n)]
+                else:
+                    self._seen[(group, n)] = (other, expected, arrived + 1)
+                return
+        raise CollectiveMismatch(
+            f"ranks called different collectives at the same point (call {n} on this process group): "
+            f"rank {other} called {expected}, rank {rank} called {signature}. Every rank must call the same "
+            "collectives in the same order, with tensors of the same shape: look for a collective inside "
+            "`if rank == ...:`, or a loop that runs a different number of times on some rank.")
+
+
+_calls = _Calls()
+
+
 def _gives_turn(method):
-    """A process group's collective that gives the rank's turn up while it waits for the others."""
+    """A process group's collective that gives the rank's turn up while it waits for the others, after
+    checking that every rank makes the same call at this point (:class:`_Calls`)."""
     @functools.wraps(method)
     def collective(self, *args, **kwargs):
-        with _turn_given():
+        if getattr(_local, "in_collective", False):  # barrier() calls allreduce(): one call
             return method(self, *args, **kwargs)
+        if getattr(_local, "run", None) is not None:
+            _calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
+        _local.in_collective = True
+        try:
+            with _turn_given():
+                return method(self, *args, **kwargs)
+        finally:
+            _local.in_collective = False
     return collective
 
 

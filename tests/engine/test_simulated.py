@@ -214,6 +214,53 @@ def test_a_rank_skips_a_collective():
     _restored()
 
 
+def barrier_on_rank_0(rank, world_size):
+    t = torch.ones(1)
+    dist.barrier() if rank == 0 else dist.all_reduce(t)  # real ranks: a hang, or values from a mix
+    return t.item()
+
+
+def shapes_differ(rank, world_size):
+    dist.all_reduce(torch.ones(2 + (rank == 1)))
+
+
+def test_ranks_in_different_collectives_fail_at_once_naming_both():
+    """Real gloo ranks hang here (launch's timeout names the different calls); the threaded group
+    would pair a barrier with an all-reduce and return values. simulate stops it at the call."""
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        simulate(barrier_on_rank_0, 4, timeout=30)
+    assert time.monotonic() - start < 5.0
+    err = info.value
+    assert err.exc_type == "CollectiveMismatch" and err.rank in (1, 2, 3), err
+    assert "rank 0 called barrier" in err.message and "called allreduce of shape [1]" in err.message, err.message
+    with pytest.raises(WorkerError) as info:
+        simulate(shapes_differ, 2, timeout=30)
+    assert "rank 0 called allreduce of shape [2], rank 1 called allreduce of shape [3]" in info.value.message
+    _restored()
+    assert simulate(_sum_ranks, 8) == [28.0] * 8, "matching collectives still run"
+
+
+SEEN = []
+
+
+def shared_state(rank, world_size):
+    import os
+
+    SEEN.append(rank)
+    dist.barrier()
+    return len(SEEN), os.environ.get("RANK")
+
+
+def test_documented_differences_from_real_ranks():
+    """docs/OWN_CODE.md: simulated ranks share the process's globals and its environment (no RANK);
+    under launch each rank has its own."""
+    SEEN.clear()
+    assert simulate(shared_state, 4) == [(4, None)] * 4 and sorted(SEEN) == [0, 1, 2, 3]
+    SEEN.clear()
+    assert launch(shared_state, 2) == [(1, "0"), (1, "1")] and SEEN == []
+
+
 def test_a_rank_sleeps_past_the_timeout():
     with pytest.raises(LaunchTimeout) as info:
         simulate(sleeper, 4, timeout=1)
