@@ -55,7 +55,7 @@ def check_or_write(path: Path, current: str, wanted: str, check: bool, what: str
     if check:
         if wanted == current:
             return 0
-        print(f"{path.name}: {what} is OUT OF DATE: run python3 -m ci.generate", file=sys.stderr)
+        print(f"{path.name}: out of date ({what}): run python3 -m ci.generate", file=sys.stderr)
         return 1
     if wanted != current:
         path.write_text(wanted, encoding="utf-8")

@@ -160,16 +160,18 @@ def opening(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times: dict
 
 
 def next_link(lesson: manifest.Lesson, lessons: list[manifest.Lesson]) -> str:
-    """The generated "Next" line of ``lesson``'s last cell."""
+    """The generated "Next" line of ``lesson``'s last cell: links to notebooks only (the handout's
+    README is not the repository's)."""
     same = [other for other in lessons if other.kind == lesson.kind]
     later = same[same.index(lesson) + 1:]
     if later:
         return f"**Next:** {_link(later[0])}: {later[0].outcome}."
     if lesson.kind == "lesson":
         book = [other for other in lessons if other.kind == "casebook"]
-        more = f" The casebook starts at {_link(book[0])}." if book else ""
-        return f"**Next:** this is the last lesson of the path ([the path](../README.md#the-path)).{more}"
-    return "**Next:** this is the casebook's last page ([all pages](../README.md#the-path))."
+        more = f" When you meet a symptom, the casebook starts at {_link(book[0])}." if book else ""
+        return f"**Next:** this is the last lesson of the path.{more}"
+    return "**Next:** this is the casebook's last page; the others: " + ", ".join(
+        _link(other) for other in same if other is not lesson) + "."
 
 
 def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times: dict,
@@ -182,6 +184,9 @@ def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times:
         OSError: a file cannot be read.
     """
     ipynb, twin = notebooks / f"{lesson.stem}.ipynb", notebooks / f"{lesson.stem}.py"
+    if not ipynb.is_file() and twin.is_file():
+        raise ValueError(f"{ipynb.name} is missing: pair the twin and write the notebook with `jupytext "
+                         f"--set-formats ipynb,py:percent --set-kernel python3 notebooks/{twin.name}`")
     current_nb = ipynb.read_text(encoding="utf-8")
     nb = nbformat.reads(current_nb, as_version=nbformat.NO_CONVERT)
     if not nb.cells or nb.cells[0].cell_type != "markdown" or nb.cells[-1].cell_type != "markdown":

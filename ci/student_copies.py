@@ -74,8 +74,9 @@ DOC_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)")
 
 HANDOUT = """# ddp-lab: the course, without the solutions
 
-This folder holds the lessons (`notebooks/`, in the order below), the glossary (`docs/`), the
-helpers the lessons import (`helpers/`), and MNIST (`data/`, nothing is downloaded).
+This folder holds the lessons (`notebooks/`, in the order below), the glossary and the other pages
+the lessons link to (`docs/`), the helpers the lessons import (`helpers/`), and MNIST (`data/`,
+nothing is downloaded).
 
 ## Before the workshop
 

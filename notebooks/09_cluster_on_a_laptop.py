@@ -471,25 +471,25 @@ solution_1 = 128 * math.ceil(10_000 / 128) - 10_000
 check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
-# ### Exercise 2: bytes per rank at 256 ranks
+# ### Exercise 2: bytes per rank at 100 ranks
 #
 # How many bytes does each rank send per step in the ring all-reduce of this MLP's float32
-# gradients at 256 ranks? Answer with a number.
+# gradients at 100 ranks? The table of section 2 stops at powers of two. Answer with a number.
 
 # %% tags=["exercise"]
 answer_2 = None  # your answer here
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: your answer to exercise 2
-expected_2 = sent[sizes.index(256)]
+expected_2 = 2 * (100 - 1) / 100 * grad_bytes  # grad_bytes: 4 bytes per parameter, section 2
 check_answer("ex2", answer_2, expected_2, hint="2(N-1)/N times 4 bytes per parameter")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 2 (try the exercise first)
-solution_2 = 2 * 255 / 256 * sum(b for b in buckets[0])
+solution_2 = 2 * 99 / 100 * sum(b for b in buckets[0])  # the buckets hold every gradient byte
 check_answer("ex2", solution_2, expected_2, strict=True)
 
 # %% [markdown]
 # <!-- next:start -->
-# **Next:** this is the last lesson of the path ([the path](../README.md#the-path)). The casebook starts at [10a casebook: the training loop](10a_casebook_training_loop.ipynb).
+# **Next:** this is the last lesson of the path. When you meet a symptom, the casebook starts at [10a casebook: the training loop](10a_casebook_training_loop.ipynb).
 # <!-- next:end -->

@@ -356,5 +356,5 @@ print(f"casebook 10d ran in {time.perf_counter() - t_notebook:.0f} s")
 
 # %% [markdown]
 # <!-- next:start -->
-# **Next:** this is the casebook's last page ([all pages](../README.md#the-path)).
+# **Next:** this is the casebook's last page; the others: [10a casebook: the training loop](10a_casebook_training_loop.ipynb), [10b casebook: the data](10b_casebook_data.ipynb), [10c casebook: models, checkpoints and FSDP2](10c_casebook_models_and_checkpoints.ipynb).
 # <!-- next:end -->

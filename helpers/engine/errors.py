@@ -160,8 +160,7 @@ class WorkerError(Readable, RuntimeError):
             lines.append(f"Traceback from rank {self.rank} ({how}):")
             lines += format_frames(own, shell)
         if self.other_ranks:
-            others = "; ".join(f"rank {r}: {s}" for r, s in sorted(self.other_ranks.items()))
-            lines.append(f"(other ranks: {others})")
+            lines.append(f"(other ranks: {_other_ranks_line(self.other_ranks)})")
         lines += [f"({note})" for note in self.notes]
         if self.hint:
             lines.append(f"What to do: {self.hint}")
@@ -312,7 +311,7 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
 
     def others_except(rank):
         # a message's first line: a hint on the lines below is shown once, for the root-cause rank
-        others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200] for r, e in errors.items() if r != rank}
+        others = {r: _short(f"{e['type']}: " + e["message"].partition("\n")[0]) for r, e in errors.items() if r != rank}
         others.update({r: "ended by the launcher" for r in range(world_size) if r != rank and r not in others})
         return others
 
@@ -349,3 +348,19 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
 # torch.multiprocessing.spawn's crash in a notebook happens outside the engine: the kernel that imports
 # these errors shows the hint under it (helpers.engine.start_method.install_spawn_hint)
 install_spawn_hint()
+
+
+def _short(text: str, limit: int = 160) -> str:
+    """``text`` cut at a word before ``limit`` characters, with "..." where it was cut."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _other_ranks_line(other_ranks: dict[int, str]) -> str:
+    """``"ranks 1-15: ended by the launcher; rank 3: ValueError: ..."``: ranks with the same summary
+    together, four or more consecutive ranks as a span."""
+    from helpers.engine.stacks import ranks_phrase  # stacks imports tracebacks, not this module
+
+    groups: dict[str, list[int]] = {}
+    for r, summary in sorted(other_ranks.items()):
+        groups.setdefault(summary, []).append(r)
+    return "; ".join(f"{ranks_phrase(ranks, verb=False)}: {summary}" for summary, ranks in groups.items())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jupytext
@@ -52,20 +54,16 @@ def test_a_bad_record_is_named(tmp_path, text, message):
 
 
 def write_lesson(folder: Path, stem: str, prose: str = "Some prose.") -> None:
-    """A lesson ``<stem>.ipynb`` (opening, parameters, next cell) and its twin ``<stem>.py``,
-    written as ``jupytext --sync`` writes them, the generated blocks still empty."""
-    nb = nbformat.v4.new_notebook(metadata={"jupytext": {"formats": "ipynb,py:percent"},
-                                            "kernelspec": {"display_name": "Python 3", "language": "python",
-                                                           "name": "python3"}})
-    params = nbformat.v4.new_code_cell("steps = 3  # optimizer steps")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# {stem}\n\n{path_table.OPEN_START}\n{path_table.OPEN_END}\n\n"
-                                              f"{prose}"),
-                params,
-                nbformat.v4.new_markdown_cell(f"{path_table.NEXT_START}\n{path_table.NEXT_END}")]
+    """A lesson written as docs/TESTING.md says: its percent-format twin ``<stem>.py`` (opening,
+    parameters, next cell, the generated blocks still empty), then the documented jupytext command
+    pairs it and writes ``<stem>.ipynb``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{stem}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
-    jupytext.write(nb, str(folder / f"{stem}.py"), fmt="py:percent")
+    (folder / f"{stem}.py").write_text(
+        f"# %% [markdown]\n# # {stem}\n#\n# {path_table.OPEN_START}\n# {path_table.OPEN_END}\n#\n# {prose}\n\n"
+        '# %% tags=["parameters"]\nsteps = 3  # optimizer steps\n\n'
+        f"# %% [markdown]\n# {path_table.NEXT_START}\n# {path_table.NEXT_END}\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "jupytext", "--set-formats", "ipynb,py:percent", "--set-kernel", "python3",
+                    str(folder / f"{stem}.py")], check=True, capture_output=True, timeout=120)
 
 
 def block_of(path: Path, start: str, end: str, cell: int) -> str:
@@ -93,13 +91,19 @@ def test_adding_a_lesson_is_two_files_one_record_and_one_command(tmp_path, capsy
     root = copy_of_the_course(tmp_path)
     assert generate.main(["--check", "--root", str(root)]) == 0
     last = [lesson for lesson in manifest.load() if lesson.kind == "lesson"][-1]
+    (root / "notebooks" / "99_throwaway.py").write_text("# %% [markdown]\n# # 99\n", encoding="utf-8")
+    with (root / "notebooks" / "lessons.toml").open("a", encoding="utf-8") as f:
+        f.write('\n[[lesson]]\nstem = "99_throwaway"\ntitle = "t"\noutcome = "o"\n')
+    assert generate.main(["--check", "--root", str(root)]) == 2
+    assert "jupytext --set-formats ipynb,py:percent --set-kernel python3" in capsys.readouterr().err
+    shutil.copyfile(ROOT / "notebooks" / "lessons.toml", root / "notebooks" / "lessons.toml")
     write_lesson(root / "notebooks", "99_throwaway")
     with (root / "notebooks" / "lessons.toml").open("a", encoding="utf-8") as f:
         f.write(f'\n[[lesson]]\nstem = "99_throwaway"\ntitle = "a throwaway lesson"\noutcome = "throw it away"\n'
                 f'needs = ["{last.label}"]\n[lesson.full]\nsteps = 30\n')
     capsys.readouterr()
     assert generate.main(["--check", "--root", str(root)]) == 1
-    assert "OUT OF DATE" in capsys.readouterr().err
+    assert "out of date" in capsys.readouterr().err
     assert generate.main(["--root", str(root)]) == 0
     assert generate.main(["--check", "--root", str(root)]) == 0
 
@@ -161,7 +165,7 @@ def test_a_hand_edit_or_a_lost_marker_is_caught(tmp_path, capsys):
     text = twin.read_text(encoding="utf-8")
     twin.write_text(text.replace("**You will be able to**", "**You can**", 1), encoding="utf-8")
     assert generate.main(["--check", "--root", str(root)]) == 1
-    assert f"{stem}.py: the opening and next link is OUT OF DATE" in capsys.readouterr().err
+    assert f"{stem}.py: out of date (the opening and next link)" in capsys.readouterr().err
     twin.write_text(text.replace(f"# {path_table.NEXT_END}\n", ""), encoding="utf-8")
     assert generate.main(["--check", "--root", str(root)]) == 2
     assert "next:end" in capsys.readouterr().err

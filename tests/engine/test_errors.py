@@ -401,3 +401,15 @@ def test_hint_use_libuv_matches_torchs_message():
     assert "PyTorch was built without libuv support" in message, message
     hint = hint_for(f"RuntimeError: {message}")
     assert hint and 'os.environ["USE_LIBUV"] = "0"' in hint and "use_libuv=0" in hint, hint
+
+
+def test_other_ranks_are_grouped_and_cut_at_a_word():
+    """New-user trial: 15 other ranks on one line, a gloo message cut mid-word. Ranks with the same
+    summary now share one entry (spans from four ranks on), and a long summary ends at a word."""
+    from helpers.engine.errors import _other_ranks_line, _short
+
+    line = _other_ranks_line({r: "ended by the launcher" for r in range(1, 16)} | {3: "ValueError: bad"})
+    assert line == "ranks 1, 2, 4-15: ended by the launcher; rank 3: ValueError: bad", line
+    long = "RuntimeError: " + "word " * 60
+    cut = _short(long)
+    assert len(cut) <= 164 and cut.endswith(" ...") and cut[:-4].endswith("word"), cut

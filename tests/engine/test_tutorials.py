@@ -219,7 +219,7 @@ def test_changes_table_check_finds_a_hand_edit_and_writing_fixes_it(tmp_path, ca
     doc.write_text(good.replace("`DDP(model)` for `DDP(model, device_ids=[rank])`; ", ""), encoding="utf-8")
     ((path, current, wanted, what),) = changes_table.outputs(doc)
     assert marked.check_or_write(path, current, wanted, True, what) == 1
-    assert "OUT OF DATE" in capsys.readouterr().err
+    assert "out of date" in capsys.readouterr().err
     assert marked.check_or_write(path, current, wanted, False, what) == 0
     assert doc.read_text(encoding="utf-8") == good
     doc.write_text(good.replace(changes_table.START, ""), encoding="utf-8")
