@@ -367,8 +367,8 @@ def plan_run(
     source = Path(manifest).name if manifest is not None else manifest_path(notebooks_dir).name
     if cell_timeout is None:
         timeout: int | None = PROFILE_CELL_TIMEOUTS[profile]
-    elif cell_timeout < 0:
-        raise ConfigError(f"--cell-timeout must be >= 0 (0 disables it), got {cell_timeout}")
+    elif not 0 <= cell_timeout < math.inf:  # nan too
+        raise ConfigError(f"--cell-timeout must be a finite number of seconds >= 0 (0 disables it), got {cell_timeout}")
     else:
         timeout = int(math.ceil(cell_timeout)) or None
 

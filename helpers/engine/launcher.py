@@ -54,6 +54,9 @@ Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/ru
 from __future__ import annotations
 
 import logging
+import math
+import numbers
+import operator
 import os
 import sys
 import threading
@@ -232,12 +235,21 @@ def _validate(fn, world_size, args, kwargs, backend, timeout) -> tuple[int, str,
     return world_size, backend, serialise_call(fn, args, kwargs)
 
 
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int: any integer type (numpy's ``np.int64`` too), never a bool or a float; else ``None``."""
+    try:
+        return None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_world_size(world_size: Any, name: str = "world_size") -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
+    if _as_int(world_size) is None:
         raise LaunchError(
             f"{name} must be a positive int (the number of processes), got {world_size!r} "
             f"of type {type(world_size).__name__}. Pass e.g. {name}=2."
         )
+    world_size = _as_int(world_size)
     if world_size < 1:
         raise LaunchError(f"{name} must be >= 1, got {world_size}. Pass e.g. {name}=2.")
     cpus = os.cpu_count() or 1
@@ -270,9 +282,15 @@ def _check_callable(fn: Any) -> None:
         raise LaunchError(f"fn must be callable (a function), got {fn!r} of type {type(fn).__name__}.")
 
 
-def _check_timeout(timeout: Any) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise LaunchError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
+def _check_timeout(timeout: Any, name: str = "timeout", none: bool = True) -> float | None:
+    """``timeout`` as float seconds (``None`` where ``none`` allows it); raises :class:`LaunchError`
+    for a bool, a non-number, nan, inf, zero or a negative number."""
+    if timeout is None and none:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
+        raise LaunchError(f"{name} must be a positive, finite number of seconds, got {timeout!r}. "
+                          f"Pass e.g. {name}=60{', or None for no limit' if none else ''}.")
+    return float(timeout)
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str:

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
-from helpers.engine.launcher import _check_callable, _check_timeout, _DefaultTimeout
+from helpers.engine.launcher import _as_int, _check_callable, _check_timeout, _DefaultTimeout
 from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
     _calls,
@@ -343,15 +343,15 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
     default = isinstance(timeout, _DefaultTimeout)
     if getattr(_local, "rank", None) is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_SIMULATED_RANKS:
+    if not 1 <= (_as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
+    world_size = _as_int(world_size)
     _check_callable(fn)
-    _check_timeout(timeout)
+    timeout = _check_timeout(timeout)
     if output not in (None, "all", "summary"):
         raise LaunchError(f"output must be 'all', 'summary' or None, got {output!r}.")
     _pieces()
     summary = output == "summary" or (output is None and world_size >= SUMMARY_FROM)
-    timeout = None if timeout is None else float(timeout)
     group_timeout = timedelta(seconds=2 * max(timeout or 900.0, _STARTUP_S))
     with _ONE_AT_A_TIME:
         _wait_for_leftovers()

@@ -73,7 +73,7 @@ from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
 from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
-from helpers.engine.launcher import LaunchError, WorkerError, _check_world_size, resolve_backend
+from helpers.engine.launcher import LaunchError, WorkerError, _check_timeout, _check_world_size, resolve_backend
 from helpers.engine.warm_ranks_start_stop import _GROUP_MARGIN_S, RanksStartStop
 
 RanksTimeout = remote.RanksTimeout  # raised by run and %%px past their timeout
@@ -102,12 +102,6 @@ def current_ranks() -> WarmRanks | None:
 def _atexit_stop() -> None:
     if _CURRENT is not None:
         _CURRENT.stop()
-
-
-def _check_timeout(timeout: Any, name: str = "timeout") -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise LaunchError(f"{name} must be a positive number of seconds, got {timeout!r}.")
-    return float(timeout)
 
 
 def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
@@ -143,7 +137,7 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     global _CURRENT, _ATEXIT_REGISTERED
     world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
     backend = resolve_backend(backend, world_size)
-    timeout = _check_timeout(timeout)
+    timeout = _check_timeout(timeout, none=False)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     key = (world_size, backend, timeout, tuple(sorted(env.items())), environment())
     if _CURRENT is not None and not _CURRENT.stopped:

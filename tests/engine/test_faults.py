@@ -11,6 +11,7 @@ and a test run never changes a file in git.
 
 import _thread
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -1066,3 +1067,42 @@ def test_simulated_ranks_interrupted(row):
     assert isinstance(err, KeyboardInterrupt) and sorted(err.stacks) == list(range(1, 64))
     row.update(error="`LaunchInterrupted` (a `KeyboardInterrupt`) with each rank's stack; no rank thread left, "
                      "the next `simulate` fine", seconds=secs, passed=True)
+
+
+# issue 51: failures named, simulated ranks
+
+def _runner_cell_timeout(timeout):
+    from ci import run_notebooks
+
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        if run_notebooks.main(["01", "--list", "--cell-timeout", str(timeout)]) == 2:
+            raise LaunchError(err.getvalue())
+
+
+@pytest.mark.parametrize("entry", ["launch", "simulate", "start_ranks", "run_notebooks --cell-timeout"])
+def test_bad_timeout_refused_before_anything_starts(row, entry):
+    from helpers.engine.warm_ranks import current_ranks, start_ranks
+
+    call = {"launch": lambda t: launch(faults.ok, 2, timeout=t), "simulate": lambda t: simulate(faults.ok, 2, timeout=t),
+            "start_ranks": lambda t: start_ranks(2, timeout=t), "run_notebooks --cell-timeout": _runner_cell_timeout}
+    row.update(fault=f"`{entry}` given a timeout of nan, inf or -1", injection=f"`{entry.split()[-1]}=float('nan')`, ...")
+    start, threads = time.monotonic(), threading.active_count()
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(LaunchError, match=r"must be a (positive, )?finite number of seconds") as info:
+            call[entry](bad)
+        assert repr(bad) in str(info.value) or str(bad) in str(info.value), str(info.value)
+    assert threading.active_count() == threads and current_ranks() is None and not leftover_processes()
+    row.update(error="refused at once, naming the value and a valid one; nothing started",
+               seconds=time.monotonic() - start, passed=True)
+
+
+def test_numpy_integer_world_size_accepted(row):
+    np = pytest.importorskip("numpy")
+    row.update(fault="`world_size=np.int64(2)` (a count computed with numpy)",
+               injection="`launch(faults.ok, np.int64(2))`, `simulate(faults.ok, np.int64(2))`")
+    start = time.monotonic()
+    assert launch(faults.ok, np.int64(2), timeout=np.float64(120)) == [0, 1]
+    assert simulate(faults.ok, np.int32(2)) == [0, 1]
+    with pytest.raises(LaunchError, match="positive int"):
+        launch(faults.ok, np.float64(2.0))
+    row.update(error="accepted as 2 (a numpy float still refused)", seconds=time.monotonic() - start, passed=True)

@@ -56,7 +56,7 @@ def test_bad_input_same_message_as_launch(kwargs, no_leftover_processes):
 
 
 def test_bad_timeout(no_leftover_processes):
-    with pytest.raises(LaunchError, match="timeout must be a positive number"):
+    with pytest.raises(LaunchError, match="timeout must be a positive, finite number"):
         start_ranks(2, timeout=0)
 
 
