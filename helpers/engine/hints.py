@@ -71,6 +71,12 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "only CUDA. Train with the model and data on the CPU (gloo), or move each tensor to the CPU for "
      "the collective (t.cpu()) and back (.to(\"mps\"))."),
     # Windows builds of torch without libuv (TCPStore): the message says USE_LIBUV=0 but not where
+    # a rank killed by SIGKILL that its code did not send: Linux's out-of-memory killer sends it (dmesg says so,
+    # where a learner may read it); warm ranks and launch name the signal the same way
+    (re.compile(r"^killed by SIGKILL|a signal such as SIGKILL"),
+     "a SIGKILL your code did not send is often the out-of-memory killer (Linux ends the largest process when "
+     "memory runs out; `dmesg` shows \"Out of memory: Killed process\" where you may read it): use fewer ranks, "
+     "a smaller model or batch, or close other programs."),
     (re.compile(r"use_libuv was requested but PyTorch was built without libuv support"),
      "this PyTorch build (Windows) has no libuv for its TCP store: set os.environ[\"USE_LIBUV\"] = \"0\" "
      "before init_process_group (or before starting torchrun or Jupyter), or add ?use_libuv=0 to a "

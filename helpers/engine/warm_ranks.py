@@ -233,7 +233,7 @@ class WarmRanks(RanksStartStop):
         return WorkerError(rank, dead[rank],
                            f"the process of rank {rank} (pid {self.pids[rank]}) "
                            + (f"was found dead when {what} started" if before else f"died before {what} finished")
-                           + " (a signal such as SIGKILL, e.g. from the out-of-memory killer, or os._exit()). "
+                           + " (a signal such as SIGKILL, or os._exit()). "
                            + remote.RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:

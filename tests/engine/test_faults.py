@@ -1106,3 +1106,27 @@ def test_numpy_integer_world_size_accepted(row):
     with pytest.raises(LaunchError, match="positive int"):
         launch(faults.ok, np.float64(2.0))
     row.update(error="accepted as 2 (a numpy float still refused)", seconds=time.monotonic() - start, passed=True)
+
+
+@pytest.mark.parametrize("where", ["launch", "warm ranks"])
+def test_rank_sigkilled_names_the_out_of_memory_killer(row, where):
+    row.update(fault=f"a rank killed by SIGKILL, as the out-of-memory killer does ({where})",
+               injection="`faults.sigkill_during_collective`" + (" via `ranks.run`" if where == "warm ranks" else ""))
+    start = time.monotonic()
+    if where == "launch":
+        err, _ = timed_failure(WorkerError, faults.sigkill_during_collective, 2, timeout=120)
+    else:
+        from helpers.engine.warm_ranks import start_ranks
+
+        ranks = start_ranks(2, timeout=60)
+        try:
+            with pytest.raises(WorkerError) as info:
+                ranks.run(faults.sigkill_during_collective)
+            err = info.value
+        finally:
+            ranks.stop()
+    text = str(err)
+    assert err.rank == 1 and "SIGKILL" in text and "What to do:" in text and "out-of-memory killer" in text, text
+    assert len(text.splitlines()) <= 8, text
+    row.update(error="`WorkerError` naming rank 1, SIGKILL and, as what to do, the likely out-of-memory killer",
+               seconds=time.monotonic() - start, passed=True)
