@@ -100,3 +100,18 @@ def uneven_ddp(rank, world_size):
 if __name__ == "__main__":
     result = main_from_env(report, 0.5)
     print(f"TORCHRUN_RESULT {result['rank']} {result['world_size']} {result['sum']}")
+
+
+def fill_folder(rank, world_size, folder):
+    """Every rank fills ``folder`` (a small file system) until it is full, then prints: what a checkpoint
+    that fills TMPDIR does to the ranks' own output there."""
+    try:
+        with open(os.path.join(folder, f"fill-{rank}"), "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    except OSError:
+        pass
+    for i in range(1000):
+        print("line", i, "x" * 100)
+    return rank

@@ -107,7 +107,7 @@ class LaunchInterrupted(_Stuck, Readable, KeyboardInterrupt):
 
 
 class LaunchError(Readable, ValueError):
-    """Bad input to :func:`launch`, raised before any process starts."""
+    """Bad input to :func:`launch`, raised before any process starts (also: the temp folder is full)."""
 
 
 class WorkerError(Readable, RuntimeError):

@@ -58,7 +58,9 @@ import math
 import numbers
 import operator
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -160,7 +162,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         list: ``fn``'s return value on each rank, in rank order (``results[r]`` from rank ``r``).
 
     Raises:
-        LaunchError: bad input, before any process starts: ``world_size`` not a positive int or
+        LaunchError: a full temp folder (``TMPDIR``: before any process starts, or once it filled up
+            during the launch), or bad input, before any process starts: ``world_size`` not a positive int or
             far above the core count, an unknown backend, ``nccl`` without one GPU per rank, a
             bad ``timeout``, ``fn`` not callable, or something that cannot be sent to another
             process (an open file, a lock, a socket, a generator, a CUDA tensor, anything
@@ -197,6 +200,8 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``). ``what`` names
     the call in a timeout's message; ``default``: ``timeout`` is that call's default."""
     threads = threads_per_rank(world_size)
+    if full := _temp_folder_full():
+        raise LaunchError(full)
     with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic(), \
             main_without_file():
         # what runs below this process already (the fork server, the resource tracker) stays
@@ -214,8 +219,32 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
             # its ranks die with it, with an exit code that says nothing about why
             raise e.with_note(f"the fork server (pid {server_pid}) that forked the ranks died during the launch; "
                               "the next launch starts a new one") from None
+        except (LaunchTimeout, LaunchInterrupted):
+            raise
+        except Exception:  # a rank that could not write its output or error (torch's EOFError reading it)
+            if full := _temp_folder_full():
+                raise LaunchError(full.replace("is full", "filled up during the launch")) from None
+            raise
         results = outcome["results"]
         return [cloudpickle.loads(results[r]) for r in range(world_size)]
+
+
+#: The least free space (bytes) a launch needs in the temp folder: its run folder (each rank's output, markers,
+#: stacks) and torch's error files are written there.
+MIN_FREE_TEMP = 1 << 20
+
+
+def _temp_folder_full() -> str | None:
+    """What to do when the temp folder (``TMPDIR``) has less than :data:`MIN_FREE_TEMP` bytes free, else ``None``."""
+    folder = tempfile.gettempdir()
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return None if free >= MIN_FREE_TEMP else (
+        f"the temp folder {folder} (TMPDIR) is full: {free // 1024} KiB free; each rank writes its output, result "
+        "and error there. Free space there (old checkpoints, data), or set TMPDIR to a folder with room "
+        "(`export TMPDIR=$HOME/tmp` before starting Jupyter or Python).")
 
 
 def _group_timeout(timeout: float | None) -> float | None:

@@ -1130,3 +1130,33 @@ def test_rank_sigkilled_names_the_out_of_memory_killer(row, where):
     assert len(text.splitlines()) <= 8, text
     row.update(error="`WorkerError` naming rank 1, SIGKILL and, as what to do, the likely out-of-memory killer",
                seconds=time.monotonic() - start, passed=True)
+
+
+@contextlib.contextmanager
+def _small_temp_folder(path, monkeypatch, size="2m"):
+    """A ``size`` tmpfs at ``path`` as the launcher's temp folder (TMPDIR) for the block; skips where mount is not allowed."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    try:
+        yield path
+    finally:
+        monkeypatch.undo()
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_full_temp_folder_named(row, tmp_path, monkeypatch, when):
+    row.update(fault=f"TMPDIR full {'before the launch' if when == 'before' else 'during it (the ranks fill it)'}",
+               injection="a 2 MB tmpfs as TMPDIR, " + ("filled first" if when == "before" else "`w.fill_folder` fills it"))
+    with _small_temp_folder(tmp_path / "small", monkeypatch) as small:
+        if when == "before":
+            (small / "fill").write_bytes(bytes((2 << 20) - (64 << 10)))
+        err, secs = timed_failure(LaunchError, w.fill_folder, 2, str(small), timeout=120)
+    text = str(err)
+    assert f"temp folder {small} (TMPDIR)" in text and "KiB free" in text and "set TMPDIR" in text, text
+    assert ("is full" if when == "before" else "filled up during the launch") in text, text
+    assert when == "during" or secs < 1, "refused before any process starts"
+    row.update(error="`LaunchError` naming the full temp folder, its free KiB and what to do (free space, or "
+                     "another TMPDIR)", seconds=secs, passed=True)
