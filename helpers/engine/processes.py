@@ -160,6 +160,7 @@ def end_processes(procs: Iterable[psutil.Process], grace_s: float = 3.0, *, term
         for p in alive:
             with contextlib.suppress(psutil.Error):
                 p.terminate()
+                p.resume()  # SIGCONT: a stopped process (state T) acts on its SIGTERM only once continued
         alive = _wait(alive, grace_s)
     for p in alive:
         with contextlib.suppress(psutil.Error):

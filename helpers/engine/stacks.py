@@ -31,6 +31,8 @@ import re
 import signal
 import time
 
+import psutil
+
 from helpers.engine.run_dir import read_markers
 from helpers.engine.tracebacks import Frame, _is_hidden, format_frames
 
@@ -43,6 +45,8 @@ STACKS_DIR = "stacks"  # below the run folder: stacks/<rank>.txt
 _WAIT_S = 3.0  # how long collect waits for the dumps on an idle machine (seconds; see dump_wait_s)
 _MAX_WAIT_S = 30.0  # ... and at most, however loaded (seconds)
 _STEADY_S = 0.2  # a dump unchanged for this long is complete, on an idle machine (seconds)
+#: :func:`collect`'s text for a rank that is stopped (state T: SIGSTOP, Ctrl-Z, a debugger): it dumps nothing.
+STOPPED = "stopped (state T)\n"
 _FILE = None  # this rank's open dump file: faulthandler writes to its descriptor until the rank ends
 
 
@@ -98,14 +102,16 @@ def collect(run_dir: str, pids: dict[int, int], wait_s: float | None = None) -> 
         return {}
     steady_s = _STEADY_S * _load()
     wait_s = dump_wait_s() if wait_s is None else wait_s
-    asked = {}
+    asked, texts = {}, {}
     for rank, pid in pids.items():
         try:
+            if psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                texts[rank] = STOPPED  # its handler cannot run: no dump to wait for
+                continue
             os.kill(pid, SIGNAL)
             asked[rank] = _path(run_dir, rank)
-        except OSError:
+        except (OSError, psutil.Error):
             pass
-    texts: dict[int, str] = {}
     sizes: dict[int, tuple[int, float]] = {}  # rank -> (size, since when)
     deadline = time.monotonic() + wait_s
     while asked and time.monotonic() < deadline:
@@ -207,8 +213,11 @@ def state(dump: str) -> tuple[str, str]:
     - ``"library"``: in another library's function called from the learner's code (computing);
     - ``"turn"``: a simulated rank (:func:`helpers.engine.simulate`) waiting for its turn to start
       its function (simulated ranks run one at a time);
+    - ``"stopped"``: the process was stopped (state T), see :data:`STOPPED`;
     - ``"unknown"``: none of the learner's frames and no library call (an empty or cut dump).
     """
+    if dump == STOPPED:
+        return "stopped", ""
     own, call = stuck_frames(dump)
     if not own and any(f.name == "_wait_turn" and "simulated" in os.path.basename(f.file)
                    for t in _threads(dump) for f in t):
@@ -258,15 +267,16 @@ def summary(stacks: dict[int, str], shell=None, full: str = "the error's .stacks
     for rank in sorted(stacks):
         own, call = stuck_frames(stacks[rank])
         own = [_in_cell(f, cells or {}) for f in own][-most:]
-        if not own and state(stacks[rank])[0] == "turn":
-            call = "its turn"  # a simulated rank that has not started its function
+        if not own and state(stacks[rank])[0] in ("turn", "stopped"):
+            call = {"turn": "its turn", "stopped": "stopped"}[state(stacks[rank])[0]]
         key = (tuple(own), call) if len(stacks) > _GROUP_FROM else (rank,)
         places.setdefault(key, ([], own, call))[0].append(rank)
     for ranks, own, call in places.values():
         name = ranks_phrase(ranks, verb=False)
         where = f" in {call}" if call else ""
-        if call == "its turn":
-            lines.append(f"  {name}: waiting for a turn to start your function")
+        if call in ("its turn", "stopped"):
+            lines.append(f"  {name}: " + ("waiting for a turn to start your function" if call == "its turn"
+                                          else "stopped (state T), so no stack"))
             continue
         if not own:
             lines.append(f"  {name}: not in your code{where}")
@@ -318,9 +328,13 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
         except Exception:  # noqa: BLE001 - a dump we cannot read
             kind = "unknown"
         kinds.setdefault(kind, []).append(rank)
-    busy = kinds.get("own", []) + kinds.get("library", [])
+    busy, stopped = kinds.get("own", []) + kinds.get("library", []), kinds.get("stopped", [])
     waiting = sorted(kinds.get("collective", []) + kinds.get("rendezvous", []) + kinds.get("ddp", []))
     parts = []
+    if stopped:
+        parts.append(f"{ranks_phrase(stopped, verb=False).capitalize()} {'is' if len(stopped) == 1 else 'are'} "
+                     "stopped, not running (state T: a SIGSTOP, Ctrl-Z in a terminal or a debugger stops a process), "
+                     "so it could not finish: find what stopped it (`kill -CONT <pid>` resumes a stopped process).")
     if busy:
         by_call: dict[str, list[int]] = {}
         for r in busy:
@@ -333,7 +347,7 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
                        (kinds.get("ddp", []), "in {} (computing, or waiting in DDP's all-reduce for the other ranks)")):
         if not group:
             continue
-        end = f", most likely for {ranks_phrase(busy, verb=False)}." if busy else "."
+        end = f", most likely for {ranks_phrase(stopped + busy, verb=False)}." if stopped or busy else "."
         named = dict.fromkeys(calls[r] for r in group)
         if len(named) == 1:
             parts.append(f"{ranks_phrase(group)} {how.format(next(iter(named)))}{end}")
@@ -348,6 +362,8 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
         parts.append(f"No stack came from {ranks_phrase(kinds['unknown'], verb=False)}.")
     if set(kinds) == {"rendezvous"}:
         parts = [NEVER_MET]
+    elif stopped and not busy:
+        pass
     elif busy and waiting:
         parts.append(f"If that work is simply long, {lift}; if it never reaches the call the others wait in, "
                      "that is the bug.")
