@@ -203,13 +203,21 @@ class Doctor:
         return 0
 
 
+def _port(text: str) -> int:
+    """``--port``'s value: a TCP port, 1 to 65535 (argparse prints the error and exits 2)."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 1 to 65535 (e.g. 12355, the DDP "
+                                         f"tutorial's MASTER_PORT), got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m helpers.doctor [--data-root PATH] [--port N ...] [--only NAME,...]``; exit code."""
     parser = argparse.ArgumentParser(prog="python3 -m helpers.doctor",
                                      description="A preflight for workshops: can this machine run every notebook?")
     parser.add_argument("--data-root", default=str(REPO_ROOT / "data"),
                         help="MNIST root (holding MNIST/raw), default: the repository's data/")
-    parser.add_argument("--port", type=int, action="append", dest="ports", metavar="N",
+    parser.add_argument("--port", type=_port, action="append", dest="ports", metavar="N",
                         help="a fixed MASTER_PORT to check (repeatable); default "
                         f"{' and '.join(map(str, TUTORIAL_PORTS))}")
     parser.add_argument("--only", metavar="NAME,...",

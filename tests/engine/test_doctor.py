@@ -164,3 +164,31 @@ def test_small_shm_gives_the_docker_fix(tmp_path):
     assert status == "FAIL" and f"{small}: 64 MiB" in detail and "DataLoader workers" in detail, report(run)
     assert "--shm-size=1g" in fix and "--ipc=host" in fix, report(run)
     assert_no_traceback(run)
+
+
+def test_bad_port_refused_before_any_check():
+    run = doctor("--port", "70000")
+    assert run.returncode == 2 and "from 1 to 65535" in run.stderr and "'70000'" in run.stderr, report(run)
+    assert "pip install" not in run.stdout + run.stderr and not table(run.stdout), report(run)
+    assert_no_traceback(run)
+
+
+def test_read_only_data_root_gives_a_fix_that_is_not_the_error(tmp_path):
+    """The .gz files in a read-only folder (a read-only mount: root writes through chmod)."""
+    root = tmp_path / "ro"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(root)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        raw = root / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        for gz in (REPO_ROOT / "data" / "MNIST" / "raw").glob("*.gz"):
+            (raw / gz.name).write_bytes(gz.read_bytes())
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        run = doctor("--data-root", str(root), "--only", "mnist")
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=True)
+    status, detail, fix = table(run.stdout)["MNIST"]
+    assert run.returncode == 1 and status == "FAIL" and f"{raw} is read-only" in detail, report(run)
+    assert f"chmod -R u+w {raw}" in fix and f"gunzip -k {raw}/*.gz" in fix and "Errno" not in fix, report(run)
+    assert_no_traceback(run)
