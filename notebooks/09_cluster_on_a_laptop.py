@@ -51,7 +51,7 @@ from helpers.notebook import check_answer, check_parameters, check_value
 
 check_parameters(world_size=(world_size, int), batch_per_rank=(batch_per_rank, int),
                  bandwidth_GBps=(bandwidth_GBps, float), alpha_us=(alpha_us, float), compute_ms=(compute_ms, float))
-check_value("world_size", world_size, 16 <= world_size <= 512, "16 to 512 (a cluster-sized world)")
+check_value("world_size", world_size, 16 <= world_size <= 1024, "16 to 1,024 (a cluster-sized world; simulate's limit)")
 check_value("batch_per_rank", batch_per_rank, 1 <= batch_per_rank <= 256, "1 to 256")
 check_value("bandwidth_GBps", bandwidth_GBps, bandwidth_GBps > 0, "above 0")
 check_value("alpha_us", alpha_us, alpha_us >= 0, "0 or more")

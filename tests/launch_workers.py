@@ -118,7 +118,7 @@ def fill_folder(rank, world_size, folder):
 
 
 def stops_itself(rank, world_size, bad_rank=1):
-    """Rank ``bad_rank`` stops itself (SIGSTOP: state T, as Ctrl-Z or a debugger does) while the others wait in an all_reduce."""
+    """Rank ``bad_rank`` stops itself (SIGSTOP: state T, as Ctrl-Z does) while the others wait in an all_reduce."""
     if rank == bad_rank:
         time.sleep(0.5)
         os.kill(os.getpid(), __import__("signal").SIGSTOP)

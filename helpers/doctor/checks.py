@@ -147,8 +147,8 @@ def check_mnist(doc: Doctor) -> str:
             raise Failed(f"{len(missing)} of 4 MNIST files missing in {raw}{where}", fix) from None
         if not os.access(raw, os.W_OK):  # the .gz files are there but cannot be decompressed next to themselves
             raise Failed(f"{raw} is read-only: its .gz files must be decompressed there once",
-                         f"make it writable (`chmod -R u+w {raw}`, or mount it read-write), or decompress them once as a "
-                         f"user who can write there: `gunzip -k {raw}/*.gz`") from None
+                         f"make it writable (`chmod -R u+w {raw}`, or mount it read-write), or decompress them "
+                         f"once as a user who can write there: `gunzip -k {raw}/*.gz`") from None
         raise Failed(one_line(str(e).split(". ")[0]), one_line(str(e), 300)) from None
     import torchvision
 

@@ -15,8 +15,8 @@ Names (all loaded lazily, PEP 562: ``import helpers.engine`` does not import tor
 ``fork_server``, ``run_dir`` and ``processes`` modules; the first name used imports what it needs):
 
 - starting ranks: :func:`launch`, :func:`start_ranks` (warm ranks across cells, ``%%px``),
-  :func:`simulate` (8 to 256 ranks as threads of this process on torch's threaded process group:
-  real values, no real time); ``helpers.mp`` for ``torch.multiprocessing``'s interface;
+  :func:`simulate` (up to 1,024 ranks, ``MAX_SIMULATED_RANKS``, as threads of this process on
+  torch's threaded process group: real values, no real time); ``helpers.mp`` for ``torch.multiprocessing``'s interface;
 - inside a rank: :func:`worker_device` (``cuda:<local_rank>`` under nccl, else ``cpu``);
   :func:`main_from_env` (the torchrun entry for a worker written for :func:`launch`);
 - rules: :func:`resolve_backend` (nccl with a GPU per rank, else gloo; one of :data:`BACKENDS`);

@@ -336,7 +336,8 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
         rank = vanished[0]
         return WorkerError(rank, "exited without returning a result",
                            "the process ended without returning or raising (killed by a signal such as "
-                           "SIGKILL, or os._exit()); the other ranks lost their connection to it", "", others_except(rank))
+                           "SIGKILL, or os._exit()); the other ranks lost their connection to it", "",
+                           others_except(rank))
     if errors:
         first = min(errors.values(), key=lambda e: e["time"])
         return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],

@@ -1083,9 +1083,11 @@ def _runner_cell_timeout(timeout):
 def test_bad_timeout_refused_before_anything_starts(row, entry):
     from helpers.engine.warm_ranks import current_ranks, start_ranks
 
-    call = {"launch": lambda t: launch(faults.ok, 2, timeout=t), "simulate": lambda t: simulate(faults.ok, 2, timeout=t),
+    call = {"launch": lambda t: launch(faults.ok, 2, timeout=t),
+            "simulate": lambda t: simulate(faults.ok, 2, timeout=t),
             "start_ranks": lambda t: start_ranks(2, timeout=t), "run_notebooks --cell-timeout": _runner_cell_timeout}
-    row.update(fault=f"`{entry}` given a timeout of nan, inf or -1", injection=f"`{entry.split()[-1]}=float('nan')`, ...")
+    row.update(fault=f"`{entry}` given a timeout of nan, inf or -1",
+               injection=f"`{entry.split()[-1]}=float('nan')`, ...")
     start, threads = time.monotonic(), threading.active_count()
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(LaunchError, match=r"must be a (positive, )?finite number of seconds") as info:
@@ -1134,9 +1136,10 @@ def test_rank_sigkilled_names_the_out_of_memory_killer(row, where):
 
 @contextlib.contextmanager
 def _small_temp_folder(path, monkeypatch, size="2m"):
-    """A ``size`` tmpfs at ``path`` as the launcher's temp folder (TMPDIR) for the block; skips where mount is not allowed."""
+    """A ``size`` tmpfs at ``path`` as the launcher's temp folder (TMPDIR); skips where no mount is allowed."""
     path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mount.returncode:
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     try:
@@ -1149,7 +1152,8 @@ def _small_temp_folder(path, monkeypatch, size="2m"):
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_full_temp_folder_named(row, tmp_path, monkeypatch, when):
     row.update(fault=f"TMPDIR full {'before the launch' if when == 'before' else 'during it (the ranks fill it)'}",
-               injection="a 2 MB tmpfs as TMPDIR, " + ("filled first" if when == "before" else "`w.fill_folder` fills it"))
+               injection="a 2 MB tmpfs as TMPDIR, "
+               + ("filled first" if when == "before" else "`w.fill_folder` fills it"))
     with _small_temp_folder(tmp_path / "small", monkeypatch) as small:
         if when == "before":
             (small / "fill").write_bytes(bytes((2 << 20) - (64 << 10)))

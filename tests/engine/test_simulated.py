@@ -4,6 +4,7 @@ the faults a learner meets, the process put back after each, the version guard.
 The fault matrix rows for the same faults are in test_faults.py."""
 
 import _thread
+import re
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from _support import REPO_ROOT
 from helpers.engine import (
     LaunchError,
     LaunchInterrupted,
@@ -337,3 +339,18 @@ def test_doctor_line(monkeypatch):
         monkeypatch.undo()
         sim._pieces.cache_clear()
     assert "multi_threaded_pg" in str(info.value) and "lesson 09" in info.value.fix, (str(info.value), info.value.fix)
+
+
+def test_the_largest_simulated_world_is_stated_once():
+    """MAX_SIMULATED_RANKS is the one limit: the engine's surface, docs/ARCHITECTURE.md and lesson 09's check say it."""
+    limit = sim.MAX_SIMULATED_RANKS
+    texts = {"helpers/engine/__init__.py": f"up to {limit:,} ranks, ``MAX_SIMULATED_RANKS``",
+             "docs/ARCHITECTURE.md": f"for up to {limit:,} ranks (`MAX_SIMULATED_RANKS`)",
+             "notebooks/09_cluster_on_a_laptop.py": f'world_size <= {limit}, "16 to {limit:,} (a cluster-sized world; '}
+    for path, said in texts.items():
+        text = (REPO_ROOT / path).read_text()
+        assert said in text, f"{path} must state the limit as {said!r}"
+        ranges = re.findall(r"\b\d[\d,]* to \d[\d,]* (?:simulated )?ranks\b", text)
+        assert not ranges, f"{path} states another range of simulated ranks: {ranges}"
+    with pytest.raises(LaunchError, match=f"from 1 to {limit}"):
+        simulate(_sum_ranks, limit + 1)
