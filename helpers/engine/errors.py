@@ -126,22 +126,24 @@ class WorkerError(Readable, RuntimeError):
         traceback: the worker's formatted traceback, complete (``""`` if the worker died without one).
         other_ranks: ``{rank: summary}`` of the other ranks that failed or were ended.
         notes: what the launcher adds (e.g. that the fork server died), one line each.
-        hint: what to do, from :data:`HINTS`, or ``None``.
+        hint: what to do, from :data:`HINTS` worded for ``caller`` (``"launch"``, ``"simulate"``), or ``None``.
     """
 
     def __init__(self, rank: int, exc_type: str, message: str, tb: str, other_ranks: dict | None = None,
-                 notes: tuple[str, ...] = ()):
+                 notes: tuple[str, ...] = (), caller: str = "launch"):
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.traceback = tb
         self.other_ranks = dict(other_ranks or {})
         self.notes = tuple(notes)
-        self.hint = hint_for(f"{exc_type}: {message}")
+        self.caller = caller
+        self.hint = hint_for(f"{exc_type}: {message}", caller)
         super().__init__(self._text(None))
 
     def __reduce__(self):
-        return (type(self), (self.rank, self.exc_type, self.message, self.traceback, self.other_ranks, self.notes))
+        return (type(self), (self.rank, self.exc_type, self.message, self.traceback, self.other_ranks, self.notes,
+                             self.caller))
 
     def __str__(self) -> str:
         return self._text(None)
@@ -169,7 +171,7 @@ class WorkerError(Readable, RuntimeError):
     def with_note(self, note: str | None) -> "WorkerError":
         """A fresh WorkerError with the same fields and ``note`` appended to its message."""
         return WorkerError(self.rank, self.exc_type, self.message, self.traceback, self.other_ranks,
-                           self.notes + ((note,) if note else ()))
+                           self.notes + ((note,) if note else ()), self.caller)
 
 
 class LaunchTimeout(_Stuck, Readable, TimeoutError):

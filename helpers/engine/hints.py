@@ -14,26 +14,36 @@ __all__ = ["HINTS", "hint_for"]
 
 
 #: ``(pattern, hint)``: the first pattern found (``re.search``) in a failing rank's
-#: ``"<type>: <message>"`` adds ``"What to do: <hint>"`` to its :class:`WorkerError`.
-HINTS: list[tuple[re.Pattern, str]] = [
+#: ``"<type>: <message>"`` adds ``"What to do: <hint>"`` to its :class:`WorkerError`. A hint that depends
+#: on the call that ran the ranks is ``{caller: hint}`` (``"launch"``: launch, warm ranks, spawn; ``"simulate"``).
+HINTS: list[tuple[re.Pattern, str | dict[str, str]]] = [
     (re.compile(r"trying to initialize the default process group twice"),
-     "launch and warm ranks have already initialised the default process group for your code: remove "
-     "init_process_group and destroy_process_group from it (dist.all_reduce and DDP use that group), "
-     "or run code that sets up its own group with helpers.mp.spawn."),
+     {"launch": "launch and warm ranks have already initialised the default process group for your code: remove "
+                "init_process_group and destroy_process_group from it (dist.all_reduce and DDP use that group), "
+                "or run code that sets up its own group with helpers.mp.spawn.",
+      "simulate": "simulate has already initialised each rank's default process group (its threaded backend): "
+                  "remove init_process_group and destroy_process_group from your code (dist.all_reduce and DDP "
+                  "use that group), or run code that sets up its own group with helpers.mp.spawn."}),
     (re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected"
                 r"|KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)'"),
-     "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
-     "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
-     "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
-     "helpers.engine.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does."),
+     {"launch": "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; helpers.mp.spawn, "
+                "like torch.multiprocessing.spawn, passes the rank as fn's first argument instead: use it "
+                "(init_process_group(backend, rank=rank, world_size=world_size)), or run the code with "
+                "helpers.engine.launch, which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does.",
+      "simulate": "this is torchrun-style code, which reads RANK and WORLD_SIZE from the environment; simulated "
+                  "ranks are threads of one process, sharing one os.environ, so simulate sets neither: use fn's "
+                  "first two parameters, rank and world_size, or run the code with helpers.engine.launch, which "
+                  "sets them as torchrun does."}),
     (re.compile(r"environment variable MASTER_(ADDR|PORT) expected"),
      "init_process_group's env:// rendezvous needs both: set os.environ['MASTER_ADDR'] = 'localhost' and "
      "os.environ['MASTER_PORT'] = '12355' (any free port) before calling it, as the DDP tutorial's "
      "setup() does, or use helpers.engine.launch, which sets them."),
     (re.compile(r"^TypeError: \S+\(\) (takes|missing) .*positional argument"),
-     "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
-     "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
-     "parameters (e.g. def fn(rank, world_size): ...)."),
+     {"launch": "if this is your worker function: launch and warm ranks call fn(rank, world_size, *args, **kwargs), "
+                "helpers.mp.spawn calls fn(rank, *args) as torch.multiprocessing.spawn does; give it those first "
+                "parameters (e.g. def fn(rank, world_size): ...).",
+      "simulate": "if this is your worker function: simulate calls fn(rank, world_size, *args, **kwargs); give it "
+                  "those first parameters (e.g. def fn(rank, world_size): ...)."}),
     (re.compile(r"Detected mismatch between collectives on ranks"),
      "TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks in different collectives (the OpType of each above, "
      "e.g. ALLREDUCE on one rank, BARRIER on another): every rank must call the same collectives in the "
@@ -84,9 +94,10 @@ HINTS: list[tuple[re.Pattern, str]] = [
 ]
 
 
-def hint_for(text: str) -> str | None:
-    """The hint of the first :data:`HINTS` pattern found in ``text``, or ``None``."""
+def hint_for(text: str, caller: str = "launch") -> str | None:
+    """The hint of the first :data:`HINTS` pattern found in ``text``, worded for ``caller`` (``"launch"``,
+    ``"simulate"``), or ``None``."""
     for pattern, hint in HINTS:
         if pattern.search(text):
-            return hint
+            return hint.get(caller, hint["launch"]) if isinstance(hint, dict) else hint
     return None

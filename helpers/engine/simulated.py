@@ -415,4 +415,4 @@ def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default
         if ended:
             others[ended[0]] = f"ended by the simulation, with {len(ended) - 1} other ranks"
     raise WorkerError(first["rank"], first["type"], first["message"], first["traceback"], others,
-                      notes=(still,) if still else ())
+                      notes=(still,) if still else (), caller="simulate")

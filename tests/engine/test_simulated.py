@@ -354,3 +354,25 @@ def test_the_largest_simulated_world_is_stated_once():
         assert not ranges, f"{path} states another range of simulated ranks: {ranges}"
     with pytest.raises(LaunchError, match=f"from 1 to {limit}"):
         simulate(_sum_ranks, limit + 1)
+
+
+def _inits_again(rank, world_size):
+    dist.init_process_group("gloo")
+
+
+def _reads_rank(rank, world_size):
+    import os
+
+    return int(os.environ["RANK"])
+
+
+@pytest.mark.parametrize("fn,said", [
+    (_inits_again, "simulate has already initialised each rank's default process group"),
+    (_reads_rank, "simulated ranks are threads of one process, sharing one os.environ")])
+def test_hints_are_worded_for_simulate(fn, said, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(WorkerError) as info:
+        simulate(fn, 2, timeout=60)
+    text = str(info.value)
+    assert "What to do:" in text and said in text, text
+    assert "launch and warm ranks" not in text and "helpers.mp.spawn, like" not in text, text
