@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import sys
 import threading
 import time
@@ -256,19 +257,37 @@ def _end(run: _Run) -> list[int]:
 
 @contextlib.contextmanager
 def _threaded_world():
-    """torch's threaded world installed for the block, everything it changes put back after."""
+    """torch's threaded world installed for the block, everything it changes put back after; ``dist.new_group``
+    patched to :func:`_new_group`."""
     plg, install, uninstall, isolation = _pieces()
     plg.reset()
     _calls.reset()
     caller_random = _random_state()
     install()
     isolation(True)
+    dist.new_group = dist.distributed_c10d.new_group = functools.partial(_new_group, _NEW_GROUP)
     try:
         yield
     finally:
+        dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
         isolation(False)
         uninstall()
         _set_random_state(caller_random)
+
+
+_NEW_GROUP = dist.distributed_c10d.new_group
+
+
+def _new_group(new_group, *args, **kwargs):
+    """``dist.new_group`` during a simulation: in a rank thread, any ``backend=`` (and its ``pg_options``) is
+    dropped, so the group gets the ranks' simulated backend. A real one (a gloo group, as Lightning's
+    ``rank_zero_first`` barrier makes) would wait forever for peers that are threads waiting for their turn."""
+    if getattr(_local, "run", None) is not None:
+        bound = inspect.signature(new_group).bind(*args, **kwargs)
+        bound.arguments.pop("backend", None)
+        bound.arguments.pop("pg_options", None)
+        args, kwargs = bound.args, bound.kwargs
+    return new_group(*args, **kwargs)
 
 
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
@@ -354,7 +373,7 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
     summary = output == "summary" or (output is None and world_size >= SUMMARY_FROM)
     group_timeout = timedelta(seconds=2 * max(timeout or 900.0, _STARTUP_S))
     with _ONE_AT_A_TIME:
-        _wait_for_leftovers()
+        _note_leftovers()
         run = _Run(fn, world_size, args, kwargs, group_timeout, summary)
         with _threaded_world():
             reason, startup_s = None, None
@@ -380,27 +399,32 @@ def _hidden_note(run: _Run) -> str:
             "simulate(..., output='all') shows every rank's\n")
 
 
-def _wait_for_leftovers() -> None:
-    """Rank threads a past run could not end: wait for them a while, or refuse to start."""
-    deadline = time.monotonic() + _LEFTOVER_S
-    while _leftovers and time.monotonic() < deadline:
-        _leftovers[:] = [t for t in _leftovers if t.is_alive()]
-        time.sleep(_POLL_S)
+def _note_leftovers() -> None:
+    """Rank threads a past run could not end never block this one (they have their own world and turns): a note."""
+    _leftovers[:] = [t for t in _leftovers if t.is_alive()]
     if _leftovers:
-        raise LaunchError(f"{len(_leftovers)} rank threads of an earlier simulate() still run their code (a thread "
-                          "cannot be stopped from outside while it sleeps or waits in C code); wait for them to "
-                          "end, or restart the kernel.")
+        sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are still stuck in a call "
+                         "Python cannot interrupt (a sleep, a lock, C code); this run goes on without them, and they "
+                         "end when that call returns. " + _STUCK_ADVICE + "\n")
+
+
+#: what to do about rank threads that cannot be stopped
+_STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
+                 "helpers.engine.launch, whose ranks are processes that can be ended.")
 
 
 def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default) -> None:
-    still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a sleep or C code); "
-             "they end when that call returns") if alive else None
+    still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a sleep, a lock or C code); "
+             f"they end when that call returns, and the next simulate() runs without them. {_STUCK_ADVICE}"
+             ) if alive else None
     if reason == "interrupt":
         raise LaunchInterrupted(f"simulate interrupted; all {run.world_size} ranks were ended"
                                 + (f"; {still}" if still else ""), stacks=stacks)
     if reason == "timeout":
         not_finished = [r for r in range(run.world_size) if r not in run.results]
-        raise LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
+        err = LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
+        err.args = (f"{err.args[0]} ({still})",) if still else err.args
+        raise err
     primary = [e for e in run.errors.values() if not e["secondary"]]
     if not primary:
         return

@@ -1181,3 +1181,65 @@ def test_stopped_rank_named_when_the_timeout_fires(row):
     assert after < stacks.dump_wait_s() + 2, f"{after:.1f} s after the timeout: waited for a stopped rank's stack"
     row.update(error=f"`LaunchTimeout`: \"rank 1 is stopped, not running\", rank 0 waiting for it; {after:.1f} s "
                      "after the timeout fired", seconds=secs, passed=True)
+
+
+def _own_gloo_group(rank, world_size):
+    """What Lightning's ``rank_zero_first`` does: a gloo group of its own for a barrier, then a collective on it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+    dist.barrier(group=group)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
+def test_simulated_ranks_open_their_own_gloo_group(row):
+    row.update(fault="simulated ranks open a gloo group of their own (Lightning's `rank_zero_first` barrier)",
+               injection="`dist.new_group(backend='gloo')`, a barrier and an all_reduce on it; `simulate(..., 4)`")
+    start = time.monotonic()
+    assert simulate(_own_gloo_group, 4, timeout=20) == [4.0] * 4
+    secs = time.monotonic() - start
+    assert secs < 10 and not _simulated_threads()
+    row.update(error="works: the group gets the simulated backend (a gloo one deadlocked until the timeout)",
+               seconds=secs, passed=True)
+
+
+def test_stuck_simulated_rank_never_blocks_the_next_simulate(row, monkeypatch, capfd):
+    from helpers.engine import simulated
+
+    row.update(fault="a simulated rank stuck in a call Python cannot interrupt (a lock), past the timeout",
+               injection="`threading.Event().wait()` on rank 1 of 4, `timeout=1`; then `simulate` again")
+    monkeypatch.setattr(simulated, "_LEFTOVER_S", 1.0)  # how long the failing call waits for its threads
+    release = threading.Event()
+
+    def stuck(rank, world_size):
+        if rank == 1:
+            release.wait()
+        return rank
+
+    try:
+        err, secs = _timed_simulate(LaunchTimeout, stuck, 4, timeout=1)
+        assert "threads of ranks [1] still run" in str(err) and "next simulate() runs without them" in str(err), err
+        start = time.monotonic()
+        assert simulate(faults.ok, 4, timeout=30) == [0, 1, 2, 3]
+        assert time.monotonic() - start < 5, "the next call must not wait for the stuck thread"
+        note = capfd.readouterr().err
+        assert "1 rank threads of an earlier simulate() are still stuck" in note and "Restart the kernel" in note, note
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while _simulated_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _simulated_threads(), "the stuck thread ends once its call returns"
+    row.update(error="`LaunchTimeout` saying the thread still runs and what to do; the next `simulate` runs at once "
+                     "with a note; the thread ends when its call returns", seconds=secs, passed=True)
+
+
+def _timed_simulate(expected, fn, *args, **kwargs):
+    start = time.monotonic()
+    with pytest.raises(expected) as info:
+        simulate(fn, *args, **kwargs)
+    return info.value, time.monotonic() - start
