@@ -124,3 +124,19 @@ def stops_itself(rank, world_size, bad_rank=1):
         os.kill(os.getpid(), __import__("signal").SIGSTOP)
     dist.all_reduce(torch.ones(1))
     return rank
+
+
+def own_group_of_one(rank, world_size):
+    """What a framework told ``devices=1`` does: the ranks' group replaced by one of its own, of 1 rank."""
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def accelerate_state(rank, world_size):
+    from accelerate import Accelerator  # requirements.txt
+
+    accelerator = Accelerator()
+    return accelerator.state.distributed_type.value, accelerator.num_processes

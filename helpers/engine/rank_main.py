@@ -18,7 +18,7 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    calls ``fn(rank, world_size, *args, **kwargs)``;
 4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
    markers, destroys the group and hands the cloudpickled result back to the agent; rank 0 first
-   prints :func:`accelerate_alone`'s note to its stderr (relayed to the cell) where it applies.
+   prints :func:`alone_note`'s note to its stderr (relayed to the cell) where it applies.
 
 :func:`worker_device` is what ``fn`` calls to find its device.
 """
@@ -59,26 +59,42 @@ def worker_device():
     return torch.device("cpu")
 
 
-def accelerate_alone(world_size: int) -> str | None:
-    """A note for the cell when the rank's code made Hugging Face accelerate's ``Accelerator`` (or
-    ``PartialState``) and accelerate treats the rank as a whole job (``DistributedType.NO``) although
-    ``world_size`` > 1: with no GPU it uses the ranks' group only when told the job is on CPU
-    (``ACCELERATE_USE_CPU``, which ``accelerate launch --cpu`` sets, or ``Accelerator(cpu=True)``;
-    accelerate/state.py, ``PartialState._prepare_backend``), so every rank trains alone, silently.
-    ``None`` otherwise, and where accelerate was not imported."""
+def alone_note(world_size: int, caller: str = "launch") -> str | None:
+    """A note for the cell when a rank's code ran as a job of its own although ``caller`` (``"launch"``,
+    ``"simulate"``) started ``world_size`` > 1 ranks, else ``None``:
+
+    - Hugging Face accelerate's ``Accelerator`` (or ``PartialState``) treats the rank as a whole job
+      (``DistributedType.NO``): with no GPU it uses the ranks' group only when told the job is on CPU
+      (``ACCELERATE_USE_CPU``, which ``accelerate launch --cpu`` sets, or ``Accelerator(cpu=True)``;
+      accelerate/state.py, ``PartialState._prepare_backend``), and under simulate never (it reads
+      ``RANK`` from ``os.environ``, which threads share);
+    - the rank's default process group has 1 rank: its code, or a framework it uses (Lightning Fabric with
+      ``devices=1``), set up a group of its own in place of the ranks' one.
+    """
+    if world_size < 2:
+        return None
     state = sys.modules.get("accelerate.state")
-    if world_size < 2 or state is None:
-        return None
     try:
-        kind = getattr(state.PartialState, "_shared_state", {}).get("distributed_type")
+        kind = getattr(state.PartialState, "_shared_state", {}).get("distributed_type") if state else None
     except Exception:  # noqa: BLE001 - another accelerate: no note
-        return None
-    if getattr(kind, "value", kind) != "NO":
-        return None
-    return (f"Note: accelerate ran each of the {world_size} ranks as a job of its own (DistributedType.NO, "
-            f"num_processes 1: no gradients averaged, every rank sees all the data). With no GPU it uses the "
-            f"ranks only when told the job is on CPU: set os.environ['ACCELERATE_USE_CPU'] = 'yes' before the "
-            f"launch (what `accelerate launch --cpu` sets), or write Accelerator(cpu=True).")
+        kind = None
+    if getattr(kind, "value", kind) == "NO":
+        alone = (f"Note: accelerate ran each of the {world_size} ranks as a job of its own (DistributedType.NO, "
+                 "num_processes 1: no gradients averaged, every rank sees all the data). ")
+        if caller == "simulate":
+            return alone + ("It reads RANK and WORLD_SIZE from os.environ, which simulated ranks (threads of one "
+                            "process) share: run the code with helpers.engine.launch and "
+                            "os.environ['ACCELERATE_USE_CPU'] = 'yes' instead.")
+        return alone + ("With no GPU it uses the ranks only when told the job is on CPU: set "
+                        "os.environ['ACCELERATE_USE_CPU'] = 'yes' before the launch (what `accelerate launch --cpu` "
+                        "sets), or write Accelerator(cpu=True).")
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == 1:
+        return (f"Note: {caller} started {world_size} ranks, but your function ended in a process group of 1 rank: "
+                "it (or a framework it uses, e.g. Lightning Fabric with devices=1) set up a group of its own, so "
+                "each rank ran as a job of its own (no gradients averaged). Use the group the ranks start with "
+                f"(no init_process_group), or give the framework the world size (e.g. Fabric(devices={world_size}, "
+                "strategy='ddp')).")
+    return None
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -172,7 +188,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
                 f"caller ({type(e).__name__}: {e}); return plain data or CPU tensors."
             ) from None
         # not under helpers.mp: its ranks have no RANK or WORLD_SIZE, which accelerate also reads
-        note = accelerate_alone(world_size) if style != "spawn" and rank == 0 else None
+        note = alone_note(world_size) if style != "spawn" and rank == 0 else None
         if note:
             print(note, file=sys.stderr)
         write_marker(run_dir, "done", rank, {"time": time.time()})

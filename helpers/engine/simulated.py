@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
 from helpers.engine.launcher import _as_int, _check_callable, _check_timeout, _DefaultTimeout
+from helpers.engine.rank_main import alone_note
 from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
     _calls,
@@ -203,6 +204,8 @@ def _run_rank(run: _Run, rank: int) -> None:
             _local.holding = True
             run.phase[rank] = "fn"
             run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
+            if rank == 0 and (note := alone_note(run.world_size, "simulate")):
+                print(note, file=sys.stderr)
             run.phase[rank] = "after"
         finally:
             run.phase[rank] = "after"

@@ -1243,3 +1243,36 @@ def _timed_simulate(expected, fn, *args, **kwargs):
     with pytest.raises(expected) as info:
         simulate(fn, *args, **kwargs)
     return info.value, time.monotonic() - start
+
+
+@pytest.mark.parametrize("caller", ["launch", "simulate"])
+def test_ranks_that_became_jobs_of_their_own_are_named(row, caller, capfd):
+    row.update(fault=f"each rank's code replaces the ranks' group with one of 1 rank (a framework told devices=1), "
+                     f"under `{caller}`",
+               injection="`w.own_group_of_one`: destroy, then `init_process_group(world_size=1)`")
+    start = time.monotonic()
+    assert (launch if caller == "launch" else simulate)(w.own_group_of_one, 2, timeout=120) == [1.0, 1.0]
+    secs = time.monotonic() - start
+    err = capfd.readouterr().err
+    assert f"[rank 0] Note: {caller} started 2 ranks, but your function ended in a process group of 1 rank" in err, err
+    assert "Fabric(devices=2, strategy='ddp')" in err and "[rank 1] Note" not in err, err
+    row.update(error="no error (the results are each rank's alone); rank 0 prints a note naming the 1-rank group and "
+                     "what to do", seconds=secs, passed=True)
+
+
+def test_accelerate_under_simulate_is_named(row, capfd):
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    row.update(fault="accelerate code under `simulate`: each rank trains alone (DistributedType.NO)",
+               injection="`Accelerator()` in each of 2 simulated ranks (`w.accelerate_state`)")
+    start = time.monotonic()
+    try:
+        assert simulate(w.accelerate_state, 2, timeout=120) == [("NO", 1)] * 2
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    err = capfd.readouterr().err
+    assert "[rank 0] Note: accelerate ran each of the 2 ranks as a job of its own" in err, err
+    assert "simulated ranks (threads of one process) share" in err and "helpers.engine.launch" in err, err
+    row.update(error="rank 0 prints a note: accelerate cannot use simulated ranks; run it under `launch` with "
+                     "`ACCELERATE_USE_CPU`", seconds=time.monotonic() - start, passed=True)
