@@ -346,6 +346,7 @@ def test_the_largest_simulated_world_is_stated_once():
     limit = sim.MAX_SIMULATED_RANKS
     texts = {"helpers/engine/__init__.py": f"up to {limit:,} ranks, ``MAX_SIMULATED_RANKS``",
              "docs/ARCHITECTURE.md": f"for up to {limit:,} ranks (`MAX_SIMULATED_RANKS`)",
+             "docs/OWN_CODE.md": f"Up to `MAX_SIMULATED_RANKS` ({limit:,}) ranks.",
              "notebooks/09_cluster_on_a_laptop.py": f'world_size <= {limit}, "16 to {limit:,} (a cluster-sized world; '}
     for path, said in texts.items():
         text = (REPO_ROOT / path).read_text()
