@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -269,16 +270,28 @@ def _threaded_world():
     install()
     isolation(True)
     dist.new_group = dist.distributed_c10d.new_group = functools.partial(_new_group, _NEW_GROUP)
+    os._exit = functools.partial(_exit, _EXIT)
     try:
         yield
     finally:
         dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
+        os._exit = _EXIT
         isolation(False)
         uninstall()
         _set_random_state(caller_random)
 
 
-_NEW_GROUP = dist.distributed_c10d.new_group
+_NEW_GROUP, _EXIT = dist.distributed_c10d.new_group, os._exit
+
+
+def _exit(exit, status):
+    """``os._exit`` during a simulation: in a rank thread it would end the caller's whole process (the kernel),
+    every rank with it, so it raises instead."""
+    if getattr(_local, "run", None) is None:
+        exit(status)
+    raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
+                     "shares it), so simulate refused it; return from your function instead, or run code that "
+                     "must exit the process with helpers.engine.launch")
 
 
 def _new_group(new_group, *args, **kwargs):

@@ -1276,3 +1276,19 @@ def test_accelerate_under_simulate_is_named(row, capfd):
     assert "simulated ranks (threads of one process) share" in err and "helpers.engine.launch" in err, err
     row.update(error="rank 0 prints a note: accelerate cannot use simulated ranks; run it under `launch` with "
                      "`ACCELERATE_USE_CPU`", seconds=time.monotonic() - start, passed=True)
+
+
+def _exits_on_rank_1(rank, world_size):
+    if rank == 1:
+        os._exit(0)
+    return rank
+
+
+def test_simulated_rank_calls_os_exit(row):
+    row.update(fault="simulated rank 1 of 4 calls `os._exit(0)` (it would end the kernel, every rank with it)",
+               injection="`os._exit(0)` in the worker, under `simulate(..., 4)`")
+    err, secs = _simulated_failure(WorkerError, _exits_on_rank_1, 4, timeout=30)
+    assert err.rank == 1 and err.exc_type == "SystemExit" and "os._exit(0) in a simulated rank" in str(err), err
+    assert "helpers.engine.launch" in str(err) and os._exit.__module__ == "posix", "os._exit is put back"
+    row.update(error="`WorkerError` naming rank 1 and why `os._exit` was refused; the process lives on, the next "
+                     "`simulate` fine", seconds=secs, passed=True)
