@@ -22,6 +22,9 @@ What it adds to torch's threaded world, so that it behaves like ``launch``:
   summarised by :mod:`helpers.engine.stacks`);
 - output each rank prints comes back line by line prefixed ``[rank r]``; from :data:`SUMMARY_FROM`
   ranks on, by default, only rank 0's lines and a count of the others';
+- in a rank thread, ``dist.new_group(backend=...)`` gets the simulated backend (a gloo group would wait for
+  peers that are threads) and ``os._exit`` raises (it would end the caller's process);
+- a rank thread that cannot be stopped (a lock, C code) is named, and never blocks the next call;
 - afterwards, whatever happened: the threaded world uninstalled, autograd multithreading back on,
   torch's thread isolation off, no rank thread left, the next call fine;
 - the private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
