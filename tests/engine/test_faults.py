@@ -1167,20 +1167,33 @@ def test_full_temp_folder_named(row, tmp_path, monkeypatch, when):
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="no SIGSTOP here")
-def test_stopped_rank_named_when_the_timeout_fires(row):
+@pytest.mark.parametrize("where", ["launch", "warm ranks"])
+def test_stopped_rank_named_when_the_timeout_fires(row, where):
     from helpers.engine import stacks
+    from helpers.engine.warm_ranks import start_ranks
 
-    row.update(fault="rank 1 stopped (SIGSTOP, state T) while rank 0 waits in all_reduce",
+    row.update(fault=f"rank 1 stopped (SIGSTOP, state T) while rank 0 waits in all_reduce ({where})",
                injection="`os.kill(os.getpid(), SIGSTOP)` in `w.stops_itself`, `timeout=3`")
-    err, secs = timed_failure(LaunchTimeout, w.stops_itself, 2, timeout=3)
-    after = secs - err.startup_s - 3  # from when the timeout fired to the error
+    if where == "launch":
+        err, secs = timed_failure(LaunchTimeout, w.stops_itself, 2, timeout=3)
+        after = secs - err.startup_s - 3  # from when the timeout fired to the error
+    else:
+        ranks = start_ranks(2, timeout=60)
+        try:
+            start = time.monotonic()
+            with pytest.raises(LaunchTimeout) as info:
+                ranks.run(w.stops_itself, timeout=3)
+            err, secs = info.value, time.monotonic() - start
+            after = secs - 3
+        finally:
+            ranks.stop()
     text = str(err)
     assert "Rank 1 is stopped, not running (state T" in text and "kill -CONT" in text, text
     assert "Rank 0 was waiting in torch.distributed.all_reduce, most likely for rank 1" in text, text
     assert "No stack came" not in text and "rank 1: stopped (state T)" in text, text
     assert after < stacks.dump_wait_s() + 2, f"{after:.1f} s after the timeout: waited for a stopped rank's stack"
-    row.update(error=f"`LaunchTimeout`: \"rank 1 is stopped, not running\", rank 0 waiting for it; {after:.1f} s "
-                     "after the timeout fired", seconds=secs, passed=True)
+    row.update(error=f"`{type(err).__name__}`: \"rank 1 is stopped, not running\", rank 0 waiting for it; "
+                     f"{after:.1f} s after the timeout fired", seconds=secs, passed=True)
 
 
 def _own_gloo_group(rank, world_size):
