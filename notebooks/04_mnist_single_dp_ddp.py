@@ -808,8 +808,8 @@ with pd.option_context("display.max_colwidth", None):
 #   all-reduced. So are the correct and total counts, from unpadded shards scored on
 #   `ddp_model.module`.
 # * The costs differ. Each DDP rank holds its own process, runtime and copy of the data, and
-# all-reduces the gradients every step. Section 8 measured which mode is fastest here. DDP
-# pays off when each step's compute dominates its all-reduce, as on GPUs with real models.
+#   all-reduces the gradients every step. Section 8 measured which mode is fastest here. DDP
+#   pays off when each step's compute dominates its all-reduce, as on GPUs with real models.
 #
 # ## Exercises
 #
