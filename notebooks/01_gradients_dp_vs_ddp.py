@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,16 +17,15 @@
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
+# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
 # <!-- opening:end -->
 #
 # **The question:** one batch is spread over several devices. Which gradient does the model end
 # up with under `nn.DataParallel` (DP)? And under `DistributedDataParallel` (DDP)?
 #
-# We use a toy small enough to check by hand. The model is a `Linear(2, world_size + 1)`. The
-# loss is `(model(x) * labels).sum()`. Each process gets one sample, labelled one-hot on its
-# index. A code cell follows every statement marked *Claim* and asserts it. A wrong claim stops
-# the notebook.
+# The toy is small enough to check by hand: `Linear(2, world_size + 1)`, loss `(model(x) *
+# labels).sum()`, one sample per process, labelled one-hot on its index. A code cell after every
+# *Claim* asserts it.
 #
 # **What runs where**
 #
@@ -38,14 +37,11 @@
 # | DP **emulation** written in section 3c | runs (clearly labelled emulation) | runs too, for comparison |
 #
 # **New here:** the launcher `launch(fn, world_size, ...)`. It runs a function defined in a cell
-# on `world_size` new processes. It returns each rank's result to the cell. You also meet
-# [DP](../docs/GLOSSARY.md#dp)'s scatter, replicate and gather. You meet
-# [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients over
-# the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank). You write
-# that all-reduce by hand, and compare sum and mean losses. The [glossary](../docs/GLOSSARY.md)
-# defines every term, with its Chinese name. Most of the run time is worker processes starting.
-# There are five launches, and more ranks take longer. Four exercises close the notebook. The
-# last one asks you to fix a DDP worker.
+# on `world_size` new processes and returns each rank's result. You also meet
+# [DP](../docs/GLOSSARY.md#dp)'s scatter, replicate and gather, and
+# [DDP](../docs/GLOSSARY.md#ddp)'s [all-reduce](../docs/GLOSSARY.md#all-reduce) of gradients
+# over the [world size](../docs/GLOSSARY.md#world-size) [ranks](../docs/GLOSSARY.md#rank). The
+# [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -83,10 +79,9 @@ print("DP branch that will run:",
 # %% [markdown]
 # ## 1. The toy and its single-device gradient
 #
-# The global batch has `world_size` samples `x[r]` of 2 features each. They are small integers,
-# so the numbers read exactly. Under DDP, rank `r` sees sample `r`. Its label is one-hot on
-# index `r`. The model is `Linear(2, world_size + 1)`. Its last output unit matches no label: it
-# is a control row. The same seed gives the same model in every process.
+# The global batch has `world_size` samples `x[r]` of 2 small-integer features, so the numbers
+# read exactly. Under DDP, rank `r` sees sample `r`. The last output unit matches no label: a
+# control row. The same seed gives the same model in every process.
 
 # %%
 def make_toy_model(world_size, seed):
@@ -147,10 +142,8 @@ print("single-device bias gradient:", full["bias"].tolist())
 # %% [markdown]
 # ## 2. DDP: each rank's own gradient, then all-reduce and average
 #
-# Every rank runs the worker below. `launch(ddp_gradients, world_size, ...)` starts `world_size`
-# processes and initialises the default process group. It sends them the function and the
-# helpers it calls. Each rank calls `ddp_gradients(rank, world_size, ...)`. The results come
-# back in rank order.
+# `launch(ddp_gradients, world_size, ...)` runs the worker below on `world_size` processes, each
+# with the default process group. The results come back in rank order.
 #
 # On each rank the worker takes sample `rank`. It first computes the gradient **without** DDP:
 # the *local* gradient. Then it wraps a fresh copy in `DistributedDataParallel` and runs
@@ -175,8 +168,7 @@ def ddp_gradients(rank, world_size, x, labels, seed):
 
 
 # %% [markdown]
-# The launch. Most of its time is starting processes. Worker prints appear below, prefixed
-# `[rank r]`.
+# Worker prints appear below, prefixed `[rank r]`.
 
 # %%
 t0 = time.perf_counter()
@@ -227,9 +219,8 @@ pd.DataFrame(rows).set_index("rank")
 # %% [markdown]
 # ## 2b. The same averaging, written by hand
 #
-# DDP's backward adds one collective per gradient. DDP groups them into buckets and overlaps
-# them with the backward, as notebook [05b](05b_communication_and_cost_model.ipynb) shows.
-# `dist.all_reduce(grad)` leaves the element-wise **sum** over ranks on every rank.
+# `dist.all_reduce(grad)` leaves the element-wise **sum** over ranks on every rank. DDP groups
+# gradients into buckets, as [05b](05b_communication_and_cost_model.ipynb) shows.
 #
 # DDP divides **first**. Its reducer multiplies each gradient by `1 / world_size` while copying
 # it into its bucket. Then it all-reduces the bucket with `SUM`. The sum of the quotients is the
@@ -238,10 +229,9 @@ pd.DataFrame(rows).set_index("rank")
 # `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`: "Apply the division first to
 # avoid overflow, especially for FP16".
 #
-# The worker below does exactly that on a plain, unwrapped model. It also runs DDP on a second
-# copy, to compare. Then it shows why the order matters. Every rank's gradient is set to
-# float32's largest value. It is averaged three ways: by DDP, by `average_gradients`, and in
-# the other order, sum then divide.
+# The worker below does that on a plain model, and runs DDP on a copy to compare. Then it sets
+# every rank's gradient to float32's largest value and averages it three ways: by DDP, by
+# `average_gradients`, and sum then divide.
 
 # %%
 def average_gradients(model, world_size):
@@ -476,10 +466,9 @@ print("DP gradient shown in the figure:", dp_label)
 # %% [markdown]
 # ### The same numbers as pictures
 #
-# One heatmap per gradient of the weight matrix, all on one colour scale. Rows are output
-# units; columns are input features. Each rank's local gradient fills only its own row. DDP's
-# all-reduced gradient is their average, and every rank holds it. DP's gradient, like the
-# single-device one, is their sum. The last row matches no label and stays zero everywhere.
+# One heatmap per weight gradient, on one colour scale: rows are output units, columns input
+# features. Each rank's local gradient fills its own row. DDP's gradient is their average, DP's
+# their sum. The last row stays zero.
 
 # %%
 panels = [(f"rank {r}: local gradient\n(no DDP)", res["local"]["weight"]) for r, res in enumerate(lin)]
@@ -636,10 +625,8 @@ print(f"DDP (rank 0): {ddp}")
 # ## 5. A common mistake: multiplying the loss by `world_size`
 #
 # A common thought: "DDP divides by `world_size`, so multiply the loss by `world_size` to undo
-# it." With a **summed** loss that gives back the single process:
-# $60/\text{world\_size}\cdot\text{world\_size} = 60$. With a **mean** loss, DDP was already
-# right. Scaling gives $15 \cdot \text{world\_size}$, **30** for 2 ranks. That is neither one
-# process's sum, 60, nor its mean, 15. It silently multiplies the learning rate by `world_size`.
+# it." With a **mean** loss DDP was already right: the scaling silently multiplies the learning
+# rate by `world_size`.
 #
 # **Claim:** under DDP, loss × `world_size` gives 60 with the summed loss. With the mean loss it
 # gives `15 * world_size`, not 15: 30 for 2 ranks, 60 for 4. The cell reruns section 4's worker
@@ -664,9 +651,8 @@ print(f"DDP, mean loss x {world_size}: grad {ddp_x_world['mean']['grad']:g}, w {
 # %% [markdown]
 # ### Summary table and chart
 #
-# Each row shows the gradient before the step and `w` after one SGD step. There is one row per
-# mode and loss reduction. "same as single process?" compares with the single process using
-# the same reduction.
+# One row per mode and loss reduction: the gradient, and `w` after one SGD step. "same as single
+# process?" compares with one process and the same reduction.
 
 # %%
 dp_mode = "DP (real, GPU)" if dp_real_scalar is not None else "DP (EMULATED, CPU)"
@@ -682,8 +668,7 @@ table = pd.DataFrame([
 table
 
 # %% [markdown]
-# The gradients are bars from zero. The weights differ only in the second decimal. So they are
-# points on a zoomed axis, where bars would exaggerate the differences.
+# The weights differ only in the second decimal, so they are points on a zoomed axis.
 
 # %%
 fig, (ax_g, ax_w) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- opening:start -->
-# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does
@@ -26,15 +26,15 @@
 # or hide different data behind the same index.
 #
 # The seed: a dataset of 8 items on 4 processes, with `DistributedSampler(shuffle=False)` and
-# `batch_size=1`. Process `r` receives items `r` and `r + 4`. A code cell follows every bold
-# claim below and asserts it. A wrong claim stops the notebook.
+# `batch_size=1`. Process `r` receives items `r` and `r + 4`. The code cell after each bold
+# claim asserts it.
 #
 # **What runs where**
 #
 # | part | CPU only | with GPUs |
 # |---|---|---|
-# | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the issue's fixed cases | this notebook's process, CPU; no process group needed (the sampler takes `num_replicas` and `rank` explicitly) | the same |
-# | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.engine.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: indices and counts are tiny, so this runs on CPU with `gloo` everywhere |
+# | sections 1–3: asking the real `DistributedSampler` (tables and pictures from `helpers.sampler`), the issue's fixed cases | this notebook's process; no process group needed | the same |
+# | section 4: the sampler loop, evaluation and gathering inside real ranks: functions written in this notebook's cells, run with `helpers.engine.launch` | `world_size` processes (2 for the gathering case), backend `gloo` | the same: CPU and `gloo` |
 #
 # **New here:** how `DistributedSampler` shards indices, with padding, `drop_last` and
 # `set_epoch`. Why every rank must hold the *same* dataset. And a correct distributed
@@ -43,9 +43,7 @@
 # [DistributedSampler](../docs/GLOSSARY.md#distributedsampler), [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
 # [global batch size](../docs/GLOSSARY.md#global-batch-size). The
-# [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name. Most of the run time
-# is worker processes starting, in five launches. Four exercises close the notebook. The last one
-# asks you to write distributed code.
+# [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -125,9 +123,8 @@ case_a.pivot(index="rank", columns="position", values="index")
 # sampler pads the list to 12 with its first two items, and items 0 and 1 are seen **twice** in
 # one epoch.
 #
-# Why pad? Every rank gets the same number of batches, 4. So every rank makes the same number of
-# DDP backward passes, each one an all-reduce. No rank is left waiting forever for a collective
-# its peers never start.
+# Why pad? Every rank gets the same number of batches, 4, so the same number of DDP backward
+# passes, each an all-reduce. No rank waits forever for a collective its peers never start.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: 10 items on 3 ranks, padded
@@ -171,9 +168,8 @@ print("10 items, 3 ranks, drop_last:", lists_c)
 case_c.pivot(index="rank", columns="position", values="index")
 
 # %% [markdown]
-# The three cases as pictures. Ranks are rows and dataset indices are columns. A filled cell is
-# an item the rank receives, labelled with its position: `p0` is the first batch. Items handed
-# out twice are orange with a red edge. Items never handed out have a grey hatched column.
+# The three cases as pictures: ranks are rows, dataset indices columns, and `p0` labels a rank's
+# first batch. Orange with a red edge: handed out twice. Grey hatched: never handed out.
 
 # %%
 cases = [(case_a, 8, "8 items, 4 ranks, shuffle=False"),
@@ -328,13 +324,11 @@ plt.show()
 # %% [markdown]
 # ## 4. The sampler inside real DDP workers
 #
-# Now the same sampler runs inside real ranks. Each function below is written in this notebook.
-# `launch(fn, world_size, ..., backend="gloo")` starts `world_size` processes with a `gloo`
-# process group: CPU tensors, on any machine. It sends them the function and returns each rank's
-# result to this cell, in rank order. Inside a rank, `DistributedSampler(dataset)` takes
-# `num_replicas` and `rank` **from the process group**, as in any DDP script. Worker prints
-# appear below, prefixed `[rank r]`. The launcher may warn `OversubscriptionWarning` when ranks
-# share cores. The results are still exact, and we measure no time here.
+# Now the same sampler runs inside real ranks, started by `launch(fn, world_size, ...,
+# backend="gloo")`, which returns each rank's result in rank order. Inside a rank,
+# `DistributedSampler(dataset)` takes `num_replicas` and `rank` **from the process group**, as
+# in any DDP script. Worker prints appear below, prefixed `[rank r]`. An
+# `OversubscriptionWarning` when ranks share cores is harmless here: we measure no time.
 #
 # ### 4.1 The seed's loop, and different data behind the same index
 #
@@ -343,7 +337,7 @@ plt.show()
 # each rank. And once **shared**, with seed `base_seed` on every rank. It iterates each with
 # `DataLoader(batch_size=1, sampler=DistributedSampler(...))`. `same_on_all_ranks` compares a
 # fingerprint of the data across ranks with an `all_gather`. The worker also records every
-# warning raised while it runs. Most of the launch's time is starting the processes.
+# warning raised while it runs.
 
 # %%
 def fingerprint(data: torch.Tensor) -> torch.Tensor:
@@ -424,10 +418,9 @@ print(f"shared dataset: indices per rank {expected}; every item seen; {len(seen_
 #
 # The sampler still hands out the same indices. So the epoch trains on items of `world_size`
 # **different** datasets. Rank 0's dataset uses seed `base_seed`, so it is also the shared one.
-# The split is simply not a split of *one* dataset any more. A random train/validation split made
-# per rank has the same bug. It puts one rank's validation items into another rank's training
-# data. That is why every rank must build the same dataset: the same files, or the same seed for
-# anything random.
+# A random train/validation split made per rank has the same bug: one rank's validation items
+# land in another rank's training data. So every rank must build the same dataset: the same
+# files, or the same seed for anything random.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: per-rank datasets differ, and nothing warns
@@ -499,6 +492,7 @@ def eval_worker(rank, world_size, feats, labels):
 
 
 eval_results = launch(eval_worker, world_size, eval_feats, eval_labels, backend="gloo")
+eval_3 = eval_results if world_size == 3 else launch(eval_worker, 3, eval_feats, eval_labels, backend="gloo")
 
 # %% [markdown]
 # **Claim (evaluation, live):** counts are all-reduced over `world_size` ranks. The unpadded
@@ -507,8 +501,7 @@ eval_results = launch(eval_worker, world_size, eval_feats, eval_labels, backend=
 #
 # **Claim (sampler, live):** evaluating through the sampler gives what the padding or dropping
 # predicts for `world_size` ranks. The prediction counts over the indices the real sampler hands
-# out, asked in this process. For `world_size = 3` that is exactly section 2's 7/12 and 5/9.
-# The `full` profile runs 3 ranks.
+# out, asked in this process. On 3 ranks, also run here, that is exactly section 2's 7/12 and 5/9.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: live counts against one forward and the sampler
@@ -524,12 +517,10 @@ for r, res in enumerate(eval_results):
         assert Fraction(c, t) == accuracy_through(df, right) and t == len(df), (
             f"rank {r}, {name}: {c}/{t} differs from the sampler's prediction {accuracy_through(df, right)} of {len(df)}")
         assert res["seen"][name] == assignment_lists(df)[r], f"rank {r}, {name}: evaluated the wrong indices"
-if world_size == 3:
-    assert Fraction(*eval_results[0]["counts"]["padded"]) == Fraction(7, 12), "3 ranks, padded: 7/12"
-    assert Fraction(*eval_results[0]["counts"]["drop_last"]) == Fraction(5, 9), "3 ranks, drop_last: 5/9"
-    print("world_size = 3: section 2's 7/12 and 5/9 reproduced on real ranks")
-else:
-    print(f"world_size = {world_size}: the 7/12 and 5/9 of 3 ranks are checked in the full profile (world_size = 3)")
+for r in range(3):
+    assert Fraction(*eval_3[r]["counts"]["padded"]) == Fraction(7, 12), f"3 ranks, padded, rank {r}: 7/12"
+    assert Fraction(*eval_3[r]["counts"]["drop_last"]) == Fraction(5, 9), f"3 ranks, drop_last, rank {r}: 5/9"
+print("3 real ranks: section 2's 7/12 and 5/9 reproduced")
 pd.DataFrame([{"evaluation (live, all-reduced)": name, "correct": c, "counted": t, "accuracy": c / t,
                "rank 0's items": eval_results[0]["seen"][name]}
               for name, (c, t) in eval_results[0]["counts"].items()]).set_index("evaluation (live, all-reduced)")
@@ -666,10 +657,9 @@ pd.DataFrame([{"set_epoch": name, "epoch": e, **{f"rank {r}": res[name][e] for r
 # * Without `set_epoch` every epoch repeats the same order. With `set_epoch(epoch)` it changes.
 #   When `world_size` divides the dataset, the ranks still cover every item exactly once per
 #   epoch. Otherwise the padding repeats a few.
-# * The sampler assumes every rank holds the **same** dataset. The seed's bug builds it per rank
-#   from different seeds. Then the same index means different data, and the epoch silently mixes
-#   `world_size` datasets. No warning is raised. Comparing a fingerprint across ranks with an
-#   `all_gather` catches it.
+# * The sampler assumes every rank holds the **same** dataset. Built per rank from different
+#   seeds, as in the seed's bug, the same index means different data, silently. A fingerprint
+#   compared across ranks with `all_gather` catches it.
 #
 # The casebook's [data page](10b_casebook_data.ipynb) runs what people report next: an
 # `IterableDataset` under DDP, `shuffle=True` without the sampler, and epoch state with

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,600 words at 200 words/min): about 13 min.
+# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
 # <!-- opening:end -->
 #
 # **The question:** do `nn.DataParallel` (DP) and `DistributedDataParallel` (DDP) learn the
@@ -29,28 +29,23 @@
 # Every mode starts from the same weights and sees the data in the same order. The 10,000 test
 # images give the accuracy.
 #
-# This notebook's cells hold the training loops. Section 3 is the single-process loop and
-# section 4 the same loop through DP. Section 5 is the DDP worker, with its
-# `DistributedSampler`, `set_epoch` and all-reduced evaluation. It runs on real ranks with
-# `helpers.engine.launch`. `helpers/` only provides the launcher and the MNIST tensors. Every
-# claim below is in bold, and the code cell after it checks it.
+# Sections 3 to 5 hold the three training loops, in this notebook's cells. `helpers/` provides
+# only the launcher and the MNIST tensors. The code cell after each bold claim checks it.
 #
 # **What runs where**
 #
 # | mode | CPU only | with GPUs |
 # |---|---|---|
 # | single process | the notebook kernel, CPU | the kernel, `cuda:0` |
-# | DP | the kernel; `device_ids == []`, so DP **just calls the module**: same run as single, no parallelism (checked below) | the kernel, one thread per visible GPU: scatter, replicate, gather |
+# | DP | the kernel; `device_ids == []`, so DP **just calls the module** | the kernel, one thread per visible GPU |
 # | DDP, `launch(ddp_train, world_size, ...)` | `world_size` processes, backend `gloo` | backend `nccl`, one GPU per rank, when there are at least `world_size` GPUs; else `gloo` on CPU |
 #
 # **New here:** notebook 01 trained a toy; this one trains on a real dataset. A
 # [`DistributedSampler`](../docs/GLOSSARY.md#distributedsampler) hands each
-# [rank](../docs/GLOSSARY.md#rank) its share of every
-# [global batch](../docs/GLOSSARY.md#global-batch-size). Metrics are reduced across ranks with
-# an [all-reduce](../docs/GLOSSARY.md#all-reduce). Throughput and memory are measured. The
-# [glossary](../docs/GLOSSARY.md) defines every term and gives its Chinese name. Four launches
-# of worker processes take most of the run time. The notebook ends with four exercises, each
-# checked by a cell. The last one asks you to write a loss for DDP.
+# [rank](../docs/GLOSSARY.md#rank) its share of every [global
+# batch](../docs/GLOSSARY.md#global-batch-size). Metrics are reduced across ranks with an
+# [all-reduce](../docs/GLOSSARY.md#all-reduce). The [glossary](../docs/GLOSSARY.md) defines
+# every term and gives its Chinese name.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -136,9 +131,8 @@ assert data_bytes == 60_000 * 784 * 4 + 60_000 * 8 + 10_000 * 784 * 4 + 10_000 *
 print(f"one copy of the data: {data_bytes:,} bytes = {data_bytes / 2**30:.3f} GiB = {data_bytes / 2**20:.1f} MiB")
 
 # %% [markdown]
-# Code from the tutorials reads the same files with torchvision. Pass the repository's `data/`
-# folder, `helpers.data.DEFAULT_ROOT`, as `root`. `load_mnist` has put the decompressed files
-# there, and so does `helpers.data.ensure_mnist()`. So this call needs no download:
+# Tutorials read the same files with torchvision. `load_mnist` has put them in the repository's
+# `data/` folder, `helpers.data.DEFAULT_ROOT`. So this call needs no download:
 # `torchvision.datasets.MNIST(root=DEFAULT_ROOT, train=True, download=True)`.
 
 # %%
@@ -169,9 +163,8 @@ print(f"torchvision.datasets.MNIST(root=DEFAULT_ROOT, download=True): {len(tv_tr
 #
 # We fix the **global batch**: the samples per optimizer step, all ranks together. DDP derives
 # `batch_per_rank = global_batch_size // world_size`. A global batch that does not split evenly
-# is refused. Ranks with different batch sizes would weight their mean losses unequally. DDP
-# would then no longer follow the single process. Exercise 4 shows the fix when the split
-# cannot be even.
+# is refused: unequal batches would weight the ranks' mean losses unequally. Exercise 4 shows
+# the fix.
 
 # %%
 assert global_batch_size % world_size == 0, (
@@ -306,12 +299,9 @@ assert single_acc >= min_accuracy, f"accuracy {single_acc:.4f} < {min_accuracy} 
 # %% [markdown]
 # ## 4. DataParallel
 #
-# `nn.DataParallel(model)` stays in **one process**. With GPUs, every forward scatters the batch
-# over `device_ids`. It copies, or replicates, the module onto each GPU and runs the copies in
-# threads. It gathers the outputs on GPU 0, where the loss is computed over the whole batch.
-# Backward sums the copies' gradients into the original module. The
-# [DataParallel docs](https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html)
-# describe these steps. The next cell trains once more, through DP.
+# `nn.DataParallel(model)` stays in **one process**. With GPUs it scatters each batch, runs a
+# replica per GPU in threads and gathers the outputs on GPU 0, as lesson 01 section 3 showed.
+# The next cell trains once more, through DP.
 
 # %%
 dp_plain = build_model(model, seed).to(device)
@@ -358,18 +348,15 @@ assert dp_acc >= min_accuracy, f"DP accuracy {dp_acc:.4f} < {min_accuracy}"
 # ## 5. DistributedDataParallel
 #
 # `ddp_train` below is the whole DDP program of one rank. `launch(ddp_train, world_size, cfg)`
-# starts `world_size` processes with the default process group initialised. It runs the
-# function on each and returns each rank's dictionary to this cell. Each rank loads the data
+# runs it on `world_size` processes and returns each rank's dictionary. Each rank loads the data
 # and builds the model from the same seed. DDP also broadcasts rank 0's weights when it wraps
 # the model, as the [DDP notes](https://pytorch.org/docs/stable/notes/ddp.html) say. Each rank
-# takes its `batch_per_rank` images per step from the `DistributedSampler`. It calls
-# `set_epoch` each epoch.
+# takes `batch_per_rank` images per step from the `DistributedSampler` and calls `set_epoch`
+# each epoch.
 #
-# In `loss.backward()`, DDP divides the gradients by `world_size` and all-reduces, or sums,
-# them. The same notes say so, and notebook 01, section 2b, shows the division comes first.
-# So every rank applies the same averaged gradient; section 6 checks the consequence. Rank 0
-# alone prints its progress. Starting the processes and loading the data take most of the
-# launch's time.
+# In `loss.backward()`, DDP divides the gradients by `world_size`, then sums them with an
+# all-reduce, as notebook 01 section 2b showed. So every rank applies the same averaged
+# gradient; section 6 checks the consequence. Rank 0 alone prints its progress.
 
 # %%
 def ddp_train(rank, world_size, cfg):
@@ -472,13 +459,12 @@ print(f"ddp_train_worker = ddp_train over {n_check} steps, bit for bit")
 # %% [markdown]
 # ### Your own `Dataset`, read by `DataLoader` workers
 #
-# `ddp_train` indexes in-memory tensors. Code you bring usually wraps its data in a `Dataset`
-# class. It reads it with `DataLoader(..., num_workers=2)`, whose worker processes prepare the
-# batches. That works inside `launch`'s ranks as under `torchrun`. The class below is defined in
-# this notebook, so it travels to the ranks by value. Each rank starts its workers with the
-# start method a fresh Python process has. On Linux before Python 3.14 that is `fork`, so the
-# workers get the class without importing it. Copy this cell and put your own class in place
-# of `Digits`. The cell is one launch of two short epochs.
+# Code you bring usually wraps its data in a `Dataset` class, read by `DataLoader(...,
+# num_workers=2)` worker processes. That works inside `launch`'s ranks as under `torchrun`. The
+# class below, defined in this notebook, travels to the ranks by value. Each rank starts its
+# workers with a fresh Python's start method: `fork` on Linux before Python 3.14, so the workers
+# get the class without importing it. Copy this cell and put your own class in place of
+# `Digits`.
 
 # %%
 from torch.utils.data import DataLoader, Dataset
@@ -543,14 +529,12 @@ print(f"start method in every rank: {fresh!r}; each epoch, the {world_size} rank
 # the ranks' mean-loss gradients is the gradient of the whole batch's mean loss. So DDP takes
 # the same SGD steps as the single process.
 #
-# Yet the two runs add the same numbers in a different order. One process sums 64 images. DDP
-# averages `world_size` smaller sums with an all-reduce, on other thread counts. Float32
-# addition is not associative, so the results can differ by float32's resolution, about 1e-7
-# relative. The bounds below are about ten times the largest gaps measured with 1, 2 and 4
-# ranks over several seeds. The cell prints this run's gaps. With `model = "cnn"` the gap can
-# grow, because a ReLU or max-pool decision can flip, so keep `equivalence_steps` small there. A
-# real bug moves the loss far more within the first steps: a summed loss, a wrong shard, a
-# missing `set_epoch`, unsynchronised initial weights.
+# Yet the two runs add the numbers in a different order. Float32 addition is not associative, so
+# the results can differ by float32's resolution, about 1e-7 relative. The bounds below are
+# about ten times the largest gaps measured with 1, 2 and 4 ranks over several seeds. The cell
+# prints this run's gaps. With `model = "cnn"` a ReLU or max-pool decision can flip, so keep
+# `equivalence_steps` small there. A real bug moves the loss far more within the first steps: a
+# summed loss, a wrong shard, a missing `set_epoch`, unsynchronised initial weights.
 #
 # **Claim:** for the first `equivalence_steps` steps, or all of them when it is 0, the global
 # DDP loss is within `LOSS_ATOL = 5e-6` nats of the single-process loss. After that many steps,
@@ -610,16 +594,13 @@ plt.show()
 # %% [markdown]
 # ## 8. Throughput, measured fairly
 #
-# Samples per second depend on the machine and its load. So this section only measures and
-# prints; it asserts nothing about time. Each mode first runs one untimed warm-up repeat, for
-# lazy initialisation and caches. Then come `repeats` timed repeats of `timed_steps` steps.
-# Single and DP **alternate** in the kernel, so that neither always runs first. We report the
-# median and the min–max of the repeats.
+# Samples per second depend on the machine and its load, so this section measures and asserts
+# nothing about time. Each mode runs one untimed warm-up, then `repeats` timed repeats of
+# `timed_steps` steps. Single and DP **alternate**, so that neither always runs first.
 #
-# Like with like: on a CPU, a process's speed depends on its intra-op threads. Those are the
-# threads one matrix product uses. Each DDP rank runs the threads the launcher gave it. So the
-# kernel times single and DP with that same count, set by `torch.set_num_threads`. Then it
-# restores its own count. Only the number of processes differs.
+# Like with like: on a CPU, a process's speed depends on its intra-op threads, the threads one
+# matrix product uses. The kernel times single and DP with each DDP rank's count, set by
+# `torch.set_num_threads`. Only the number of processes differs.
 
 # %%
 def time_repeat(net, n_steps, batches) -> float:
@@ -736,14 +717,10 @@ for a, b in [(names[0], names[1]), (names[0], names[2])]:
           + ("overlap: this run cannot tell them apart" if overlap else "do not overlap in this run"))
 
 # %% [markdown]
-# What this comparison shows, on a laptop: with the threads equal, DDP differs from one process
-# in two ways. It runs `world_size` processes at once, each on its share of every global
-# batch. And it adds one all-reduce per step. So its gain over one process is at most about
-# `world_size` times. It gets near that only when each rank has cores of its own. On a laptop
-# the ranks share a few cores with each other and with the browser. And this model is small,
-# so each step's all-reduce and fixed costs weigh as much as the work split between the ranks.
-# So the printed ratio is lower, often below 1: DDP is slower than one process. It changes
-# from run to run. It says nothing about GPUs, where each rank has a device of its own.
+# With the threads equal, DDP runs `world_size` processes at once and adds one all-reduce per
+# step. So its gain is at most about `world_size` times, and only when each rank has cores of
+# its own. On a laptop the ranks share a few cores, and this small model's all-reduce weighs as
+# much as its compute. So the printed ratio is often below 1. It says nothing about GPUs.
 
 # %% [markdown]
 # ## 9. Memory, and the comparison
@@ -765,10 +742,8 @@ print(f"private memory each rank gained while loading: {[round(h['private_growth
       f"one copy of the data is {data_bytes / 2**20:.1f} MiB")
 
 # %% [markdown]
-# Peak memory is the peak resident set size of each process. That is the notebook kernel for
-# single and DP, and each worker for DDP. The kernel's figure also holds Jupyter, pandas,
-# matplotlib and whatever the notebook did before. So the numbers below are this run's, not a
-# law.
+# Peak memory is each process's peak resident set size: the kernel for single and DP, each
+# worker for DDP. The kernel's figure also holds Jupyter, pandas and matplotlib.
 
 # %%
 kernel_rss = peak_rss_mib()
@@ -832,11 +807,9 @@ with pd.option_context("display.max_colwidth", None):
 # * Metrics need reducing, because each rank's own loss differs. The global loss is
 #   all-reduced. So are the correct and total counts, from unpadded shards scored on
 #   `ddp_model.module`.
-# * The costs differ. Each DDP rank holds its own process, PyTorch runtime and copy of the data
-#   (section 9). It also all-reduces the gradients every step. Which mode is fastest on a CPU
-#   depends on the machine and its load; section 8 measured this run with its spread. DP on a
-#   CPU does exactly the single process's work. The DDP notes explain when DDP's design pays
-#   off: when each step's compute dominates its all-reduce, as on GPUs with real models.
+# * The costs differ. Each DDP rank holds its own process, runtime and copy of the data, and
+#   all-reduces the gradients every step. Section 8 measured which mode is fastest here. DDP
+#   pays off when each step's compute dominates its all-reduce, as on GPUs with real models.
 #
 # ## Exercises
 #

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -56,7 +56,7 @@ powersgd_ranks = [1, 4]  # PowerSGD matrix_approximation_rank values to compare
 powersgd_start_iter = 10  # PowerSGD runs the plain all-reduce for this many steps first (at least 2)
 min_accuracy = 0.80  # every hook must reach this test accuracy (100 steps: ~0.86; full epoch: ~0.91)
 max_16bit_drop = 0.001  # fp16 / bf16 may cost at most this much test accuracy against fp32 (10 of 10,000 images)
-max_accuracy_drop = 0.01  # PowerSGD may cost at most this much test accuracy against fp32
+max_accuracy_drop = 0.01  # PowerSGD may cost at most this much test accuracy against fp32 (100 steps: up to ~0.005; full epoch: ~0.0001, bound 0.002)
 backend = "auto"  # "auto": nccl with one GPU per rank, else gloo; or "gloo" / "nccl"
 global_batch_size = 64  # samples per optimizer step, all ranks together
 lr = 0.01  # SGD learning rate
@@ -487,6 +487,12 @@ assert (drop[sixteen_bit] <= max_16bit_drop).all(), (
     f"fp16 / bf16 lost more than max_16bit_drop = {max_16bit_drop} test accuracy against fp32:\n{drop[sixteen_bit]}")
 assert (drop <= max_accuracy_drop).all(), (
     f"a hook lost more than max_accuracy_drop = {max_accuracy_drop} test accuracy against fp32:\n{drop}")
+# The bound's basis: PowerSGD's error feedback returns what compression left out, so its loss
+# curve rejoins fp32's. After 100 steps rank 1 still lags by tens of test images (0.01 allows
+# 100). After one epoch it lags by about 1, so the full profile allows 20 (0.002), not 100.
+# Each run prints its drop in images.
+print("PowerSGD's drop against fp32, in test images of 10,000:",
+      {spec.label: round(drop[spec.label] * 10_000) for spec in specs[3:]}, f"(bound {max_accuracy_drop * 10_000:.0f})")
 table
 
 # %%

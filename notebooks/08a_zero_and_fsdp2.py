@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 08a · After DDP: ZeRO-1 and FSDP2, run for real
 #
 # <!-- opening:start -->
-# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **The question:** when I shard the model across ranks, what does each rank hold? And what
@@ -430,6 +430,41 @@ factors = {"global": C[0]["max_norm"] / ref_norm, **{f"local, rank {r}": min(1.0
                                                     for r, n in enumerate(local_norms)}}
 assert len({round(f, 6) for f in factors.values()}) > 2, factors
 print("clip factors:", {k: round(v, 4) for k, v in factors.items()})
+
+# %% [markdown]
+# On a 2-D mesh, HSDP, the replicas hold the same shards. There the sum over all ranks counts
+# each shard once per replica. Sum the squares over the mesh's shard dimension only.
+#
+# **Claim:** on a mesh of 2 replicas × `N // 2` shards, the sum of squares over all ranks gives
+# `√2` times DDP's norm. Over the shard dimension, and with `clip_grad_norm_`, it gives DDP's.
+
+# %%
+def hsdp_worker(rank, world_size, hidden, batch_size):
+    mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("replicate", "shard"))
+    x, y = batch(rank, 0, batch_size)
+    ref = DDP(mlp(hidden))
+    F.mse_loss(ref(x), y).backward()
+    model = shard(mlp(hidden), mesh)  # a 2-D mesh: HSDP
+    F.mse_loss(model(x), y).backward()
+    all_ranks = torch.cat([local(p.grad).flatten() for p in model.parameters()]).norm().square()
+    shard_dim = all_ranks.clone()
+    dist.all_reduce(all_ranks)  # wrong here: each shard counted once per replica
+    dist.all_reduce(shard_dim, group=mesh["shard"].get_group())  # right: the shard dimension only
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))  # measures, does not clip
+    return {"reference": torch.cat([p.grad.flatten() for p in ref.parameters()]).norm().item(),
+            "all ranks": all_ranks.sqrt().item(), "shard dimension": shard_dim.sqrt().item(),
+            "clip_grad_norm_": total.full_tensor().item()}
+
+
+H = launch(hsdp_worker, 2 * (N // 2), hidden, batch_size, backend="gloo", timeout=180)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: on an HSDP mesh, the norm over all ranks against the shard dimension's
+for h in H:
+    assert abs(h["all ranks"] - 2**0.5 * h["reference"]) <= 1e-5 * h["reference"], h
+    for key in ("shard dimension", "clip_grad_norm_"):
+        assert abs(h[key] - h["reference"]) <= 1e-5 * h["reference"], (key, h)
+pd.DataFrame(H).rename_axis("rank")
 
 # %% [markdown]
 # ## 5. A checkpoint that loads into a plain model

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -28,7 +28,7 @@
 # then runs the graph as it is. Counting those graphs shows what was compiled. Each claim, in
 # bold, is asserted in the folded code cell right after it.
 #
-# 1. what gets compiled, in each wrapping order · 2. one graph per bucket · 3. checkpoint keys
+# 1. what gets compiled, in each wrapping order · 2. graphs cut at the compiler's buckets · 3. checkpoint keys
 #
 # Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
@@ -199,7 +199,7 @@ for r in range(WORLD):
 # choose, count.
 
 # %% [markdown]
-# ## 2. One graph per bucket
+# ## 2. Graphs cut at the compiler's buckets, not always DDP's
 #
 # DDP all-reduces gradients bucket by bucket while backward still runs, as lesson 05b showed. A
 # single compiled graph would make every gradient ready at once, at the end of its backward. That
@@ -429,7 +429,7 @@ print(f"lesson 08b ran in {time.perf_counter() - t_notebook:.0f} s")
 #
 # | question | `torch.compile(DDP(model))` | `DDP(torch.compile(model))` |
 # | --- | --- | --- |
-# | own model class | compiled, one graph per bucket | compiled, one graph per bucket |
+# | own model class | compiled, one graph per `DDPOptimizer` bucket | the same |
 # | `nn.Sequential` of layers | nothing compiled | compiled |
 # | graphs, default cap | 2: first bucket 1 MiB, then ≤ 25 MiB | 2 |
 # | graphs, other caps | first graph 1 MiB, then `bucket_cap_mb`: may differ from DDP's buckets | the same |

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 10a · Casebook: the training loop
 #
 # <!-- opening:start -->
-# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,600 words at 200 words/min): about 8 min.
+# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -337,10 +337,30 @@ pd.DataFrame({"modes, no restore": [s["modes"] for s in wrong[0]], "gradient, no
 # [06a](06a_training_loop_pitfalls.ipynb) on accumulation, and section 3 of
 # [06d](06d_silent_bugs.ipynb) on what DDP averages.
 #
-# **Why.** DDP divides the summed gradient by the world size. A per-micro-batch mean weights each
+# **Why.** DDP divides each rank's gradient by the world size, then sums. A per-micro-batch mean weights each
 # micro-batch the same, whatever its token count. A per-rank token mean does the same for each
 # rank. The mean over all tokens needs the token count of the whole window, over every rank.
 #
+# **Claim:** DDP divides first, as [01](01_gradients_dp_vs_ddp.ipynb) shows. Each rank's
+# gradient below is float32's largest value. DDP gives that value back. Summing first overflows
+# to `inf`.
+
+# %%
+def largest_gradient(rank, world_size):
+    ddp = DDP(one())
+    ddp(torch.full((1, 1), torch.finfo(torch.float32).max)).sum().backward()  # gradient: x
+    return ddp.module.weight.grad.item()
+
+
+ORDER = launch(largest_gradient, WORLD, backend="gloo", timeout=120)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: DDP's gradient is float32's largest value; summing first overflows
+f32_max = torch.finfo(torch.float32).max
+assert ORDER == [f32_max] * WORLD, ORDER
+assert torch.tensor([f32_max] * WORLD).sum().isinf(), "sum, then divide overflows"
+
+# %% [markdown]
 # The program: each token's loss is `w x`. Rank 0's micro-batches hold tokens `[1]` and
 # `[2, 3, 4]`, rank 1's `[5, 6]` and `[7]`.
 
@@ -472,9 +492,17 @@ print(f"casebook 10a ran in {time.perf_counter() - t_notebook:.0f} s")
 # | [token mean differs](#case-token-weighted-loss) | mean of means | all-reduce the token count | one-process gradient |
 # | [logged gradients all the same](#case-bucket-view-kept-grad) | a kept `.grad` bucket view | keep a copy | one-process values |
 #
-# Two of these five move the replicas apart, and `assert_in_sync` in the loop finds them at the
-# first wrong step. The other three keep the replicas identical and wrong: only a check of the
-# value itself finds them, against one process or across the ranks.
+# **Claim:** `assert_in_sync` in the loop catches three of these five at the first wrong step.
+# Two move the replicas apart, and one leaves rank 0 in `eval()`. The other two keep the ranks'
+# gradients equal and wrong: only a check of the value itself finds them.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: which cases the replica checker caught, from the runs above
+caught = {"GAN": GAN[0]["two backwards, default"][1] != "ok", "epoch's end": ACC[0]["step"][1] != "ok",
+          "rank-0 validate": VAL[False][0][1]["checker"] is not None}
+assert sum(caught.values()) == 3, caught
+assert TOK[0] == TOK[1] and BUCKET[0] == BUCKET[1], "token mean and bucket view: equal on both ranks"
+assert TOK[0]["mean per micro-batch"] != 4.0 and BUCKET[0][True, False] != [2.0, 4.0, 6.0]
 
 # %% [markdown]
 # <!-- next:start -->

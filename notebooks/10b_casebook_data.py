@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 10b · Casebook: the data
 #
 # <!-- opening:start -->
-# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
+# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -59,6 +59,8 @@ check_value("epochs", epochs, 2 <= epochs <= 6, "2 to 6")
 # %%
 import mmap
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -115,6 +117,14 @@ class Items(IterableDataset):
         return iter(items)
 
 
+class WorkerRank(IterableDataset):
+    def __iter__(self):  # runs in a DataLoader worker
+        try:
+            yield dist.get_rank()
+        except ValueError as e:  # this process has no default process group
+            yield str(e)
+
+
 def iterable_case(rank, world_size, n, workers):
     def read(shard, w):
         return [int(i) for i in DataLoader(Items(n, shard, rank, world_size), batch_size=None, num_workers=w)]
@@ -124,6 +134,8 @@ def iterable_case(rank, world_size, n, workers):
         DistributedSampler(Items(n))
     except TypeError as e:
         out["DistributedSampler"] = str(e)
+    out["a worker's get_rank()"] = next(iter(DataLoader(WorkerRank(), batch_size=None, num_workers=1)))
+    out["start method"] = torch.multiprocessing.get_start_method()
     return gathered(out)
 
 
@@ -163,10 +175,24 @@ pd.DataFrame(counts, index=[f"items read, rank {r}" for r in range(WORLD)]).T
 # %% [markdown]
 # **Fix.** Shard inside `__iter__` by rank first, then by worker with `get_worker_info()`. Give
 # every rank the same number of items: drop the remainder, or pad it. Pass the rank to the data
-# set's constructor rather than calling `dist.get_rank()` inside `__iter__`. Spawned workers have
-# no process group, and spawn is the default on macOS and Windows. Uneven streams that cannot be
-# trimmed need `Join`, from section 2 of [06a](06a_training_loop_pitfalls.ipynb).
+# set's constructor rather than calling `dist.get_rank()` inside `__iter__`. A worker started by
+# fork inherits the process group; one started by spawn has none. Spawn is the default on macOS
+# and Windows. Under `mp.spawn` it is the ranks' default on Linux too: Python's
+# `multiprocessing/spawn.py` sets a spawned child's start method to spawn. Uneven streams that
+# cannot be trimmed need `Join`, from section 2 of [06a](06a_training_loop_pitfalls.ipynb).
 #
+# **Claim:** a DataLoader worker's `dist.get_rank()` returns its rank when the rank starts
+# processes by fork, as this page's ranks do on Linux. By spawn, the call raises `ValueError`.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: dist.get_rank() in a DataLoader worker of each rank, by the rank's start method
+for r in range(WORLD):
+    got, method = IT[r]["a worker's get_rank()"], IT[r]["start method"]
+    assert got == r if method == "fork" else "Default process group has not been initialized" in got, (r, method, got)
+    assert method == "fork" or not sys.platform.startswith("linux"), method  # our ranks, on Linux
+print({f"rank {r}": (IT[r]["start method"], IT[r]["a worker's get_rank()"]) for r in range(WORLD)})
+
+# %% [markdown]
 # **Caught by** a metric that must be equal on every rank: the number of items each rank read.
 
 # %% [markdown]
@@ -342,8 +368,9 @@ pd.DataFrame({f"{'seed + rank' if k else 'same seed'}, rank {r}": {n: str(v) for
 # files in `/dev/shm`; torch.multiprocessing's documentation describes its sharing strategies. A
 # Docker container gets a 64 MB `/dev/shm` unless `docker run --shm-size` says otherwise, as
 # Docker's `docker run` reference states. A worker that writes past it is killed by `SIGBUS`, and
-# torch prints the message above. Several workers, each with `prefetch_factor` batches in flight,
-# fill it sooner.
+# torch raises the error above. It adds: "It is possible that dataloader's workers are out of
+# shared memory. Please try to raise your shared memory limit." Several workers, each with
+# `prefetch_factor` batches in flight, fill it sooner.
 
 # %%
 def in_torch_library(text, name):
@@ -356,8 +383,8 @@ def in_torch_library(text, name):
     return False
 
 
-KILLED = "It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
-BUS = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm)."
+SYMPTOM = "DataLoader worker (pid ...) is killed by signal: Bus error."  # the symptom's words above
+HINT = "It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
 batch_bytes = 256 * 3 * 224 * 224 * 4  # one batch of 256 RGB images, 224 x 224, float32
 docker_default = 64 * 2**20
 shm = Path("/dev/shm")
@@ -365,13 +392,18 @@ if shm.is_dir():
     print(f"this machine's /dev/shm: {shutil.disk_usage(shm).total / 2**20:,.0f} MB")
 
 # %% [markdown]
-# **Claim:** both messages are in `libtorch_python`, this torch's compiled Python bindings. One
-# batch of 256 RGB images of 224 × 224 pixels in float32 weighs more than Docker's default 64 MB:
-# a single prefetched batch overflows it.
+# **Claim:** the symptom's words and the hint are torch's. `libtorch_python`, its compiled Python
+# bindings, holds the hint and the symptom's text on either side of the pid. The C library names
+# `SIGBUS` "Bus error". One batch of 256 RGB images of 224 × 224 pixels in float32 weighs more
+# than Docker's default 64 MB: a single prefetched batch overflows it.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# Check: the messages are in torch; one batch against 64 MB
-assert in_torch_library(KILLED, "torch_python") and in_torch_library(BUS, "torch_python")
+# Check: the prose's messages are in torch; one batch against 64 MB
+before_pid, after_pid = SYMPTOM.split("...")  # "DataLoader worker (pid ", ") is killed by signal: Bus error."
+signal_name = signal.strsignal(signal.SIGBUS) if hasattr(signal, "SIGBUS") else "Bus error"  # Windows has none
+assert after_pid.endswith(f": {signal_name}."), (after_pid, signal_name)
+assert in_torch_library(before_pid, "torch_python") and in_torch_library(after_pid.removesuffix(f"{signal_name}."), "torch_python")
+assert in_torch_library(HINT, "torch_python")
 assert batch_bytes > docker_default
 print(f"one batch: {batch_bytes / 2**20:.0f} MB against Docker's default {docker_default / 2**20:.0f} MB")
 

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 10c · Casebook: models, checkpoints and FSDP2
 #
 # <!-- opening:start -->
-# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -58,12 +58,14 @@ import pickle
 import shutil
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -125,7 +127,8 @@ print(EMA[False]["ema"].splitlines()[0])
 # ## Case: my saved DDP model will not load
 #
 # **Symptom.** "I saved the model with `torch.save(model)`; loading it fails." The file holds the
-# whole DDP object, with its class and its process group, not the weights. The case extends
+# whole DDP object: its class and the weights. Torch leaves the process group out when it saves
+# DDP. The case extends
 # section 2 of [06b](06b_state_across_ranks.ipynb), whose recipe saves `ddp.module.state_dict()`.
 #
 # **Why.** Since torch 2.6, `torch.load` defaults to `weights_only=True`: it reads only tensors
@@ -144,7 +147,15 @@ def save_case(rank, world_size, folder):
     return {k: v.tolist() for k, v in ddp.module.state_dict().items()}
 
 
+def load_case(rank, world_size, folder):  # processes with a default process group
+    ddp = torch.load(folder / "whole.pt", weights_only=False)
+    return {k: v.tolist() for k, v in ddp.module.state_dict().items()}, ddp.process_group is dist.group.WORLD
+
+
 trained = launch(save_case, WORLD, work, backend="gloo", timeout=120)[0]
+loaded = launch(load_case, WORLD, work, backend="gloo", timeout=120)
+with zipfile.ZipFile(work / "whole.pt") as z:  # torch.save writes a zip; the pickle is data.pkl
+    pickled = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
 errors = {}
 for how, kwargs in (("torch.load", {}), ("weights_only=False", {"weights_only": False})):
     try:
@@ -168,6 +179,16 @@ assert {k: v.tolist() for k, v in bare.state_dict().items()} == trained
 pd.Series(errors, name="error").to_frame()
 
 # %% [markdown]
+# **Claim:** the whole-object file holds the weights and no process group. DDP's `__getstate__`
+# drops it. Loaded with `weights_only=False` on 2 ranks that have a default group, it gives back
+# rank 0's weights, and the group is the loader's own.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the pickle names no process group; loading gives the weights back
+assert b"ProcessGroup" not in pickled and b"process_group" not in pickled
+assert loaded == [(trained, True)] * WORLD, loaded
+
+# %% [markdown]
 # **Fix.** Follow 06b's recipe. Rank 0 saves `{"model": ddp.module.state_dict(), "optimizer":
 # opt.state_dict(), "step": step}`. Any process loads it into a bare model with a plain
 # `torch.load`.
@@ -180,8 +201,8 @@ pd.Series(errors, name="error").to_frame()
 #
 # **Symptom.** "RuntimeError: Optimizer state has not been consolidated on this rank." From
 # [zhijian-liu/torchpack#18](https://github.com/zhijian-liu/torchpack/issues/18), "Warning messages
-# while trying to use ZeroRedundancyOptimizer". It completes [08a](08a_zero_and_fsdp2.ipynb),
-# whose summary says ZeRO-1 needs only "swap the optimizer". The checkpoint needs one more call.
+# while trying to use ZeroRedundancyOptimizer". It extends [08a](08a_zero_and_fsdp2.ipynb),
+# whose summary names the call: `consolidate_state_dict(to=0)` on every rank before saving.
 #
 # **Why.** `ZeroRedundancyOptimizer` keeps each parameter's state on one rank.
 # `consolidate_state_dict(to=0)` gathers the shards on rank 0. It is a collective, so every rank
@@ -309,10 +330,11 @@ pd.DataFrame(FS[0]).T
 # `[5, 7]`. Each rank's loss is its tokens' sum over the sequence's 4 tokens.
 
 # %%
-def context_parallel_case(rank, world_size, scale):
+def context_parallel_case(rank, world_size, scale, mesh_shape=None):
     tokens = torch.tensor([[1.0], [3.0], [5.0], [7.0]])[2 * rank: 2 * rank + 2]  # this rank's half
     model = one()
-    fully_shard(model)  # the mesh: both ranks
+    mesh = mesh_shape and init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "cp"))
+    fully_shard(model, mesh=mesh)  # the mesh: both ranks, 1-D by default
     loss = model(tokens).sum() / 4  # this rank's part of the sequence's mean loss
     (loss * scale).backward()  # scale = mesh size / data-parallel size undoes the average
     return model.weight.grad.full_tensor().item()
@@ -330,14 +352,16 @@ def divide_factor_raises(rank, world_size):
 
 CP = launch(lambda rank, world_size: {"default": context_parallel_case(rank, world_size, 1),
                                       "loss × 2": context_parallel_case(rank, world_size, 2),
+                                      "1 × 2 mesh (dp, cp)": context_parallel_case(rank, world_size, 1, (1, 2)),
                                       "set_gradient_divide_factor(1.0)": divide_factor_raises(rank, world_size)},
             WORLD, backend="gloo", timeout=120)
 
 # %% [markdown]
 # **Claim:** the one-process reference, the mean of `w x` over the 4 tokens, has gradient
-# `16 / 4 = 4`. FSDP2's default gives 2 on both ranks: half. Scaling each rank's loss by 2 gives
-# 4; 2 is the mesh size over the data-parallel size, which is 1 here. The direct fix,
-# `set_gradient_divide_factor(1.0)`, raises on gloo: "Cannot use ReduceOp.PREMUL_SUM with Gloo".
+# `16 / 4 = 4`. FSDP2 gives 2 on both ranks, on a 1-D mesh and on a 2-D mesh of 1
+# data-parallel × 2 context-parallel ranks. Scaling each rank's loss by 2, the mesh size over the
+# data-parallel size, gives 4. `set_gradient_divide_factor(1.0)` raises on gloo: "Cannot use
+# ReduceOp.PREMUL_SUM with Gloo".
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: FSDP2's gradient, scaled and not, against one process
@@ -346,7 +370,7 @@ w = torch.ones(1, requires_grad=True)
 reference = w.grad.item()
 assert reference == 4.0
 for r in range(WORLD):
-    assert CP[r]["default"] == reference / 2 and CP[r]["loss × 2"] == reference, CP[r]
+    assert CP[r]["default"] == CP[r]["1 × 2 mesh (dp, cp)"] == reference / 2 and CP[r]["loss × 2"] == reference, CP[r]
     assert "Cannot use ReduceOp.PREMUL_SUM with Gloo" in CP[r]["set_gradient_divide_factor(1.0)"], CP[r]
 pd.Series({k: v for k, v in CP[0].items() if k != "set_gradient_divide_factor(1.0)"}, name="gradient").to_frame().assign(reference=reference)
 
@@ -354,8 +378,7 @@ pd.Series({k: v for k, v in CP[0].items() if k != "set_gradient_divide_factor(1.
 # **Fix.** Decide who divides by what. The loss divides by the tokens of the whole global batch,
 # and the gradient reduction only sums. With NCCL, `model.set_gradient_divide_factor(1.0)` makes
 # FSDP2 sum. With gloo, scale the loss by the mesh size over the number of data-parallel
-# replicas. A 2-D mesh with a separate data-parallel dimension keeps the average over the
-# data-parallel ranks only: `init_device_mesh(..., mesh_dim_names=(...))`.
+# replicas. A 2-D mesh does not do it for you: FSDP2 divides by all the ranks of its mesh.
 #
 # **Caught by** the one-process reference: the gradient of the whole sequence's loss.
 

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 10d · Casebook: launch, names and platforms
 #
 # <!-- opening:start -->
-# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,100 words at 200 words/min): about 6 min.
+# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one message or mistake
@@ -203,27 +203,39 @@ print("CUDA library in this torch:", [p.name for p in nccl_library] or "none")
 # have MPS capability". This page runs without a Mac GPU, so the case is an explanation.
 #
 # **Why.** A process group sends each collective to the backend registered for the tensor's
-# device type. Gloo registers `cpu` and `cuda`, and no backend registers `mps`. So the collective
-# fails with "No backend type associated with device type mps", from `ProcessGroup.hpp` in
-# torch's source. NCCL is for CUDA only.
+# device type. torch has two tables. `backend_capability` gives each backend's device types: gloo
+# has `cpu` and `cuda`. `init_process_group("gloo")` registers gloo for those two only. So an
+# `mps` collective fails with "No backend type associated with device type mps", from
+# `ProcessGroup.hpp` in torch's source. The other table, `default_device_backend_map`, maps `mps`
+# to gloo. It is used for a backend string such as `"cpu:gloo,mps:gloo"`, and on a Mac for
+# `init_process_group()` with no backend. NCCL is for CUDA only.
 
 # %%
-capability = dist.Backend.backend_capability
+from torch.distributed.distributed_c10d import BackendConfig
+
+capability, default_map = dist.Backend.backend_capability, dist.Backend.default_device_backend_map
+registered = {name: BackendConfig(name).get_device_backend_map() for name in ("gloo", "cpu:gloo,mps:gloo")}
 
 # %% [markdown]
-# **Claim:** in this torch, gloo's capability is `cpu` and `cuda`, and no backend lists `mps`.
-# The message "No backend type associated with device type" is in torch's CPU library.
+# **Claim:** in this torch, no backend's capability lists `mps`: gloo's is `cpu` and `cuda`. The
+# default device map sends `mps` to gloo. Backend `"gloo"` registers `cpu` and `cuda`, and
+# `"cpu:gloo,mps:gloo"` registers `mps` too. The message "No backend type associated with device
+# type" is in torch's CPU library.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# Check: gloo's device types; no backend lists mps
+# Check: both of torch's backend tables, and what a backend string registers
 assert capability["gloo"] == ["cpu", "cuda"], capability
 assert not any("mps" in devices for devices in capability.values()), capability
+assert default_map["mps"] == "gloo", default_map
+assert sorted(registered["gloo"]) == ["cpu", "cuda"] and registered["cpu:gloo,mps:gloo"]["mps"] == "gloo", registered
 assert in_torch_library("No backend type associated with device type", "torch_cpu")
-pd.Series({k: ", ".join(v) for k, v in capability.items()}, name="device types").to_frame()
+pd.DataFrame({"capability": {k: ", ".join(v) for k, v in capability.items()},
+              "default for device": {k: ", ".join(d for d, b in default_map.items() if b == k) for k in capability}})
 
 # %% [markdown]
 # **Fix.** Copy to the CPU around each collective:
-# `t_cpu = t.cpu(); dist.all_reduce(t_cpu); t.copy_(t_cpu)`. Or train on the CPU with gloo. DDP
+# `t_cpu = t.cpu(); dist.all_reduce(t_cpu); t.copy_(t_cpu)`. Or train on the CPU with gloo. Or
+# name `"cpu:gloo,mps:gloo"`; this page cannot run gloo on MPS tensors without a Mac GPU. DDP
 # itself cannot do that copy for you: its buckets live on the model's device.
 #
 # **Caught by** the error, at the first collective.
@@ -347,7 +359,7 @@ print(f"casebook 10d ran in {time.perf_counter() - t_notebook:.0f} s")
 # | --- | --- | --- | --- |
 # | [unrecognized `--local-rank`](#case-local-rank-argument) | the old launcher's dashed argument | `LOCAL_RANK`, or both names | the error at start-up |
 # | [`destroy_process_group()` warning](#case-destroy-process-group-warning) | NCCL's group alive at exit | `destroy_process_group()` in `finally` | the warning |
-# | [gloo and MPS](#case-gloo-mps) | no backend for `mps` | copy to the CPU around collectives | the error |
+# | [gloo and MPS](#case-gloo-mps) | backend `"gloo"` registers no `mps` | copy to the CPU around collectives | the error |
 # | [deprecated collective names](#case-collective-names) | renamed in 2026 | `*_single`, or pick what exists | `hasattr` |
 # | [`use_libuv` on Windows](#case-windows-libuv) | Windows wheels lack libuv | `USE_LIBUV=0` | the error |
 #

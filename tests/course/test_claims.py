@@ -182,3 +182,11 @@ def test_gpu_claim_prints_not_proven_here_without_a_gpu(capsys):
     assert out.startswith("not proven here: needs a GPU (found 0); a GPU run proves it.") and "real DP" in out, out
     assert notebook.UNPROVEN[before:] == [{"claim": "real DP on GPUs", "needs": "GPU",
                                            "why": "needs a GPU (found 0); a GPU run proves it"}]
+
+
+def test_10c_quotes_08a_as_it_is():
+    """Issue #52: 10c said 08a's summary needs only "swap the optimizer"; it names the checkpoint call."""
+    said = re.search(r"whose summary names the call: `([^`]+)`",
+                     (NOTEBOOKS_DIR / "10c_casebook_models_and_checkpoints.py").read_text())
+    rows = [line for line in (NOTEBOOKS_DIR / "08a_zero_and_fsdp2.py").read_text().splitlines() if "| ZeRO-1 |" in line]
+    assert said and any(said.group(1) in row for row in rows), (said, rows)
