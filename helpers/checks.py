@@ -19,6 +19,8 @@ forward pre-hook (to name parameters by module path) and the ``DataLoader`` iter
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -100,7 +102,11 @@ def _step_post(opt, args, kwargs):
 
 
 def _next_index(self):
-    index = _ORIGINAL_NEXT_INDEX(self)
+    try:
+        index = _ORIGINAL_NEXT_INDEX(self)
+    except StopIteration:
+        self._check_done = True
+        raise
     if _rec() is not None:  # a multi-worker iterator prefetches from its __init__: the list starts here
         self.__dict__.setdefault("_check_read", []).extend(index if isinstance(index, (list, tuple)) else [index])
     return index
@@ -114,8 +120,42 @@ def _loader_iter(self):
     it = _ORIGINAL_ITER(self)
     rec = _rec()
     if rec is not None:
-        rec.new_pass(self, it)
+        rec.new_pass(self, it, self.dataset, _sampler_facts(self.sampler, self.drop_last))
     return it
+
+
+class _SamplerPass:
+    """A DistributedSampler iterated outside a DataLoader (``list(sampler)``, indexing in-memory
+    tensors): one pass, recorded as it is consumed."""
+
+    def __init__(self, it):
+        self._it, self._check_read, self._check_done = it, [], False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            i = next(self._it)
+        except StopIteration:
+            self._check_done = True
+            raise
+        self._check_read.append(i)
+        return i
+
+
+def _sampler_iter(self):
+    it = _ORIGINAL_SAMPLER_ITER(self)
+    rec = _rec()
+    if rec is None or sys._getframe(1).f_code.co_filename.startswith(_TORCH_DATA):  # a DataLoader's own
+        return it
+    it = _SamplerPass(it)
+    rec.new_pass(self, it, self.dataset, _sampler_facts(self, False))
+    return it
+
+
+_ORIGINAL_SAMPLER_ITER = tud.DistributedSampler.__iter__
+_TORCH_DATA = os.path.dirname(tud.__file__)
 
 
 def _install() -> None:
@@ -124,8 +164,8 @@ def _install() -> None:
             _installed[:] = [0, register_optimizer_step_pre_hook(_step_pre),
                              register_optimizer_step_post_hook(_step_post),
                              nn.modules.module.register_module_forward_pre_hook(_forward_pre)]
-            _BaseDataLoaderIter._next_index = _next_index
-            tud.DataLoader.__iter__ = _loader_iter
+            _BaseDataLoaderIter._next_index, tud.DataLoader.__iter__ = _next_index, _loader_iter
+            tud.DistributedSampler.__iter__ = _sampler_iter
         _installed[0] += 1
 
 
@@ -135,15 +175,14 @@ def _uninstall() -> None:
         if _installed[0] == 0:
             for h in _installed[1:]:
                 h.remove()
-            _BaseDataLoaderIter._next_index = _ORIGINAL_NEXT_INDEX
-            tud.DataLoader.__iter__ = _ORIGINAL_ITER
+            _BaseDataLoaderIter._next_index, tud.DataLoader.__iter__ = _ORIGINAL_NEXT_INDEX, _ORIGINAL_ITER
+            tud.DistributedSampler.__iter__ = _ORIGINAL_SAMPLER_ITER
             _installed.clear()
 
 
-def _sampler_facts(loader) -> dict:
+def _sampler_facts(s, drop_last: bool) -> dict:
     """What explains a pass's duplicates and gaps: the DistributedSampler's and DataLoader's settings."""
-    s = loader.sampler
-    facts = {"drop_last": bool(loader.drop_last), "batch_size": loader.batch_size}
+    facts = {"drop_last": bool(drop_last)}
     if isinstance(s, tud.DistributedSampler):
         facts.update(sampler_rank=s.rank, num_replicas=s.num_replicas, sampler_drop_last=s.drop_last,
                      seed=s.seed, epoch=s.epoch, total_size=s.total_size)
@@ -172,24 +211,27 @@ class _Records:
         return {self.names.get(id(p), f"{type(opt).__name__}.param_groups[{g}][{i}]"): _value(p)
                 for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])}
 
-    def new_pass(self, loader, it) -> None:
-        number = next((i for i, d in enumerate(self.datasets) if d is loader.dataset), len(self.datasets))
-        self.datasets[number:number + 1] = [loader.dataset]  # held, so that no id is reused
-        iterable = isinstance(loader.dataset, tud.IterableDataset)
+    def new_pass(self, source, it, dataset, facts) -> None:
+        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``."""
+        number = next((i for i, d in enumerate(self.datasets) if d is dataset), len(self.datasets))
+        self.datasets[number:number + 1] = [dataset]  # held, so that no id is reused
+        iterable = isinstance(dataset, tud.IterableDataset)
         digests = None
         if iterable:
             digests, inner = [], it._next_data
 
             def counted():
                 batch = inner()
-                digests.extend(_digests(batch, loader.batch_size is None))
+                digests.extend(_digests(batch, source.batch_size is None))
                 return batch
             it._next_data = counted
-        self.passes.append((number, _sampler_facts(loader), it.__dict__.setdefault("_check_read", []),
-                            None if iterable else len(loader.dataset), digests))
+        it.__dict__.setdefault("_check_read", [])
+        self.passes.append((number, facts, it, None if iterable else len(dataset), digests))
 
     def result(self, fn_result) -> dict:
-        return {"steps": self.steps, "passes": self.passes, "result": fn_result}
+        passes = [(n, facts, it._check_read, getattr(it, "_check_done", False), size, digests)
+                  for n, facts, it, size, digests in self.passes]
+        return {"steps": self.steps, "passes": passes, "result": fn_result}
 
 
 def _digests(batch, one_sample: bool) -> list[str]:
@@ -382,7 +424,7 @@ class CoverageReport:
         rows = [f"dataset {ld} pass {e}: " + (f"{n} items, " if n is not None else "")
                 + "read per rank " + _fmt(f"{r}:{c}" for r, c in per.items()) for ld, e, per, n in self.passes[:_SHOWN]]
         more = [f"... {len(self.passes) - _SHOWN} more passes"] if len(self.passes) > _SHOWN else []
-        return "\n".join([f"<coverage at {self.world_size} ranks: each pass read each item once>", *rows, *more,
+        return "\n".join([f"<coverage at {self.world_size} ranks: no item read twice in a pass, none missed by a pass that ended>", *rows, *more,
                           *self.notes])
 
 
@@ -417,8 +459,8 @@ def _explain(facts: list[dict], size: int, world_size: int, missing, twice) -> t
                          f"round of {n} ranks.")
             explained = True
     if any(g["drop_last"] for g in facts) and missing and not explained:
-        lines.append("DataLoader(drop_last=True) drops each rank's last partial batch: with a DistributedSampler "
-                     "that also drops, items are lost twice; keep one drop_last.")
+        lines.append("DataLoader(drop_last=True) drops each rank's last partial batch, and DistributedSampler("
+                     "drop_last=True) up to world_size - 1 items more: keep at most one of them.")
     return lines, explained
 
 
@@ -451,12 +493,20 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}.")
     runs = _run(fn, world_size, args, options, simulated, timeout)
-    grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests)}
+    grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted)}
     for rank, run in enumerate(runs):
-        seen: Counter = Counter()
-        for loader, facts, indices, size, digests in run["passes"]:
-            grouped.setdefault((loader, seen[loader]), {})[rank] = (facts, indices, size, digests)
-            seen[loader] += 1
+        per_dataset: dict = {}
+        for number, facts, indices, done, size, digests in run["passes"]:
+            mine = per_dataset.setdefault(number, [])
+            last = mine[-1] if mine else None
+            if last and not last[4] and "epoch" in facts and last[0].get("epoch") == facts["epoch"]:
+                # a pass stopped, then the same sampler epoch again: a resume restarting the epoch
+                mine[-1] = (last[0], last[1] + indices, size, digests, done, True)
+            else:
+                mine.append((facts, list(indices), size, digests, done, False))
+        for number, mine in per_dataset.items():
+            for e, rec in enumerate(mine):
+                grouped.setdefault((number, e), {})[rank] = rec
     report = CoverageReport(world_size, [], results=[r["result"] for r in runs])
     for (loader, epoch), per in sorted(grouped.items()):
         where = f"Dataset {loader} (in the order each rank first reads it), pass {epoch}"
@@ -465,7 +515,7 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
             raise CoverageError(f"{where}: only rank(s) {_fmt(sorted(per))} of {world_size} ran it.")
         if size is None:  # IterableDataset: samples by hash
             owners: dict = {}
-            for rank, (_, _, _, digests) in per.items():
+            for rank, (_, _, _, digests, _, _) in per.items():
                 for d in digests:
                     owners.setdefault(d, []).append(rank)
             shared = {d: r for d, r in owners.items() if len(r) > 1}
@@ -477,14 +527,23 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
                     f"shard itself by rank (and by DataLoader worker, torch.utils.data.get_worker_info()).")
             report.passes.append((loader, epoch, {r: len(v[3]) for r, v in per.items()}, None))
             continue
-        counts = Counter(i for _, idx, _, _ in per.values() for i in idx)
-        missing = sorted(set(range(size)) - set(counts))
+        counts = Counter(i for v in per.values() for i in v[1])
+        stopped = sorted(r for r, v in per.items() if not v[4])  # passes left before their end: no gaps checked
+        missing = [] if stopped else sorted(set(range(size)) - set(counts))
         twice = sorted(i for i, c in counts.items() if c > 1)
         readers = {}
-        for rank, (_, idx, _, _) in per.items():
-            for i in set(idx):
+        for rank, v in per.items():
+            for i in set(v[1]):
                 readers.setdefault(i, []).append(rank)
         lines, explained = _explain([v[0] for v in per.values()], size, world_size, missing, twice)
+        restarted = sorted(r for r, v in per.items() if v[5])
+        if restarted:
+            lines.insert(0, f"Rank(s) {_fmt(restarted)} stopped this pass and began it again with the same sampler "
+                            f"epoch: a resume mid-epoch restarts the epoch. Skip the batches already trained on "
+                            f"(save the step within the epoch) or resume at an epoch boundary.")
+            explained = False
+        if stopped:
+            lines.append(f"Rank(s) {_fmt(stopped)} left the pass before its end: items never read are not checked.")
         read = {r: len(v[1]) for r, v in sorted(per.items())}
         if (missing or twice) and (strict or not explained):
             shared = Counter(tuple(sorted(readers[i]))[:2] for i in twice if len(readers[i]) > 1)
