@@ -212,7 +212,9 @@ class _Records:
                 for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])}
 
     def new_pass(self, source, it, dataset, facts) -> None:
-        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``."""
+        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``;
+        a ``Subset`` (``random_split``'s parts) counts as the dataset it reads from."""
+        dataset, within = _base(dataset)
         number = next((i for i, d in enumerate(self.datasets) if d is dataset), len(self.datasets))
         self.datasets[number:number + 1] = [dataset]  # held, so that no id is reused
         iterable = isinstance(dataset, tud.IterableDataset)
@@ -226,12 +228,22 @@ class _Records:
                 return batch
             it._next_data = counted
         it.__dict__.setdefault("_check_read", [])
-        self.passes.append((number, facts, it, None if iterable else len(dataset), digests))
+        self.passes.append((number, facts, it, None if iterable else len(dataset), digests, within))
 
     def result(self, fn_result) -> dict:
-        passes = [(n, facts, it._check_read, getattr(it, "_check_done", False), size, digests)
-                  for n, facts, it, size, digests in self.passes]
+        passes = [(n, facts, [w[i] for i in it._check_read] if w else it._check_read,
+                   getattr(it, "_check_done", False), size, digests, w)
+                  for n, facts, it, size, digests, w in self.passes]
         return {"steps": self.steps, "passes": passes, "result": fn_result}
+
+
+def _base(dataset) -> tuple:
+    """``(dataset, None)``, or for a chain of ``Subset``: the dataset it reads and its indices there."""
+    within = None
+    while isinstance(dataset, tud.Subset):
+        within = list(dataset.indices) if within is None else [dataset.indices[i] for i in within]
+        dataset = dataset.dataset
+    return dataset, within
 
 
 def _digests(batch, one_sample: bool) -> list[str]:
@@ -251,11 +263,11 @@ class _Recorded:
     run by ``launch`` in a new process or by ``simulate`` on a thread; returns the rank's records."""
 
     def __init__(self, fn, perturb=None):
-        self.fn, self.perturb = fn, perturb
+        self.fn, self.perturb, self.partial = fn, perturb, {}  # partial: simulated ranks' records, live
 
     def __call__(self, rank, world_size, *args, **kwargs):
         _install()
-        _local.rec = rec = _Records(self.perturb)
+        _local.rec = rec = self.partial[rank] = _Records(self.perturb)
         try:
             out = self.fn(rank, world_size, *args, **kwargs)
         finally:
@@ -268,9 +280,14 @@ def _run(fn, world_size, args, kwargs, simulated, timeout, perturb=None) -> list
     from helpers.engine import launch, simulate
 
     wrapped = _Recorded(fn, perturb)
-    if simulated:
-        return simulate(wrapped, world_size, *args, timeout=timeout, **kwargs)
-    return launch(wrapped, world_size, *args, backend="gloo", timeout=timeout, **kwargs)
+    try:
+        if simulated:
+            return simulate(wrapped, world_size, *args, timeout=timeout, **kwargs)
+        return launch(wrapped, world_size, *args, backend="gloo", timeout=timeout, **kwargs)
+    except Exception as e:  # a rank failed: what simulated ranks recorded before it, for the comparison
+        if len(wrapped.partial) == world_size:
+            e.partial_steps = [wrapped.partial[r].steps for r in range(world_size)]
+        raise
 
 
 # ---- against_one_process ---------------------------------------------------------------------------
@@ -374,7 +391,17 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size must be an int >= 2 to compare with one process, got {world_size!r}.")
-    runs = _run(fn, world_size, args, options, simulated, timeout)
+    try:
+        runs = _run(fn, world_size, args, options, simulated, timeout)
+    except Exception as e:
+        if not hasattr(e, "partial_steps"):
+            raise
+        ref = _run(fn, 1, args, options, simulated, timeout)[0]["steps"]
+        k, name, bad, _ = _first_difference(e.partial_steps, ref, steps, rtol, atol)
+        if k is None:
+            raise
+        raise DivergedFromOneProcess(_diverged(world_size, k, name, bad, rtol, atol)
+                                     + f"\nThen a rank failed (the error above), where one process did not.") from e
     ref = _run(fn, 1, args, options, simulated, timeout)[0]["steps"]
     records = [r["steps"] for r in runs]
     k, name, bad, largest = _first_difference(records, ref, steps, rtol, atol)
@@ -400,13 +427,24 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
         raise DivergedFromOneProcess(
             f"{world_size} ranks took {_fmt(counts)} optimizer steps, one process took {len(ref) - 1}. "
             f"Per-rank step counts must equal the one-process count. {CONVENTION}")
+    raise DivergedFromOneProcess(_diverged(world_size, k, name, bad, rtol, atol))
+
+
+def _diverged(world_size, k, name, bad, rtol, atol) -> str:
     lines = [f"{world_size} ranks left the one-process run {_step_name(k)}: parameter `{name}` differs on "
              f"rank{'s' if len(bad) > 1 else ''} {_fmt(bad)} (of {world_size})."]
-    for rank, (idx, a, b) in list(bad.items())[:3]:
-        lines.append(f"  rank {rank}: {name}{list(idx)} = {a:.7g}, one process: {b:.7g}" if idx is not None else
-                     f"  rank {rank}: {name} is {a}, one process: {b}")
+    shown: dict = {}  # the same value on several ranks: one line
+    for rank, v in bad.items():
+        shown.setdefault(v, []).append(rank)
+    for (idx, a, b), ranks in list(shown.items())[:3]:
+        who = f"rank{'s' if len(ranks) > 1 else ''} {_fmt(ranks)}"
+        lines.append(f"  {who}: {name}{list(idx) if idx else ''} = {a:.7g}, one process: {b:.7g}" if idx is not None
+                     else f"  {who}: {name} is {a}, one process: {b}")
     lines += [f"Tolerance: |a - b| <= {atol:g} + {rtol:g} * |b| (reduction order).", CONVENTION]
-    raise DivergedFromOneProcess("\n".join(lines))
+    if k == 0:
+        lines.append("The initial parameters differ: seed the init the same on every rank (torch.manual_seed "
+                     "before building the model) or broadcast rank 0's (DDP does it when it wraps).")
+    return "\n".join(lines)
 
 
 # ---- data_coverage ----------------------------------------------------------------------------------
@@ -493,17 +531,17 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}.")
     runs = _run(fn, world_size, args, options, simulated, timeout)
-    grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted)}
+    grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted, within)}
     for rank, run in enumerate(runs):
         per_dataset: dict = {}
-        for number, facts, indices, done, size, digests in run["passes"]:
+        for number, facts, indices, done, size, digests, within in run["passes"]:
             mine = per_dataset.setdefault(number, [])
             last = mine[-1] if mine else None
             if last and not last[4] and "epoch" in facts and last[0].get("epoch") == facts["epoch"]:
                 # a pass stopped, then the same sampler epoch again: a resume restarting the epoch
-                mine[-1] = (last[0], last[1] + indices, size, digests, done, True)
+                mine[-1] = (last[0], last[1] + indices, size, digests, done, True, within)
             else:
-                mine.append((facts, list(indices), size, digests, done, False))
+                mine.append((facts, list(indices), size, digests, done, False, within))
         for number, mine in per_dataset.items():
             for e, rec in enumerate(mine):
                 grouped.setdefault((number, e), {})[rank] = rec
@@ -515,7 +553,7 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
             raise CoverageError(f"{where}: only rank(s) {_fmt(sorted(per))} of {world_size} ran it.")
         if size is None:  # IterableDataset: samples by hash
             owners: dict = {}
-            for rank, (_, _, _, digests, _, _) in per.items():
+            for rank, (_, _, _, digests, _, _, _) in per.items():
                 for d in digests:
                     owners.setdefault(d, []).append(rank)
             shared = {d: r for d, r in owners.items() if len(r) > 1}
@@ -529,13 +567,19 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
             continue
         counts = Counter(i for v in per.values() for i in v[1])
         stopped = sorted(r for r, v in per.items() if not v[4])  # passes left before their end: no gaps checked
-        missing = [] if stopped else sorted(set(range(size)) - set(counts))
+        parts = {None if v[6] is None else tuple(sorted(set(v[6]))) for v in per.values()}
+        universe = set(range(size)) if None in parts else set().union(*parts)
+        missing = [] if stopped else sorted(universe - set(counts))
         twice = sorted(i for i, c in counts.items() if c > 1)
         readers = {}
         for rank, v in per.items():
             for i in set(v[1]):
                 readers.setdefault(i, []).append(rank)
         lines, explained = _explain([v[0] for v in per.values()], size, world_size, missing, twice)
+        if len(parts) > 1:
+            lines.insert(0, "The ranks read different Subsets of the dataset (random_split with a per-rank seed?): "
+                            "split with the same seed on every rank, then shard with a DistributedSampler.")
+            explained = False
         restarted = sorted(r for r, v in per.items() if v[5])
         if restarted:
             lines.insert(0, f"Rank(s) {_fmt(restarted)} stopped this pass and began it again with the same sampler "
