@@ -74,11 +74,20 @@ def _forward_pre(module, args):
         rec.seen[module] = None
 
 
-def _value(p: torch.Tensor) -> torch.Tensor:
-    """A detached CPU copy of ``p``; a DTensor (FSDP2) gives its full tensor (a collective)."""
+def _value(p: torch.Tensor, seen: list) -> torch.Tensor:
+    """A detached CPU copy of ``p`` (a DTensor, FSDP2's, gives its full tensor: a collective), or the
+    copy another simulated rank stored with the same bits: ``seen`` holds ``(bytes, copy)`` of each
+    distinct value at this step, so 64 equal replicas are stored and compared once."""
     if hasattr(p, "full_tensor"):
         p = p.full_tensor()
-    return p.detach().to("cpu", copy=True)
+    p = p.detach().to("cpu", copy=True)
+    bits = p.reshape(-1).view(torch.uint8).numpy().tobytes()  # any dtype, bfloat16 included
+    with _lock:
+        for other_bits, other in seen:
+            if other_bits == bits and other.dtype == p.dtype and other.shape == p.shape:  # bytes: 40x torch.equal
+                return other
+        seen.append((bits, p))
+    return p
 
 
 def _step_pre(opt, args, kwargs):
@@ -192,8 +201,8 @@ def _sampler_facts(s, drop_last: bool) -> dict:
 class _Records:
     """One rank's records: parameters after each optimizer step, indices read per loader pass."""
 
-    def __init__(self, perturb):
-        self.perturb, self.depth, self.naming = perturb, 0, True
+    def __init__(self, perturb, shared: dict):
+        self.perturb, self.depth, self.naming, self.shared = perturb, 0, True, shared
         self.seen: dict = {}  # modules whose forward ran, outermost first (an ordered set)
         self.names: dict[int, str] = {}
         self.steps: list[dict[str, torch.Tensor]] = []
@@ -208,8 +217,16 @@ class _Records:
                     self.names.setdefault(id(p), n[len(strip):] if strip and n.startswith(strip) else n)
             self.naming = False
             self.seen.clear()
-        return {self.names.get(id(p), f"{type(opt).__name__}.param_groups[{g}][{i}]"): _value(p)
-                for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])}
+        with _lock:
+            seen = self.shared.setdefault(len(self.steps), {})
+        out = {}
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                name = self.names.get(id(p), f"{type(opt).__name__}.param_groups[{g}][{i}]")
+                with _lock:
+                    distinct = seen.setdefault(name, [])
+                out[name] = _value(p, distinct)
+        return out
 
     def new_pass(self, source, it, dataset, facts) -> None:
         """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``;
@@ -263,11 +280,11 @@ class _Recorded:
     run by ``launch`` in a new process or by ``simulate`` on a thread; returns the rank's records."""
 
     def __init__(self, fn, perturb=None):
-        self.fn, self.perturb, self.partial = fn, perturb, {}  # partial: simulated ranks' records, live
+        self.fn, self.perturb, self.partial, self.shared = fn, perturb, {}, {}  # simulated ranks' records, live
 
     def __call__(self, rank, world_size, *args, **kwargs):
         _install()
-        _local.rec = rec = self.partial[rank] = _Records(self.perturb)
+        _local.rec = rec = self.partial[rank] = _Records(self.perturb, self.shared)
         try:
             out = self.fn(rank, world_size, *args, **kwargs)
         finally:
@@ -316,32 +333,33 @@ def _fmt(values) -> str:
 
 def _first_difference(runs: list[list[dict]], ref: list[dict], steps, rtol, atol):
     """``(step, name, {rank: (index, value, reference)}, largest)`` of the first difference, or
-    ``(None, None, {}, largest)``; a missing step or parameter counts as a difference at that step."""
+    ``(None, None, {}, largest)``; a missing step or parameter counts as a difference at that step.
+    Ranks that stored one shared value (:func:`_value`) are compared once."""
     largest = 0.0
     n = min(len(ref), *(len(r) for r in runs))
     n = n if steps is None else min(n, steps + 1)
     for k in range(n):
-        for name, b in ref[k].items():
-            bad = {}
-            for rank, run in enumerate(runs):
-                a = run[k].get(name)
-                if a is None or a.shape != b.shape:
-                    bad[rank] = (None, None if a is None else tuple(a.shape), tuple(b.shape))
-                    continue
-                a64, b64 = a.double(), b.double()
-                diff = (a64 - b64).abs()
-                ok = torch.isclose(a64, b64, rtol=rtol, atol=atol)
-                if diff.numel():
-                    largest = max(largest, float(diff.max()))
-                if not bool(ok.all()):
-                    i = int((~ok).reshape(-1).nonzero()[0])  # the first element outside the tolerance
-                    idx = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), a.shape)) if a.dim() else ()
-                    bad[rank] = (idx, a64.reshape(-1)[i].item(), b64.reshape(-1)[i].item())
+        names = set().union(*(run[k] for run in runs)) - set(ref[k])
+        for name, b in list(ref[k].items()) + [(extra, None) for extra in sorted(names)]:
+            values = [run[k].get(name) for run in runs]
+            bad = {r: (None, "absent" if a is None else tuple(a.shape), "absent" if b is None else tuple(b.shape))
+                   for r, a in enumerate(values) if a is None or b is None or a.shape != b.shape}
             if bad:
                 return k, name, bad, largest
-        if any(name not in ref[k] for run in runs for name in run[k]):
-            extra = sorted({name for run in runs for name in run[k]} - set(ref[k]))
-            return k, extra[0], {r: (None, "present", "absent") for r, run in enumerate(runs) if extra[0] in run[k]}, largest
+            verdicts: dict = {}  # id of a distinct value (ranks share equal ones) -> None or the difference
+            for r, a in enumerate(values):
+                if id(a) not in verdicts:
+                    diff = (a.double() - b.double()).abs().reshape(-1)
+                    largest = max(largest, float(diff.max())) if diff.numel() else largest
+                    out = diff > atol + rtol * b.double().abs().reshape(-1)
+                    i = int(out.nonzero()[0]) if bool(out.any()) else None  # the first element outside
+                    verdicts[id(a)] = None if i is None else (
+                        tuple(int(j) for j in torch.unravel_index(torch.tensor(i), b.shape)),
+                        a.reshape(-1)[i].item(), b.reshape(-1)[i].item())
+                if verdicts[id(a)] is not None:
+                    bad[r] = verdicts[id(a)]
+            if bad:
+                return k, name, bad, largest
     return None, None, {}, largest
 
 
