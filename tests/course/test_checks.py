@@ -204,7 +204,8 @@ def loader_loop(rank, world_size, n=10, mistake=None, epochs=2):
     data = TensorDataset(torch.arange(n))
     if mistake == "split_seed_by_rank":  # 06d: random_split seeded with seed + rank
         data, _ = random_split(data, [n - 2, 2], generator=torch.Generator().manual_seed(rank))
-    sampler = DistributedSampler(data, seed=rank if mistake == "seed_by_rank" else 0,
+    sampler = DistributedSampler(data, rank=0 if mistake == "wrong_rank" else None,
+                                 seed=rank if mistake == "seed_by_rank" else 0,
                                  drop_last=mistake == "drop_last_twice")
     if mistake == "no_sampler":
         sampler = None
@@ -243,6 +244,7 @@ def test_coverage_explains_distributed_sampler_padding_and_strict_raises_on_it()
 
 @pytest.mark.parametrize("mistake, reads, expected", [
     ("seed_by_rank", "10 reads of 10 items", "seed differs by rank"),
+    ("wrong_rank", "Never read: 5 item(s)", "same rank (0, 0): pass rank=rank"),
     ("resume", "12 reads of 8 items", "resume mid-epoch restarts the epoch"),
     ("no_sampler", "20 reads of 10 items", "Ranks reading the same items: ranks 0 and 1 (10 items)"),
     ("drop_last_twice", "Never read: 2 item(s)", "DataLoader(drop_last=True)"),
