@@ -12,6 +12,7 @@ import hashlib
 import os
 import sys
 import threading
+import weakref
 
 import torch
 import torch.nn as nn
@@ -76,10 +77,11 @@ def _next_index(self):
     try:
         index = _ORIGINAL_NEXT_INDEX(self)
     except StopIteration:
-        self._check_done = True
+        self.__dict__.setdefault("_check", {"read": []})["done"] = True
         raise
-    if _rec() is not None:  # a multi-worker iterator prefetches from its __init__: the list starts here
-        self.__dict__.setdefault("_check_read", []).extend(index if isinstance(index, (list, tuple)) else [index])
+    if _rec() is not None:  # a multi-worker iterator prefetches from its __init__: the record starts here
+        read = self.__dict__.setdefault("_check", {"read": []})["read"]
+        read += index if isinstance(index, (list, tuple)) else [index]
     return index
 
 
@@ -100,7 +102,7 @@ class _SamplerPass:
     tensors): one pass, recorded as it is consumed."""
 
     def __init__(self, it):
-        self._it, self._check_read, self._check_done = it, [], False
+        self._it, self._check = it, {"read": []}
 
     def __iter__(self):
         return self
@@ -109,9 +111,9 @@ class _SamplerPass:
         try:
             i = next(self._it)
         except StopIteration:
-            self._check_done = True
+            self._check["done"] = True
             raise
-        self._check_read.append(i)
+        self._check["read"].append(i)
         return i
 
 
@@ -168,8 +170,8 @@ class _Records:
         self.seen: dict = {}  # modules whose forward ran, outermost first (an ordered set)
         self.names: dict[int, str] = {}
         self.steps: list[dict[str, torch.Tensor]] = []
-        self.passes: list = []  # per pass: (loader number, facts, indices read, len(dataset), sample hashes)
-        self.datasets: list = []
+        self.passes: list = []  # per pass: (dataset number, facts, record, len(dataset), sample hashes, Subset)
+        self.datasets: list = []  # weak references: a dataset is not kept alive, and a new one gets a new number
 
     def snapshot(self, opt) -> dict[str, torch.Tensor]:
         if self.naming:
@@ -194,8 +196,11 @@ class _Records:
         """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``;
         a ``Subset`` (``random_split``'s parts) counts as the dataset it reads from."""
         dataset, within = _base(dataset)
-        number = next((i for i, d in enumerate(self.datasets) if d is dataset), len(self.datasets))
-        self.datasets[number:number + 1] = [dataset]  # held, so that no id is reused
+        number = next((i for i, d in enumerate(self.datasets) if d() is dataset), len(self.datasets))
+        try:
+            self.datasets[number:number + 1] = [weakref.ref(dataset)]
+        except TypeError:  # a class with __slots__ and no __weakref__: held
+            self.datasets[number:number + 1] = [lambda: dataset]
         iterable = isinstance(dataset, tud.IterableDataset)
         digests = None
         if iterable:
@@ -206,13 +211,12 @@ class _Records:
                 digests.extend(_digests(batch, source.batch_size is None))
                 return batch
             it._next_data = counted
-        it.__dict__.setdefault("_check_read", [])
-        self.passes.append((number, facts, it, None if iterable else len(dataset), digests, within))
+        self.passes.append((number, facts, it.__dict__.setdefault("_check", {"read": []}),
+                            None if iterable else len(dataset), digests, within))
 
     def result(self, fn_result) -> dict:
-        passes = [(n, facts, [w[i] for i in it._check_read] if w else it._check_read,
-                   getattr(it, "_check_done", False), size, digests, w)
-                  for n, facts, it, size, digests, w in self.passes]
+        passes = [(n, facts, [w[i] for i in c["read"]] if w else c["read"], c.get("done", False), size, digests, w)
+                  for n, facts, c, size, digests, w in self.passes]
         return {"steps": self.steps, "passes": passes, "result": fn_result}
 
 
