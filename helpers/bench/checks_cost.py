@@ -33,7 +33,8 @@ def loader_epoch(rank: int, world_size: int, items: int = 6400, batch: int = 4) 
 def bench_checks(world_size: int = 64, steps: int = 10, global_batch: int = 256, items: int = 6400,
                  rounds: int = 3, warmup: int = 1) -> list[dict]:
     """Rows ``check, world_size, check_s, runs_s`` (medians over ``rounds``, with min and max),
-    ``ratio`` and ``target`` (``None`` for data_coverage)."""
+    ``ratio``, ``target`` and ``largest_difference`` (the one-process comparison's; both ``None`` for
+    data_coverage)."""
     from helpers.at_scale import global_batch_steps
     from helpers.bench.common import run_interleaved
     from helpers.checks import against_one_process, data_coverage
@@ -46,10 +47,11 @@ def bench_checks(world_size: int = 64, steps: int = 10, global_batch: int = 256,
             return [time.perf_counter() - t0]
         return run
 
+    reports = []
     blocks = {"runs": timed(lambda: (simulate(global_batch_steps, world_size, steps, global_batch),
                                      simulate(global_batch_steps, 1, steps, global_batch))),
-              "against_one_process": timed(lambda: against_one_process(global_batch_steps, world_size, steps,
-                                                                       global_batch)),
+              "against_one_process": timed(lambda: reports.append(against_one_process(
+                  global_batch_steps, world_size, steps, global_batch))),
               "run": timed(lambda: simulate(loader_epoch, world_size, items)),
               "data_coverage": timed(lambda: data_coverage(loader_epoch, world_size, items))}
     times, _ = run_interleaved(blocks, rounds, warmup=warmup)
@@ -60,5 +62,6 @@ def bench_checks(world_size: int = 64, steps: int = 10, global_batch: int = 256,
         rows.append({"check": check, "compares": what, "world_size": world_size,
                      "check_s": statistics.median(c), "check_min_s": min(c), "check_max_s": max(c),
                      "runs_s": statistics.median(r), "runs_min_s": min(r), "runs_max_s": max(r),
-                     "ratio": statistics.median(c) / statistics.median(r), "target": target})
+                     "ratio": statistics.median(c) / statistics.median(r), "target": target,
+                     "largest_difference": reports[-1].largest if target else None})
     return rows

@@ -120,7 +120,7 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
                  "replicas differ)", df[cols])]
     if name == "checks":
         cols = ["check", "compares", "world_size", "check_s", "check_min_s", "check_max_s", "runs_s", "runs_min_s",
-                "runs_max_s", "ratio", "target"]
+                "runs_max_s", "ratio", "target", "largest_difference"]
         return [("helpers.checks beside the runs they compare, simulated ranks (ratio: check / runs alone, "
                  "medians; target for against_one_process)", pd.DataFrame(result)[cols])]
     return []
