@@ -330,11 +330,20 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
                     owners.setdefault(d, []).append(rank)
             shared = {d: r for d, r in owners.items() if len(r) > 1}
             if shared:
-                pairs = Counter(tuple(sorted(set(r)))[:2] for r in shared.values())
-                raise CoverageError(
-                    f"{where} (an IterableDataset): {len(shared)} of {len(owners)} distinct samples were yielded more "
-                    f"than once, e.g. by ranks {_fmt(pairs.most_common(1)[0][0])}. An IterableDataset must "
-                    f"shard itself by rank (and by DataLoader worker, torch.utils.data.get_worker_info()).")
+                across = Counter(tuple(sorted(set(r)))[:2] for r in shared.values() if len(set(r)) > 1)
+                within = sorted({r[0] for r in shared.values() if len(r) > len(set(r))})
+                raise CoverageError("\n".join(
+                    [f"{where} (an IterableDataset): {len(shared)} of {len(owners)} distinct samples were yielded "
+                     f"more than once."]
+                    + ([f"The same samples on several ranks, e.g. ranks {_fmt(across.most_common(1)[0][0])}: the "
+                        f"dataset does not shard itself by rank (or decided its shard before the group existed)."]
+                       if across else [])
+                    + ([f"The same samples twice within rank(s) {_fmt(within)}: each DataLoader worker runs the whole "
+                        f"__iter__; shard by worker too (torch.utils.data.get_worker_info())."] if within else [])))
+            counts = sorted({len(v[3]) for v in per.values()})
+            if len(counts) > 1:
+                report.notes.append(f"{where}: the ranks yield different numbers of samples ({_fmt(counts)}): the rank "
+                                    f"with fewer batches ends first and the others wait in an extra all-reduce.")
             report.passes.append((loader, epoch, {r: len(v[3]) for r, v in per.items()}, None))
             continue
         counts = Counter(i for v in per.values() for i in v[1])

@@ -182,11 +182,12 @@ def shard_of(n):
 
 
 class Shards(IterableDataset):
-    def __init__(self, n):
-        self.rows = shard_of(n)
+    def __init__(self, n, by_worker=True):
+        self.rows, self.by_worker = shard_of(n), by_worker
 
     def __iter__(self):
-        return iter(self.rows)
+        info = torch.utils.data.get_worker_info()  # 10b: each worker runs the whole __iter__
+        return iter(self.rows[info.id::info.num_workers] if info and self.by_worker else self.rows)
 
 
 class Rows(torch.utils.data.Dataset):
@@ -221,9 +222,9 @@ def loader_loop(rank, world_size, n=10, mistake=None, epochs=2):
                 pass
 
 
-def given_loop(rank, world_size, data=None):
+def given_loop(rank, world_size, data=None, workers=0, by_worker=True):
     """A loader over ``data``, by default a ``Shards`` built inside the rank (the group exists)."""
-    for _ in DataLoader(data or Shards(10), batch_size=2):
+    for _ in DataLoader(data or Shards(10, by_worker), batch_size=2, num_workers=workers):
         pass
 
 
@@ -260,7 +261,15 @@ def test_coverage_names_the_data_mistakes(mistake, reads, expected):
 
 def test_coverage_of_datasets_sharded_before_the_group():
     """Issue #49: sharding decided when the dataset is built, here in the caller: no group yet."""
-    with pytest.raises(CoverageError, match="10 of 10 distinct samples were yielded more than once"):
+    with pytest.raises(CoverageError, match="10 of 10 distinct samples were yielded more than once(.|\n)*ranks 0, 1"):
         data_coverage(given_loop, 2, Shards(10))
     with pytest.raises(CoverageError, match="20 reads of 10 items(.|\n)*Read more than once: 10 item"):
         data_coverage(given_loop, 2, Rows(10))
+
+
+@pytest.mark.slow
+def test_coverage_of_an_iterable_dataset_read_by_workers_that_do_not_shard():
+    """10b: a stream sharded by rank but not by DataLoader worker: each worker yields the rank's shard."""
+    with pytest.raises(CoverageError, match="twice within rank\\(s\\) 0, 1(.|\n)*get_worker_info"):
+        data_coverage(given_loop, 2, None, 2, False)
+    assert data_coverage(given_loop, 2, None, 2).passes == [(0, 0, {0: 5, 1: 5}, None)]
