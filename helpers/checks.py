@@ -151,6 +151,7 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     Raises:
         DivergedFromOneProcess: the first step where a parameter differs beyond the tolerance on
             some rank (or where the step counts or parameter names differ), with both values.
+        RuntimeError: ``fn`` took no ``torch.optim`` optimizer step at one rank.
         RandomnessDiffers: the runs differ, and so do two one-process runs: a step draws random
             numbers (dropout, augmentation, an unseeded init) that cannot match across world sizes.
         WorkerError, LaunchTimeout, LaunchError: as :func:`helpers.engine.launch` / ``simulate``.
@@ -178,9 +179,10 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     counts = sorted({len(r) - 1 for r in records})
     count_differs = steps is None and (counts != [len(ref) - 1]) or (
         steps is not None and min(len(ref) - 1, steps) > min(counts + [steps]))
+    if not ref:
+        raise RuntimeError("fn took no optimizer step at one rank: nothing to compare. The check sees the steps of "
+                           "torch.optim optimizers, not an update written by hand (p -= lr * p.grad).")
     if k is None and not count_differs:
-        if not ref:
-            raise DivergedFromOneProcess(f"fn took no optimizer step at one rank: nothing to compare. {CONVENTION}")
         n = len(ref) - 1 if steps is None else min(len(ref) - 1, steps)
         return OneProcessReport(world_size, n, len(ref[0]), largest, rtol, atol, [r["result"] for r in runs])
     again = _run(fn, 1, args, options, simulated, timeout, perturb=7919)[0]["steps"]

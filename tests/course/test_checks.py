@@ -137,6 +137,22 @@ def test_one_process_check_names_the_silent_mistakes(fn, args, step, name):
     assert "global batch / N items" in text
 
 
+def extra_step(rank, world_size):
+    """A step with no gradient (no change) that only the ranks take: the step counts differ."""
+    ddp_loop(rank, world_size, steps=2)
+    if world_size > 1:
+        torch.optim.SGD(model().parameters(), lr=0.1).step()
+
+
+def test_step_counts_and_loops_without_optimizer():
+    with pytest.raises(DivergedFromOneProcess, match="2 ranks took 3 optimizer steps, one process took 2"):
+        against_one_process(extra_step, 2)
+    with pytest.raises(RuntimeError, match="no optimizer step"):
+        against_one_process(given_loop, 2)
+    with pytest.raises(ValueError, match="world_size must be an int >= 2"):
+        against_one_process(ddp_loop, 1)
+
+
 def test_randomness_gets_its_own_error_not_a_false_divergence():
     with pytest.raises(RandomnessDiffers, match="dropout"):
         against_one_process(ddp_loop, 2, "dropout")
