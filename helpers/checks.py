@@ -234,7 +234,8 @@ class CoverageReport:
         rows = [f"dataset {ld} pass {e}: " + (f"{n} items, " if n is not None else "")
                 + "read per rank " + _fmt(f"{r}:{c}" for r, c in per.items()) for ld, e, per, n in self.passes[:_SHOWN]]
         more = [f"... {len(self.passes) - _SHOWN} more passes"] if len(self.passes) > _SHOWN else []
-        head = f"<coverage at {self.world_size} ranks: no item read twice in a pass, none missed by a pass that ended>"
+        head = (f"<coverage at {self.world_size} ranks, {len(self.passes)} pass(es): each item read once per pass"
+                + (", but for the notes below>" if self.notes else ">"))
         return "\n".join([head, *rows, *more, *self.notes])
 
 
@@ -292,7 +293,7 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
         simulated: ``True``: simulated ranks; ``False``: real gloo processes.
         strict: also raise for what ``DistributedSampler``'s padding (items read twice) or its
             ``drop_last=True`` (fewer than ``world_size`` items left out) explains; by default those are
-            notes in the report.
+            notes in the report. Pass it for an evaluation loop: there the padding skews the metric.
         timeout: seconds the run may take.
 
     Returns:
@@ -382,7 +383,7 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
                 msg.append(f"Read more than once: {len(twice)} item(s): "
                            + _fmt(f"{i} ({counts[i]}x)" for i in twice) + ".")
             if shared:
-                msg.append("Ranks reading the same items: " + _fmt(f"ranks {a} and {b} ({n} items)"
+                msg.append("Ranks reading the same items: " + _fmt(f"ranks {a} and {b} ({n} item(s))"
                                                                     for (a, b), n in shared.most_common()) + ".")
             raise CoverageError("\n".join(msg + lines + ([] if lines else [
                 "Usual causes: a sampler without DistributedSampler or with the wrong rank/num_replicas, "

@@ -263,7 +263,7 @@ def test_coverage_explains_distributed_sampler_padding_and_strict_raises_on_it()
     ("seed_by_rank", "10 reads of 10 items", "seed differs by rank"),
     ("wrong_rank", "Never read: 5 item(s)", "same rank (0, 0): pass rank=rank"),
     ("resume", "12 reads of 8 items", "resume mid-epoch restarts the epoch"),
-    ("no_sampler", "20 reads of 10 items", "Ranks reading the same items: ranks 0 and 1 (10 items)"),
+    ("no_sampler", "20 reads of 10 items", "Ranks reading the same items: ranks 0 and 1 (10 item(s))"),
     ("drop_last_twice", "Never read: 2 item(s)", "DataLoader(drop_last=True)"),
     ("split_seed_by_rank", "reads of 10 items", "different Subsets")])
 def test_coverage_names_the_data_mistakes(mistake, reads, expected):
