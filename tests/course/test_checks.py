@@ -151,6 +151,11 @@ def test_step_counts_and_loops_without_optimizer():
         against_one_process(given_loop, 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 2"):
         against_one_process(ddp_loop, 1)
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks  # nothing left installed
+    assert (DataLoader.__iter__.__module__, DistributedSampler.__iter__.__module__) == (
+        "torch.utils.data.dataloader", "torch.utils.data.distributed")
 
 
 def test_randomness_gets_its_own_error_not_a_false_divergence():
