@@ -90,6 +90,8 @@ _ORIGINAL_ITER = tud.DataLoader.__iter__
 
 
 def _loader_iter(self):
+    if _rec() is not None and getattr(self, "_iterator", None) is not None:  # persistent workers: one
+        self._iterator.__dict__.pop("_check", None)  # iterator for every pass, so a new record per pass
     it = _ORIGINAL_ITER(self)
     rec = _rec()
     if rec is not None:

@@ -294,3 +294,20 @@ def test_coverage_of_an_iterable_dataset_read_by_workers_that_do_not_shard():
     with pytest.raises(CoverageError, match="twice within rank\\(s\\) 0, 1(.|\n)*get_worker_info"):
         data_coverage(given_loop, 2, None, 2, False)
     assert data_coverage(given_loop, 2, None, 2).passes == [(0, 0, {0: 5, 1: 5}, None)]
+
+
+def persistent_loop(rank, world_size, n=20, epochs=3):
+    """One loader with persistent workers: one iterator serves every epoch (lesson 04's setting)."""
+    data = TensorDataset(torch.arange(n))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=2, persistent_workers=True)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for _ in loader:
+            pass
+
+
+@pytest.mark.slow
+def test_coverage_counts_each_pass_of_persistent_workers_apart():
+    report = data_coverage(persistent_loop, 2)
+    assert [p[:3] for p in report.passes] == [(0, e, {0: 10, 1: 10}) for e in range(3)] and not report.notes
