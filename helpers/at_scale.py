@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["HIDDEN", "MLP_PARAMS", "ddp_steps", "mlp", "rank_batch"]
+__all__ = ["HIDDEN", "MLP_PARAMS", "ddp_steps", "global_batch_steps", "mlp", "rank_batch"]
 
 HIDDEN = 64
 #: Parameters of :func:`mlp`: 784 * 64 + 64 + 64 * 10 + 10.
@@ -54,3 +54,17 @@ def ddp_steps(rank: int, world_size: int, steps: int = 1, batch: int = 32, lr: f
         opt.step()
     step_s = None if start is None else (time.perf_counter() - start) / (steps - 1)
     return {"grads": grads, "weights": [p.detach().clone() for p in model.parameters()], "step_s": step_s}
+
+
+def global_batch_steps(rank: int, world_size: int, steps: int = 10, global_batch: int = 256, lr: float = 0.1) -> None:
+    """DDP on :func:`mlp` for ``steps`` SGD steps on one global batch each: step ``s``'s batch is
+    :func:`rank_batch` ``(0, global_batch, s)``, and rank ``rank`` trains on its rows
+    ``rank::world_size``, so that one process on the whole batch trains the same model (the
+    convention of :func:`helpers.checks.against_one_process`)."""
+    model = nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        x, y = rank_batch(0, global_batch, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x[rank::world_size]), y[rank::world_size]).backward()
+        opt.step()

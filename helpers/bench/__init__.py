@@ -38,6 +38,9 @@ helpers, ``cli`` the command line:
               ``torch.profiler`` timeline of all-reduce overlapping backward.
 ``replicas``  :func:`helpers.replicas.assert_in_sync` beside one DDP step of an MLP, as a ratio:
               the every-call check (target: 5% of a step) and the full comparison.
+``checks``    :func:`helpers.checks.against_one_process` on lesson 09's MLP (64 simulated ranks, 10
+              steps) beside its two runs alone (target: 3x), and :func:`helpers.checks.data_coverage`
+              beside the epoch it watches.
 
 Timings are wall-clock (``time.perf_counter``), with ``torch.cuda.synchronize`` on GPUs. They
 depend on the machine and on whatever else runs on it: every JSON file records the machine and

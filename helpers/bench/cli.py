@@ -53,6 +53,10 @@ def _run_one(name: str, cfg: dict[str, Any]) -> Any:
         from helpers.bench.replicas_cost import bench_replicas_cost
 
         return bench_replicas_cost(**cfg)
+    if name == "checks":
+        from helpers.bench.checks_cost import bench_checks
+
+        return bench_checks(**cfg)
     raise ValueError(f"unknown benchmark {name!r}; choose from {BENCHMARKS}")
 
 
@@ -114,6 +118,11 @@ def _tables(name: str, result: Any) -> list[tuple[str, Any]]:
                 "full_per_step"]
         return [("assert_in_sync beside one DDP step of an MLP (every-call check; full comparison when "
                  "replicas differ)", df[cols])]
+    if name == "checks":
+        cols = ["check", "compares", "world_size", "check_s", "check_min_s", "check_max_s", "runs_s", "runs_min_s",
+                "runs_max_s", "ratio", "target"]
+        return [("helpers.checks beside the runs they compare, simulated ranks (ratio: check / runs alone, "
+                 "medians; target for against_one_process)", pd.DataFrame(result)[cols])]
     return []
 
 

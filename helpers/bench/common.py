@@ -28,7 +28,7 @@ from helpers.mnist_train import build_model
 DEFAULT_OUT = REPO_ROOT / "build" / "bench"
 
 #: The benchmarks the command line knows, in the order it runs them.
-BENCHMARKS = ("pipeline", "scaling", "allreduce", "launch", "memory", "buckets", "simulated", "replicas")
+BENCHMARKS = ("pipeline", "scaling", "allreduce", "launch", "memory", "buckets", "simulated", "replicas", "checks")
 
 KIB = 2**10
 MIB = 2**20
@@ -52,6 +52,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
                     "steps": 4, "warmup": 2, "rounds": 2, "profile_cap_mb": 4.0},
         "simulated": {"simulated": [8], "real": [2], "steps": 2, "batch": 32},
         "replicas": {"world_size": 2, "width": 64, "depth": 2, "batch": 16, "repeats": 3},
+        "checks": {"world_size": 8, "steps": 2, "global_batch": 32, "items": 256, "rounds": 1, "warmup": 0},
     },
     "full": {
         "pipeline": {"world_sizes": [1, 2], "n_train": 0, "n_test": 0, "threads": 1, "repeats": 3},
@@ -65,6 +66,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
                     "as_view": [False, True], "steps": 15, "warmup": 3, "rounds": 5, "profile_cap_mb": 4.0},
         "simulated": {"simulated": [8, 64, 256], "real": [2, 4], "steps": 5, "batch": 32},
         "replicas": {"world_size": 2, "width": 256, "depth": 4, "batch": 64, "repeats": 50},
+        "checks": {"world_size": 64, "steps": 10, "global_batch": 256, "items": 6400, "rounds": 3, "warmup": 1},
     },
 }
 
