@@ -665,6 +665,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.checks import against_one_process, data_coverage
 from helpers.engine import simulate
+from helpers.notebook import record_checks
 from helpers.replicas import assert_in_sync
 
 X7 = torch.arange(8.0)[:, None]  # one global batch of 8 items; the target is y = 2x + 1
@@ -747,6 +748,12 @@ config = general[("Dropout p read on rank 0 only", "bug")]
 assert "module '1' (Dropout): p=0.1 on rank 0, p=0.0 on rank 1" in config and "tensors" not in config, config
 for (bug, tag), said in general.items():
     assert (tag == "fix") == (said == "passes"), (bug, tag, said)
+rows = {case: {"assert_in_sync": said if said.startswith("not") else f"caught: {said}"} for case, said in caught.items()}
+rows["7 mean of each rank's share"] = {"against_one_process": "caught: step 1",
+                                       "assert_in_sync": "not caught: the replicas agree"}
+rows["7 DistributedSampler seed=rank"] = {"data_coverage": "caught: items never read, items read twice"}
+rows["7 Dropout p read on rank 0 only"] = {"assert_in_sync": "caught: before step 1, naming p"}
+record_checks("06d_silent_bugs", rows)  # for docs/CHECKS.md (python3 -m ci.checks_table)
 print(diverged, coverage, config, sep="\n\n")
 
 # %%
