@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
@@ -755,6 +755,78 @@ rows["7 DistributedSampler seed=rank"] = {"data_coverage": "caught: items never 
 rows["7 Dropout p read on rank 0 only"] = {"assert_in_sync": "caught: before step 1, naming p"}
 record_checks("06d_silent_bugs", rows)  # for docs/CHECKS.md (python3 -m ci.checks_table)
 print(diverged, coverage, config, sep="\n\n")
+
+# %% [markdown]
+# The same checks find three of the mistakes above without their sections' special code. Each
+# worker below is the section's mistake, written in the one-global-batch convention:
+#
+# * section 3, the mean loss reduced in place before `backward()`: `against_one_process`;
+# * section 4, `random_split` seeded by rank: `data_coverage`;
+# * section 6, 3 items on 7 replicas: `data_coverage`.
+
+# %%
+from torch.utils.data import Subset
+
+X3 = torch.tensor([[1.0], [3.0]])  # section 3's inputs as one global batch
+
+
+def mean_loss_worker(rank, world_size, fix=False):
+    """Section 3: the mean loss reduced in place, then backward."""
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    loss = ddp(X3[rank::world_size]).mean()
+    if not fix:
+        dist.all_reduce(loss)
+        loss /= world_size  # the right value for the log, a gradient divided by world_size
+    loss.backward()
+    opt.step()
+
+
+def split_loader_worker(rank, world_size, fix=False):
+    """Section 4: random_split seeded by rank, then this rank's share of its training part."""
+    seed = 0 if fix else rank
+    train, _ = random_split(range(n_items), [n_items - 2, 2], generator=torch.Generator().manual_seed(seed))
+    if fix:
+        sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, seed=0)
+        return [b.tolist() for b in DataLoader(train, batch_size=2, sampler=sampler)]
+    return [b.tolist() for b in DataLoader(Subset(train, range(rank, len(train), world_size)), batch_size=2)]
+
+
+def few_items_worker(rank, world_size):
+    """Section 6: 3 items dealt to world_size replicas."""
+    sampler = DistributedSampler(range(3), num_replicas=world_size, rank=rank, shuffle=False)
+    return [b.tolist() for b in DataLoader(range(3), sampler=sampler)]
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # section 3's "autograd kernel was not registered"
+    earlier = {"3 mean loss in place": outcome(lambda: against_one_process(mean_loss_worker, WORLD)),
+               "3 fix: detached copy": outcome(lambda: against_one_process(mean_loss_worker, WORLD, fix=True))}
+earlier["4 random splits"] = outcome(lambda: data_coverage(split_loader_worker, WORLD))
+earlier["4 fix: same seed + sampler"] = outcome(lambda: data_coverage(split_loader_worker, WORLD, fix=True))
+earlier["6 few items, 7 replicas"] = outcome(lambda: data_coverage(few_items_worker, 7))
+pd.Series({k: v.splitlines()[0] for k, v in earlier.items()}, name="general check").to_frame()
+
+# %% [markdown]
+# **Claim:** `against_one_process` raises on section 3's in-place mean at step 1 and passes its
+# fix. `data_coverage` raises on section 4's per-rank seeds, naming an item read twice. It
+# passes the fix. It raises on 3 items at 7 replicas: item 0 is read three times.
+#
+# Section 5's clipping is not run under a general check here. Its worker would first need the
+# micro-batches of one global batch.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the general checks on sections 3, 4 and 6
+assert earlier["3 mean loss in place"].startswith("DivergedFromOneProcess") and "step 1" in earlier["3 mean loss in place"]
+assert earlier["3 fix: detached copy"] == "passes" and earlier["4 fix: same seed + sampler"] == "passes", earlier
+assert earlier["4 random splits"].startswith("CoverageError") and "Read more than once" in earlier["4 random splits"]
+assert earlier["6 few items, 7 replicas"].startswith("CoverageError") and "0 (3x)" in earlier["6 few items, 7 replicas"]
+rows["3 all-reduce"]["against_one_process"] = "caught: step 1 (mean loss in place)"
+rows["4 random splits"]["data_coverage"] = "caught: items read twice"
+rows["5 clipping"]["against_one_process"] = "not run here: needs micro-batches of one global batch"
+rows["6 few items"]["data_coverage"] = "caught: item 0 read three times"
+record_checks("06d_silent_bugs", rows)  # section 7's rows and these, for docs/CHECKS.md
+print(*(v.splitlines()[0] for v in earlier.values()), sep="\n")
 
 # %%
 print(f"lesson 06d ran in {time.perf_counter() - t_notebook:.0f} s")
