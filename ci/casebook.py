@@ -21,7 +21,8 @@ HEADER = """# The casebook, by symptom
 
 Find your symptom, open its case: the symptom as people report it, the shortest program that
 shows it, the wrong and the right value (both asserted when the page runs), the fix, and the
-check that catches it. The pages run in CI like every lesson.
+check that catches it. The pages run in CI like every lesson. Which general check catches which
+case, from the pages' own runs: [CHECKS.md](CHECKS.md).
 """
 
 

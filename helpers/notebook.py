@@ -77,6 +77,7 @@ import math
 import numbers
 import re
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from helpers.param_types import PARAMETER_TYPES, accepts, type_problem
@@ -98,6 +99,8 @@ __all__ = [
     "NOT_PROVEN",
     "gpu_claim",
     "cpu_claim",
+    "CHECKS",
+    "record_checks",
 ]
 
 #: Tag of a solution cell (and the metadata that collapses its input in JupyterLab).
@@ -493,3 +496,33 @@ def _not_proven(claim: str, needs: str, why: str) -> bool:
     UNPROVEN.append({"claim": claim, "needs": needs, "why": why})
     print(f"{NOT_PROVEN} {why}. Claim ({needs}): {claim}")
     return False
+
+
+#: The general checks, one per invariant, as docs/CHECKS.md's columns.
+CHECKS = ("against_one_process", "data_coverage", "assert_in_sync")
+
+
+def record_checks(page: str, rows: dict) -> Path:
+    """Write what the general checks said about a page's cases to ``build/checks/<page>.json``,
+    which ``python3 -m ci.checks_table`` renders as docs/CHECKS.md. Call it after the assertions
+    that make each entry true, so the table says only what the run showed.
+
+    Args:
+        page: the notebook's stem, e.g. ``"06d_silent_bugs"``.
+        rows: case -> {check: what it said}, each check one of :data:`CHECKS`; a text starting
+            ``"caught"`` counts as caught, any other (``"not caught: ..."``, ``"passes"``) not.
+
+    Raises:
+        ValueError: an unknown check name (before anything is written).
+    """
+    import json
+
+    from helpers.lessons import REPO_ROOT
+
+    unknown = sorted({c for said in rows.values() for c in said} - set(CHECKS))
+    if unknown:
+        raise ValueError(f"record_checks: unknown check(s) {unknown}; use {list(CHECKS)}")
+    path = REPO_ROOT / "build" / "checks" / f"{page}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return path

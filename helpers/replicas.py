@@ -11,13 +11,15 @@ Usable wherever a process group is initialised: a :func:`helpers.engine.launch` 
         if step % 100 == 0:
             assert_in_sync(ddp, grads=True)   # every rank calls it: it is a collective
 
-It compares parameters, the ``train()``/``eval()`` mode of every submodule and the integer
-buffers (counters such as BatchNorm's ``num_batches_tracked``) on every call; ``grads=True`` and
-``buffers=True`` (all buffers) check more.
+It compares parameters, the ``train()``/``eval()`` mode and the hyperparameters (``extra_repr()``,
+plain attributes: :func:`_config`) of every submodule and the integer buffers (counters such as
+BatchNorm's ``num_batches_tracked``) on every call; ``grads=True`` and ``buffers=True`` (all
+buffers) check more.
 
-Cost: every call sums each tensor's bits (one pass over its elements, in integer arithmetic, so
-the same bits give the same sum on every rank) and all-gathers one fixed-size int64 vector: a digest
-of the names, shapes, requires_grad and modes, and the bit sums folded into :data:`SLOTS` values.
+Cost: every call takes each tensor's order-sensitive :func:`digests` (one pass over its elements,
+in integer arithmetic, so the same bits give the same digest on every rank) and all-gathers one
+fixed-size int64 vector: a hash of the names, shapes, requires_grad, modes and hyperparameters,
+and the digests folded into :data:`SLOTS` values.
 Only when the vectors differ does the full comparison run (:func:`fingerprint` of each tensor,
 a table all-gathered, the error message). ``python -m helpers.bench replicas`` prints both next to
 a training step.
@@ -32,13 +34,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["assert_in_sync", "fingerprint", "bit_sums", "ReplicasDiverged", "SAMPLE", "SLOTS"]
+__all__ = ["assert_in_sync", "fingerprint", "digests", "ReplicasDiverged", "SAMPLE", "SLOTS"]
 
 #: Elements of each tensor (evenly strided) in the fingerprint's pseudo-random projection.
 SAMPLE = 64
-#: Values the every-call check folds the per-tensor bit sums into (tensor i adds to slot i % SLOTS).
+#: Values the every-call check folds the per-tensor digests into (tensor i adds to slot i % SLOTS).
 SLOTS = 64
-_PRIME = 2_147_483_647  # bit sums are kept modulo this prime: they fit float64 and int64 sums exactly
+_PRIME = 2_147_483_647  # digests are kept modulo this prime: they fit float64 and int64 sums exactly
 _SHOWN = 3  # diverging tensors named in a message, then "and N more"
 _SEED = 30  # the projection's weights: the same on every rank and every call
 
@@ -77,7 +79,7 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
 
     What it can miss: a change that keeps the sum and the sum of squares (two elements swapped, or
     values permuted) where no sampled element changed; a change below float64 rounding of the sums
-    (about 1e-16 of their size).
+    (about 1e-16 of their size). :func:`digests` catches both when ``atol`` is 0.
     """
     if t is None:
         return torch.tensor([state, 0.0, 0.0, 0.0], dtype=torch.float64)
@@ -93,20 +95,37 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
 
 _INT_VIEW = {8: (torch.int64, torch.int64), 4: (torch.int32, torch.int32),
              2: (torch.int16, torch.int32), 1: (torch.uint8, torch.int32)}
+_positions: dict = {}
 
 
-def _bit_sum(t: torch.Tensor) -> torch.Tensor:
-    """The sum of ``t``'s elements read as integers (0-d, int32 or int64, wrapping on overflow)."""
+def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(n,)`` odd pseudo-random integers of ``dtype`` (int32 or int64), a function of the position
+    only (splitmix64's mixer of the index), so every rank gets the same ones whatever it checked
+    before; kept for the largest ``n`` seen (4 or 8 bytes per element)."""
+    w = _positions.get((dtype, device))
+    if w is None or w.numel() < n:
+        h = torch.arange(max(n, 1024), dtype=torch.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15
+        h = (h ^ (h >> 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9, wrapping as in C
+        h = ((h ^ (h >> 27)) * -7723592293110705685) if dtype == torch.int64 else (h >> 33)
+        _positions[(dtype, device)] = w = (h.to(dtype) | 1).to(device)
+    return w[:n]
+
+
+def _digest_one(t: torch.Tensor) -> torch.Tensor:
+    """``sum(bits[i] * w[i])``: ``t``'s elements read as integers, times odd pseudo-random weights
+    of their position (:func:`_position_weights`), summed with wrapping (0-d, int32 or int64)."""
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
     view, acc = _INT_VIEW[x.element_size()]
-    return x.view(view).sum(dtype=acc)
+    x = x.reshape(-1).view(view)
+    w = _position_weights(x.numel(), acc, x.device)
+    return (x * w if view == acc else x.to(acc) * w).sum(dtype=acc)
 
 
-def _raw_bit_sums(tensors: list, device: torch.device) -> torch.Tensor:
-    """:func:`bit_sums` before the modulo (int64, wrapped); None tensors give -1."""
-    sums = [_bit_sum(t) for t in tensors if t is not None]
+def _raw_digests(tensors: list, device: torch.device) -> torch.Tensor:
+    """:func:`digests` before the modulo (int64, wrapped); None tensors give -1."""
+    sums = [_digest_one(t) for t in tensors if t is not None]
     if not sums:
         return torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
     if all(s.dtype == torch.int32 for s in sums):
@@ -120,15 +139,19 @@ def _raw_bit_sums(tensors: list, device: torch.device) -> torch.Tensor:
     return out
 
 
-def bit_sums(tensors: list, device: torch.device) -> torch.Tensor:
-    """``(len(tensors),)`` int64 on ``device``: each tensor's elements read as integers, summed,
+def digests(tensors: list, device: torch.device) -> torch.Tensor:
+    """``(len(tensors),)`` int64 on ``device``: an order-sensitive digest of each tensor's bits,
     modulo 2**31 - 1; a None tensor gives -1.
 
-    Integer addition does not depend on the order of the additions, so equal tensors give equal
-    sums whatever the threads; any single element that differs changes the sum (unless the
-    difference of its bits is a multiple of 2**31 - 1). What it misses: elements swapped.
+    Each tensor's elements are read as integers (float32 as int32, ...), multiplied by odd
+    pseudo-random weights of their position and summed, wrapping (modulo 2**32 for 4-byte
+    elements, 2**64 for 8-byte ones). Integer arithmetic does not depend on the order of the
+    additions, so equal tensors give equal digests whatever the threads. One element that differs
+    always changes the wrapped sum (an odd weight times a nonzero difference); values moved within
+    the tensor change it unless their weighted differences cancel (about one chance in 2**31 for
+    two elements swapped). The modulo keeps each digest exact in float64.
     """
-    return _raw_bit_sums(tensors, device).remainder(_PRIME)
+    return _raw_digests(tensors, device).remainder(_PRIME)
 
 
 def _unwrap(module):
@@ -141,20 +164,38 @@ def _unwrap(module):
     return module, ignored, ddp
 
 
-def _entries(module, ignored, grads: bool, buffers: bool) -> list:
-    """(kind, name, tensor, state, shape) for each checked tensor, in a fixed order."""
-    params = [(n, p) for n, p in module.named_parameters() if n not in ignored]
+def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
+    """One pass over the modules: (kind, name, tensor, state, shape) for each checked tensor, in
+    ``named_parameters()`` order (shared tensors once), then gradients, then buffers; and (name,
+    class name, training, :func:`_config`) of the module and each submodule."""
+    params, bufs, modes, seen = [], [], [], set()
+    for prefix, m in module.named_modules():
+        modes.append((prefix, type(m).__name__, m.training, _config(m)))
+        dot = prefix + "." if prefix else ""
+        for k, p in m._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                params += [(dot + k, p)] if dot + k not in ignored else []
+        for k, b in m._buffers.items():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                bufs += [("buffer", dot + k, b, 1.0, tuple(b.shape))] if dot + k not in ignored and (
+                    buffers or not (b.is_floating_point() or b.is_complex())) else []
     out = [("parameter", n, p, float(p.requires_grad), tuple(p.shape)) for n, p in params]
     if grads:
         out += [("gradient", n, p.grad, float(p.grad is not None), tuple(p.shape)) for n, p in params]
-    out += [("buffer", n, b, 1.0, tuple(b.shape)) for n, b in module.named_buffers()
-            if n not in ignored and (buffers or not (b.is_floating_point() or b.is_complex()))]
-    return out
+    return out + bufs, modes
 
 
-def _modes(module) -> list:
-    """(name, class name, training) of the module and each submodule."""
-    return [(n, type(m).__name__, m.training) for n, m in module.named_modules()]
+_PLAIN = {bool, int, float, str, type(None), tuple}
+
+
+def _config(m) -> tuple:
+    """A module's hyperparameters, as ``(name, value)`` pairs: its ``extra_repr()`` (where torch's
+    modules show theirs: Dropout's ``p``, BatchNorm's ``eps`` and ``momentum``), then its public
+    attributes of plain types (bool, int, float, str, None, tuple), such as ``self.scale = 2.0``."""
+    return (("extra_repr()", m.extra_repr()), *sorted((k, v) for k, v in vars(m).items()
+                                                      if type(v) in _PLAIN and k[0] != "_" and k != "training"))
 
 
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -226,7 +267,7 @@ def _fmt(x: float) -> str:
 
 
 def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
-    """One rank's values; ``detail`` 0: sums, 1: and the projection, 2: and the bit sum."""
+    """One rank's values; ``detail`` 0: sums, 1: and the projection, 2: and the digest."""
     state = row[0].item()
     if kind == "gradient" and state == 0:
         return "None"
@@ -236,7 +277,7 @@ def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
     if detail >= 1:
         text += f" proj={_fmt(row[3].item())}"
     if detail >= 2:
-        text += f" bits={int(row[4].item())}"
+        text += f" digest={int(row[4].item())}"
     if kind == "parameter":
         text += "" if state else " requires_grad=False"
     return text
@@ -252,12 +293,37 @@ def _owner(module, name: str) -> str:
     return f" in {type(owner).__name__} " + (f"'{path}'" if path else "(the model)")
 
 
-def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
-    """Modules whose train()/eval() mode differs from rank 0's, top-most only; the ranks that differ."""
-    ref = {n: (c, t) for n, c, t in all_modes[0]}
+def _config_lines(all_modes: list) -> tuple[list[str], list[int]]:
+    """Modules whose hyperparameters (:func:`_config`) differ from rank 0's, or that only some
+    ranks hold; the ranks that differ."""
+    ref = {n: dict(cfg) for n, _, _, cfg in all_modes[0]}
     lines, differ = [], []
     for r, modes in enumerate(all_modes[1:], start=1):
-        diff = [(n, c, t) for n, c, t in modes if n in ref and ref[n][1] != t]
+        for n, c, _, cfg in modes:
+            what = f"module '{n}' ({c})" if n else f"the model ({c})"
+            if n not in ref:
+                lines.append(f"  {what} only on rank {r}")
+                differ += [r] if r not in differ else []
+                continue
+            theirs = ref[n]
+            pairs = [(f"{k}={theirs[k]!r}", f"{k}={v!r}") for k, v in cfg[1:]
+                     if k in theirs and repr(v) != repr(theirs[k])]
+            a, b = theirs["extra_repr()"], cfg[0][1]
+            if not pairs and a != b:  # torch's modules: the parts of extra_repr() that differ
+                x, y = a.split(", "), b.split(", ")
+                pairs = [(p, q) for p, q in zip(x, y) if p != q] if len(x) == len(y) else [(repr(a), repr(b))]
+            if pairs:
+                lines.append(f"  {what}: " + ", ".join(f"{x} on rank 0, {y} on rank {r}" for x, y in pairs))
+                differ += [r] if r not in differ else []
+    return lines, differ
+
+
+def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
+    """Modules whose train()/eval() mode differs from rank 0's, top-most only; the ranks that differ."""
+    ref = {n: (c, t) for n, c, t, _ in all_modes[0]}
+    lines, differ = [], []
+    for r, modes in enumerate(all_modes[1:], start=1):
+        diff = [(n, c, t) for n, c, t, _ in modes if n in ref and ref[n][1] != t]
         if not diff:
             continue
         differ.append(r)
@@ -313,9 +379,10 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     Every rank of the group must call it (the same number of times, with the same options): a
     rank that does not call it leaves the others waiting until the group's timeout. A DDP model is
     unwrapped (``.module``), so names are the module's own (no ``module.`` prefix); parameters DDP
-    ignores are skipped. Always compared: parameters, the ``train()``/``eval()`` mode of each
-    submodule, integer buffers (counters). One small all-gather when they agree (the module
-    docstring); the full comparison and its message only when they do not.
+    ignores are skipped. Always compared: parameters (values and their order), the
+    ``train()``/``eval()`` mode and the hyperparameters of each submodule, integer buffers
+    (counters). One small all-gather when they agree (the module docstring); the full comparison
+    and its message only when they do not.
 
     Args:
         module: an ``nn.Module`` or a ``DistributedDataParallel`` around one.
@@ -329,7 +396,8 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     Raises:
         ReplicasDiverged: on every rank, with the same message: the first diverging tensors (at
             most 3 named, a buffer with its module), the ranks that differ from rank 0, their
-            values, the usual causes; modules in another train()/eval() mode than on rank 0; or a
+            values, the usual causes; modules in another train()/eval() mode than on rank 0, or
+            with other hyperparameters (``p=0.5 on rank 0, p=0.0 on rank 1``); or a
             model whose names/shapes differ across ranks; or, for a DDP model, parameters added,
             replaced, removed or whose requires_grad changed since the wrap.
         RuntimeError: no process group is initialised.
@@ -346,10 +414,9 @@ def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) 
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
     inner, ignored, ddp = _unwrap(module)
-    entries = _entries(inner, ignored, grads, buffers)
+    entries, modes = _walk(inner, ignored, grads, buffers)
     named = [(n, t) for kind, n, t, _, _ in entries if kind == "parameter"]
     notes = _ddp_notes(ddp, named) if ddp is not None else []
-    modes = _modes(inner)
     if quick and _quick_agree(entries, modes, notes, grads, buffers, group, world, device):
         return
     _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol)
@@ -359,9 +426,9 @@ _digests: dict = {}
 
 
 def _digest(entries, modes, grads, buffers) -> int:
-    """63 bits of a hash of everything but the values: names, shapes, states, modes, options (the
+    """63 bits of a hash of everything but the values: names, shapes, states, modes, hyperparameters, options (the
     same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
-    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple(t for _, _, t in modes), grads, buffers)
+    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple((t, c) for _, _, t, c in modes), grads, buffers)
     if key not in _digests:
         if len(_digests) > 64:
             _digests.clear()
@@ -378,8 +445,8 @@ def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) ->
     rank has a note about its DDP wrap."""
     n = len(entries)
     header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64)
-    if n <= SLOTS:  # one bit sum per slot, zeros after
-        sums = _raw_bit_sums([t for _, _, t, _, _ in entries], device)
+    if n <= SLOTS:  # one digest per slot, zeros after
+        sums = _raw_digests([t for _, _, t, _, _ in entries], device)
         vec = torch.cat([header.to(device), sums, torch.zeros(SLOTS - n, dtype=torch.int64, device=device)])
     else:  # tensor i adds to slot i % SLOTS, times 1 + i // SLOTS
         if (n, device) not in _fold_cache:
@@ -387,7 +454,7 @@ def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) ->
             _fold_cache[(n, device)] = ((i % SLOTS).to(device), (i // SLOTS + 1).to(device))
         index, weight = _fold_cache[(n, device)]
         folded = torch.zeros(SLOTS, dtype=torch.int64, device=device).index_add_(
-            0, index, bit_sums([t for _, _, t, _, _ in entries], device) * weight)
+            0, index, digests([t for _, _, t, _, _ in entries], device) * weight)
         vec = torch.cat([header.to(device), folded])
     rows = [torch.empty_like(vec) for _ in range(world)]
     dist.all_gather(rows, vec, group=group)
@@ -408,17 +475,18 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
     all_modes = [None] * world
     dist.all_gather_object(all_modes, modes, group=group)
     mode_lines, mode_ranks = _modes_lines(all_modes)
+    config_lines, config_ranks = _config_lines(all_modes)
 
     problems, differ = [], set()
     if entries:
         tensors = [t for _, _, t, _, _ in entries]
         table = torch.cat([torch.stack([fingerprint(t, state).to(device) for _, _, t, state, _ in entries]),
-                           bit_sums(tensors, device).to(torch.float64)[:, None]], dim=1)
+                           digests(tensors, device).to(torch.float64)[:, None]], dim=1)
         tables = _gather(table, group, world)  # (world, tensors, 5)
         ref = tables[0]
         same = ((tables - ref).abs() <= atol) | (tables == ref) | (tables.isnan() & ref.isnan())
         if atol > 0:
-            same[..., 4] = True  # the bit sums are exact: a tolerance compares only the 4 values
+            same[..., 4] = True  # the digests are exact: a tolerance compares only the 4 values
         else:
             same[..., 4] = tables[..., 4] == ref[..., 4]
         bad = ~same.all(dim=2)  # (world, tensors)
@@ -427,10 +495,14 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
             kind, name, _, _, shape = entries[i]
             rs = [r for r in range(1, world) if bad[r, i]]
             detail = max(int(bool(same[r, i, 1:3].all())) + int(bool(same[r, i, 1:4].all())) for r in rs)
+            near = any(torch.isclose(tables[r, i, 1:3], ref[i, 1:3], rtol=1e-12, atol=0).all() for r in rs)
+            detail = 2 if near else detail  # the sums agree up to their rounding: show the digests
             values = "; ".join(f"rank {r} {_describe(kind, tables[r, i], shape, detail)}"
                                for r in [0] + rs[:_SHOWN])
             where = _owner(inner, name) if kind == "buffer" else ""
-            problems.append((kind, tensors[i], f"  {kind} '{name}' {shape}{where}: {values}"))
+            moved = (" (the same sum and sum of squares: values moved within the tensor, or changed below "
+                     "their rounding)") if near else ""
+            problems.append((kind, tensors[i], f"  {kind} '{name}' {shape}{where}: {values}{moved}"))
 
     ddp_lines = []
     if bool((headers[:, 2] > 0).any()):
@@ -442,9 +514,14 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
                 seen.setdefault(n, []).append(r)
         ddp_lines = [f"  {n} ({_ranks(rs)})" for n, rs in seen.items()]
 
-    if not problems and not ddp_lines and not mode_lines:
+    if not problems and not ddp_lines and not mode_lines and not config_lines:
         return
     text = []
+    if config_lines:
+        text.append(f"Replicas differ: {_ranks(config_ranks, (' differs', ' differ'))} from rank 0 in module "
+                    "configuration (hyperparameters):\n" + "\n".join(config_lines[:_SHOWN]) +
+                    (f"\n  ... and {len(config_lines) - _SHOWN} more" if len(config_lines) > _SHOWN else "") +
+                    "\nBuild the model with the same arguments on every rank (a rank-dependent branch or config).")
     if mode_lines:
         text.append(f"Replicas differ: {_ranks(mode_ranks, (' differs', ' differ'))} from rank 0 in "
                     "train()/eval() mode:\n" + "\n".join(mode_lines[:_SHOWN]) +

@@ -730,5 +730,5 @@ check_answer("ex3", solution_3, expected_3, strict=True)
 
 # %% [markdown]
 # <!-- next:start -->
-# **Next:** [06d silent DDP bugs](06d_silent_bugs.ipynb): find DDP mistakes that raise no error, with `assert_in_sync` or a value check.
+# **Next:** [06d silent DDP bugs](06d_silent_bugs.ipynb): find DDP mistakes that raise no error, with a value check or the three general checks.
 # <!-- next:end -->

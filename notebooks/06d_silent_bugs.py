@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with `assert_in_sync` or a value check. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,000 words at 200 words/min): about 10 min.
+# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
@@ -31,7 +31,8 @@
 # folded code cell right after it, tagged `check`.
 #
 # 1. bypassing the wrapper · 2. changing the model after wrapping · 3. all-reduce and autograd ·
-# 4. per-rank random splits · 5. clipping during accumulation · 6. fewer items than ranks
+# 4. per-rank random splits · 5. clipping during accumulation · 6. fewer items than ranks ·
+# 7. three invariants, three checks
 #
 # Terms, see the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
@@ -638,6 +639,194 @@ assert [list(DistributedSampler(range(3), num_replicas=3, rank=r, shuffle=False)
 assert small_data_warning(3, 3) is None and small_data_warning(8, 2) is None
 caught["6 few items"] = "not caught: the replicas stay identical"
 print(small_data_warning(3, 7))
+
+# %% [markdown]
+# ## 7. Three invariants, three checks
+#
+# Each section above needed someone to describe the mistake first. Almost every silent DDP bug
+# breaks one of three invariants instead:
+#
+# 1. N ranks train what one process trains on the same global batch.
+# 2. Each epoch reads each item once, across all ranks.
+# 3. Every rank holds the same model.
+#
+# One general check tests each invariant on your unchanged worker `fn(rank, world_size, ...)`.
+# `against_one_process(fn, world_size)` runs it at `world_size` ranks and at one rank. It compares
+# every parameter after every optimizer step. `data_coverage(fn, world_size)` records the items
+# each rank's loader reads. `assert_in_sync(ddp)` compares the replicas from inside the ranks.
+# The first two run simulated ranks by default: threads of this process, fast enough for 64 ranks.
+#
+# Your worker must follow one convention: one global batch. Each rank trains on global batch /
+# `world_size` items, and one process on all of them. Below are three bugs that no section has
+# shown, one per check.
+
+# %%
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.checks import against_one_process, data_coverage
+from helpers.engine import simulate
+from helpers.notebook import record_checks
+from helpers.replicas import assert_in_sync
+
+X7 = torch.arange(8.0)[:, None]  # one global batch of 8 items; the target is y = 2x + 1
+Y7 = 2 * X7 + 1
+
+
+def standardise_worker(rank, world_size, fix=False, steps=3):
+    """Linear regression on this rank's share of the global batch, inputs centred by a mean."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(1, 1))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = X7[rank::world_size], Y7[rank::world_size]
+    mean = X7.mean() if fix else x.mean()  # the bug: the mean of this rank's share only
+    for _ in range(steps):
+        opt.zero_grad()
+        ((ddp(x - mean) - y) ** 2).mean().backward()
+        opt.step()
+    assert_in_sync(ddp)  # raises if the replicas differ
+    return ddp.module.weight.item()
+
+
+def sampler_worker(rank, world_size, fix=False):
+    """One epoch over 10 items, shuffled by a DistributedSampler."""
+    data = TensorDataset(torch.arange(10.0))
+    seed = 0 if fix else rank  # the bug: a seed that differs by rank
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, seed=seed)
+    return [batch.tolist() for (batch,) in DataLoader(data, batch_size=5, sampler=sampler)]
+
+
+def dropout_worker(rank, world_size, fix=False):
+    """A model whose dropout rate comes from a config file that only rank 0 read."""
+    torch.manual_seed(0)
+    p = 0.1 if rank == 0 or fix else 0.0  # the bug: the other ranks keep the default, 0.0
+    ddp = DDP(nn.Sequential(nn.Linear(2, 2), nn.Dropout(p)))
+    ddp(torch.ones(4, 2)).sum().backward()
+    return checked(ddp)
+
+
+def outcome(run):
+    """The check's error, as 'Type: message', or 'passes'."""
+    try:
+        run()
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passes"
+
+
+general = {}  # (bug, "bug" or "fix") -> what the general check said
+for fix in (False, True):
+    tag = "fix" if fix else "bug"
+    general[("mean of each rank's share", tag)] = outcome(lambda: against_one_process(standardise_worker, WORLD, fix=fix))
+    general[("DistributedSampler seed=rank", tag)] = outcome(lambda: data_coverage(sampler_worker, WORLD, fix=fix))
+    said = simulate(dropout_worker, WORLD, fix=fix)[0]
+    general[("Dropout p read on rank 0 only", tag)] = "passes" if said == "ok" else f"ReplicasDiverged: {said}"
+replica_weights = simulate(standardise_worker, WORLD)  # the bug, with assert_in_sync in the loop
+pd.Series({k: v.splitlines()[0] for k, v in general.items()}, name="general check").to_frame()
+
+# %% [markdown]
+# **Claim:** with the mean of each rank's share, 2 ranks leave the one-process run at step 1.
+# `against_one_process` raises `DivergedFromOneProcess` and names `weight`. `assert_in_sync`
+# passes in that run: both replicas hold the same wrong weight. With the global batch's mean, the
+# check passes.
+#
+# **Claim:** with `seed=rank`, each rank shuffles its own permutation. `data_coverage` raises
+# `CoverageError`: items never read, items read twice, and "seed differs by rank". With one seed
+# every item is read once.
+#
+# **Claim:** `assert_in_sync` raises on `Dropout(0.1)` on rank 0 and `Dropout(0.0)` on rank 1. It
+# names `p` on both ranks and no tensor: the weights agree. With the same `p` it passes.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: each general check catches its bug and passes the fix
+diverged = general[("mean of each rank's share", "bug")]
+assert diverged.startswith("DivergedFromOneProcess") and "step 1" in diverged and "`weight`" in diverged, diverged
+assert replica_weights[0] == replica_weights[1], replica_weights
+coverage = general[("DistributedSampler seed=rank", "bug")]
+assert coverage.startswith("CoverageError") and "Never read" in coverage, coverage
+assert "Read more than once" in coverage and "seed differs by rank" in coverage, coverage
+config = general[("Dropout p read on rank 0 only", "bug")]
+assert "module '1' (Dropout): p=0.1 on rank 0, p=0.0 on rank 1" in config and "tensors" not in config, config
+for (bug, tag), said in general.items():
+    assert (tag == "fix") == (said == "passes"), (bug, tag, said)
+rows = {case: {"assert_in_sync": said if said.startswith("not") else f"caught: {said}"} for case, said in caught.items()}
+rows["7 mean of each rank's share"] = {"against_one_process": "caught: step 1",
+                                       "assert_in_sync": "not caught: the replicas agree"}
+rows["7 DistributedSampler seed=rank"] = {"data_coverage": "caught: items never read, items read twice"}
+rows["7 Dropout p read on rank 0 only"] = {"assert_in_sync": "caught: before step 1, naming p"}
+record_checks("06d_silent_bugs", rows)  # for docs/CHECKS.md (python3 -m ci.checks_table)
+print(diverged, coverage, config, sep="\n\n")
+
+# %% [markdown]
+# The same checks find three of the mistakes above without their sections' special code. Each
+# worker below is the section's mistake, written in the one-global-batch convention:
+#
+# * section 3, the mean loss reduced in place before `backward()`: `against_one_process`;
+# * section 4, `random_split` seeded by rank: `data_coverage`;
+# * section 6, 3 items on 7 replicas: `data_coverage`.
+
+# %%
+from torch.utils.data import Subset
+
+X3 = torch.tensor([[1.0], [3.0]])  # section 3's inputs as one global batch
+
+
+def mean_loss_worker(rank, world_size, fix=False):
+    """Section 3: the mean loss reduced in place, then backward."""
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    loss = ddp(X3[rank::world_size]).mean()
+    if not fix:
+        dist.all_reduce(loss)
+        loss /= world_size  # the right value for the log, a gradient divided by world_size
+    loss.backward()
+    opt.step()
+
+
+def split_loader_worker(rank, world_size, fix=False):
+    """Section 4: random_split seeded by rank, then this rank's share of its training part."""
+    seed = 0 if fix else rank
+    train, _ = random_split(range(n_items), [n_items - 2, 2], generator=torch.Generator().manual_seed(seed))
+    if fix:
+        sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, seed=0)
+        return [b.tolist() for b in DataLoader(train, batch_size=2, sampler=sampler)]
+    return [b.tolist() for b in DataLoader(Subset(train, range(rank, len(train), world_size)), batch_size=2)]
+
+
+def few_items_worker(rank, world_size):
+    """Section 6: 3 items dealt to world_size replicas."""
+    sampler = DistributedSampler(range(3), num_replicas=world_size, rank=rank, shuffle=False)
+    return [b.tolist() for b in DataLoader(range(3), sampler=sampler)]
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # section 3's "autograd kernel was not registered"
+    earlier = {"3 mean loss in place": outcome(lambda: against_one_process(mean_loss_worker, WORLD)),
+               "3 fix: detached copy": outcome(lambda: against_one_process(mean_loss_worker, WORLD, fix=True))}
+earlier["4 random splits"] = outcome(lambda: data_coverage(split_loader_worker, WORLD))
+earlier["4 fix: same seed + sampler"] = outcome(lambda: data_coverage(split_loader_worker, WORLD, fix=True))
+earlier["6 few items, 7 replicas"] = outcome(lambda: data_coverage(few_items_worker, 7))
+pd.Series({k: v.splitlines()[0] for k, v in earlier.items()}, name="general check").to_frame()
+
+# %% [markdown]
+# **Claim:** `against_one_process` raises on section 3's in-place mean at step 1 and passes its
+# fix. `data_coverage` raises on section 4's per-rank seeds, naming an item read twice. It
+# passes the fix. It raises on 3 items at 7 replicas: item 0 is read three times.
+#
+# Section 5's clipping is not run under a general check here. Its worker would first need the
+# micro-batches of one global batch.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the general checks on sections 3, 4 and 6
+assert earlier["3 mean loss in place"].startswith("DivergedFromOneProcess") and "step 1" in earlier["3 mean loss in place"]
+assert earlier["3 fix: detached copy"] == "passes" and earlier["4 fix: same seed + sampler"] == "passes", earlier
+assert earlier["4 random splits"].startswith("CoverageError") and "Read more than once" in earlier["4 random splits"]
+assert earlier["6 few items, 7 replicas"].startswith("CoverageError") and "0 (3x)" in earlier["6 few items, 7 replicas"]
+rows["3 all-reduce"]["against_one_process"] = "caught: step 1 (mean loss in place)"
+rows["4 random splits"]["data_coverage"] = "caught: items read twice"
+rows["5 clipping"]["against_one_process"] = "not run here: needs micro-batches of one global batch"
+rows["6 few items"]["data_coverage"] = "caught: item 0 read three times"
+record_checks("06d_silent_bugs", rows)  # section 7's rows and these, for docs/CHECKS.md
+print(*(v.splitlines()[0] for v in earlier.values()), sep="\n")
 
 # %%
 print(f"lesson 06d ran in {time.perf_counter() - t_notebook:.0f} s")

@@ -17,7 +17,7 @@
 # # 06e · More silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **The question:** some runs finish and are wrong, or die for a reason far from the bug. Which
@@ -31,7 +31,7 @@
 # bold "Claim:" is asserted by the folded code cell right after it, tagged `check`.
 #
 # 1. checkpointing a layer used twice · 2. `static_graph=True` and a changing graph ·
-# 3. `GradScaler` and clipping · 4. a slow rank-0-only block
+# 3. `GradScaler` and clipping · 4. a slow rank-0-only block · 5. the general checks
 #
 # Terms, see the [glossary](../docs/GLOSSARY.md): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [backend](../docs/GLOSSARY.md#backend),
@@ -432,6 +432,63 @@ assert L["long-timeout barrier"][0]["eval"] == full_sum and all(r["error"] is No
 caught["4 slow rank 0"] = "not caught: a timeout on rank 1, not a divergence"
 for r in range(WORLD):
     print(f"rank {r}:", alone[r]["error"].split("] ")[-1][:90])
+
+# %% [markdown]
+# ## 5. The general checks on these cases
+#
+# Lesson 06d section 7 showed three general checks, one per invariant. Which of them find this
+# page's mistakes?
+#
+# * Section 2's `static_graph` run drifts apart, and `assert_in_sync` finds it, as shown above.
+# * Section 1 raises at step 1, and section 4 times out: neither is silent.
+# * Section 3's clipping before `unscale_` is the same mistake in one process.
+#   `against_one_process` compares with one process that makes it too.
+
+# %%
+from helpers.checks import against_one_process
+from helpers.engine import simulate
+from helpers.notebook import record_checks
+
+X5 = torch.tensor([[1.0], [3.0]])  # section 3's inputs as one global batch
+
+
+def scaler_global_worker(rank, world_size, fix=False):
+    """Section 3 in the one-global-batch convention: clip before unscale_, or after it."""
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = ddp(X5[rank::world_size])
+    scaler.scale(y.float().mean()).backward()
+    if fix:
+        scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0)
+    scaler.step(opt)
+    scaler.update()
+    return ddp.module.weight.item()
+
+
+versus_one = {fix: repr(against_one_process(scaler_global_worker, WORLD, fix=fix)) for fix in (False, True)}
+scaled_weights = {fix: simulate(scaler_global_worker, WORLD, fix=fix) for fix in (False, True)}
+pd.DataFrame({"clip, then unscale_": [versus_one[False], scaled_weights[False]],
+              "unscale_, then clip": [versus_one[True], scaled_weights[True]]},
+             index=["against_one_process", "weight on each rank"])
+
+# %% [markdown]
+# **Claim:** `against_one_process` passes on clipping before `unscale_`, with the weight 0.96875
+# on both ranks, as in section 3. It passes the right order too, at 0.875. No general check
+# catches a mistake that one process makes the same way. Section 3's hand-worked reference does.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the general check passes both orders; the weights are section 3's
+assert all(v.startswith(f"<{WORLD} ranks = one process") for v in versus_one.values()), versus_one
+assert scaled_weights[False] == [1 - 0.25 * LR] * WORLD, scaled_weights
+assert_close(scaled_weights[True], [0.875] * WORLD, atol=1e-5, rtol=0)
+rows = {case: {"assert_in_sync": said if said.startswith(("not", "nothing")) else f"caught: {said}"}
+        for case, said in caught.items()}
+rows["3 GradScaler"]["against_one_process"] = "not caught: the same mistake in one process"
+record_checks("06e_more_silent_bugs", rows)  # for docs/CHECKS.md (python3 -m ci.checks_table)
+print(versus_one[False])
 
 # %%
 print(f"lesson 06e ran in {time.perf_counter() - t_notebook:.0f} s")

@@ -17,7 +17,7 @@
 # # 09 · A cluster on the laptop: DDP, the sampler and FSDP2 at 64 ranks
 #
 # <!-- opening:start -->
-# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
+# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
 # **The question:** what changes when the job has 64 ranks instead of 2, and what stays the same?
@@ -30,7 +30,7 @@
 #
 # 0. the collectives at 64 ranks · 1. DDP on many ranks · 2. bytes per rank and the cost model ·
 # 3. the sampler at 64 and 256 replicas · 4. global batch and schedule · 5. FSDP2 shards ·
-# 6. what a simulation cannot show
+# 6. what a simulation cannot show · 7. the general checks at 64 ranks
 #
 # Terms (see the [glossary](../docs/GLOSSARY.md)): [rank](../docs/GLOSSARY.md#rank),
 # [world size](../docs/GLOSSARY.md#world-size), [all-reduce](../docs/GLOSSARY.md#all-reduce),
@@ -479,6 +479,77 @@ assert not all(torch.allclose(a, b) for a, b in zip(fake, mean))
 print("fake backend: the all-reduce did nothing; rank 0 kept its local gradient / world_size")
 
 # %% [markdown]
+# ## 7. The general checks at 64 ranks: a bug that 8 ranks hide
+#
+# Lesson 06d section 7 showed three general checks. `against_one_process(fn, world_size)` runs
+# your unchanged worker at `world_size` simulated ranks and in one process. It compares every
+# parameter after every optimizer step. The convention: one global batch, each rank training on
+# its share.
+#
+# Here is a worker that splits a global batch of 1000 items into equal contiguous shares of
+# `1000 // world_size` items. At 8 ranks that is 125 items each, every item trained on.
+# At 64 ranks it is 15 items each, 960 items in all.
+
+# %%
+from helpers.checks import against_one_process
+from helpers.notebook import record_checks
+
+GLOBAL_BATCH = 1000  # items per optimizer step, across all ranks
+
+
+def split_steps(rank, world_size, steps=2, fix=False, lr=0.1):
+    """DDP on the MLP; each step's global batch split into one share per rank."""
+    model = nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    per_rank = GLOBAL_BATCH // world_size  # the bug: the remainder is never trained on
+    for step in range(steps):
+        x, y = rank_batch(0, GLOBAL_BATCH, step)
+        opt.zero_grad()
+        if fix:  # every item; summed, then scaled, so that DDP's mean is the global batch's mean
+            share = slice(rank, None, world_size)
+            loss = F.cross_entropy(model(x[share]), y[share], reduction="sum") * world_size / GLOBAL_BATCH
+        else:
+            share = slice(rank * per_rank, (rank + 1) * per_rank)
+            loss = F.cross_entropy(model(x[share]), y[share])
+        loss.backward()
+        opt.step()
+
+
+def outcome(run):
+    """The check's error, as 'Type: message', or its report."""
+    try:
+        return repr(run())
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+split = {(n, fix): outcome(lambda: against_one_process(split_steps, n, fix=fix))
+         for n, fix in ((8, False), (world_size, False), (world_size, True))}
+untrained = GLOBAL_BATCH % world_size
+pd.Series({f"{n} ranks, {'fix' if fix else 'bug'}": said.splitlines()[0] for (n, fix), said in split.items()},
+          name="against_one_process").to_frame()
+
+# %% [markdown]
+# **Claim:** at 8 ranks `against_one_process` passes. At `world_size` ranks, 64 by default, it
+# raises `DivergedFromOneProcess` at optimizer step 1, on every rank. There 40 items of each step
+# are never trained on. With every item, each share's loss summed then scaled, the check passes
+# at 64 ranks.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the split passes at 8 ranks, diverges at world_size ranks, and its fix passes
+assert split[(8, False)].startswith("<8 ranks = one process"), split[(8, False)]
+assert split[(world_size, True)].startswith(f"<{world_size} ranks = one process"), split[(world_size, True)]
+bug = split[(world_size, False)]
+assert (untrained > 0) == bug.startswith("DivergedFromOneProcess"), bug
+if world_size == 64:
+    assert untrained == 40 and "after optimizer step 1" in bug and "(of 64)" in bug, bug
+record_checks("09_cluster_on_a_laptop", {
+    "integer split of the global batch, 8 ranks": {"against_one_process": "not caught: no remainder at 8 ranks"},
+    f"integer split of the global batch, {world_size} ranks": {
+        "against_one_process": "caught: step 1" if untrained else "not caught: no remainder"}})
+print(bug)
+
+# %% [markdown]
 # ## What we saw
 #
 # - The four collectives gave every one of 64 ranks the value you could predict by hand.
@@ -488,6 +559,7 @@ print("fake backend: the all-reduce did nothing; rank 0 kept its local gradient 
 # - A schedule must count the sharded loader's steps, not the dataset's.
 # - FSDP2 rank r keeps chunk r of every parameter; some ranks keep nothing of a small layer.
 # - Values, yes; time, network and parallel compute, no.
+# - `against_one_process` at 64 ranks caught a batch split that 8 ranks hide.
 #
 # ## Exercises
 #

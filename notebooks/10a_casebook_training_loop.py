@@ -17,7 +17,7 @@
 # # 10a · Casebook: the training loop
 #
 # <!-- opening:start -->
-# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
+# **You need** [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06d silent DDP bugs](06d_silent_bugs.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -477,6 +477,67 @@ pd.DataFrame({f"bucket view={view}, copy={clone}": v for (view, clone), v in BUC
 #
 # **Caught by** the one-process reference, the gradient each step should have. The replicas agree
 # throughout.
+
+# %% [markdown]
+# ## The general check of the loss: `against_one_process`
+#
+# The token case needed a reference worked by hand. `against_one_process(fn, world_size)` is the
+# general check: it runs your unchanged worker at `world_size` simulated ranks and in one process.
+# It compares every parameter after every optimizer step. Lesson [06d](06d_silent_bugs.ipynb)
+# section 7 introduces it. Its convention: one global batch, here one window of sequences, each
+# rank taking its share.
+
+# %%
+from helpers.checks import against_one_process
+from helpers.notebook import record_checks
+
+SEQUENCES = [[1.0], [5.0, 6.0], [2.0, 3.0, 4.0], [7.0]]  # one window; rank r takes r::world_size
+
+
+def token_window(rank, world_size, weighting):
+    """The token case as one window of sequences, one micro-batch each, then one SGD step."""
+    mine = SEQUENCES[rank::world_size]
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    tokens = torch.tensor([float(sum(len(seq) for seq in mine))])
+    if weighting == "global token mean":
+        dist.all_reduce(tokens)
+    for i, seq in enumerate(mine):
+        per_token = ddp(torch.tensor(seq).unsqueeze(1))
+        if weighting == "mean per micro-batch":
+            loss = per_token.mean() / len(mine)
+        else:
+            loss = per_token.sum() / tokens * (world_size if weighting == "global token mean" else 1)
+        with contextlib.nullcontext() if i == len(mine) - 1 else ddp.no_sync():
+            loss.backward()
+    opt.step()
+
+
+def outcome(run):
+    """The check's error, as 'Type: message', or 'passes'."""
+    try:
+        run()
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passes"
+
+
+versus_one = {how: outcome(lambda: against_one_process(token_window, WORLD, how)) for how in WEIGHTINGS}
+pd.Series({k: v.splitlines()[0] for k, v in versus_one.items()}, name="against_one_process").to_frame()
+
+# %% [markdown]
+# **Claim:** `against_one_process` raises on the per-rank token mean and passes the all-reduced
+# token count. It passes the mean per micro-batch too: one process weights each sequence alike,
+# the same mistake. Only the hand-worked reference above catches that one.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the general check on the three weightings
+assert versus_one["per-rank token mean"].startswith("DivergedFromOneProcess"), versus_one
+assert versus_one["global token mean"] == versus_one["mean per micro-batch"] == "passes", versus_one
+record_checks("10a_casebook_training_loop", {
+    "token loss: per-rank token mean": {"against_one_process": "caught: step 1"},
+    "token loss: mean per micro-batch": {"against_one_process": "not caught: the same mistake in one process"}})
+print(versus_one["per-rank token mean"])
 
 # %%
 print(f"casebook 10a ran in {time.perf_counter() - t_notebook:.0f} s")

@@ -17,7 +17,7 @@
 # # 10b · Casebook: the data
 #
 # <!-- opening:start -->
-# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -412,6 +412,63 @@ print(f"one batch: {batch_bytes / 2**20:.0f} MB against Docker's default {docker
 # `emptyDir` at `/dev/shm`. Fewer workers or a smaller `prefetch_factor` only postpone it.
 #
 # **Caught by** a check before training: `df -h /dev/shm` where the workers run.
+
+# %% [markdown]
+# ## The general check of the data: `data_coverage`
+#
+# Each case above gathered its own values to catch its mistake. `data_coverage(fn, world_size)`
+# is the general check for the data. It runs your unchanged worker on simulated ranks. It records
+# what each rank's loader reads, and raises `CoverageError` when a pass reads an item twice or
+# never. Lesson [06d](06d_silent_bugs.ipynb) section 7 introduces it. Here it runs on the first
+# two cases, with their fixes.
+
+# %%
+from helpers.checks import data_coverage
+from helpers.notebook import record_checks
+
+
+def iterable_worker(rank, world_size, shard=None):
+    """The first case: the stream unsharded, or sharded by rank first."""
+    return [int(i) for i in DataLoader(Items(n_items, shard, rank, world_size), batch_size=None)]
+
+
+def shuffle_worker(rank, world_size, fix=False):
+    """The second case: shuffle=True with one seed on every rank, or a DistributedSampler."""
+    torch.manual_seed(0)
+    sampler = DistributedSampler(range(n_items), num_replicas=world_size, rank=rank, seed=0) if fix else None
+    return [int(i) for i in DataLoader(range(n_items), batch_size=None, shuffle=not fix, sampler=sampler)]
+
+
+def outcome(run):
+    """The check's error, as 'Type: message', or 'passes'."""
+    try:
+        run()
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passes"
+
+
+coverage = {"IterableDataset, no sharding": outcome(lambda: data_coverage(iterable_worker, WORLD)),
+            "IterableDataset, rank first": outcome(lambda: data_coverage(iterable_worker, WORLD, shard="rank first")),
+            "shuffle=True, one seed": outcome(lambda: data_coverage(shuffle_worker, WORLD)),
+            "DistributedSampler": outcome(lambda: data_coverage(shuffle_worker, WORLD, fix=True))}
+pd.Series({k: v.splitlines()[0] for k, v in coverage.items()}, name="data_coverage").to_frame()
+
+# %% [markdown]
+# **Claim:** `data_coverage` raises `CoverageError` on the unsharded stream: every sample is yielded
+# by both ranks. It raises on `shuffle=True` with one seed: every item is read twice. It passes
+# both fixes.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: data_coverage on the first two cases and their fixes
+stream, shuffled = coverage["IterableDataset, no sharding"], coverage["shuffle=True, one seed"]
+assert stream.startswith("CoverageError") and f"{n_items} of {n_items} distinct samples" in stream, stream
+assert shuffled.startswith("CoverageError") and "Ranks reading the same items: ranks 0 and 1" in shuffled, shuffled
+assert coverage["IterableDataset, rank first"] == coverage["DistributedSampler"] == "passes", coverage
+record_checks("10b_casebook_data", {
+    "my IterableDataset gives twice the samples": {"data_coverage": "caught: every sample on both ranks"},
+    "every rank trains on the same batches": {"data_coverage": "caught: every item read twice"}})
+print(stream, shuffled, sep="\n\n")
 
 # %%
 print(f"casebook 10b ran in {time.perf_counter() - t_notebook:.0f} s")

@@ -71,6 +71,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.engine import launch
+from helpers.notebook import record_checks
 from helpers.tiny import checked, one
 
 t_notebook = time.perf_counter()
@@ -114,6 +115,8 @@ EMA = {after: launch(ema_case, WORLD, after, backend="gloo", timeout=120)[0] for
 # Check: the replica checker on the DDP model and on each EMA copy
 assert EMA[False]["model"] == "ok" and "parameter 'weight'" in EMA[False]["ema"] and "parameter 'bias'" in EMA[False]["ema"]
 assert EMA[True] == {"ema": "ok", "model": "ok"}, EMA[True]
+record_checks("10c_casebook_models_and_checkpoints",  # for docs/CHECKS.md (python3 -m ci.checks_table)
+              {"my EMA model differs from rank to rank": {"assert_in_sync": "caught: before step 1, on the copy"}})
 print(EMA[False]["ema"].splitlines()[0])
 
 # %% [markdown]

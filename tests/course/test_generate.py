@@ -228,3 +228,34 @@ def test_the_casebook_index_lists_every_case():
         assert found, stem
         for anchor, _ in found:
             assert f"(../notebooks/{stem}.ipynb#{anchor})" in text
+
+
+def test_checks_table_comes_from_the_pages_records(tmp_path, monkeypatch):
+    """docs/CHECKS.md: record_checks writes a page's record, ci.checks_table renders them, names a
+    page to run when its record is missing, and --check sees a stale file; both indexes link it."""
+    from ci import checks_table
+    from helpers import notebook
+
+    monkeypatch.setattr(manifest, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(checks_table, "RECORDS", tmp_path / "build" / "checks")
+    monkeypatch.setattr(checks_table, "DOC", tmp_path / "CHECKS.md")
+    monkeypatch.setattr(checks_table, "PAGES", ("06d_silent_bugs", "09_x"))
+    with pytest.raises(ValueError, match="unknown check"):
+        notebook.record_checks("09_x", {"case": {"assert_synced": "caught"}})
+    notebook.record_checks("06d_silent_bugs", {"a": {"data_coverage": "caught: item 9 never read"},
+                                               "b": {"assert_in_sync": "not caught: the replicas agree"}})
+    with pytest.raises(SystemExit, match="no record of 09_x .* run python3 ci/run_notebooks.py 09"):
+        checks_table.main([])
+    notebook.record_checks("09_x", {"c": {"against_one_process": "caught: step 1"}})
+    assert checks_table.main([]) == 0
+    text = (tmp_path / "CHECKS.md").read_text(encoding="utf-8")
+    assert "2 of 3 cases caught by at least one check." in text, text
+    assert "| [06d](../notebooks/06d_silent_bugs.ipynb) | a |  | caught: item 9 never read |  |" in text, text
+    assert checks_table.main(["--check"]) == 0
+    notebook.record_checks("09_x", {"c": {"against_one_process": "not caught"}})
+    with pytest.raises(SystemExit, match="differs from the pages' records"):
+        checks_table.main(["--check"])
+    for doc in ("CASEBOOK.md", "OWN_CODE.md"):
+        assert "(CHECKS.md)" in (ROOT / "docs" / doc).read_text(encoding="utf-8"), doc
+    committed = (ROOT / "docs" / "CHECKS.md").read_text(encoding="utf-8")
+    assert all(f"(../notebooks/{p}.ipynb)" in committed for p in ("06d_silent_bugs",)), committed

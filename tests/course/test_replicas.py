@@ -143,6 +143,22 @@ def modes_and_buffers(rank, world_size, steps=4):
             flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
     out["one_element"] = _check(lin)
     out["one_element_atol"] = _check(lin, atol=1e-6)
+
+    # two unsampled elements swapped on rank 1: the same values, sums and sampled elements
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(100, 100)
+    with torch.no_grad():
+        if rank == 1:
+            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
+    out["swapped"] = _check(lin)
+
+    # modules configured differently on rank 1: the same tensors, other hyperparameters
+    torch.manual_seed(0)
+    out["dropout"] = _check(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5 if rank == 0 else 0.0)))
+    out["batchnorm"] = _check(torch.nn.BatchNorm1d(4, eps=1e-5 * (1 + rank), momentum=0.1 * (1 + rank)))
+    custom = torch.nn.Linear(1, 1)
+    custom.scale = 1.0 + rank  # a hyperparameter its extra_repr() does not show
+    out["attribute"] = _check(custom)
     return out
 
 
@@ -158,7 +174,7 @@ def ranks():
 
 def test_same_error_on_every_rank(launched):
     assert launched[0] == launched[1]
-    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 13
+    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 17
 
 
 def test_synced_ddp_passes_in_launch(launched):
@@ -262,6 +278,23 @@ def test_one_differing_element_is_caught(launched):
     assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
     assert "parameter 'weight' (100, 100): rank 0 sum=" in msg, msg
     assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
+
+
+def test_values_moved_within_a_tensor_are_caught(launched):
+    msg = launched[0]["swapped"]
+    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
+    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg and "values moved within the tensor" in msg, msg
+
+
+def test_module_configured_differently_is_named(launched):
+    r = launched[0]
+    assert "module '1' (Dropout): p=0.5 on rank 0, p=0.0 on rank 1" in r["dropout"], r["dropout"]
+    assert r["dropout"].startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 in "
+                                   "module configuration"), r["dropout"]
+    bn = r["batchnorm"]
+    assert "the model (BatchNorm1d): eps=1e-05 on rank 0, eps=2e-05 on rank 1" in bn, bn
+    assert "momentum=0.1 on rank 0, momentum=0.2 on rank 1" in bn, bn
+    assert "the model (Linear): scale=1.0 on rank 0, scale=2.0 on rank 1" in r["attribute"], r["attribute"]
 
 
 def test_bench_command_line_prints_the_ratios(tmp_path, capsys):
