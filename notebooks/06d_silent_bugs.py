@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -704,10 +704,10 @@ def dropout_worker(rank, world_size, fix=False):
     return checked(ddp)
 
 
-def outcome(run):
+def outcome(check, *args, **kwargs):
     """The check's error, as 'Type: message', or 'passes'."""
     try:
-        run()
+        check(*args, **kwargs)
     except AssertionError as e:
         return f"{type(e).__name__}: {e}"
     return "passes"
@@ -716,8 +716,8 @@ def outcome(run):
 general = {}  # (bug, "bug" or "fix") -> what the general check said
 for fix in (False, True):
     tag = "fix" if fix else "bug"
-    general[("mean of each rank's share", tag)] = outcome(lambda: against_one_process(standardise_worker, WORLD, fix=fix))
-    general[("DistributedSampler seed=rank", tag)] = outcome(lambda: data_coverage(sampler_worker, WORLD, fix=fix))
+    general[("mean of each rank's share", tag)] = outcome(against_one_process, standardise_worker, WORLD, fix=fix)
+    general[("DistributedSampler seed=rank", tag)] = outcome(data_coverage, sampler_worker, WORLD, fix=fix)
     said = simulate(dropout_worker, WORLD, fix=fix)[0]
     general[("Dropout p read on rank 0 only", tag)] = "passes" if said == "ok" else f"ReplicasDiverged: {said}"
 replica_weights = simulate(standardise_worker, WORLD)  # the bug, with assert_in_sync in the loop
@@ -800,11 +800,11 @@ def few_items_worker(rank, world_size):
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # section 3's "autograd kernel was not registered"
-    earlier = {"3 mean loss in place": outcome(lambda: against_one_process(mean_loss_worker, WORLD)),
-               "3 fix: detached copy": outcome(lambda: against_one_process(mean_loss_worker, WORLD, fix=True))}
-earlier["4 random splits"] = outcome(lambda: data_coverage(split_loader_worker, WORLD))
-earlier["4 fix: same seed + sampler"] = outcome(lambda: data_coverage(split_loader_worker, WORLD, fix=True))
-earlier["6 few items, 7 replicas"] = outcome(lambda: data_coverage(few_items_worker, 7))
+    earlier = {"3 mean loss in place": outcome(against_one_process, mean_loss_worker, WORLD),
+               "3 fix: detached copy": outcome(against_one_process, mean_loss_worker, WORLD, fix=True)}
+earlier["4 random splits"] = outcome(data_coverage, split_loader_worker, WORLD)
+earlier["4 fix: same seed + sampler"] = outcome(data_coverage, split_loader_worker, WORLD, fix=True)
+earlier["6 few items, 7 replicas"] = outcome(data_coverage, few_items_worker, 7)
 pd.Series({k: v.splitlines()[0] for k, v in earlier.items()}, name="general check").to_frame()
 
 # %% [markdown]

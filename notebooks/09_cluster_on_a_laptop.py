@@ -515,15 +515,15 @@ def split_steps(rank, world_size, steps=2, fix=False, lr=0.1):
         opt.step()
 
 
-def outcome(run):
+def outcome(check, *args, **kwargs):
     """The check's error, as 'Type: message', or its report."""
     try:
-        return repr(run())
+        return repr(check(*args, **kwargs))
     except AssertionError as e:
         return f"{type(e).__name__}: {e}"
 
 
-split = {(n, fix): outcome(lambda: against_one_process(split_steps, n, fix=fix))
+split = {(n, fix): outcome(against_one_process, split_steps, n, fix=fix)
          for n, fix in ((8, False), (world_size, False), (world_size, True))}
 untrained = GLOBAL_BATCH % world_size
 pd.Series({f"{n} ranks, {'fix' if fix else 'bug'}": said.splitlines()[0] for (n, fix), said in split.items()},

@@ -513,16 +513,16 @@ def token_window(rank, world_size, weighting):
     opt.step()
 
 
-def outcome(run):
+def outcome(check, *args, **kwargs):
     """The check's error, as 'Type: message', or 'passes'."""
     try:
-        run()
+        check(*args, **kwargs)
     except AssertionError as e:
         return f"{type(e).__name__}: {e}"
     return "passes"
 
 
-versus_one = {how: outcome(lambda: against_one_process(token_window, WORLD, how)) for how in WEIGHTINGS}
+versus_one = {how: outcome(against_one_process, token_window, WORLD, how) for how in WEIGHTINGS}
 pd.Series({k: v.splitlines()[0] for k, v in versus_one.items()}, name="against_one_process").to_frame()
 
 # %% [markdown]

@@ -439,19 +439,19 @@ def shuffle_worker(rank, world_size, fix=False):
     return [int(i) for i in DataLoader(range(n_items), batch_size=None, shuffle=not fix, sampler=sampler)]
 
 
-def outcome(run):
+def outcome(check, *args, **kwargs):
     """The check's error, as 'Type: message', or 'passes'."""
     try:
-        run()
+        check(*args, **kwargs)
     except AssertionError as e:
         return f"{type(e).__name__}: {e}"
     return "passes"
 
 
-coverage = {"IterableDataset, no sharding": outcome(lambda: data_coverage(iterable_worker, WORLD)),
-            "IterableDataset, rank first": outcome(lambda: data_coverage(iterable_worker, WORLD, shard="rank first")),
-            "shuffle=True, one seed": outcome(lambda: data_coverage(shuffle_worker, WORLD)),
-            "DistributedSampler": outcome(lambda: data_coverage(shuffle_worker, WORLD, fix=True))}
+coverage = {"IterableDataset, no sharding": outcome(data_coverage, iterable_worker, WORLD),
+            "IterableDataset, rank first": outcome(data_coverage, iterable_worker, WORLD, shard="rank first"),
+            "shuffle=True, one seed": outcome(data_coverage, shuffle_worker, WORLD),
+            "DistributedSampler": outcome(data_coverage, shuffle_worker, WORLD, fix=True)}
 pd.Series({k: v.splitlines()[0] for k, v in coverage.items()}, name="data_coverage").to_frame()
 
 # %% [markdown]
