@@ -14,7 +14,8 @@ import pytest
 import tutorial_edits as edits
 
 from _support import REPO_ROOT
-from helpers.engine import faults, free_port, launch, simulate, start_ranks
+from helpers import mp
+from helpers.engine import faults, free_port, launch, loopback_interface, simulate, start_ranks
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
 
@@ -105,3 +106,20 @@ def test_runner(tmp_path):
                         "--notebooks-dir", str(tmp_path / "notebooks"), "--manifest", str(tmp_path / "lessons.toml"),
                         "--output-dir", str(tmp_path / "build")], check=True, capture_output=True, timeout=300)
     seen.check()
+
+
+def test_mp_ranks_use_loopback_whatever_the_kernel_environment_says(monkeypatch):
+    """docs/OWN_CODE.md: gloo on the loopback interface even with another GLOO_SOCKET_IFNAME in the
+    kernel (here one this machine lacks, which gloo would refuse), MASTER_ADDR/PORT as the code set them."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "cafe0")
+    port = str(free_port())
+    ns = {"__name__": "__main__"}
+    exec("import os, torch, torch.distributed as dist\n"
+         "def fn(i, port):\n"
+         "    os.environ.update(MASTER_ADDR='localhost', MASTER_PORT=port)\n"
+         "    dist.init_process_group('gloo', rank=i, world_size=2)\n"
+         "    t = torch.ones(1)\n"
+         "    dist.all_reduce(t)\n"
+         "    dist.destroy_process_group()\n"
+         "    return os.environ['GLOO_SOCKET_IFNAME'], os.environ['MASTER_ADDR'], t.item()\n", ns)
+    assert mp.spawn(ns["fn"], args=(port,), nprocs=2) == [(loopback_interface(), "localhost", 2.0)] * 2
