@@ -86,13 +86,16 @@ def tcp_store(host_name: str, port: int, world_size: int | None = None, is_maste
     docstring). ``port`` 0: the OS picks one (read ``.port``).
 
     Raises:
-        OSError: the port is taken on that address (``Address already in use``).
+        torch.distributed.DistNetworkError: the port is taken there (``Address already in use``).
     """
     import torch.distributed as dist
 
     if is_master and kw.get("master_listen_fd") is None:
         family = socket.AF_INET6 if ":" in host_name else socket.AF_INET
-        sock = socket.create_server((host_name, port), family=family)  # SO_REUSEADDR, as torch's
+        try:
+            sock = socket.create_server((host_name, port), family=family)  # SO_REUSEADDR, as torch's
+        except OSError as e:  # torch's error for a failed bind, which its callers catch
+            raise dist.DistNetworkError(str(e)) from None
         port, kw["master_listen_fd"] = sock.getsockname()[1], sock.detach()  # the store closes it
     return dist.TCPStore(host_name, port, world_size, is_master, **kw)
 

@@ -15,6 +15,7 @@ import tutorial_edits as edits
 
 from _support import REPO_ROOT
 from helpers import mp
+from helpers.engine.cluster import run_job
 from helpers.engine import faults, free_port, launch, loopback_interface, simulate, start_ranks
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
@@ -123,3 +124,13 @@ def test_mp_ranks_use_loopback_whatever_the_kernel_environment_says(monkeypatch)
          "    dist.destroy_process_group()\n"
          "    return os.environ['GLOO_SOCKET_IFNAME'], os.environ['MASTER_ADDR'], t.item()\n", ns)
     assert mp.spawn(ns["fn"], args=(port,), nprocs=2) == [(loopback_interface(), "localhost", 2.0)] * 2
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_torchrun_jobs_of_lesson_07a(nodes):
+    """``run_job`` (notebook 07a): torchrun on one node, and two "nodes" at the address named (127.0.0.1)."""
+    with Listening() as seen:
+        job = run_job([], module="launch_workers", nodes=nodes, nproc_per_node=2 // nodes, timeout=120,
+                      env={"PYTHONPATH": str(REPO_ROOT / "tests")})
+    assert [a.returncode for a in job.agents] == [0] * nodes, job.agents[0].tail()
+    seen.check()
