@@ -1,6 +1,7 @@
 """Nothing the course starts on one machine listens beyond loopback (issue 50): the sockets this
 process and its descendants listen on, sampled (psutil) all through a launch, helpers.mp.spawn of
-the DDP tutorial's code, warm ranks, simulate, the doctor and the runner."""
+the DDP tutorial's code, warm ranks, simulate, the doctor, the runner and lesson 07a's torchrun jobs
+(there: only on the address the job names, 127.0.0.1)."""
 
 import contextlib
 import ipaddress
@@ -15,8 +16,8 @@ import tutorial_edits as edits
 
 from _support import REPO_ROOT
 from helpers import mp
-from helpers.engine.cluster import run_job
 from helpers.engine import faults, free_port, launch, loopback_interface, simulate, start_ranks
+from helpers.engine.cluster import run_job
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(400), pytest.mark.slow]
 
