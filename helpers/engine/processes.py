@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import platform
 import socket
@@ -94,8 +95,10 @@ def tcp_store(host_name: str, port: int, world_size: int | None = None, is_maste
         family = socket.AF_INET6 if ":" in host_name else socket.AF_INET
         try:
             sock = socket.create_server((host_name, port), family=family)  # SO_REUSEADDR, as torch's
-        except OSError as e:  # torch's error for a failed bind, which its callers catch
-            raise dist.DistNetworkError(str(e)) from None
+        except OSError as e:  # torch's error type and words for a failed bind, which its callers catch
+            name = errno.errorcode.get(e.errno, "") if e.errno else ""
+            raise dist.DistNetworkError(f"The server socket has failed to listen on {host_name}:{port}. "
+                                        f"name: {name}, message: {e.strerror or e}") from None
         port, kw["master_listen_fd"] = sock.getsockname()[1], sock.detach()  # the store closes it
     return dist.TCPStore(host_name, port, world_size, is_master, **kw)
 
