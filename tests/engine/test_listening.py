@@ -59,10 +59,12 @@ def test_launch():
 
 def test_ddp_tutorial_under_helpers_mp():
     """The tutorial's own cells (MASTER_ADDR "localhost", its init_process_group("gloo")) with
-    docs/OWN_CODE.md's edits; its store then listens on 127.0.0.1, not on every interface."""
+    docs/OWN_CODE.md's edits, its cleanup() a second later; its store listens on 127.0.0.1 only."""
     ns = {"__name__": "__main__"}
-    for cell in edits.DDP_TUTORIAL.edited():
+    for cell in edits.DDP_TUTORIAL.edited()[:-1]:
         exec(compile(cell.replace(edits.DDP_TUTORIAL.port, str(free_port())), "<cell>", "exec"), ns)
+    exec("import time\nclean = cleanup\ndef cleanup():\n    time.sleep(1)  # the store open long enough to be seen\n"
+         "    clean()\n", ns)
     with Listening() as seen:
         ns["run_demo"](ns["demo_basic"], 2)
     seen.check()
