@@ -45,6 +45,27 @@ DESIGN_NOTES = [
     "  reported as secondary; the root cause is the rank that failed first.",
 ]
 
+SECURITY = [
+    "## Security",
+    "",
+    "- What listens where (`tests/engine/test_listening.py` lists every listening socket of a launch,",
+    "  `helpers.mp.spawn`, warm ranks, `simulate`, the doctor and the runner, and fails on any address",
+    "  beyond loopback). `launch`: the elastic agent in the kernel keeps its rendezvous in a file of the",
+    "  run folder and opens no port; rank 0 opens the group's `TCPStore` on 127.0.0.1. `helpers.mp`: the",
+    "  code's store listens on `MASTER_ADDR`'s address only (`localhost`: 127.0.0.1). Warm ranks: the",
+    "  ipyparallel controller, engines and rank 0's store on 127.0.0.1. gloo uses the loopback interface",
+    "  (`GLOO_SOCKET_IFNAME`). `simulate`: threads, nothing listens. Kernels of the runner and the",
+    "  doctor talk over Unix sockets (`ipc`). torch's own `TCPStore` would listen on every interface; its",
+    "  `master_listen_fd` (a socket already bound) keeps it on one address.",
+    "- torchrun: the jobs of lesson 07a run `python -m helpers.engine.cluster.torchrun`, whose stores",
+    "  listen only on `--rdzv-endpoint`'s host and `--local-addr` (tested too). Plain `torchrun`, which",
+    "  lessons 06c and 10d start for a few seconds and docs/CLUSTER.md prints, listens on every interface.",
+    "- Files: run folders (`ddp-lab-launch-*`, `ddp-lab-ranks-*`, the fork server's) come from",
+    "  `tempfile.mkdtemp`, mode 0700: only their owner can read the results, stores and keys in them.",
+    "- JupyterLab: `jupyter_lab_config.json` binds it to 127.0.0.1; it asks for the random token in the",
+    "  URL it prints (Jupyter's default, kept).",
+]
+
 
 def run_details(torch_version: str) -> dict[str, Any]:
     """When and where the matrix ran (shown in the report's header)."""
@@ -83,7 +104,7 @@ def render(rows: list[dict[str, Any]], details: dict[str, Any]) -> str:
     for r in rows:
         secs = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
         lines.append(f"| {r['fault']} | {r['injection']} | {r['error']} | {secs} | {r['left']} | {r['status']} |")
-    return "\n".join([*lines, "", *DESIGN_NOTES, ""])
+    return "\n".join([*lines, "", *DESIGN_NOTES, "", *SECURITY, ""])
 
 
 def write_build_report(rows: list[dict[str, Any]], details: dict[str, Any], *, complete: bool,

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -135,9 +135,11 @@ display(Code(inspect.getsource(entry.main) + "\n\n" + inspect.getsource(entry.cl
              language="python"))
 
 # %% [markdown]
-# From a cell we start torchrun as a subprocess. `python -m torch.distributed.run` is `torchrun`
-# with this kernel's interpreter. `run_job` adds `--output`, so each rank writes its history and
-# what torchrun told it to `rank<R>.json`. It also adds a timeout, and it kills anything left
+# From a cell we start torchrun as a subprocess: `python -m helpers.engine.cluster.torchrun`
+# is `torchrun` with this kernel's interpreter. Its source, `helpers/engine/cluster/torchrun.py`,
+# keeps torchrun's stores on the addresses we name, off other network interfaces.
+# `run_job` adds `--output`, so each rank writes its history and what torchrun told it to
+# `rank<R>.json`. It also adds a timeout, and it kills anything left
 # when it returns.
 #
 # **Claim:** for the same seed and configuration, torchrun on one node and notebook 04's

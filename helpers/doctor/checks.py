@@ -174,8 +174,9 @@ def _port_holder(port: int) -> str:
 
 
 def port_is_free(port: int) -> bool:
-    """True when a listener could bind ``port`` on every interface now (as ``TCPStore`` does;
-    ``SO_REUSEADDR``: a port in ``TIME_WAIT`` after a finished run counts as free)."""
+    """True when a listener could bind ``port`` on every interface now (stricter than a rank's
+    store needs: it binds ``MASTER_ADDR``'s address only, :func:`helpers.engine.processes.tcp_store`;
+    ``SO_REUSEADDR``: a port in ``TIME_WAIT`` after a finished run counts as free). Binds, never listens."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

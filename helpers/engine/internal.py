@@ -11,7 +11,7 @@ Names (lazy, as the surface's: importing this module imports no torch):
 - warm ranks seen from outside: :func:`current_ranks`, :class:`WarmRanks`;
 - rules: :func:`threads_per_rank`, :data:`MAX_RANKS_PER_CPU`;
 - processes: :func:`descendants`, :func:`end_processes`, :func:`is_live`, :func:`stop_fork_server`;
-  :class:`QuietElastic` (torch's elastic agent without its log lines, for code that calls it directly);
+  :class:`QuietElastic` (torch's elastic agent without its log lines or its own store, for code that calls it directly);
 - temp state: :func:`is_reaper` (a launch's run-folder reaper, spared by the runner's clean-up),
   :func:`socket_dir` (a folder short enough for a Unix socket).
 """

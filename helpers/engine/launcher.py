@@ -349,9 +349,11 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
         max_nodes=1,
         nproc_per_node=world_size,
         run_id=f"ddp-lab-{uuid.uuid4().hex[:12]}",
+        # the agent's rendezvous in a file of the private run folder: its TCPStore would listen on
+        # every interface; rank 0 opens the group's store on 127.0.0.1 (QuietElastic, rank_main)
         rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free port, never a fixed one
-        rdzv_configs={"timeout": int(min(max(timeout, STARTUP_S) if timeout else 900, 900)) + 1},
+        rdzv_endpoint=os.path.join(run_dir, "rendezvous"),
+        rdzv_configs={"timeout": int(min(max(timeout, STARTUP_S) if timeout else 900, 900)) + 1, "store_type": "file"},
         local_addr="127.0.0.1",
         max_restarts=0,
         monitor_interval=_POLL_S,
@@ -366,25 +368,31 @@ def _configure(world_size: int, run_dir: str, timeout: float | None, start_metho
 
 class QuietElastic:
     """Silence torchelastic's and torch.multiprocessing's own logging during a launch (we raise
-    our own, clearer errors), and put back the ``TORCHELASTIC_SIGNALS_TO_HANDLE`` that
-    ``elastic_launch`` writes into the caller's ``os.environ`` (a changed environment would make the
-    next launch start a fresh fork server, see :func:`helpers.engine.fork_server.environment`)."""
+    our own, clearer errors); set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torchrun's switch: no
+    agent store listening on every interface; rank 0 opens the group's store, on loopback) and
+    put back both it and the ``TORCHELASTIC_SIGNALS_TO_HANDLE`` that ``elastic_launch`` writes into
+    the caller's ``os.environ`` (a changed environment would make the next launch start a fresh
+    fork server, see :func:`helpers.engine.fork_server.environment`)."""
+
+    NAMES = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
     def __enter__(self):
         self.loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
             lg.setLevel(logging.CRITICAL)
-        self.env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+        self.env = {name: os.environ.get(name) for name in self.NAMES}
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         return self
 
     def __exit__(self, *exc):
         for lg, level in zip(self.loggers, self.levels):
             lg.setLevel(level)
-        if self.env is None:
-            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
-        else:
-            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = self.env
+        for name, value in self.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         return False
 
 

@@ -6,7 +6,8 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
 :mod:`helpers.engine.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
 
 - :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
-  loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``).
+  loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``);
+  :func:`tcp_store` / :func:`listen_on_loopback`: a rank's store and gloo on loopback only.
 - :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
   :func:`leftover_children`: this process's, less the resource tracker and the fork server.
 - :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import platform
 import socket
@@ -41,9 +43,11 @@ __all__ = [
     "init_process_group_from_env",
     "is_live",
     "leftover_children",
+    "listen_on_loopback",
     "loopback_interface",
     "main_from_env",
     "resolve_backend",
+    "tcp_store",
 ]
 
 #: Backends the project accepts (``None`` chooses one with :func:`default_backend`).
@@ -74,6 +78,42 @@ def loopback_interface(system: str | None = None) -> str:
     """
     system = platform.system() if system is None else system
     return "lo0" if system in ("Darwin", "FreeBSD", "OpenBSD", "NetBSD") else "lo"
+
+
+def tcp_store(host_name: str, port: int, world_size: int | None = None, is_master: bool = False, **kw):
+    """``torch.distributed.TCPStore(host_name, port, world_size, is_master, **kw)``, whose server
+    (``is_master``) listens on ``host_name``'s address only: torch's own binds every interface
+    (``::``) unless given ``master_listen_fd``, a socket already bound (documented in TCPStore's
+    docstring). ``port`` 0: the OS picks one (read ``.port``).
+
+    Raises:
+        torch.distributed.DistNetworkError: the port is taken there (``Address already in use``).
+    """
+    import torch.distributed as dist
+
+    if is_master and kw.get("master_listen_fd") is None:
+        family = socket.AF_INET6 if ":" in host_name else socket.AF_INET
+        try:
+            sock = socket.create_server((host_name, port), family=family)  # SO_REUSEADDR, as torch's
+        except OSError as e:  # torch's error type and words for a failed bind, which its callers catch
+            name = errno.errorcode.get(e.errno, "") if e.errno else ""
+            raise dist.DistNetworkError(f"The server socket has failed to listen on {host_name}:{port}. "
+                                        f"name: {name}, message: {e.strerror or e}") from None
+        port, kw["master_listen_fd"] = sock.getsockname()[1], sock.detach()  # the store closes it
+    return dist.TCPStore(host_name, port, world_size, is_master, **kw)
+
+
+def listen_on_loopback() -> None:
+    """In a rank of a run on this machine: gloo on the loopback interface (``GLOO_SOCKET_IFNAME``)
+    and the store rank 0 opens in ``init_process_group`` (env:// or tcp://) through :func:`tcp_store`,
+    so bound to ``MASTER_ADDR``'s address only (``localhost``: ``127.0.0.1``). torchrun's rank would
+    listen on every interface; docs/OWN_CODE.md says what differs."""
+    import importlib
+
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    # the module (``torch.distributed.rendezvous`` as an attribute is the function of that name);
+    # TCPStore is the name its _create_c10d_store calls
+    importlib.import_module("torch.distributed.rendezvous").TCPStore = tcp_store
 
 
 def _process(proc: int | psutil.Process) -> psutil.Process:

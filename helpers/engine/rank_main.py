@@ -10,6 +10,7 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
    server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); seeds torch, numpy
    and ``random`` afresh (:func:`helpers.engine.fork_server.fresh_random_state`); points its stdout and
    stderr at its files in the run folder (:func:`helpers.engine.rank_output.capture_output`);
+   puts its store and gloo on loopback (:func:`helpers.engine.processes.listen_on_loopback`);
 2. registers its stack dump on SIGUSR1 (:func:`helpers.engine.stacks.register`, read by the
    launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
    unpickles ``fn, args, kwargs``;
@@ -160,6 +161,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     capture_output(run_dir, rank)
+    procs.listen_on_loopback()
     stacks.register(run_dir, rank)  # before the pid marker: the launcher signals only registered ranks
     write_marker(run_dir, "pid", rank, {"pid": os.getpid()})
     try:

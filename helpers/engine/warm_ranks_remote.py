@@ -19,6 +19,7 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from traitlets.config import Config
 
+from helpers.engine import processes as procs
 from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - remote.RanksTimeout, remote.RESTART_NOTE
 from helpers.engine.launcher import WorkerError, worker_device
 from helpers.engine.rank_output import rank_lines
@@ -67,19 +68,19 @@ _STORE = None  # rank 0's TCPStore server, kept alive for the life of the group
 
 
 def open_store(world_size: int, timeout_s: float) -> int:
-    """Rank 0: open the group's TCPStore on a port the OS picks; return the port."""
+    """Rank 0: open the group's TCPStore on 127.0.0.1 only, on a port the OS picks; return the port."""
     global _STORE
-    import torch.distributed as dist
 
-    _STORE = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=timeout_s))
+    _STORE = procs.tcp_store("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                       timeout=datetime.timedelta(seconds=timeout_s))
     return _STORE.port
 
 
 def join_group(rank: int, world_size: int, backend: str, port: int, timeout_s: float, threads: int) -> str:
     """Every rank: set the torchrun variables, threads and device, join the default group."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      GLOO_SOCKET_IFNAME=procs.loopback_interface())
     import torch
     import torch.distributed as dist
 

@@ -34,6 +34,7 @@ def test_readme_starts_jupyterlab_at_the_root_with_the_config():
     assert args[-1] == f"notebooks/{manifest.stems()[0]}.ipynb", "it opens the first lesson"
     config = json.loads(CONFIG.read_text())
     assert config["ServerApp"]["root_dir"] == ".", "the folder it starts in, not the notebook's folder"
+    assert config["ServerApp"]["ip"] == "127.0.0.1", "loopback only, whatever a user config says"
     assert config["ContentsManager"]["pre_save_hook"] == "helpers.jupyter_hooks.pre_save"
 
 

@@ -89,8 +89,8 @@ def test_the_entry_runs_by_its_own_name_and_says_it_needs_torchrun():
 
 def test_torchrun_command_shapes_and_errors():
     single = torchrun_command(["--max-steps", 5], module="helpers.mnist_torchrun", nproc_per_node=2, standalone=True)
-    assert single[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in single and "--nproc-per-node=2" in single
+    assert single[:3] == [sys.executable, "-m", "helpers.engine.cluster.torchrun"]
+    assert "--standalone" in single and "--nproc-per-node=2" in single and "--local-addr=127.0.0.1" in single
     assert single[-4:] == ["-m", "helpers.mnist_torchrun", "--max-steps", "5"]
     assert torchrun_command(["train.py"], module=None, standalone=True)[-1] == "train.py"
     multi = torchrun_command([], module="m", nnodes=2, rdzv_endpoint="127.0.0.1:1234", rdzv_id="x", is_host=False,

@@ -104,10 +104,11 @@ def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per
                      local_addr: str | None = None, max_restarts: int = 0,
                      monitor_interval: float = 0.5, rdzv_timeout_s: int = 60,
                      log_dir: str | os.PathLike | None = None, prefix: Sequence[str] = ()) -> list[str]:
-    """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "torch.distributed.run", ...]``.
+    """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "helpers.engine.cluster.torchrun", ...]``.
 
-    ``python -m torch.distributed.run`` is ``torchrun`` with this very interpreter (so it works
-    in a virtual environment without ``torchrun`` on ``PATH``).
+    That is ``python -m torch.distributed.run`` (``torchrun`` with this very interpreter, so it works
+    in a virtual environment without ``torchrun`` on ``PATH``) with its stores listening only on the
+    addresses named here (:mod:`helpers.engine.cluster.torchrun`); ``standalone``: on 127.0.0.1.
 
     Args:
         entry_args: arguments after the module, e.g. ``["--max-steps", "50"]``.
@@ -119,7 +120,8 @@ def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per
         rdzv_id: job id shared by all agents of the job.
         is_host: ``True`` on the one agent that hosts the store (``--rdzv-conf is_host=1``),
             ``False`` on the others; ``None``: torchrun guesses from the host name.
-        local_addr: the address this node advertises to the others (``--local-addr``).
+        local_addr: the address this node advertises to the others (``--local-addr``) and where
+            its workers' store listens (default with ``standalone``: ``127.0.0.1``).
         max_restarts: how often torchrun may restart the worker group after a failure.
         monitor_interval: seconds between the agent's checks of its workers.
         rdzv_timeout_s: seconds the agents wait for each other at the rendezvous.
@@ -134,11 +136,12 @@ def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per
         raise ValueError("standalone=True picks its own rendezvous; do not pass rdzv_endpoint")
     if not standalone and not rdzv_endpoint:
         raise ValueError("pass standalone=True (one node) or rdzv_endpoint='HOST:PORT' (c10d rendezvous)")
-    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run",
+    cmd = [*prefix, sys.executable, "-m", "helpers.engine.cluster.torchrun",
            f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
            f"--max-restarts={max_restarts}", f"--monitor-interval={monitor_interval:g}"]
     if standalone:
         cmd.append("--standalone")
+        local_addr = local_addr or "127.0.0.1"  # else the workers' store is on the host name's address
     else:
         conf = [f"join_timeout={rdzv_timeout_s}"]
         if is_host is not None:
