@@ -73,6 +73,7 @@ notebooks, and so the solutions.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import re
@@ -91,6 +92,8 @@ __all__ = [
     "check_parameters",
     "check_value",
     "check_answer",
+    "seal",
+    "sealed_check",
     "crash_report",
     "assert_close_once",
     "exercise_cells",
@@ -215,13 +218,77 @@ def _values(n: int) -> str:
     return f"{n} value" + ("" if n == 1 else "s")
 
 
+class _Sealed:
+    """An expected leaf (a number, text or bool) kept only as the SHA-256 of its rounded form."""
+
+    def __init__(self, kind: str, digest: str):
+        self.kind, self.digest = kind, digest
+
+    def __repr__(self) -> str:
+        return f"<sealed {self.kind} {self.digest[:12]}>"
+
+
+def _rounded(kind: str, value: Any, digits: int) -> str | None:
+    """The text a leaf is digested as: a number to ``digits`` significant digits, text casefolded;
+    None when ``value`` is not of ``kind``."""
+    if kind == "bool":
+        return repr(value) if isinstance(value, bool) else None
+    if kind == "text":
+        return value.strip().casefold() if isinstance(value, str) else None
+    value = _as_number(value)
+    return f"{float(value) + 0.0:.{digits}g}" if _is_number(value) else None
+
+
+def seal(expected: Any, rel_tol: float = 1e-6) -> Any:
+    """``expected`` with every number, text and bool replaced by a digest of its rounded form
+    (to ``-log10(rel_tol)`` significant digits, 1 to 6): the lists, tuples and dict keys stay, so
+    :func:`check_answer` still says which entry is wrong. Sets are digested whole."""
+    digits = min(6, max(1, round(-math.log10(rel_tol))))
+
+    def leaf(kind: str, value: Any) -> _Sealed:
+        return _Sealed(f"{kind}:{digits}", hashlib.sha256(_rounded(kind, value, digits).encode()).hexdigest())
+
+    expected = _plain(expected)
+    if isinstance(expected, bool):
+        return leaf("bool", expected)
+    if _is_number(expected):
+        return leaf("number", expected)
+    if isinstance(expected, str):
+        return leaf("text", expected)
+    if isinstance(expected, dict):
+        return {k: seal(v, rel_tol) for k, v in expected.items()}
+    if isinstance(expected, (set, frozenset)):
+        return leaf("text", repr(sorted(map(repr, expected))))
+    if isinstance(expected, (list, tuple)):
+        return type(expected)(seal(v, rel_tol) for v in expected)
+    raise TypeError(f"seal: cannot seal a {type(expected).__name__}")
+
+
+def sealed_check(key: str, answer: Any, expected: Any, **options: Any) -> None:
+    """:func:`check_answer` for a learner, given only :func:`seal` of ``expected``: the check
+    cells of the handout call this (ci/student_copies.py), so neither a ``check_answer`` the
+    learner redefines nor any kernel name ever sees the expected value."""
+    check_answer(key, answer, seal(expected, options.get("rel_tol", 1e-6)), **options)
+
+
 def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path: tuple = (),
                 labels: tuple = ()) -> str | None:
     """``None`` when ``answer`` matches ``expected``, else a short reason (which never quotes
     the expected value, so it does not give the answer away). A list or tuple asked for must be
-    given as a list or tuple: a tensor or an array where a list is asked is a wrong type."""
+    given as a list or tuple: a tensor or an array where a list is asked is a wrong type.
+    A :func:`seal` ed leaf matches an answer of the same rounded form (or within ``rel_tol`` of one)."""
     where = _place(path, labels)
     at = f" at {where}" if where else ""
+    if isinstance(expected, _Sealed):
+        kind, digits = expected.kind.split(":")
+        if isinstance(answer, (set, frozenset)) and kind == "text":
+            answer = repr(sorted(map(repr, answer)))
+        value = _as_number(_plain(answer)) if kind == "number" else _plain(answer)
+        if _rounded(kind, value, int(digits)) is None:
+            return f"expected {dict(bool='True or False', text='text').get(kind, 'a number')}{at}, you gave {answer!r}"
+        near = [value * f for f in (1, 1 - rel_tol, 1 + rel_tol)] if kind == "number" else [value]  # across a rounding edge
+        digests = {hashlib.sha256(_rounded(kind, v, int(digits)).encode()).hexdigest() for v in near}
+        return None if expected.digest in digests else f"{answer!r}{at} is not it"
     if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \
             and getattr(answer, "tolist", None) is not None:
         return (f"expected a list of {_values(len(expected))}{at}, you gave a {type(answer).__name__}: "
