@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -634,6 +634,9 @@ print(f"DDP (rank 0): {ddp}")
 
 # %% [markdown]
 # ## 5. A common mistake: multiplying the loss by `world_size`
+#
+# <a id="case-loss-times-world-size"></a>
+# **Symptom:** I multiplied the loss by world_size and the steps got too large.
 #
 # A common thought: "DDP divides by `world_size`, so multiply the loss by `world_size` to undo
 # it." With a **summed** loss that gives back the single process:

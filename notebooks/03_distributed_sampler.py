@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- opening:start -->
-# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does
@@ -188,6 +188,9 @@ plt.show()
 # %% [markdown]
 # ## 2. Padding skews evaluation
 #
+# <a id="case-padded-evaluation"></a>
+# **Symptom:** my accuracy over the ranks differs from one process's.
+#
 # Padding is harmless for training: two extra samples per epoch. But it is wrong for
 # **measuring**. Take the 10 items and a real, tiny classifier that predicts class 1 for every
 # input. Labels are 1 on items 0–4 and 0 on items 5–9. So it is right on exactly items 0–4.
@@ -283,6 +286,9 @@ plt.show()
 
 # %% [markdown]
 # ## 3. `set_epoch`: a new shuffle every epoch, only if you ask
+#
+# <a id="case-no-set-epoch"></a>
+# **Symptom:** every epoch shuffles the data in the same order.
 #
 # With `shuffle=True`, the sampler permutes the indices with a generator seeded `seed + epoch`.
 # Here `epoch` is whatever `set_epoch` last set: **0 if you never call it**. The source is
@@ -710,6 +716,9 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
 # ### Exercise 2: the same with drop_last=True
+#
+# <a id="case-never-seen"></a>
+# **Symptom:** some samples are never seen in an epoch.
 #
 # Take the same 11 items and 4 ranks, with `drop_last=True`. How many items are **never** handed
 # out in an epoch? Answer with a whole number.

@@ -223,8 +223,11 @@ def test_the_casebook_index_lists_every_case():
     from ci import casebook
 
     text = (ROOT / "docs" / "CASEBOOK.md").read_text(encoding="utf-8")
-    for stem in manifest.stems("casebook"):
+    in_lessons = 0
+    for stem in manifest.stems(None):
         found = casebook.cases(NOTEBOOKS / f"{stem}.ipynb")
-        assert found, stem
+        assert found or stem not in manifest.stems("casebook"), stem
+        in_lessons += len(found) * (stem not in manifest.stems("casebook"))
         for anchor, _ in found:
             assert f"(../notebooks/{stem}.ipynb#{anchor})" in text
+    assert in_lessons >= 10, "the lessons' cases are indexed too (issue 52): a symptom line after an anchor"
