@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- opening:start -->
-# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,600 words at 200 words/min): about 13 min.
 # <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist? What does each
@@ -451,6 +451,9 @@ assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * 
 #
 # ### 4.1 `all_gather` with tensors of different sizes
 #
+# <a id="case-all-gather-sizes"></a>
+# **Symptom:** all_gather fails with tensors of different sizes.
+#
 # Rank `r` holds `r + 1` values, from `r + 1` up: rank 0 holds `[1.]`, rank 1 `[2., 3.]`,
 # rank 2 `[3., 4., 5.]`, and so on. `all_gather` needs every rank's tensor to have the same size.
 #
@@ -520,6 +523,9 @@ assert [o.tolist() for o in objects] == everyone, f"rank {rank}: objects hold {[
 # %% [markdown]
 # ### 4.2 `ReduceOp.AVG` on gloo
 #
+# <a id="case-avg-int-on-gloo"></a>
+# **Symptom:** all_reduce with AVG raises on integer tensors, and the tensor has changed.
+#
 # Rank `r` holds `2 r + 1`: 1, 3, 5, and so on. The sum of the first `world_size` odd numbers
 # is `world_size²`, so their mean is `world_size`.
 #
@@ -577,6 +583,9 @@ assert abs(f.item() - left) < 1e-6, (
 # %% [markdown]
 # ### 4.3 `reduce` changes the other ranks' buffers too
 #
+# <a id="case-reduce-changes-others"></a>
+# **Symptom:** dist.reduce changed the tensors on the other ranks too.
+#
 # The docs of [`torch.distributed.reduce`](https://pytorch.org/docs/stable/distributed.html)
 # say "Only the process with rank `dst` is going to receive the final result". They do not
 # promise the other ranks' tensors are left alone. Rank `r` holds `[[1, 2], [3, 4]] + 3 r`:
@@ -618,6 +627,9 @@ else:
 
 # %% [markdown]
 # ### 4.4 A non-contiguous view in a collective is silently wrong
+#
+# <a id="case-non-contiguous-view"></a>
+# **Symptom:** all_reduce on a column gives wrong values and no error.
 #
 # A column of a 2-D tensor is a *view* with a stride: its elements are not next to each other in
 # memory. Rank `r`'s column holds `[10^r, 2 · 10^r]`: rank 0 `[1, 2]`, rank 1 `[10, 20]`, and
@@ -720,7 +732,8 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # Rank `r` holds `torch.arange(r + 1.0)`: rank 0 `[0.]`, rank 1 `[0., 1.]`, and so on. Write a
 # function `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in
 # rank order: `[[0.0], [0.0, 1.0], …]`. Use `dist.all_gather` on tensors, not
-# `all_gather_object`. Section 4.1 showed why the sizes must be equal and how to get around it.
+# `all_gather_object`. `all_gather` needs one size on every rank: gather the lengths first, pad
+# to the longest, then trim.
 # Set `answer_2 = fn`. The check cell runs it on the warm ranks.
 
 # %% tags=["exercise"]
