@@ -54,6 +54,7 @@ import contextlib
 import time
 import warnings
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -137,7 +138,8 @@ def bypass_worker(rank, world_size, later_steps, plans=None):
     out = {}
     plans = plans or {"wrapper": ["ddp"], "ddp.module(x)": ["module"], "ddp.module.score(x)": ["score"],
                       "fix: ddp(x, score=True)": ["ddp_score"],
-                      "mixed": ["ddp", "module"] + ["ddp"] * later_steps}
+                      "mixed": ["ddp", "module"] + ["ddp"] * later_steps,
+                      "wrapper, every step": ["ddp"] * (2 + later_steps)}
     for name, plan in plans.items():
         ddp = DDP(Scorer())
         weights, first = train(ddp, [loss_of(ddp, c, x) for c in plan], [ddp.module.lin.weight])
@@ -200,6 +202,22 @@ assert B[0]["mixed"]["first"][0] == 2, B[0]["mixed"]["first"]
 caught["1 mixed"] = "step 2 (the bypassed one)"
 pd.DataFrame({"step": range(1, len(mixed[0]) + 1), "call": ["ddp(x)", "ddp.module(x)"] + ["ddp(x)"] * later_steps,
               "weight, rank 0": mixed[0], "weight, rank 1": mixed[1]}).set_index("step")
+
+# %% [markdown]
+# The same run as a picture, beside the fix: every step through `ddp(x)`. The replicas' weights
+# split at the bypassed step and never meet again; through the wrapper they stay one line.
+
+# %%
+fixed = [B[r]["wrapper, every step"]["weights"] for r in range(WORLD)]
+assert fixed[0] == fixed[1] and mixed[0] != mixed[1], (fixed, mixed)  # what the figure shows
+fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2), sharey=True, layout="constrained")
+for ax, (title, runs) in zip(axes, [("bug: step 2 through ddp.module(x)", mixed),
+                                    ("fix: every step through ddp(x)", fixed)]):
+    for r, (marker, size) in enumerate([("o", 9), ("x", 7)]):
+        ax.plot(range(1, len(runs[r]) + 1), runs[r], marker=marker, markersize=size, label=f"rank {r}")
+    ax.set(title=title, xlabel="optimizer step", ylabel="weight w (no unit)")
+    ax.legend(loc="upper right")
+plt.show()
 
 # %% [markdown]
 # Buffers are different: DDP broadcasts rank 0's buffers again, before some forwards. Which ones?
