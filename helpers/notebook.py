@@ -286,7 +286,8 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path
         value = _as_number(_plain(answer)) if kind == "number" else _plain(answer)
         if _rounded(kind, value, int(digits)) is None:
             return f"expected {dict(bool='True or False', text='text').get(kind, 'a number')}{at}, you gave {answer!r}"
-        near = [value * f for f in (1, 1 - rel_tol, 1 + rel_tol)] if kind == "number" else [value]  # across a rounding edge
+        # within rel_tol of a rounding edge, the answer's neighbours round to the expected side
+        near = [value * f for f in (1, 1 - rel_tol, 1 + rel_tol)] if kind == "number" else [value]
         digests = {hashlib.sha256(_rounded(kind, v, int(digits)).encode()).hexdigest() for v in near}
         return None if expected.digest in digests else f"{answer!r}{at} is not it"
     if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \

@@ -239,7 +239,7 @@ def test_the_copies_mark_the_workshop_stops(copies):
         i, part = on_path[stem]
         wanted = {"setup", *part.sections, *(f"ex{n}" for n in part.exercises)}
         last_mark = last_taught = -1
-        for j, (lab, cell) in enumerate(zip(workshop.parts_of_cells(nb), nb.cells)):
+        for j, lab in enumerate(workshop.parts_of_cells(nb)):
             if j in marks:
                 last_mark = j
             elif lab in wanted:
