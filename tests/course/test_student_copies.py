@@ -4,6 +4,7 @@ preprocessors), with the glossary, helpers and data they need, as a folder and a
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import symtable
 import zipfile
@@ -250,3 +251,16 @@ def test_the_copies_mark_the_workshop_stops(copies):
         assert "stop here" in stop and marks[-1] > last_taught, (stem, stop)
         if i + 1 < len(path):
             assert f"({by_label[path[i + 1].lesson].stem}.ipynb)" in stop, stop
+
+
+def test_the_path_exercises_point_only_to_sections_on_the_path():
+    """issue 52: an exercise done in the room names no section the room skips ("Section 4.1
+    showed why", 00a's exercise 2 said, with §4 off the path). Whether its check runs on the path's
+    sections alone, test_handout_kernel runs."""
+    by_label = manifest.by_label(manifest.load())
+    for part in manifest.workshop():
+        nb = nbformat.read(str(ROOT / "notebooks" / f"{by_label[part.lesson].stem}.ipynb"), as_version=4)
+        for lab, cell in zip(workshop.parts_of_cells(nb), nb.cells):
+            if cell.cell_type == "markdown" and lab in {f"ex{n}" for n in part.exercises}:
+                named = set(re.findall(r"(?:[Ss]ections? |§)(\d+[a-z]?)", cell.source))
+                assert named <= set(part.sections), f"{part.lesson} {lab} points to §{named - set(part.sections)}"
