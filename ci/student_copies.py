@@ -104,7 +104,8 @@ python3 -m jupyter lab --config=jupyter_lab_config.json {first}
 ```
 
 JupyterLab opens in your browser on the first lesson. Run its cells from the top, in order
-(Shift+Enter). The lessons, in order:
+(Shift+Enter). In the 3-hour workshop, follow the cells that begin **Workshop:**: they say which
+parts the room skips and where it stops. The lessons, in order:
 
 {lessons}
 

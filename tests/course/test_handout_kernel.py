@@ -41,7 +41,7 @@ def _holds(value, truth, depth=0, deep=True):
         if number and isinstance(value, (int, float)) and not isinstance(value, bool):
             return _m.isclose(value, truth, rel_tol=1e-4, abs_tol=1e-9)
         if not number and (value == truth or isinstance(value, (list, tuple)) and len(value) == len(truth)
-                           and all(_holds(a, b) for a, b in zip(value, truth))):
+                           and all(_holds(a, b, deep=False) for a, b in zip(value, truth))):
             return True
     except Exception:
         pass
