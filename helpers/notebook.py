@@ -228,25 +228,28 @@ class _Sealed:
         return f"<sealed {self.kind} {self.digest[:12]}>"
 
 
-def _rounded(kind: str, value: Any, digits: int) -> str | None:
-    """The text a leaf is digested as: a number to ``digits`` significant digits, text casefolded;
-    None when ``value`` is not of ``kind``."""
+def _rounded(kind: str, value: Any, digits: int, abs_tol: float) -> str | None:
+    """The text a leaf is digested as: a number to ``digits`` significant digits (0 within
+    ``abs_tol``), text casefolded; None when ``value`` is not of ``kind``."""
     if kind == "bool":
         return repr(value) if isinstance(value, bool) else None
     if kind == "text":
         return value.strip().casefold() if isinstance(value, str) else None
+    if kind == "repr":  # anything else (None, an object): compared by its repr
+        return repr(value)
     value = _as_number(value)
-    return f"{float(value) + 0.0:.{digits}g}" if _is_number(value) else None
+    return f"{(float(value) if abs(value) > abs_tol else 0.0) + 0.0:.{digits}g}" if _is_number(value) else None
 
 
-def seal(expected: Any, rel_tol: float = 1e-6) -> Any:
+def seal(expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Any:
     """``expected`` with every number, text and bool replaced by a digest of its rounded form
     (to ``-log10(rel_tol)`` significant digits, 1 to 6): the lists, tuples and dict keys stay, so
-    :func:`check_answer` still says which entry is wrong. Sets are digested whole."""
-    digits = min(6, max(1, round(-math.log10(rel_tol))))
+    :func:`check_answer` still says which entry is wrong. Sets are digested whole; any other
+    value by its ``repr``."""
+    digits = min(6, max(1, round(-math.log10(max(rel_tol, 1e-12)))))
 
     def leaf(kind: str, value: Any) -> _Sealed:
-        return _Sealed(f"{kind}:{digits}", hashlib.sha256(_rounded(kind, value, digits).encode()).hexdigest())
+        return _Sealed(f"{kind}:{digits}", hashlib.sha256(_rounded(kind, value, digits, abs_tol).encode()).hexdigest())
 
     expected = _plain(expected)
     if isinstance(expected, bool):
@@ -256,19 +259,19 @@ def seal(expected: Any, rel_tol: float = 1e-6) -> Any:
     if isinstance(expected, str):
         return leaf("text", expected)
     if isinstance(expected, dict):
-        return {k: seal(v, rel_tol) for k, v in expected.items()}
+        return {k: seal(v, rel_tol, abs_tol) for k, v in expected.items()}
     if isinstance(expected, (set, frozenset)):
         return leaf("text", repr(sorted(map(repr, expected))))
     if isinstance(expected, (list, tuple)):
-        return type(expected)(seal(v, rel_tol) for v in expected)
-    raise TypeError(f"seal: cannot seal a {type(expected).__name__}")
+        return type(expected)(seal(v, rel_tol, abs_tol) for v in expected)
+    return leaf("repr", expected)
 
 
 def sealed_check(key: str, answer: Any, expected: Any, **options: Any) -> None:
     """:func:`check_answer` for a learner, given only :func:`seal` of ``expected``: the check
     cells of the handout call this (ci/student_copies.py), so neither a ``check_answer`` the
     learner redefines nor any kernel name ever sees the expected value."""
-    check_answer(key, answer, seal(expected, options.get("rel_tol", 1e-6)), **options)
+    check_answer(key, answer, seal(expected, options.get("rel_tol", 1e-6), options.get("abs_tol", 1e-9)), **options)
 
 
 def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path: tuple = (),
@@ -284,11 +287,11 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path
         if isinstance(answer, (set, frozenset)) and kind == "text":
             answer = repr(sorted(map(repr, answer)))
         value = _as_number(_plain(answer)) if kind == "number" else _plain(answer)
-        if _rounded(kind, value, int(digits)) is None:
+        if _rounded(kind, value, int(digits), abs_tol) is None:
             return f"expected {dict(bool='True or False', text='text').get(kind, 'a number')}{at}, you gave {answer!r}"
         # within rel_tol of a rounding edge, the answer's neighbours round to the expected side
         near = [value * f for f in (1, 1 - rel_tol, 1 + rel_tol)] if kind == "number" else [value]
-        digests = {hashlib.sha256(_rounded(kind, v, int(digits)).encode()).hexdigest() for v in near}
+        digests = {hashlib.sha256(_rounded(kind, v, int(digits), abs_tol).encode()).hexdigest() for v in near}
         return None if expected.digest in digests else f"{answer!r}{at} is not it"
     if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \
             and getattr(answer, "tolist", None) is not None:
@@ -369,7 +372,8 @@ def check_answer(
     because of ``answer``: ``"ex1: not answered yet ..."`` when ``answer`` is None,
     ``"ex1: correct"``, or ``"ex1: not yet: <why> <hint>"``. For a solution (``strict=True``)
     it prints ``"ex1: solution checked"`` or raises ``AssertionError`` naming the exercise, the
-    solution's value and the expected one.
+    solution's value and the expected one; or, when only :func:`seal` ed ``expected`` rejects the
+    solution, saying so (every notebook run checks the handout's comparison too).
 
     Matching: numbers with ``math.isclose(rel_tol, abs_tol)`` (ints, floats, ``Fraction``,
     numpy / torch scalars; text like ``"7/12"`` is read as a fraction); lists and tuples
@@ -410,6 +414,9 @@ def check_answer(
                 f"{key}: the solution gives {_plain(answer)!r} but the expected value is "
                 f"{_plain(expected)!r} ({reason}): the solution or the expected value is wrong"
             )
+        if _difference(answer, seal(expected, rel_tol, abs_tol), rel_tol, abs_tol, (), tuple(labels)) is not None:
+            raise AssertionError(f"{key}: the solution matches the expected value but not its digest, "
+                                 "which the handout's check compares (helpers.notebook.seal)")
         print(f"{key}: solution checked")
         return
     if answer is None:
