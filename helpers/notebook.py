@@ -229,8 +229,8 @@ class _Sealed:
 
 
 def _rounded(kind: str, value: Any, digits: int, abs_tol: float) -> str | None:
-    """The text a leaf is digested as: a number to ``digits`` significant digits (0 within
-    ``abs_tol``), text casefolded; None when ``value`` is not of ``kind``."""
+    """The text a leaf is digested as: a number on the grid of ``abs_tol``'s power of ten, then to
+    ``digits`` significant digits; text casefolded; None when ``value`` is not of ``kind``."""
     if kind == "bool":
         return repr(value) if isinstance(value, bool) else None
     if kind == "text":
@@ -238,7 +238,10 @@ def _rounded(kind: str, value: Any, digits: int, abs_tol: float) -> str | None:
     if kind == "repr":  # anything else (None, an object): compared by its repr
         return repr(value)
     value = _as_number(value)
-    return f"{(float(value) if abs(value) > abs_tol else 0.0) + 0.0:.{digits}g}" if _is_number(value) else None
+    if not _is_number(value):
+        return None
+    grid = 10.0 ** math.ceil(math.log10(max(abs_tol, 1e-300)))
+    return f"{round(float(value) / grid) * grid + 0.0:.{digits}g}"
 
 
 def seal(expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Any:
@@ -289,8 +292,9 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path
         value = _as_number(_plain(answer)) if kind == "number" else _plain(answer)
         if _rounded(kind, value, int(digits), abs_tol) is None:
             return f"expected {dict(bool='True or False', text='text').get(kind, 'a number')}{at}, you gave {answer!r}"
-        # within rel_tol of a rounding edge, the answer's neighbours round to the expected side
-        near = [value * f for f in (1, 1 - rel_tol, 1 + rel_tol)] if kind == "number" else [value]
+        # within rel_tol or abs_tol of a rounding edge, the answer's neighbours round to the expected side
+        near = [value, value * (1 - rel_tol), value * (1 + rel_tol), value - abs_tol, value + abs_tol] \
+            if kind == "number" else [value]
         digests = {hashlib.sha256(_rounded(kind, v, int(digits), abs_tol).encode()).hexdigest() for v in near}
         return None if expected.digest in digests else f"{answer!r}{at} is not it"
     if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \
