@@ -14,8 +14,13 @@ and ``ClearOutputPreprocessor`` clears outputs and execution counts. Exercise ce
 ``exercise``) and the cells that check an answer (tag ``check``) stay. Two more changes keep the
 copies a student's own (:class:`StudentPreprocessor`): the check cell of an exercise runs its code
 inside a function, ``check_exercise_N()``, so the expected value it computes is never left in a
-kernel name a student could print (``expected_N``); and the jupytext pairing metadata is dropped,
-so saving a copy in JupyterLab writes no ``.py`` twin beside it.
+kernel name a student could print (``expected_N``), and calls :func:`helpers.notebook.sealed_check`
+imported inside it, which hands ``check_answer`` only a digest of the rounded expected value, so a
+``check_answer`` redefined in a cell reads nothing; the jupytext pairing metadata is dropped, so
+saving a copy in JupyterLab writes no ``.py`` twin beside it. A lesson on the 3-hour workshop path
+(the manifest's ``[[workshop]]``, :mod:`ci.workshop`) gets a markdown cell tagged ``workshop`` where
+the room skips a part ("Workshop: skip to §3") and where it stops ("Workshop: stop here, continue
+at 01 §1"), from :func:`workshop_stops`.
 
 Next to them go what the lessons need to run and to link to, so the folder is the course
 without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...) and the
@@ -52,6 +57,7 @@ from nbconvert.exporters import NotebookExporter
 from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor, TagRemovePreprocessor
 from traitlets.config import Config
 
+from ci import workshop
 from ci.planning import REPO_ROOT, ConfigError, check_output_dir, resolve_notebooks
 from helpers import lessons as manifest
 from helpers.checkout import HANDOUT_DIST, REPO_DIST
@@ -98,7 +104,8 @@ python3 -m jupyter lab --config=jupyter_lab_config.json {first}
 ```
 
 JupyterLab opens in your browser on the first lesson. Run its cells from the top, in order
-(Shift+Enter). The lessons, in order:
+(Shift+Enter). In the 3-hour workshop, follow the cells that begin **Workshop:**: they say which
+parts the room skips and where it stops. The lessons, in order:
 
 {lessons}
 
@@ -112,7 +119,9 @@ as it is.
 #: The call that marks an exercise's check cell: ``check_answer("ex2", answer_2, ...``.
 EXERCISE_CHECK = re.compile(r'check_answer\("ex(\d+)", answer_\1\b')
 #: The line that opens an exercise's check cell in a student copy (N: the exercise).
-SCOPE_LINE = "def check_exercise_{n}():  # a function: what it computes stays inside, out of your kernel's names"
+SCOPE_LINE = ("def check_exercise_{n}():  # a function: what it computes stays inside, out of your kernel's names\n"
+              "    from helpers.notebook import sealed_check as check_answer  # compares digests: it shows no answer")
+WORKSHOP_TAG = "workshop"
 
 
 def scoped_check(source: str) -> str:
@@ -126,11 +135,52 @@ def scoped_check(source: str) -> str:
     return f"{SCOPE_LINE.format(n=n)}\n{body}\n\n\ncheck_exercise_{n}()"
 
 
+def _where(part: str) -> str:
+    return f"exercise {part[2:]}" if part.startswith("ex") else f"§{part}"
+
+
+def workshop_stops(nb, stem: str) -> list[tuple[int, str]]:
+    """``(index, text)``: the workshop's markdown before cell ``index`` of lesson ``stem``, where the
+    path (the manifest's ``[[workshop]]``) skips a section or exercise and where it stops; none
+    for a lesson off the path. Headings between parts (what we saw, the next link) are not skipped."""
+    lessons, path = manifest.load(), manifest.workshop()
+    by_label = manifest.by_label(lessons)
+    order = [by_label[part.lesson].stem for part in path]
+    if stem not in order:
+        return []
+    part = path[order.index(stem)]
+    wanted = {"setup", "summary", *part.sections, *(f"ex{n}" for n in part.exercises)}
+    labels = workshop.parts_of_cells(nb)
+    last = max(i for i, lab in enumerate(labels) if lab in wanted - {"summary"})
+    if order.index(stem) + 1 < len(order):
+        following = path[order.index(stem) + 1]
+        nxt = by_label[following.lesson]
+        then = f"continue at [{nxt.label} §{following.sections[0]}]({nxt.stem}.ipynb)"
+    else:
+        then = "that is the end of the workshop"
+    stops, skipping = [], False
+    for i, lab in enumerate(labels):
+        if lab == "summary":
+            continue
+        if lab not in wanted and not skipping:
+            if i > last:
+                return [*stops, (i, f"**Workshop: stop here**, {then}. The rest of this lesson is homework.")]
+            resume = next(labels[j] for j in range(i, len(labels)) if labels[j] in wanted - {"summary"})
+            stops.append((i, f"**Workshop: skip to {_where(resume)}** below; the parts in "
+                             "between are homework."))
+        skipping = lab not in wanted
+    return [*stops, (len(labels), f"**Workshop: stop here**, {then}.")]
+
+
 class StudentPreprocessor(Preprocessor):
-    """Exercise checks in a function scope (:func:`scoped_check`), no jupytext pairing."""
+    """Exercise checks in a function scope (:func:`scoped_check`), the workshop's stops
+    (:func:`workshop_stops`), no jupytext pairing."""
 
     def preprocess(self, nb, resources):
         nb.metadata.pop("jupytext", None)
+        stem = Path(resources.get("metadata", {}).get("name", "")).stem
+        for index, text in reversed(workshop_stops(nb, stem)):
+            nb.cells.insert(index, nbformat.v4.new_markdown_cell(text, metadata={"tags": [WORKSHOP_TAG]}))
         return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell, resources, index):

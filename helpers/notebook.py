@@ -73,6 +73,7 @@ notebooks, and so the solutions.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import re
@@ -92,6 +93,8 @@ __all__ = [
     "check_parameters",
     "check_value",
     "check_answer",
+    "seal",
+    "sealed_check",
     "crash_report",
     "assert_close_once",
     "exercise_cells",
@@ -218,13 +221,85 @@ def _values(n: int) -> str:
     return f"{n} value" + ("" if n == 1 else "s")
 
 
+class _Sealed:
+    """An expected leaf (a number, text or bool) kept only as the SHA-256 of its rounded form."""
+
+    def __init__(self, kind: str, digest: str):
+        self.kind, self.digest = kind, digest
+
+    def __repr__(self) -> str:
+        return f"<sealed {self.kind} {self.digest[:12]}>"
+
+
+def _rounded(kind: str, value: Any, digits: int, abs_tol: float) -> str | None:
+    """The text a leaf is digested as: a number on the grid of ``abs_tol``'s power of ten, then to
+    ``digits`` significant digits; text casefolded; None when ``value`` is not of ``kind``."""
+    if kind == "bool":
+        return repr(value) if isinstance(value, bool) else None
+    if kind == "text":
+        return value.strip().casefold() if isinstance(value, str) else None
+    if kind == "repr":  # anything else (None, an object): compared by its repr
+        return repr(value)
+    value = _as_number(value)
+    if not _is_number(value):
+        return None
+    grid = 10.0 ** math.ceil(math.log10(max(abs_tol, 1e-300)))
+    return f"{round(float(value) / grid) * grid + 0.0:.{digits}g}"
+
+
+def seal(expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Any:
+    """``expected`` with every number, text and bool replaced by a digest of its rounded form
+    (to ``-log10(rel_tol)`` significant digits, 1 to 6): the lists, tuples and dict keys stay, so
+    :func:`check_answer` still says which entry is wrong. Sets are digested whole; any other
+    value by its ``repr``."""
+    digits = min(6, max(1, round(-math.log10(max(rel_tol, 1e-12)))))
+
+    def leaf(kind: str, value: Any) -> _Sealed:
+        return _Sealed(f"{kind}:{digits}", hashlib.sha256(_rounded(kind, value, digits, abs_tol).encode()).hexdigest())
+
+    expected = _plain(expected)
+    if isinstance(expected, bool):
+        return leaf("bool", expected)
+    if _is_number(expected):
+        return leaf("number", expected)
+    if isinstance(expected, str):
+        return leaf("text", expected)
+    if isinstance(expected, dict):
+        return {k: seal(v, rel_tol, abs_tol) for k, v in expected.items()}
+    if isinstance(expected, (set, frozenset)):
+        return leaf("text", repr(sorted(map(repr, expected))))
+    if isinstance(expected, (list, tuple)):
+        return type(expected)(seal(v, rel_tol, abs_tol) for v in expected)
+    return leaf("repr", expected)
+
+
+def sealed_check(key: str, answer: Any, expected: Any, **options: Any) -> None:
+    """:func:`check_answer` for a learner, given only :func:`seal` of ``expected``: the check
+    cells of the handout call this (ci/student_copies.py), so neither a ``check_answer`` the
+    learner redefines nor any kernel name ever sees the expected value."""
+    check_answer(key, answer, seal(expected, options.get("rel_tol", 1e-6), options.get("abs_tol", 1e-9)), **options)
+
+
 def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path: tuple = (),
                 labels: tuple = ()) -> str | None:
     """``None`` when ``answer`` matches ``expected``, else a short reason (which never quotes
     the expected value, so it does not give the answer away). A list or tuple asked for must be
-    given as a list or tuple: a tensor or an array where a list is asked is a wrong type."""
+    given as a list or tuple: a tensor or an array where a list is asked is a wrong type.
+    A :func:`seal` ed leaf matches an answer of the same rounded form (or within ``rel_tol`` of one)."""
     where = _place(path, labels)
     at = f" at {where}" if where else ""
+    if isinstance(expected, _Sealed):
+        kind, digits = expected.kind.split(":")
+        if isinstance(answer, (set, frozenset)) and kind == "text":
+            answer = repr(sorted(map(repr, answer)))
+        value = _as_number(_plain(answer)) if kind == "number" else _plain(answer)
+        if _rounded(kind, value, int(digits), abs_tol) is None:
+            return f"expected {dict(bool='True or False', text='text').get(kind, 'a number')}{at}, you gave {answer!r}"
+        # within rel_tol or abs_tol of a rounding edge, the answer's neighbours round to the expected side
+        near = [value, value * (1 - rel_tol), value * (1 + rel_tol), value - abs_tol, value + abs_tol] \
+            if kind == "number" else [value]
+        digests = {hashlib.sha256(_rounded(kind, v, int(digits), abs_tol).encode()).hexdigest() for v in near}
+        return None if expected.digest in digests else f"{answer!r}{at} is not it"
     if isinstance(expected, (list, tuple)) and not isinstance(answer, (list, tuple)) \
             and getattr(answer, "tolist", None) is not None:
         return (f"expected a list of {_values(len(expected))}{at}, you gave a {type(answer).__name__}: "
@@ -304,7 +379,8 @@ def check_answer(
     because of ``answer``: ``"ex1: not answered yet ..."`` when ``answer`` is None,
     ``"ex1: correct"``, or ``"ex1: not yet: <why> <hint>"``. For a solution (``strict=True``)
     it prints ``"ex1: solution checked"`` or raises ``AssertionError`` naming the exercise, the
-    solution's value and the expected one.
+    solution's value and the expected one; or, when only :func:`seal` ed ``expected`` rejects the
+    solution, saying so (every notebook run checks the handout's comparison too).
 
     Matching: numbers with ``math.isclose(rel_tol, abs_tol)`` (ints, floats, ``Fraction``,
     numpy / torch scalars; text like ``"7/12"`` is read as a fraction); lists and tuples
@@ -345,6 +421,9 @@ def check_answer(
                 f"{key}: the solution gives {_plain(answer)!r} but the expected value is "
                 f"{_plain(expected)!r} ({reason}): the solution or the expected value is wrong"
             )
+        if _difference(answer, seal(expected, rel_tol, abs_tol), rel_tol, abs_tol, (), tuple(labels)) is not None:
+            raise AssertionError(f"{key}: the solution matches the expected value but not its digest, "
+                                 "which the handout's check compares (helpers.notebook.seal)")
         print(f"{key}: solution checked")
         return
     if answer is None:

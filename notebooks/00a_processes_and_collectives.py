@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- opening:start -->
-# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,500 words at 200 words/min): about 12 min.
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist? What does each
@@ -40,12 +40,8 @@
 # `torch.distributed`. The [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese
 # name.
 #
-# 1. processes and ranks · 2. why spawn or a fork server, never fork · 3. the collectives by
-# hand · 4. behaviours people report, reproduced
-#
-# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU. It is
-# the same with or without GPUs: this lesson is about *what* the collectives do, not speed.
-# Section 2's "On a GPU" note covers CUDA.
+# **What runs where:** `world_size` ipyparallel engines, backend `gloo`, tensors on CPU, with or
+# without GPUs: this lesson is about *what* the collectives do.
 
 # %% tags=["parameters"]
 # Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
@@ -68,6 +64,7 @@ import subprocess
 import sys
 
 import cloudpickle
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -82,9 +79,8 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 #
 # `start_ranks` starts `world_size` ipyparallel engines. They are Python processes, not copies of
 # this kernel. It gives each its `rank` and initialises the default process group on all of them.
-# It also makes `%%px` send cells to them. The next cell is slow the first time. A server process
-# starts and imports torch, then the engines start from it. After that, a `%%px` cell costs
-# milliseconds.
+# It also makes `%%px` send cells to them. The next cell is slow the first time: a server process
+# starts and imports torch. After that, a `%%px` cell costs milliseconds.
 
 # %%
 # After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
@@ -197,12 +193,10 @@ assert missing.exc_type == "NameError" and "kernel" in missing.message and "rank
 assert ranks.pull("kernel_only") == [kernel_only] * world_size, f"the ranks hold {ranks.pull('kernel_only')}"
 
 # %% [markdown]
-# A process that is not a copy of the kernel pays a price: it cannot import this notebook. Plain
-# `pickle` sends a function **by reference**, as a module name and a function name. The receiving
-# process looks the name up in *its* `__main__`, where a cell's function does not exist. That is
-# the `AttributeError: Can't get attribute 'square' on <module '__main__'>` people get from
-# `mp.spawn` in a notebook. `cloudpickle` sends a cell's function **by value**, as its code. So a
-# fresh process can run it. The warm ranks and `launch` both use it for cell-defined code.
+# Such a process cannot import this notebook. Plain `pickle` sends a function **by reference**, as
+# a module and a name. The receiver looks the name up in *its* `__main__`, where a cell's function
+# does not exist: `AttributeError: Can't get attribute 'square' on <module '__main__'>`.
+# `cloudpickle` sends it **by value**, as its code. The warm ranks and `launch` use it.
 #
 # **Claim:** a fresh Python process, exactly what spawn starts, fails to load a plain-pickled
 # cell function with `AttributeError`. It runs the same function sent with `cloudpickle`.
@@ -233,16 +227,10 @@ assert by_value.returncode == 0 and by_value.stdout.decode().strip() == str(squa
 
 # %% [markdown]
 # That is the crash of the PyTorch DDP tutorial's `mp.spawn(demo_basic, ...)` pasted into a
-# notebook with `import torch.multiprocessing as mp`. Every process it starts dies with this
-# `AttributeError`. The cell ends with `ProcessExitedException: process 1 terminated with exit code 1`.
-# In a kernel that has imported `helpers.engine`, a "What to do" line follows, as
-# docs/OWN_CODE.md shows.
-#
-# The fix for this crash is one line: `import helpers.mp as mp` instead. Its `mp.spawn` takes the
-# same arguments and calls `fn(i, *args)` in process `i`, as torch's does. But it sends `fn` by
-# value with `cloudpickle`. It also returns each process's result, in order, where torch's
-# returns `None`. Its `timeout=` is its own addition: torch's `spawn` has none. On a CPU the
-# tutorial needs a few more edits, listed in docs/OWN_CODE.md.
+# notebook: every process it starts dies with this `AttributeError`. The fix is one line,
+# `import helpers.mp as mp`. Its `mp.spawn` takes torch's arguments and calls `fn(i, *args)` in
+# process `i`. But it sends `fn` by value, and returns each process's result in order.
+# docs/OWN_CODE.md lists the tutorial's other edits for a CPU.
 #
 # **Claim:** `helpers.mp.spawn` runs the cell-defined `square` in `world_size` fresh processes,
 # as `square(i)` in process `i`. It returns the squares of 0 to `world_size - 1`, in order.
@@ -264,11 +252,9 @@ assert spawned == [i * i for i in range(world_size)], f"helpers.mp.spawn returne
 # to avoid. Once a process has touched CUDA, a forked child cannot use CUDA. One `torch.cuda`
 # call is enough, and a notebook usually has made one. The child fails with
 # `RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method`.
-# Source: the PyTorch docs, "Multiprocessing best practices", section
-# ["CUDA in multiprocessing"](https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing).
-# It says "either spawn or forkserver start method are required to use CUDA in subprocesses".
-# The message itself is in `_lazy_init` in `torch/cuda/__init__.py`. This is the error behind
-# fork-based notebook launchers failing after a GPU cell ran.
+# Source: the PyTorch docs,
+# ["CUDA in multiprocessing"](https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing),
+# and `_lazy_init` in `torch/cuda/__init__.py`, which raises it.
 #
 # The CPU part we can run here. Forking copies a process's memory but only the thread that
 # called `fork`. A lock another thread held stays locked in the child, for ever. Python's docs on
@@ -296,11 +282,10 @@ if sys.platform == "linux" and sys.version_info < (3, 14):
     assert multiprocessing.get_start_method() == "fork", f"the default start method is {multiprocessing.get_start_method()}"
 
 # %% [markdown]
-# The third way is the one `launch` uses. Lesson [02](02_one_model_many_processes.ipynb) runs
-# DDP with it. Its ranks are forked from a fork server, a fresh interpreter that imported torch
-# once. So later launches skip the import.
+# The third way is the one `launch` uses, and lesson [02](02_one_model_many_processes.ipynb) runs
+# DDP with it: ranks forked from a fork server that imported torch once.
 # [docs/ARCHITECTURE.md](../docs/ARCHITECTURE.md#the-fork-server-what-it-buys-and-what-it-costs)
-# shows how, and the tests that prove it.
+# shows how.
 #
 # **Claim:** a function defined in this cell runs on every rank through `launch`. The results
 # come back in rank order. The ranks are new processes, not the warm ranks. Like the warm ranks,
@@ -443,13 +428,46 @@ assert out.tolist() == [10.0 * world_size * (world_size - 1) / 2 + world_size * 
     f"rank {rank}: out is {out.tolist()}; re-run the %%px cell above (`dist.reduce_scatter(out, inputs)`), then this one")
 
 # %% [markdown]
+# The in-place calls again, as a picture: each rank's value before and after each.
+
+# %%
+def before_and_after(rank, world_size):
+    """{collective: (before, after)} of this rank's one-value tensor, each from rank + 1."""
+    import torch
+    import torch.distributed as dist
+    calls = {"all_reduce SUM": lambda t: dist.all_reduce(t),
+             "all_reduce AVG": lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG),
+             "broadcast from rank 1": lambda t: dist.broadcast(t, src=1),
+             "reduce SUM to rank 0": lambda t: dist.reduce(t, dst=0)}
+    out = {}
+    for name, call in calls.items():
+        t = torch.tensor([rank + 1.0])
+        call(t)
+        out[name] = (rank + 1.0, t.item())
+    return out
+
+
+held = ranks.run(before_and_after)
+total = world_size * (world_size + 1) / 2
+assert [h["all_reduce SUM"][1] for h in held] == [total] * world_size and held[0]["reduce SUM to rank 0"][1] == total
+fig, axes = plt.subplots(1, len(held[0]), figsize=(11, 3), sharey=True, layout="constrained")
+for ax, name in zip(axes, held[0]):
+    ax.plot(range(world_size), [h[name][0] for h in held], "o", markersize=10, label="before")
+    ax.plot(range(world_size), [h[name][1] for h in held], "x", markersize=10, mew=2, label="after")
+    ax.set(title=name, xlabel="rank", ylabel="the tensor's value (no unit)", xticks=range(world_size))
+fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper")
+plt.show()
+
+# %% [markdown]
 # ## 4. Behaviours people report, reproduced
 #
-# Each of these was reported as a bug or a surprise. All are measured on torch 2.14.1 with
-# `gloo` and 2, 3 and 4 ranks. Each cell asserts what happens with your `world_size`. If a
-# future torch changes it, this notebook fails and says so.
+# Each was reported as a bug or a surprise, and is measured on torch 2.14.1, `gloo`, 2 to 4
+# ranks. Each cell asserts it for your `world_size`: a future torch that changes it fails here.
 #
 # ### 4.1 `all_gather` with tensors of different sizes
+#
+# <a id="case-all-gather-sizes"></a>
+# **Symptom:** all_gather fails with tensors of different sizes.
 #
 # Rank `r` holds `r + 1` values, from `r + 1` up: rank 0 holds `[1.]`, rank 1 `[2., 3.]`,
 # rank 2 `[3., 4., 5.]`, and so on. `all_gather` needs every rank's tensor to have the same size.
@@ -481,9 +499,6 @@ assert error is not None and "invalid tensor size" in error, (
 assert check.item() == world_size, f"rank {rank}: check is {check.item()}, expected {world_size}: the group still works"
 
 # %% [markdown]
-# A failure that breaks the group is another matter, such as a collective one rank never joins.
-# Lesson [00b](00b_ddp_cell_by_cell.ipynb), section 4, shows it, and how the warm ranks restart.
-#
 # Two ways work:
 #
 # - **Pad:** all-gather the sizes, pad every tensor to the largest, all-gather, then trim each
@@ -519,6 +534,9 @@ assert [o.tolist() for o in objects] == everyone, f"rank {rank}: objects hold {[
 
 # %% [markdown]
 # ### 4.2 `ReduceOp.AVG` on gloo
+#
+# <a id="case-avg-int-on-gloo"></a>
+# **Symptom:** all_reduce with AVG raises on integer tensors, and the tensor has changed.
 #
 # Rank `r` holds `2 r + 1`: 1, 3, 5, and so on. The sum of the first `world_size` odd numbers
 # is `world_size²`, so their mean is `world_size`.
@@ -577,6 +595,9 @@ assert abs(f.item() - left) < 1e-6, (
 # %% [markdown]
 # ### 4.3 `reduce` changes the other ranks' buffers too
 #
+# <a id="case-reduce-changes-others"></a>
+# **Symptom:** dist.reduce changed the tensors on the other ranks too.
+#
 # The docs of [`torch.distributed.reduce`](https://pytorch.org/docs/stable/distributed.html)
 # say "Only the process with rank `dst` is going to receive the final result". They do not
 # promise the other ranks' tensors are left alone. Rank `r` holds `[[1, 2], [3, 4]] + 3 r`:
@@ -586,8 +607,7 @@ assert abs(f.item() - left) < 1e-6, (
 # too. Each of its entries is now a sum over some of the ranks, its own included. On rank 1 the
 # second row is the sum's second row.
 #
-# So treat the input of `reduce` on the other ranks as garbage afterwards. Clone it first if you
-# need it.
+# So clone the input of `reduce` first if you need it on the other ranks.
 
 # %%
 # %%px
@@ -619,6 +639,9 @@ else:
 # %% [markdown]
 # ### 4.4 A non-contiguous view in a collective is silently wrong
 #
+# <a id="case-non-contiguous-view"></a>
+# **Symptom:** all_reduce on a column gives wrong values and no error.
+#
 # A column of a 2-D tensor is a *view* with a stride: its elements are not next to each other in
 # memory. Rank `r`'s column holds `[10^r, 2 · 10^r]`: rank 0 `[1, 2]`, rank 1 `[10, 20]`, and
 # so on. Call the sum of the first elements `S = 1 + 10 + … + 10^(world_size - 1)`: 11 with two
@@ -628,8 +651,6 @@ else:
 # `[S, 2 · 10^r]`, not `[S, 2 S]`. The call raises no error and no warning. Reducing a
 # contiguous copy and copying it back gives `[S, 2 S]` on every rank.
 #
-# The cell records every warning the call raises on each rank, and the check asserts there is
-# none.
 
 # %%
 # %%px
@@ -664,10 +685,8 @@ assert m[:, 0].tolist() == [S, 2 * S], f"rank {rank}: m[:, 0] is {m[:, 0].tolist
 #
 # - A DDP job is `world_size` separate processes. Each knows its `rank` and the group's size.
 #   They talk only through collectives on the process group.
-# - Notebooks never fork the kernel. The warm ranks and `launch`'s ranks are forks of a fork
-#   server that never ran notebook code. They cannot import a cell's function by name. So cell
-#   code is sent by value, with `cloudpickle`. A fork of the kernel would copy the function, and
-#   with it a CUDA context that the child cannot use.
+# - Notebooks never fork the kernel: the ranks are forks of a fork server, so cell code is sent
+#   by value, with `cloudpickle`. A fork of the kernel would copy a CUDA context it cannot use.
 # - The five collectives write their results in place: `all_reduce` with SUM or AVG,
 #   `broadcast`, `reduce`, `all_gather`, `reduce_scatter`. `reduce` leaves the sum only on the
 #   destination.
@@ -720,7 +739,8 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 # Rank `r` holds `torch.arange(r + 1.0)`: rank 0 `[0.]`, rank 1 `[0., 1.]`, and so on. Write a
 # function `fn(rank, world_size)` that returns, on every rank, the list of every rank's values in
 # rank order: `[[0.0], [0.0, 1.0], …]`. Use `dist.all_gather` on tensors, not
-# `all_gather_object`. Section 4.1 showed why the sizes must be equal and how to get around it.
+# `all_gather_object`. `all_gather` needs one size on every rank: gather the lengths first, pad
+# to the longest, then trim.
 # Set `answer_2 = fn`. The check cell runs it on the warm ranks.
 
 # %% tags=["exercise"]

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -286,6 +286,9 @@ assert w.grad.item() == world_size**2, f"w.grad is {w.grad.item()}, not {world_s
 # %% [markdown]
 # ## 3. Initialising the process group twice
 #
+# <a id="case-init-twice"></a>
+# **Symptom:** init_process_group fails when I run the cell again.
+#
 # Re-running the cell that calls `init_process_group` is the most common notebook accident.
 # The function below runs on the warm ranks, whose default group is already initialised. It
 # tries a second init. Then it destroys the group, initialises a new one and destroys twice.
@@ -351,6 +354,9 @@ assert all(s == "AssertionError: Process group cannot be None" for s in twice["s
 
 # %% [markdown]
 # ## 4. A collective that only one rank calls: a hang, ended by the timeout
+#
+# <a id="case-one-rank-stops-early"></a>
+# **Symptom:** it hangs when one rank stops early.
 #
 # "My DDP job hangs" is usually this: one rank calls a collective and the others never do. Here
 # it is an `all_reduce`. In DDP it can be a backward on one rank only, or a `barrier` inside

@@ -184,6 +184,9 @@ plt.show()
 # %% [markdown]
 # ## 2. Padding skews evaluation
 #
+# <a id="case-padded-evaluation"></a>
+# **Symptom:** my accuracy over the ranks differs from one process's.
+#
 # Padding is harmless for training: two extra samples per epoch. But it is wrong for
 # **measuring**. Take the 10 items and a real, tiny classifier that predicts class 1 for every
 # input. Labels are 1 on items 0–4 and 0 on items 5–9. So it is right on exactly items 0–4.
@@ -279,6 +282,9 @@ plt.show()
 
 # %% [markdown]
 # ## 3. `set_epoch`: a new shuffle every epoch, only if you ask
+#
+# <a id="case-no-set-epoch"></a>
+# **Symptom:** every epoch shuffles the data in the same order.
 #
 # With `shuffle=True`, the sampler permutes the indices with a generator seeded `seed + epoch`.
 # Here `epoch` is whatever `set_epoch` last set: **0 if you never call it**. The source is
@@ -700,6 +706,9 @@ check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]
 # ### Exercise 2: the same with drop_last=True
+#
+# <a id="case-never-seen"></a>
+# **Symptom:** some samples are never seen in an epoch.
 #
 # Take the same 11 items and 4 ranks, with `drop_last=True`. How many items are **never** handed
 # out in an epoch? Answer with a whole number.

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -347,6 +347,9 @@ plt.show()
 # %% [markdown]
 # ## 2. Uneven inputs: the extra step hangs; `Join` completes it
 #
+# <a id="case-uneven-inputs-hang"></a>
+# **Symptom:** it hangs when ranks have different numbers of batches.
+#
 # Rank `r` gets `2 + r` batches of one number each, `10 r + i + 1`. Rank 0 sees 1 and 2, rank 1
 # sees 11, 12 and 13, and so on. The model is `y = w x` with `w = 1` and the loss `y.sum()`. So a
 # rank's local gradient **is** its input, and the all-reduced gradient shows which ranks
@@ -537,6 +540,9 @@ print("no worker process left behind")
 
 # %% [markdown]
 # ## 3. Unused parameters
+#
+# <a id="case-unused-parameters"></a>
+# **Symptom:** Expected to have finished reduction in the prior iteration.
 #
 # `TwoHeads` has two `Linear(2, 2)` heads. `forward` returns both outputs, but the loss uses only
 # `head_a`'s. Iteration `it` feeds `x = [rank + 1 + it] * 2`. So `head_a.weight`'s local gradient

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -98,6 +98,9 @@ from helpers.ddp_tools import cpu, error_text, is_timeout_error, params, short_t
 
 # %% [markdown]
 # ## 1. BatchNorm
+#
+# <a id="case-syncbn-gpu"></a>
+# **Symptom:** SyncBatchNorm layers only work with GPU modules.
 #
 # BatchNorm has **buffers**: `running_mean`, `running_var` and `num_batches_tracked`. Every
 # training forward updates them from the local batch, and DDP does not all-reduce buffers. In

@@ -55,6 +55,7 @@ import contextlib
 import time
 import warnings
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -103,6 +104,9 @@ def train(ddp, steps, params):
 # %% [markdown]
 # ## 1. Bypassing the wrapper
 #
+# <a id="case-module-bypass"></a>
+# **Symptom:** the replicas drift apart when I call ddp.module(x).
+#
 # DDP all-reduces gradients only for a forward that went through `ddp(...)`. The wrapper's
 # `forward` prepares the reducer, whose hooks fire in `backward()`. `ddp.module(x)` calls the
 # inner model directly, and so does any other method of it, such as `ddp.module.score(x)`. The
@@ -130,13 +134,13 @@ def loss_of(ddp, call, x):
             "score": lambda: ddp.module.score(x).sum(), "ddp_score": lambda: ddp(x, score=True).sum()}[call]
 
 
-def bypass_worker(rank, world_size, later_steps):
+def bypass_worker(rank, world_size, later_steps, plans=None):
     x = x_of(rank)
     out = {}
-    plans = {"wrapper": ["ddp"], "ddp.module(x)": ["module"], "ddp.module.score(x)": ["score"],
-             "fix: ddp(x, score=True)": ["ddp_score"],
-             "mixed": ["ddp", "module"] + ["ddp"] * later_steps,
-             "exercise": ["module", "ddp", "ddp"]}
+    plans = plans or {"wrapper": ["ddp"], "ddp.module(x)": ["module"], "ddp.module.score(x)": ["score"],
+                      "fix: ddp(x, score=True)": ["ddp_score"],
+                      "mixed": ["ddp", "module"] + ["ddp"] * later_steps,
+                      "wrapper, every step": ["ddp"] * (2 + later_steps)}
     for name, plan in plans.items():
         ddp = DDP(Scorer())
         weights, first = train(ddp, [loss_of(ddp, c, x) for c in plan], [ddp.module.lin.weight])
@@ -199,6 +203,22 @@ assert B[0]["mixed"]["first"][0] == 2, B[0]["mixed"]["first"]
 caught["1 mixed"] = "step 2 (the bypassed one)"
 pd.DataFrame({"step": range(1, len(mixed[0]) + 1), "call": ["ddp(x)", "ddp.module(x)"] + ["ddp(x)"] * later_steps,
               "weight, rank 0": mixed[0], "weight, rank 1": mixed[1]}).set_index("step")
+
+# %% [markdown]
+# The same run as a picture, beside the fix: every step through `ddp(x)`. The replicas' weights
+# split at the bypassed step and never meet again; through the wrapper they stay one line.
+
+# %%
+fixed = [B[r]["wrapper, every step"]["weights"] for r in range(WORLD)]
+assert fixed[0] == fixed[1] and mixed[0] != mixed[1], (fixed, mixed)  # what the figure shows
+fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2), sharey=True, layout="constrained")
+for ax, (title, runs) in zip(axes, [("bug: step 2 through ddp.module(x)", mixed),
+                                    ("fix: every step through ddp(x)", fixed)]):
+    for r, (marker, size) in enumerate([("o", 9), ("x", 7)]):
+        ax.plot(range(1, len(runs[r]) + 1), runs[r], marker=marker, markersize=size, label=f"rank {r}")
+    ax.set(title=title, xlabel="optimizer step", ylabel="weight w (no unit)")
+    ax.legend(loc="upper right")
+plt.show()
 
 # %% [markdown]
 # Buffers are different: DDP broadcasts rank 0's buffers again, before some forwards. Which ones?
@@ -862,8 +882,8 @@ pd.Series(caught, name="assert_in_sync").to_frame()
 # %% [markdown]
 # ### Exercise 1: a bypass at the first step
 #
-# Section 1's `Scorer` trains three steps with `LR = 1/8`. Step 1 goes through `ddp.module(x)`,
-# steps 2 and 3 through `ddp(x)`. What are the two ranks' weights after step 3? Answer with a
+# Section 1's `Scorer` trains three steps with `LR = 1/8`. Step 1 goes through
+# `ddp.module.score(x)`, steps 2 and 3 through `ddp(x)`. What are the two ranks' weights after step 3? Answer with a
 # list `[rank 0, rank 1]`.
 
 # %% tags=["exercise"]
@@ -871,14 +891,15 @@ answer_1 = None  # your answer here
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: exercise 1
-# expected: the weights section 1's launch returned for this plan
-expected_1 = weights_by_rank(B, "exercise")
-check_answer("ex1", answer_1, expected_1, hint="step 1 is rank-local (gradient x); steps 2 and 3 use the mean, 2")
+# expected: the weights section 1's worker returns for this plan, launched here
+plan = {"exercise": ["score", "ddp", "ddp"]}
+expected_1 = weights_by_rank(launch(bypass_worker, WORLD, 0, plan, backend="gloo", timeout=120), "exercise")
+check_answer("ex1", answer_1, expected_1, hint="step 1 is rank-local (gradient 2x); steps 2 and 3 use the mean, 2")
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution of exercise 1 (try the exercise first)
-# step 1: 1 - 1/8 = 0.875 and 1 - 3/8 = 0.625; steps 2 and 3 subtract 2/8 each from both.
-solution_1 = [1 - 1 / 8 - 2 * 2 / 8, 1 - 3 / 8 - 2 * 2 / 8]
+# step 1: 1 - 2/8 = 0.75 and 1 - 6/8 = 0.25; steps 2 and 3 subtract 2/8 each from both.
+solution_1 = [1 - 2 / 8 - 2 * 2 / 8, 1 - 6 / 8 - 2 * 2 / 8]
 check_answer("ex1", solution_1, expected_1, strict=True)
 
 # %% [markdown]

@@ -65,3 +65,20 @@ def test_learner_messages_name_no_ci_script(capsys, monkeypatch):
     for text in messages:
         assert "parameters cell" in text or "not proven here" in text, text
         assert "ci/" not in text and "gpu_check" not in text and "run_notebooks" not in text, text
+
+
+def test_a_sealed_check_says_the_same_without_the_expected_value(capsys):
+    """issue 52: the handout's checks (``sealed_check``) give ``check_answer`` digests only; it still
+    says correct, not yet and where, within the tolerance across a rounding edge."""
+    printed = []
+    sealed = hn.seal([[0.375, 7 / 12], {"w": True}])
+    assert "0.375" not in repr(sealed) and "True" not in repr(sealed), sealed
+    for given, says in [([[0.375000001, "7/12"], {"w": True}], "ex1: correct"),
+                        ([[0.375, 0.5], {"w": True}], "ex1: not yet: 0.5 at [0][1] is not it."),
+                        ([[0.375, 0.5833], {"w": 1}], "ex1: not yet: 0.5833 at [0][1] is not it.")]:
+        hn.check_answer("ex1", given, sealed)
+        printed.append(capsys.readouterr().out.strip())
+        assert printed[-1] == says, printed
+    hn.sealed_check("ex2", 0.0125, 0.01249, rel_tol=5e-3)  # 0.013 against 0.012 to 2 digits, yet within 5e-3
+    hn.sealed_check("ex3", [[1.0]], [[1.0], [2.0]], labels=("rank {}'s",))
+    assert capsys.readouterr().out.splitlines() == ["ex2: correct", "ex3: not yet: expected 2 values, you gave 1."]

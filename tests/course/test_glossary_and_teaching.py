@@ -30,3 +30,12 @@ def test_teaching_gives_memory_and_says_to_shut_down_the_last_kernel():
     assert "**Memory per laptop.**" in text and "USS" in text
     assert "shut down the last lesson's kernel" in text and "Kernel > Shut Down Kernel" in text
     assert f"{checks.MIN_FREE_MIB:,} MiB" in text and "MIN_FREE_MIB" in text
+
+
+def test_teaching_plans_the_room_and_a_laptop_that_fails():
+    """issue 52: the minimum laptop, with its basis, and what to do on the day when one fails."""
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    day = text.split("## On the day", 1)[1].split("\n## ", 1)[0]
+    assert "**The minimum laptop: 2 CPU cores and 4 GB of memory.**" in text and "docs/run_times.json" in text
+    assert "python3 -m helpers.doctor" in day and "minutes per part" in day
+    assert "pair the student" in day.replace("**", "")

@@ -4,6 +4,7 @@ preprocessors), with the glossary, helpers and data they need, as a folder and a
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import symtable
 import zipfile
@@ -12,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ci import student_copies
+from ci import student_copies, workshop
 from helpers import lessons as manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +103,8 @@ def test_copy_without_solutions_keeps_exercises_and_checks(copies, source):
     assert tagged(copy, "parameters") == tagged(original, "parameters")
     kept = [student_copies.scoped_check(c.source) if "check" in c.get("metadata", {}).get("tags", []) else c.source
             for c in original.cells if "solution" not in c.get("metadata", {}).get("tags", [])]
-    assert [c.source for c in copy.cells] == kept, "only the solution cells may be removed, in order"
+    assert [c.source for c in copy.cells if student_copies.WORKSHOP_TAG not in c.metadata.get("tags", [])] == kept, \
+        "only the solution cells may be removed, in order (and the workshop's stops added)"
     for cell in copy.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -220,3 +222,45 @@ def test_the_handout_readme_says_what_a_student_does(handout):
     for word in ("pytest", "ci/", ".ci", "CI", "test suite", "run_notebooks"):
         assert word not in text, word
     assert not (handout / "HANDOUT.md").exists()
+
+
+def test_the_copies_mark_the_workshop_stops(copies):
+    """A lesson on the 3-hour path (the manifest's ``[[workshop]]``) says, in the copy, where the room
+    skips and where it stops, linking the next lesson of the path: every cell of a section or
+    exercise off the path comes after such a mark, with no cell of the path in between; a lesson
+    off the path has no mark."""
+    path, by_label = manifest.workshop(), manifest.by_label(manifest.load())
+    on_path = {by_label[p.lesson].stem: (i, p) for i, p in enumerate(path)}
+    for stem in LESSONS:
+        nb = nbformat.read(str(copies[stem]), as_version=4)
+        marks = [i for i, c in enumerate(nb.cells) if student_copies.WORKSHOP_TAG in c.metadata.get("tags", [])]
+        if stem not in on_path:
+            assert not marks, stem
+            continue
+        i, part = on_path[stem]
+        wanted = {"setup", *part.sections, *(f"ex{n}" for n in part.exercises)}
+        last_mark = last_taught = -1
+        for j, lab in enumerate(workshop.parts_of_cells(nb)):
+            if j in marks:
+                last_mark = j
+            elif lab in wanted:
+                last_taught = j
+            elif lab != "summary":
+                assert last_mark > last_taught, f"{stem}: cell {j} ({lab}) is off the path, unmarked"
+        stop = nb.cells[marks[-1]].source
+        assert "stop here" in stop and marks[-1] > last_taught, (stem, stop)
+        if i + 1 < len(path):
+            assert f"({by_label[path[i + 1].lesson].stem}.ipynb)" in stop, stop
+
+
+def test_the_path_exercises_point_only_to_sections_on_the_path():
+    """issue 52: an exercise done in the room names no section the room skips ("Section 4.1
+    showed why", 00a's exercise 2 said, with §4 off the path). Whether its check runs on the path's
+    sections alone, test_handout_kernel runs."""
+    by_label = manifest.by_label(manifest.load())
+    for part in manifest.workshop():
+        nb = nbformat.read(str(ROOT / "notebooks" / f"{by_label[part.lesson].stem}.ipynb"), as_version=4)
+        for lab, cell in zip(workshop.parts_of_cells(nb), nb.cells):
+            if cell.cell_type == "markdown" and lab in {f"ex{n}" for n in part.exercises}:
+                named = set(re.findall(r"(?:[Ss]ections? |§)(\d+[a-z]?)", cell.source))
+                assert named <= set(part.sections), f"{part.lesson} {lab} points to §{named - set(part.sections)}"
