@@ -269,7 +269,7 @@ def _threaded_world():
     plg, install, uninstall, isolation = _pieces()
     plg.reset()
     _calls.reset()
-    caller_random = _random_state()
+    caller_random, excepthook = _random_state(), sys.excepthook  # init_process_group prefixes the hook "[rankN]"
     install()
     isolation(True)
     dist.new_group = dist.distributed_c10d.new_group = functools.partial(_new_group, _NEW_GROUP)
@@ -282,6 +282,7 @@ def _threaded_world():
         isolation(False)
         uninstall()
         _set_random_state(caller_random)
+        sys.excepthook = excepthook
 
 
 _NEW_GROUP, _EXIT = dist.distributed_c10d.new_group, os._exit

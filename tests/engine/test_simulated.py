@@ -85,6 +85,7 @@ def _restored():
     assert torch._C._is_multithreading_enabled(), "autograd multithreading must be back on"
     assert not isinstance(dist.distributed_c10d._world, ThreadLocalWorld), "the threaded world must be uninstalled"
     assert not dist.is_initialized()
+    assert getattr(sys.excepthook, "__name__", "") != "_distributed_excepthook", "tracebacks prefixed [rankN]"
     assert simulate(_sum_ranks, 3) == [3.0, 3.0, 3.0], "the next call must work"
 
 
