@@ -476,14 +476,18 @@ def _px_magic(line: str, cell: str | None = None):
     Other ipyparallel options (``--targets``, ``--noblock``, ``--local`` ...) are passed to
     ipyparallel's own magic, which has no time limit and no restart.
     """
-    ranks = current_ranks()
-    if ranks is None:
-        raise NoRanks("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
     code, opts = (line, "") if cell is None else (cell, line.strip())
     timeout = None
     m = re.fullmatch(r"--timeout[ =](\S+)", opts)
     if m:
-        timeout, opts = float(m.group(1)), ""
+        try:
+            timeout, opts = float(m.group(1)), ""
+        except ValueError:
+            raise LaunchError(f"%%px --timeout takes seconds, got {m.group(1)!r}: e.g. %%px --timeout 60") from None
+        _check_timeout(timeout)
+    ranks = current_ranks()
+    if ranks is None:
+        raise NoRanks("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
     if opts:
         if ranks._ipp_px is None:
             raise RuntimeError(f"unsupported %%px options {opts!r}")

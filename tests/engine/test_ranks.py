@@ -24,6 +24,7 @@ from _support import (
 )
 from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
+from helpers.engine.warm_ranks import _px_magic
 from helpers.engine.internal import current_ranks, threads_per_rank
 
 # slow: kernels or warm ranks in (nearly) every test
@@ -58,6 +59,9 @@ def test_bad_input_same_message_as_launch(kwargs, no_leftover_processes):
 def test_bad_timeout(no_leftover_processes):
     with pytest.raises(LaunchError, match="timeout must be a positive, finite number"):
         start_ranks(2, timeout=0)
+    for opt, said in (("--timeout abc", "takes seconds, got 'abc'"), ("--timeout nan", "positive, finite")):
+        with pytest.raises(LaunchError, match=said):  # before anything runs, ranks or not
+            _px_magic(opt, "print(1)")
 
 
 @pytest.mark.stress
