@@ -45,6 +45,32 @@ def test_pyproject_dependencies_mirror_requirements_txt():
     assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
 
 
+def _requirements(name: str) -> list:
+    from packaging.requirements import Requirement
+
+    return [Requirement(line.split("#", 1)[0]) for line in (ROOT / name).read_text().splitlines() if line[:1].isalnum()]
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_lock_pins_each_requirement_at_a_version_it_allows(python):
+    """requirements.lock (``python3 -m ci.lock``) pins every package requirements.txt names, once, at a
+    version its specifier admits, on this Python of the matrix, on Linux and on macOS."""
+    from packaging.utils import canonicalize_name as canon
+
+    assert "-e ." in (ROOT / "requirements.lock").read_text().splitlines(), "the lock must install the repository"
+    pins, problems = _requirements("requirements.lock"), []
+    for platform, machine in (("linux", "x86_64"), ("darwin", "arm64")):
+        env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": platform,
+               "platform_system": platform.title(), "platform_machine": machine}
+        for req in _requirements("requirements.txt"):
+            if req.marker is None or req.marker.evaluate(env):
+                found = [str(p.specifier) for p in pins if canon(p.name) == canon(req.name)
+                         and (p.marker is None or p.marker.evaluate(env))]
+                if len(found) != 1 or not req.specifier.contains(found[0][2:], prereleases=True):
+                    problems.append(f"{req} on {platform}: the lock has {found or 'no pin'}")
+    assert not problems, "requirements.lock disagrees with requirements.txt: python3 -m ci.lock\n" + "\n".join(problems)
+
+
 def test_nbformat_imports_without_building_iri_parsers():
     """requirements.txt keeps jsonschema below 4.25 (its comment says why): importing nbformat, as
     JupyterLab, papermill, the runner and every test worker do, leaves rfc3987_syntax unimported."""
