@@ -152,18 +152,21 @@ def test_server_ends_when_its_process_exits():
     assert not is_live(pid)
 
 
-def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
+def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(monkeypatch):
     """A temp directory that leaves room for the socket's name is used as it is; one that does not
-    is replaced by a system temp folder, which does."""
-    from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
+    is replaced by a system temp folder, which does. In a folder of /tmp: short, whatever TMPDIR is."""
+    import tempfile
 
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    assert socket_dir(10) == str(tmp_path)
-    long_dir = tmp_path / ("t" * (SUN_PATH_MAX - len(str(tmp_path))))
-    long_dir.mkdir()
-    monkeypatch.setattr("tempfile.tempdir", str(long_dir))
-    got = socket_dir(10)
-    assert got != str(long_dir) and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
+    from helpers.engine.socket_folder import SUN_PATH_MAX, SYSTEM_TEMP_DIRS, socket_dir
+
+    with tempfile.TemporaryDirectory(dir=SYSTEM_TEMP_DIRS[0]) as short:
+        monkeypatch.setattr("tempfile.tempdir", short)
+        assert socket_dir(10) == short
+        long_dir = os.path.join(short, "t" * (SUN_PATH_MAX - len(short)))
+        os.mkdir(long_dir)
+        monkeypatch.setattr("tempfile.tempdir", long_dir)
+        got = socket_dir(10)
+        assert got != long_dir and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
 
 
 @pytest.mark.matrix
