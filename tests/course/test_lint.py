@@ -37,7 +37,7 @@ def _requirement_names_and_pins(lines: list[str]) -> list[str]:
 
 
 def test_pyproject_dependencies_mirror_requirements_txt():
-    """`pip install -e .` alone gives the same install as `pip install -r requirements.txt`."""
+    """`pip install -e .` alone gives the same install as `pip install -r requirements.lock`."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
@@ -77,7 +77,7 @@ def test_nbformat_imports_without_building_iri_parsers():
     code = "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", ("importing nbformat built rfc3987-syntax's IRI parsers (about 2 CPU-s): "
-                                    "jsonschema>=4.25 is installed; python3 -m pip install -r requirements.txt")
+                                    "jsonschema>=4.25 is installed; python3 -m pip install -r requirements.lock")
 
 
 def test_requires_python_is_the_tested_range():

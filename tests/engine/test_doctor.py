@@ -101,7 +101,7 @@ def test_broken_torch_gives_fix_lines_not_a_traceback(tmp_path):
     assert run.returncode == 1, report(run)
     rows = table(run.stdout)
     status, detail, fix = rows["torch"]
-    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.txt" in fix, report(run)
+    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.lock" in fix, report(run)
     for name in TORCH_NEEDED:
         assert rows[name][0] == "FAIL" and "needs torch" in rows[name][1] and rows[name][2], report(run)
     # the kernel inherits the broken torch: its line says so, with a fix
