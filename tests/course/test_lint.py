@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ci.matrix import VERSIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
 
@@ -51,7 +53,7 @@ def _requirements(name: str) -> list:
     return [Requirement(line.split("#", 1)[0]) for line in (ROOT / name).read_text().splitlines() if line[:1].isalnum()]
 
 
-@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("python", VERSIONS)
 def test_lock_pins_each_requirement_at_a_version_it_allows(python):
     """requirements.lock (``python3 -m ci.lock``) pins every package requirements.txt names, once, at a
     version its specifier admits, on this Python of the matrix, on Linux and on macOS."""
@@ -83,7 +85,6 @@ def test_nbformat_imports_without_building_iri_parsers():
 def test_requires_python_is_the_tested_range():
     """pyproject.toml admits exactly the Pythons that ci/matrix.py tests (docs/MATRIX.md): no untested newer one."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-    from ci.matrix import VERSIONS
 
     minors = [int(v.split(".")[1]) for v in VERSIONS]
     assert minors == list(range(minors[0], minors[-1] + 1)), f"the matrix skips a version: {VERSIONS}"
