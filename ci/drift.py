@@ -6,8 +6,9 @@ Usage (from the repository root)::
 
 Makes a throwaway venv of ``PYTHON`` (default: the Python under this one's venv), installs
 ``requirements.txt`` into it with pip (each package's newest allowed version, as a learner would
-get without ``requirements.lock``), runs the tests there, then prints which installed versions
-differ from the lock's pins for that Python and whether the tests passed. Exit status: pytest's.
+get without ``requirements.lock``), runs the tests there (the venv activated, as the README does),
+then prints which installed versions differ from the lock's pins for that Python and whether the
+tests passed. Exit status: pytest's.
 A release of IPython, ipykernel or ipyparallel that breaks the course shows up here before a
 lock refresh (``python3 -m ci.lock --upgrade``) takes it (docs/TESTING.md, "The lock and drift").
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
                                            capture_output=True, text=True, check=True).stdout)
         version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-        tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], cwd=ROOT)
+        activated = {**os.environ, "VIRTUAL_ENV": tmp, "PATH": os.pathsep.join([str(Path(python).parent),
+                                                                                os.environ["PATH"]])}
+        tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], cwd=ROOT,
+                               env=activated)
     print(f"\ndrift on Python {version}: {len(differ)} packages differ from requirements.lock (lock -> newest)")
     for name, (pinned, newest) in differ.items():
         print(f"  {name}: {pinned or 'not in the lock'} -> {newest or 'not installed'}")

@@ -78,7 +78,8 @@ def run_subset(python: str, extra: list[str]) -> dict:
     """Run the smoke subset under ``python``; counts from pytest's JUnit XML, wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               "PATH": os.pathsep.join([str(Path(python).parent), os.environ["PATH"]])}  # its jupyter-lab first
         info = subprocess.run([python, "-c", "import platform, importlib.metadata as m; "
                                "print(platform.python_version(), m.version('torch'), m.version('ipython'))"],
                               capture_output=True, text=True, env=env, check=True).stdout.split()
