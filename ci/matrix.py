@@ -106,8 +106,8 @@ def write_report(rows: list[dict], path: Path, total_s: float, argv: list[str]) 
         f"**{'all green' if ok else 'NOT green'}** in {total_s:.0f} s (venvs made or updated included).",
         "",
         "The smoke subset is the tests marked `matrix` (`python3 -m pytest --co -q -m matrix` lists them). Each row "
-        "ran its own interpreter with `PYTHONPATH` = the repository root; its notebook kernels and ranks are that "
-        "interpreter too (`test_kernel_is_the_interpreter_running_the_tests`).", "",
+        "ran its own interpreter (its venv: requirements.lock) with `PYTHONPATH` = the repository root; its "
+        "notebook kernels and ranks are that interpreter too (`test_kernel_is_the_interpreter_running_the_tests`).", "",
         "| Python | torch | IPython | passed | failed | skipped | seconds | command |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
