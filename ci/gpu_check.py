@@ -52,7 +52,7 @@ except ModuleNotFoundError as e:  # run as a file without the repository install
     if e.name != "helpers":
         raise
     sys.exit("error: the package `helpers` is not importable: install the repository first "
-             "(`python3 -m pip install -r requirements.txt`, which runs `pip install -e .`), "
+             "(`python3 -m pip install -r requirements.lock`, which runs `pip install -e .`), "
              "or run `python3 -m ci.gpu_check ...` from the repository root")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

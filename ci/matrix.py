@@ -7,12 +7,12 @@ Usage (from the repository root)::
 For each version: the interpreter running this script if it is that version (its installed
 requirements are used as they are), else a venv ``DIR/pyXY`` (default: ``venvs`` beside the
 repository), made from pyenv's ``$(pyenv root)/versions/X.Y.*`` or ``pythonX.Y`` on PATH when
-missing, with ``requirements.txt`` installed less its ``-e .`` line (``PYTHONPATH`` points at this
-repository instead); installed again only when requirements.txt changed. Then that interpreter
+missing, with ``requirements.lock`` installed less its ``-e .`` line (``PYTHONPATH`` points at this
+repository instead); installed again only when the lock changed. Then that interpreter
 runs ``python -m pytest -m matrix -n 0`` with ``PYTHONPATH`` = the repository root, so its
 papermill kernels (kernel ``python3``: jupyter_client runs it with the interpreter that runs
 papermill) and its ranks are that Python too. Writes a Markdown table (date, Python, torch,
-command, passed/failed/skipped, seconds) to ``--output``; exit 0 only when every version passed.
+IPython, command, passed/failed/skipped, seconds) to ``--output``; exit 0 only when every version passed.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def find_interpreter(version: str) -> str:
 
 
 def ensure_venv(version: str, venvs: Path) -> str:
-    """The python of ``venvs/pyXY`` with requirements.txt installed (made or updated as needed)."""
+    """The python of ``venvs/pyXY`` with requirements.lock installed (made or updated as needed)."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
         return sys.executable
     venv = venvs / f"py{version.replace('.', '')}"
@@ -59,11 +59,11 @@ def ensure_venv(version: str, venvs: Path) -> str:
     if not python.exists():
         print(f"[{version}] making {venv}", flush=True)
         subprocess.run([find_interpreter(version), "-m", "venv", str(venv)], check=True)
-    lines = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if not line.startswith("-e")]
+    lines = [line for line in (ROOT / "requirements.lock").read_text().splitlines() if not line.startswith("-e")]
     wanted = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     stamp = venv / "requirements.sha256"
     if not stamp.exists() or stamp.read_text().strip() != wanted:
-        print(f"[{version}] pip install -r requirements.txt (less -e .) into {venv}", flush=True)
+        print(f"[{version}] pip install -r requirements.lock (less -e .) into {venv}", flush=True)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write("\n".join(lines) + "\n")
         try:
@@ -78,9 +78,10 @@ def run_subset(python: str, extra: list[str]) -> dict:
     """Run the smoke subset under ``python``; counts from pytest's JUnit XML, wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               "PATH": os.pathsep.join([str(Path(python).parent), os.environ["PATH"]])}  # its jupyter-lab first
         info = subprocess.run([python, "-c", "import platform, importlib.metadata as m; "
-                               "print(platform.python_version(), m.version('torch'))"],
+                               "print(platform.python_version(), m.version('torch'), m.version('ipython'))"],
                               capture_output=True, text=True, env=env, check=True).stdout.split()
         start = time.monotonic()
         proc = subprocess.run([python, *PYTEST, f"--junitxml={xml}", *extra], cwd=ROOT, env=env)
@@ -91,9 +92,9 @@ def run_subset(python: str, extra: list[str]) -> dict:
     failed = count("failures") + count("errors")
     failures = [f"{c.get('classname')}::{c.get('name')}" for c in (suite if suite is not None else [])
                 if c.find("failure") is not None or c.find("error") is not None]
-    return {"python": info[0], "torch": info[1], "rc": proc.returncode, "failed": failed, "skipped": count("skipped"),
-            "passed": count("tests") - failed - count("skipped"), "seconds": seconds, "failures": failures,
-            "command": f"PYTHONPATH=. {python} {' '.join(PYTEST + extra)}"}
+    return {"python": info[0], "torch": info[1], "ipython": info[2], "rc": proc.returncode, "failed": failed,
+            "skipped": count("skipped"), "passed": count("tests") - failed - count("skipped"), "seconds": seconds,
+            "failures": failures, "command": f"PYTHONPATH=. {python} {' '.join(PYTEST + extra)}"}
 
 
 def write_report(rows: list[dict], path: Path, total_s: float, argv: list[str]) -> None:
@@ -105,14 +106,14 @@ def write_report(rows: list[dict], path: Path, total_s: float, argv: list[str]) 
         f"**{'all green' if ok else 'NOT green'}** in {total_s:.0f} s (venvs made or updated included).",
         "",
         "The smoke subset is the tests marked `matrix` (`python3 -m pytest --co -q -m matrix` lists them). Each row "
-        "ran its own interpreter with `PYTHONPATH` = the repository root; its notebook kernels and ranks are that "
-        "interpreter too (`test_kernel_is_the_interpreter_running_the_tests`).", "",
-        "| Python | torch | passed | failed | skipped | seconds | command |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "ran its own interpreter (its venv: requirements.lock) with `PYTHONPATH` = the repository root; its "
+        "notebook kernels and ranks are that interpreter too (`test_kernel_is_the_interpreter_running_the_tests`).", "",
+        "| Python | torch | IPython | passed | failed | skipped | seconds | command |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        lines.append(f"| {r['python']} | {r['torch']} | {r['passed']} | {r['failed']} | {r['skipped']} | "
-                     f"{r['seconds']:.0f} | `{r['command']}` |")
+        lines.append(f"| {r['python']} | {r['torch']} | {r['ipython']} | {r['passed']} | {r['failed']} | "
+                     f"{r['skipped']} | {r['seconds']:.0f} | `{r['command']}` |")
     for r in rows:
         if r["rc"] != 0:
             lines += ["", f"Python {r['python']}: pytest exit {r['rc']}; failed: "

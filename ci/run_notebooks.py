@@ -128,7 +128,7 @@ except ImportError as e:
     if not isinstance(e, ModuleNotFoundError) or e.name != "ci":
         raise
     sys.exit("error: the package `ci` is not importable: install the repository first "
-             "(`python3 -m pip install -r requirements.txt`, which runs `pip install -e .`), "
+             "(`python3 -m pip install -r requirements.lock`, which runs `pip install -e .`), "
              "or run `python3 -m ci.run_notebooks ...` from the repository root")
 
 __all__ = [

@@ -26,7 +26,7 @@ Next to them go what the lessons need to run and to link to, so the folder is th
 without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...) and the
 Markdown files those link to in turn (``README.md``, other docs), the
 ``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
-``requirements.txt``, ``pyproject.toml``, ``jupyter_lab_config.json`` and its own ``README.md``
+``requirements.lock``, ``pyproject.toml``, ``jupyter_lab_config.json`` and its own ``README.md``
 (what a student does: install in a venv of the folder's own, run the preflight, open JupyterLab
 on the first lesson, the lessons in order), in place of the repository's README, which is about
 its tests and CI. The handout's ``pyproject.toml`` names the
@@ -70,7 +70,8 @@ PROJECT_NAME = re.compile(rf'^name = "{re.escape(REPO_DIST)}"$', re.M)
 #: What the lessons need besides themselves (relative to the repository root): the packages
 #: they import (never `ci/`: the handout ships what a learner runs), MNIST, the lesson list, the
 #: install and the JupyterLab config.
-SUPPORT = ("helpers", "data", "notebooks/lessons.toml", "requirements.txt", "pyproject.toml", "jupyter_lab_config.json")
+SUPPORT = ("helpers", "data", "notebooks/lessons.toml", "requirements.lock", "pyproject.toml",
+           "jupyter_lab_config.json")
 #: Never copied: caches, MNIST decompressed at run time, temporary files.
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*-ubyte", "*.tmp*", ".ipynb_checkpoints")
 #: A lesson's link to a repository file outside notebooks/: ``](../docs/GLOSSARY.md#rank)``.
@@ -90,7 +91,7 @@ In a terminal, from this folder:
 
 ```bash
 python3 -m venv .venv && . .venv/bin/activate   # this folder's own Python (a new terminal: . .venv/bin/activate)
-python3 -m pip install -r requirements.txt      # once
+python3 -m pip install -r requirements.lock     # once
 python3 -m helpers.doctor                       # the preflight: every line must say ok
 ```
 

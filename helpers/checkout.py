@@ -64,7 +64,7 @@ def mismatch(code_root: str | os.PathLike, cwd: str | os.PathLike | None = None)
     return (f"the working folder is in the copy of the course at {here[0]}, but `helpers` was imported from "
             f"another copy, {code_root}.\n"
             f"Use each copy with a venv of its own: `cd {here[0]} && python3 -m venv .venv && . .venv/bin/activate "
-            f"&& python3 -m pip install -r requirements.txt`, then start JupyterLab (or the command) there.")
+            f"&& python3 -m pip install -r requirements.lock`, then start JupyterLab (or the command) there.")
 
 
 def pythonpath_first(root: str | os.PathLike, env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ loss history equals the notebook's ``launch`` run (asserted in notebook 07a).
 :func:`cluster_commands` and :func:`run_job` are the engine's (:mod:`helpers.engine.cluster`) with
 this module as the entry: the engine names no course module, so the course passes its own.
 
-The commands (run from the repository root, after ``pip install -r requirements.txt``; add
+The commands (run from the repository root, after ``pip install -r requirements.lock``; add
 ``--output runs/job1`` to keep every rank's history as JSON):
 
 One machine, 2 processes::

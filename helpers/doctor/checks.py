@@ -79,7 +79,7 @@ def check_python(doc: Doctor) -> str:
     if mismatch(found, kernel_dir):  # the rule of `import helpers` (a copy inside `found` may use it)
         raise Failed(f"a JupyterLab kernel in {kernel_dir} would import helpers from {found}, another copy of "
                      "the course", f"one venv per copy: in {REPO_ROOT}, `python3 -m venv .venv && "
-                     ". .venv/bin/activate && python3 -m pip install -r requirements.txt`")
+                     ". .venv/bin/activate && python3 -m pip install -r requirements.lock`")
     return f"{here} at {sys.executable} (supported: {spec or '?'}){where}"
 
 

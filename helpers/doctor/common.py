@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 TUTORIAL_PORTS = {12355: "the DDP tutorial's MASTER_PORT", 29500: "torchrun's default port, dist_tuto's"}
 WORLD_SIZE = 2
 EXPECTED = [3.0, 3.0]  # all_reduce of rank + 1 over 2 ranks
-REINSTALL = f"`{Path(sys.executable).name} -m pip install -r requirements.txt` from the repository root"
+REINSTALL = f"`{Path(sys.executable).name} -m pip install -r requirements.lock` from the repository root"
 _INTERRUPT_GRACE_S = 60.0  # after the SIGINT at a check's deadline, how long it gets to stop (seconds)
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import subprocess
 import sys
+import sysconfig
 from typing import TYPE_CHECKING
 
 from helpers import REPO_ROOT
@@ -16,6 +19,28 @@ if TYPE_CHECKING:
 from helpers.doctor.common import EXPECTED, REINSTALL, Failed, _error_line, one_line
 
 
+def _jupyter_lab_python() -> tuple[str | None, str, str]:
+    """``(script, interpreter, its sys.prefix)`` of the server ``python3 -m jupyter lab`` starts:
+    jupyter_core's ``jupyter`` runs the first ``jupyter-lab`` on PATH, then in this Python's scripts
+    folder (``_path_with_self`` in jupyter_core/command.py); the interpreter is the script's ``#!``
+    line's (pip's ``exec`` line's, for a long path). ``""`` where it cannot be told."""
+    folders = [os.environ.get("PATH", os.defpath), sysconfig.get_path("scripts")]
+    script = shutil.which("jupyter-lab", path=os.pathsep.join(folders))
+    if script is None:
+        return None, "", ""
+    with open(script, "rb") as f:
+        head = f.read(2048).decode(errors="replace")
+    exec_line = re.search(r"^'''exec' \"?(.+?)\"? \"\$0\"", head, re.M)
+    words = head[2:].split("\n", 1)[0].split() if head.startswith("#!") else [""]
+    interp = exec_line.group(1) if exec_line else words[0]
+    if os.path.basename(interp) == "env" and len(words) > 1:  # #!/usr/bin/env python3
+        interp = shutil.which(words[-1]) or ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return script, interp, subprocess.run([interp, "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                                              text=True, timeout=60).stdout.strip()
+    return script, interp, ""
+
+
 def check_jupyterlab(doc: Doctor) -> str:
     try:
         import jupyterlab
@@ -23,9 +48,15 @@ def check_jupyterlab(doc: Doctor) -> str:
     except Exception as e:  # noqa: BLE001
         raise Failed(f"JupyterLab is not importable: {_error_line(e)}", REINSTALL) from None
     root = " --allow-root" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""  # JupyterLab refuses root without it
-    return (f"jupyterlab {jupyterlab.__version__} importable (the README's start command: "
-            f"`python3 -m jupyter lab --config=jupyter_lab_config.json{root} "
-            "notebooks/00a_processes_and_collectives.ipynb`)")
+    args = f"--config=jupyter_lab_config.json{root} notebooks/00a_processes_and_collectives.ipynb"
+    script, interp, prefix = _jupyter_lab_python()
+    if not prefix or os.path.realpath(prefix) != os.path.realpath(sys.prefix):
+        runs = f"which runs {interp or 'no Python it names'}" if script else "none found"
+        raise Failed(f"`python3 -m jupyter lab` would start jupyter-lab {script or ''}, {runs}, not this Python "
+                     f"({sys.executable}): that server would not see this install",
+                     f"start JupyterLab with this Python: `{sys.executable} -m jupyterlab {args}`")
+    return (f"jupyterlab {jupyterlab.__version__} importable; `python3 -m jupyter lab` starts {script} on this "
+            f"Python (the README's start command: `python3 -m jupyter lab {args}`)")
 
 
 # -- in a real kernel: what a notebook cell does ---------------------------------------------

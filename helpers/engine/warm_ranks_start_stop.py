@@ -299,10 +299,11 @@ class RanksStartStop:
 
         try:
             shell = get_ipython()
-            raw = shell.history_manager.input_hist_raw[-1] if shell is not None else ""  # stored before it runs
-            magic, _, body = raw.partition("\n")
+            # stored before it runs, at its count (IPython 9 adds 1 to execution_count before, 8 after)
+            hist = shell.history_manager.input_hist_raw if shell is not None else [""]
+            magic, _, body = hist[-1].partition("\n")
             if magic.startswith("%%px") and body.rstrip() == code.rstrip():
-                cell = (f"Cell In[{shell.execution_count}]", code, 1)
+                cell = (f"Cell In[{len(hist) - 1}]", code, 1)
             else:
                 cell = ("%%px code", code, 0)
             name = stacks.px_cell_name(code)

@@ -208,7 +208,7 @@ def require_browser() -> str:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         problems.append(
-            "The Python package `playwright` is missing: `python3 -m pip install -r requirements.txt` "
+            "The Python package `playwright` is missing: `python3 -m pip install -r requirements.lock` "
             "(do not run `playwright install`: the test drives the system Chromium)."
         )
     if problems:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ci.matrix import VERSIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
 
@@ -37,12 +39,38 @@ def _requirement_names_and_pins(lines: list[str]) -> list[str]:
 
 
 def test_pyproject_dependencies_mirror_requirements_txt():
-    """`pip install -e .` alone gives the same install as `pip install -r requirements.txt`."""
+    """`pip install -e .` alone gives the same install as `pip install -r requirements.lock`."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
     required = [line for line in required if line and not line.startswith("-e")]
     assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
+
+
+def _requirements(name: str) -> list:
+    from packaging.requirements import Requirement
+
+    return [Requirement(line.split("#", 1)[0]) for line in (ROOT / name).read_text().splitlines() if line[:1].isalnum()]
+
+
+@pytest.mark.parametrize("python", VERSIONS)
+def test_lock_pins_each_requirement_at_a_version_it_allows(python):
+    """requirements.lock (``python3 -m ci.lock``) pins every package requirements.txt names, once, at a
+    version its specifier admits, on this Python of the matrix, on Linux and on macOS."""
+    from packaging.utils import canonicalize_name as canon
+
+    assert "-e ." in (ROOT / "requirements.lock").read_text().splitlines(), "the lock must install the repository"
+    pins, problems = _requirements("requirements.lock"), []
+    for platform, machine in (("linux", "x86_64"), ("darwin", "arm64")):
+        env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": platform,
+               "platform_system": platform.title(), "platform_machine": machine}
+        for req in _requirements("requirements.txt"):
+            if req.marker is None or req.marker.evaluate(env):
+                found = [str(p.specifier) for p in pins if canon(p.name) == canon(req.name)
+                         and (p.marker is None or p.marker.evaluate(env))]
+                if len(found) != 1 or not req.specifier.contains(found[0][2:], prereleases=True):
+                    problems.append(f"{req} on {platform}: the lock has {found or 'no pin'}")
+    assert not problems, "requirements.lock disagrees with requirements.txt: python3 -m ci.lock\n" + "\n".join(problems)
 
 
 def test_nbformat_imports_without_building_iri_parsers():
@@ -51,13 +79,12 @@ def test_nbformat_imports_without_building_iri_parsers():
     code = "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", ("importing nbformat built rfc3987-syntax's IRI parsers (about 2 CPU-s): "
-                                    "jsonschema>=4.25 is installed; python3 -m pip install -r requirements.txt")
+                                    "jsonschema>=4.25 is installed; python3 -m pip install -r requirements.lock")
 
 
 def test_requires_python_is_the_tested_range():
     """pyproject.toml admits exactly the Pythons that ci/matrix.py tests (docs/MATRIX.md): no untested newer one."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-    from ci.matrix import VERSIONS
 
     minors = [int(v.split(".")[1]) for v in VERSIONS]
     assert minors == list(range(minors[0], minors[-1] + 1)), f"the matrix skips a version: {VERSIONS}"

@@ -128,7 +128,7 @@ def _require_browser() -> None:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        problems.append("the Python package playwright is missing (pip install -r requirements.txt)")
+        problems.append("the Python package playwright is missing (pip install -r requirements.lock)")
     if problems:
         if os.environ.get("CI"):
             pytest.fail("the site's browser test is mandatory where CI is set: " + "; ".join(problems), pytrace=False)

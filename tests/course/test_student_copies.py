@@ -73,7 +73,7 @@ def test_handout_opens_on_its_own(handout, copies):
             continue
         for rel in student_copies.DOC_LINK.findall(doc.read_text(encoding="utf-8")):
             assert (doc.parent / rel).exists(), f"{doc.relative_to(handout)} links to {rel}, missing from the handout"
-    for rel in ("helpers/notebook.py", "helpers/data.py", "requirements.txt", "jupyter_lab_config.json"):
+    for rel in ("helpers/notebook.py", "helpers/data.py", "requirements.lock", "jupyter_lab_config.json"):
         assert (handout / rel).is_file(), rel
     assert sorted(p.name for p in (handout / "data" / "MNIST" / "raw").iterdir()) == sorted(
         p.name for p in (ROOT / "data" / "MNIST" / "raw").glob("*.gz"))

@@ -1,7 +1,8 @@
 """``python3 -m helpers.doctor``, run as a learner runs it (a subprocess): every check ok on this
 machine, and a fix line, never a traceback, for each failure injected here for real: no MNIST
 (an empty data root), a fixed ``MASTER_PORT`` held by another process, a broken ``import torch``
-(a fake ``torch`` package first on ``PYTHONPATH``), a check that hangs."""
+(a fake ``torch`` package first on ``PYTHONPATH``), a check that hangs, another Python's
+``jupyter-lab`` first on PATH."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_broken_torch_gives_fix_lines_not_a_traceback(tmp_path):
     assert run.returncode == 1, report(run)
     rows = table(run.stdout)
     status, detail, fix = rows["torch"]
-    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.txt" in fix, report(run)
+    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.lock" in fix, report(run)
     for name in TORCH_NEEDED:
         assert rows[name][0] == "FAIL" and "needs torch" in rows[name][1] and rows[name][2], report(run)
     # the kernel inherits the broken torch: its line says so, with a fix
@@ -129,6 +130,31 @@ def test_a_hanging_check_is_cut_at_its_time_limit(tmp_path, ignores_sigint):
     else:  # the doctor goes on to its summary
         assert "no answer within 3 s" in detail and "1 of 2 checks FAILED" in run.stdout, report(run)
     assert_no_traceback(run)
+
+
+@pytest.mark.parametrize("first_lines", ["#!{python}", "#!/usr/bin/env {name}",
+                                         "#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''"],
+                         ids=["shebang", "env", "pip-long-path"])
+def test_a_jupyter_lab_of_another_python_first_on_path_gives_the_command(tmp_path, monkeypatch, first_lines):
+    """Issue 50: in a venv that sees a system Jupyter, `python3 -m jupyter lab` started the system's
+    server (jupyter_core runs the first ``jupyter-lab`` on PATH), which refused the course. Here a
+    ``jupyter-lab`` of another Python (an interpreter whose ``sys.prefix`` is elsewhere) comes first
+    on PATH: the check fails and says what to type to start this Python's JupyterLab."""
+    from helpers.doctor.common import Failed
+    from helpers.doctor.kernel import check_jupyterlab
+
+    other = tmp_path / "ddp-lab-other-python"
+    other.write_text("#!/bin/sh\necho /an/other/python\n")
+    script = tmp_path / "jupyter-lab"
+    script.write_text(first_lines.format(python=other, name=other.name) + "\nfrom jupyterlab.labapp import main\n")
+    for path in (other, script):
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(Failed) as info:
+        check_jupyterlab(None)
+    detail = info.value.detail
+    assert f"would start jupyter-lab {script}, which runs {other}, not this Python" in detail, detail
+    assert f"`{sys.executable} -m jupyterlab --config=jupyter_lab_config.json" in info.value.fix, info.value.fix
 
 
 def test_memory_check_reads_free_memory_and_says_what_to_close(monkeypatch):

@@ -152,18 +152,21 @@ def test_server_ends_when_its_process_exits():
     assert not is_live(pid)
 
 
-def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(tmp_path, monkeypatch):
+def test_socket_dir_falls_back_where_the_temp_directory_is_too_long(monkeypatch):
     """A temp directory that leaves room for the socket's name is used as it is; one that does not
-    is replaced by a system temp folder, which does."""
-    from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
+    is replaced by a system temp folder, which does. In a folder of /tmp: short, whatever TMPDIR is."""
+    import tempfile
 
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    assert socket_dir(10) == str(tmp_path)
-    long_dir = tmp_path / ("t" * (SUN_PATH_MAX - len(str(tmp_path))))
-    long_dir.mkdir()
-    monkeypatch.setattr("tempfile.tempdir", str(long_dir))
-    got = socket_dir(10)
-    assert got != str(long_dir) and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
+    from helpers.engine.socket_folder import SUN_PATH_MAX, SYSTEM_TEMP_DIRS, socket_dir
+
+    with tempfile.TemporaryDirectory(dir=SYSTEM_TEMP_DIRS[0]) as short:
+        monkeypatch.setattr("tempfile.tempdir", short)
+        assert socket_dir(10) == short
+        long_dir = os.path.join(short, "t" * (SUN_PATH_MAX - len(short)))
+        os.mkdir(long_dir)
+        monkeypatch.setattr("tempfile.tempdir", long_dir)
+        got = socket_dir(10)
+        assert got != long_dir and len(got) + 1 + 10 < SUN_PATH_MAX and os.access(got, os.W_OK)
 
 
 @pytest.mark.matrix
@@ -265,7 +268,8 @@ def test_a_kernel_that_used_plain_spawn_before_launching_shuts_down_by_itself(tm
     the kernel's own process group; ipykernel's shutdown then signalled it (it ignores SIGTERM), the
     kernel did not exit by itself, jupyter_client SIGTERMed it and its exit hooks never ran, so a
     later launch's ``pymp-*`` folder (the fork server's socket) stayed in the temp directory. Now the
-    server's start moves the tracker into a session of its own (a new tracker)."""
+    server's start moves the tracker into a session of its own (a new tracker). The folder is in the
+    kernel's TMPDIR, or in /tmp where a socket path there would be too long (a long ``TMPDIR``)."""
     import uuid
 
     from _support import Kernel
@@ -281,12 +285,16 @@ def test_a_kernel_that_used_plain_spawn_before_launching_shuts_down_by_itself(tm
             from helpers.engine import launch
             torch.multiprocessing.spawn(print, nprocs=2)   # an importable function: plain spawn runs it
             print("launched", launch(lambda rank, world_size: rank, 2))
+            from multiprocessing import forkserver
+            print("FOLDER", __import__("os").path.dirname(forkserver._forkserver._forkserver_address))
         """), timeout=240)
         assert reply["status"] == "ok" and "launched [0, 1]" in out, out
-        assert [p.name for p in kernel_tmp.iterdir() if p.name.startswith("pymp-")], "no socket folder to look for"
+        folder = out.split("FOLDER")[1].split()[0]
+        assert os.path.basename(folder).startswith("pymp-") and os.path.isdir(folder), folder
         process = k.km.provisioner.process
         k.close()  # jupyter_client's graceful shutdown: request, wait 20 s, then SIGTERM
         assert process.wait(5) == 0, f"the kernel did not exit by itself (exit code {process.returncode})"
+        assert not os.path.exists(folder), "the kernel's exit hooks should have removed the server's socket folder"
         assert not [p.name for p in kernel_tmp.iterdir() if p.name.startswith("pymp-")]
     finally:
         if k.km.has_kernel:
