@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,400 words at 200 words/min): about 12 min.
+# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
@@ -26,9 +26,8 @@
 # on CPU. The inputs make every number easy to work by hand: `x = 1` on rank 0, `x = 3` on rank 1.
 # Weights start at 1 and the learning rate is 1/8, so every weight is exact in float32.
 #
-# Each section shows the wrong value, the right value and the fix. It says whether the replica
-# checker catches the mistake at its first wrong step. Each bold "Claim:" is asserted by the
-# folded code cell right after it, tagged `check`.
+# Each section shows the wrong value, the right value, the fix and what catches it. The folded
+# cell after each bold "Claim:" asserts it.
 #
 # 1. bypassing the wrapper · 2. changing the model after wrapping · 3. all-reduce and autograd ·
 # 4. per-rank random splits · 5. clipping during accumulation · 6. fewer items than ranks ·
@@ -81,10 +80,8 @@ print(f"torch {torch.__version__}")
 # as the loss, the gradient is `x`: 1 on rank 0 and 3 on rank 1. So DDP's averaged gradient is
 # `(1 + 3) / 2 = 2`.
 #
-# `checked(model)` runs the replica checker and returns its message instead of raising, so that a
-# section can show it. `one`, `x_of` and `checked` come from `helpers.tiny`, imported above; 06e
-# uses them too. `train` is below. In your own loop, call `assert_in_sync(ddp)` on every rank,
-# since it is a collective, and let it raise.
+# `checked(model)` returns the replica checker's message instead of raising it (`helpers.tiny`).
+# In your own loop, call `assert_in_sync(ddp)` on every rank and let it raise.
 
 # %%
 def train(ddp, steps, params):
@@ -107,13 +104,11 @@ def train(ddp, steps, params):
 # <a id="case-module-bypass"></a>
 # **Symptom:** the replicas drift apart when I call ddp.module(x).
 #
-# DDP all-reduces gradients only for a forward that went through `ddp(...)`. The wrapper's
-# `forward` prepares the reducer, whose hooks fire in `backward()`. `ddp.module(x)` calls the
-# inner model directly, and so does any other method of it, such as `ddp.module.score(x)`. The
-# backward then leaves each rank with its own gradient.
+# DDP all-reduces gradients only after a forward through `ddp(...)`, which prepares the reducer.
+# `ddp.module(x)` or `ddp.module.score(x)` skips it: each rank keeps its own gradient.
 #
-# `Scorer` has a `forward` and a `score` method, `score = 2 w x`. The fix for a second method is
-# to route it through `forward`, so that it is called as `ddp(x, score=True)`.
+# `Scorer` has a `score` method, `score = 2 w x`. The fix routes it through `forward`:
+# `ddp(x, score=True)`.
 
 # %%
 class Scorer(nn.Module):
@@ -205,8 +200,8 @@ pd.DataFrame({"step": range(1, len(mixed[0]) + 1), "call": ["ddp(x)", "ddp.modul
               "weight, rank 0": mixed[0], "weight, rank 1": mixed[1]}).set_index("step")
 
 # %% [markdown]
-# The same run as a picture, beside the fix: every step through `ddp(x)`. The replicas' weights
-# split at the bypassed step and never meet again; through the wrapper they stay one line.
+# The same run beside the fix, every step through `ddp(x)`: the weights split at the bypassed
+# step and never meet again.
 
 # %%
 fixed = [B[r]["wrapper, every step"]["weights"] for r in range(WORLD)]
@@ -221,10 +216,9 @@ for ax, (title, runs) in zip(axes, [("bug: step 2 through ddp.module(x)", mixed)
 plt.show()
 
 # %% [markdown]
-# Buffers are different: DDP broadcasts rank 0's buffers again, before some forwards. Which ones?
-# `WithBuffer` is `one()` plus a buffer `b`. Before each of five forwards, every rank sets `b` to
-# its rank. After the forward we read rank 1's `b`: 0 means DDP broadcast rank 0's. Each forward
-# with gradients is followed by its backward.
+# Buffers differ: DDP broadcasts rank 0's buffers before some forwards. `WithBuffer` is `one()`
+# plus a buffer `b`, set to the rank before each of five forwards. Rank 1's `b` after the forward
+# is 0 if DDP broadcast rank 0's.
 
 # %%
 class WithBuffer(nn.Module):
@@ -278,13 +272,12 @@ pd.DataFrame({"rank 1's b after it": BUF[1], "broadcast?": broadcast},
 # %% [markdown]
 # ## 2. Changing the model after wrapping
 #
-# `DDP(model)` registers, once, a hook on each parameter that requires a gradient. It sorts them
-# into buckets. A bucket is all-reduced when every one of its parameters has its gradient.
+# `DDP(model)` hooks, once, each parameter that requires a gradient, in buckets. A bucket is
+# all-reduced when all its gradients have come.
 #
-# Two changes after the wrap break that silently for one step. Freezing a parameter with
-# `requires_grad_(False)` means its gradient never comes, so its bucket never fills. Assigning a
-# new `nn.Parameter` leaves DDP waiting for the old one, with no hook on the new one. The model is
-# `Sequential(one(), one())`, output `w1 w0 x`: each weight's gradient is `x` at the start.
+# Two changes after the wrap break that silently for one step. A parameter frozen with
+# `requires_grad_(False)` never sends its gradient, so its bucket never fills. A new
+# `nn.Parameter` has no hook. The model is `Sequential(one(), one())`: each gradient starts as `x`.
 
 # %%
 def changed_worker(rank, world_size, change):
@@ -349,9 +342,6 @@ for fix in ("fix: freeze, then wrap", "fix: copy_ into the parameter"):
     assert all(r["before step 1"] == "ok" and r["first"] is None for r in C[fix]), fix
 
 # %% [markdown]
-# The loop above catches the error of step 2 and stops there. A loop that calls the checker after
-# each step finds the mistake earlier.
-#
 # **Claim:** the same frozen model, trained one step and checked: `assert_in_sync` raises at step
 # 1. It names the weight that differs, `1.weight`: 0.875 on rank 0, 0.625 on rank 1. It also names
 # the change since the wrap.
@@ -378,18 +368,16 @@ print(F[0])
 # %% [markdown]
 # ## 3. All-reduce and autograd
 #
-# `dist.all_reduce(t)` overwrites `t` in place and records nothing for autograd. The **value**
-# becomes the sum over ranks. But the **gradient** flows back as if each rank had kept its own.
-# Three forms of it:
+# `dist.all_reduce(t)` overwrites `t` in place, unseen by autograd. The **value** becomes the sum
+# over ranks; the **gradient** stays each rank's own. Three forms of it:
 #
 # * a global objective built with `dist.all_reduce` on a tensor in the graph:
 #   `S = w x₀ + w x₁ = 4w`, value 4 at `w = 1`, gradient `dS/dw = 4`;
 # * the "averaged loss" reduced in place and divided by the world size **before** `backward()`;
 # * a metric counter reduced through `.float()`: `.float()` makes a copy, and the copy is reduced.
 #
-# The fix for the first is the autograd-aware all-reduce,
-# `torch.distributed.nn.functional.all_reduce`. Its backward all-reduces the gradient too. For
-# the second, reduce a detached copy for the log and call `backward()` on the rank's own loss.
+# Fixes: `torch.distributed.nn.functional.all_reduce`, whose backward all-reduces too; for the
+# log, reduce a detached copy.
 
 # %%
 def reduce_worker(rank, world_size):
@@ -557,10 +545,9 @@ pd.DataFrame({"per-rank seeds": wrong, "same seed + DistributedSampler": right})
 # %% [markdown]
 # ## 5. Clipping during accumulation
 #
-# With `no_sync()`, as in lesson 06a, each rank accumulates its micro-batches' gradients locally.
-# The last backward, outside `no_sync`, all-reduces the sum. Clipping belongs once, after that
-# synced backward. Clipping after **each** micro-batch clips a rank-local partial gradient. The
-# norm `clip_grad_norm_` returns there, what a logger prints, is that rank's own.
+# With `no_sync()` (lesson 06a) each rank accumulates locally; the last backward all-reduces the
+# sum. Clip once, after it. Clipping **each** micro-batch clips a rank-local partial gradient,
+# and logs that rank's own norm.
 #
 # Rank 0's micro-batches are `x = 1, 1`, rank 1's `x = 7, 1`, and `max_norm = 4`. The true
 # accumulated gradient is `((1 + 1) + (7 + 1)) / 2 = 5`.
@@ -620,11 +607,9 @@ pd.DataFrame({"clip each micro-batch": [each[0]["logged norms"], each[1]["logged
 # %% [markdown]
 # ## 6. Fewer items than ranks
 #
-# `DistributedSampler` gives every rank `ceil(n / world_size)` items. It pads the index list by
-# repeating it from the start, then deals `indices[rank::world_size]`; see
-# torch/utils/data/distributed.py. With 3 items on 7 replicas that is 7 indices. No process
-# group is needed to see it: the sampler takes `num_replicas` and `rank`. `small_data_warning`
-# is a check your own script can run before training.
+# `DistributedSampler` gives every rank `ceil(n / world_size)` items: it pads the index list from
+# its start, then deals `indices[rank::world_size]` (torch/utils/data/distributed.py). It needs
+# no process group. `small_data_warning` is a check to run before training.
 
 # %%
 def small_data_warning(n, world_size, drop_last=False):
@@ -670,15 +655,13 @@ print(small_data_warning(3, 7))
 # 2. Each epoch reads each item once, across all ranks.
 # 3. Every rank holds the same model.
 #
-# One general check tests each invariant on your unchanged worker `fn(rank, world_size, ...)`.
-# `against_one_process(fn, world_size)` runs it at `world_size` ranks and at one rank. It compares
-# every parameter after every optimizer step. `data_coverage(fn, world_size)` records the items
-# each rank's loader reads. `assert_in_sync(ddp)` compares the replicas from inside the ranks.
-# The first two run simulated ranks by default: threads of this process, fast enough for 64 ranks.
+# One general check tests each on your unchanged worker `fn(rank, world_size, ...)`.
+# `against_one_process` runs it at `world_size` ranks and at one rank and compares every
+# parameter after every step. `data_coverage` records the items each rank's loader reads.
+# `assert_in_sync(ddp)` compares the replicas. The first two use simulated ranks by default.
 #
-# Your worker must follow one convention: one global batch. Each rank trains on global batch /
-# `world_size` items, and one process on all of them. Below are three bugs that no section has
-# shown, one per check.
+# The convention: one global batch. Each rank trains on global batch / `world_size` items, one
+# process on all of them. Three bugs no section has shown, one per check:
 
 # %%
 from torch.utils.data import DataLoader, TensorDataset
@@ -777,10 +760,11 @@ record_checks("06d_silent_bugs", rows)  # for docs/CHECKS.md (python3 -m ci.chec
 print(diverged, coverage, config, sep="\n\n")
 
 # %% [markdown]
-# The same checks find three of the mistakes above without their sections' special code. Each
-# worker below is the section's mistake, written in the one-global-batch convention:
+# The same checks find four mistakes above without their sections' special code. Each worker is
+# the section's mistake in the one-global-batch convention:
 #
 # * section 3, the mean loss reduced in place before `backward()`: `against_one_process`;
+# * section 5, clipping each micro-batch: `against_one_process`;
 # * section 4, `random_split` seeded by rank: `data_coverage`;
 # * section 6, 3 items on 7 replicas: `data_coverage`.
 
@@ -788,6 +772,7 @@ print(diverged, coverage, config, sep="\n\n")
 from torch.utils.data import Subset
 
 X3 = torch.tensor([[1.0], [3.0]])  # section 3's inputs as one global batch
+X5 = torch.tensor([[1.0], [7.0], [1.0], [1.0]])  # section 5's: micro-batch i is rows 2i, 2i + 1
 
 
 def mean_loss_worker(rank, world_size, fix=False):
@@ -799,6 +784,18 @@ def mean_loss_worker(rank, world_size, fix=False):
         dist.all_reduce(loss)
         loss /= world_size  # the right value for the log, a gradient divided by world_size
     loss.backward()
+    opt.step()
+
+
+def clip_global_worker(rank, world_size, fix=False):
+    """Section 5: two micro-batches of the global batch, clipped after each (or once, the fix)."""
+    ddp = DDP(one())
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for i, micro in enumerate((X5[:2], X5[2:])):
+        with contextlib.nullcontext() if i == 1 else ddp.no_sync():
+            ddp(micro[rank::world_size]).mean().backward()
+        if i == 1 or not fix:
+            nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=4.0)
     opt.step()
 
 
@@ -821,7 +818,9 @@ def few_items_worker(rank, world_size):
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # section 3's "autograd kernel was not registered"
     earlier = {"3 mean loss in place": outcome(against_one_process, mean_loss_worker, WORLD),
-               "3 fix: detached copy": outcome(against_one_process, mean_loss_worker, WORLD, fix=True)}
+               "3 fix: detached copy": outcome(against_one_process, mean_loss_worker, WORLD, fix=True),
+               "5 clip each micro-batch": outcome(against_one_process, clip_global_worker, WORLD),
+               "5 fix: clip once": outcome(against_one_process, clip_global_worker, WORLD, fix=True)}
 earlier["4 random splits"] = outcome(data_coverage, split_loader_worker, WORLD)
 earlier["4 fix: same seed + sampler"] = outcome(data_coverage, split_loader_worker, WORLD, fix=True)
 earlier["6 few items, 7 replicas"] = outcome(data_coverage, few_items_worker, 7)
@@ -829,21 +828,20 @@ pd.Series({k: v.splitlines()[0] for k, v in earlier.items()}, name="general chec
 
 # %% [markdown]
 # **Claim:** `against_one_process` raises on section 3's in-place mean at step 1 and passes its
-# fix. `data_coverage` raises on section 4's per-rank seeds, naming an item read twice. It
-# passes the fix. It raises on 3 items at 7 replicas: item 0 is read three times.
-#
-# Section 5's clipping is not run under a general check here. Its worker would first need the
-# micro-batches of one global batch.
+# fix, and on section 5's clipping of each micro-batch: one process clips `(1 + 7) / 2`, not 7.
+# `data_coverage` raises on section 4's per-rank seeds, naming an item read twice. It passes the
+# fix. It raises on 3 items at 7 replicas: item 0 is read three times.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# Check: the general checks on sections 3, 4 and 6
+# Check: the general checks on sections 3, 4, 5 and 6
 assert earlier["3 mean loss in place"].startswith("DivergedFromOneProcess") and "step 1" in earlier["3 mean loss in place"]
-assert earlier["3 fix: detached copy"] == "passes" and earlier["4 fix: same seed + sampler"] == "passes", earlier
+assert earlier["5 clip each micro-batch"].startswith("DivergedFromOneProcess") and "step 1" in earlier["5 clip each micro-batch"]
+assert all(earlier[k] == "passes" for k in earlier if "fix" in k), earlier
 assert earlier["4 random splits"].startswith("CoverageError") and "Read more than once" in earlier["4 random splits"]
 assert earlier["6 few items, 7 replicas"].startswith("CoverageError") and "0 (3x)" in earlier["6 few items, 7 replicas"]
 rows["3 all-reduce"]["against_one_process"] = "caught: step 1 (mean loss in place)"
 rows["4 random splits"]["data_coverage"] = "caught: items read twice"
-rows["5 clipping"]["against_one_process"] = "not run here: needs micro-batches of one global batch"
+rows["5 clipping"]["against_one_process"] = "caught: step 1 (clip each micro-batch)"
 rows["6 few items"]["data_coverage"] = "caught: item 0 read three times"
 record_checks("06d_silent_bugs", rows)  # section 7's rows and these, for docs/CHECKS.md
 print(*(v.splitlines()[0] for v in earlier.values()), sep="\n")
@@ -860,24 +858,20 @@ pd.Series(caught, name="assert_in_sync").to_frame()
 # | `ddp.module(x)`, `ddp.module.score(x)` | rank-local steps | `ddp(x)`, `ddp(x, score=True)` | `assert_in_sync`, step 1 |
 # | a bypass at step 2, then the wrapper | a gap that never closes | every call through `ddp(...)` | `assert_in_sync`, step 2 |
 # | freeze / new `nn.Parameter` after `DDP(...)` | step 1 unsynced, step 2 raises | change, then wrap; `copy_` | `assert_in_sync`, before step 1 and at step 1 |
-# | `dist.all_reduce` in the graph, in-place mean loss | value reduced, gradient local | autograd all-reduce; reduce a detached copy | one-process gradient |
+# | `dist.all_reduce` in the graph, in-place mean loss | value reduced, gradient local | autograd all-reduce; reduce a detached copy | `against_one_process` |
 # | counter reduced via `.float()` | 3 and 5 | 8 | equal on every rank? |
-# | per-rank split seeds | shared and leaked items | same seed + `DistributedSampler` | gathered shards |
-# | clipping each micro-batch | 3.5, local norms | 4, norm 5 | one-process reference |
-# | 3 items, 7 ranks | repeats, or nothing | more items or fewer ranks | a warning |
+# | per-rank split seeds | shared and leaked items | same seed + `DistributedSampler` | `data_coverage` |
+# | clipping each micro-batch | 3.5, local norms | 4, norm 5 | `against_one_process` |
+# | 3 items, 7 ranks | repeats, or nothing | more items or fewer ranks | a warning, `data_coverage` |
 #
-# Drifting replicas are what `assert_in_sync` finds, at the first wrong step, if you call it in
-# your loop. Replicas that agree on a wrong value need a check of the value itself. Compare the
-# gradient with one process, check that a metric is equal on every rank, gather the shards. Put
-# both kinds into a first short run of your own training, before the long one. DDP broadcasts
-# buffers only before some forwards, and parameters only once.
+# `assert_in_sync` finds drifting replicas at the first wrong step. Replicas that agree on a wrong
+# value need `against_one_process`, `data_coverage` or an equal-on-every-rank metric. Run them in a
+# short first run of your training.
 #
 # ## Exercises
 #
-# Both ask for a value: predict it by hand first. Then set `answer_N` in place of `None` and run
-# the check cell below it. It prints "correct" or "not yet" with a hint. In the full lesson a
-# collapsed solution follows each check; student copies leave the solutions out. Every solution
-# runs when the full lesson runs, so each is known to pass its check.
+# Predict each value by hand, set `answer_N` and run the check cell below it: "correct" or "not
+# yet" with a hint. A folded solution follows each check.
 
 # %% [markdown]
 # ### Exercise 1: a bypass at the first step

@@ -523,20 +523,24 @@ def outcome(check, *args, **kwargs):
 
 
 versus_one = {how: outcome(against_one_process, token_window, WORLD, how) for how in WEIGHTINGS}
+versus_one["kept .grad, bucket view"] = outcome(against_one_process, kept_grads, WORLD, True, False)
 pd.Series({k: v.splitlines()[0] for k, v in versus_one.items()}, name="against_one_process").to_frame()
 
 # %% [markdown]
 # **Claim:** `against_one_process` raises on the per-rank token mean and passes the all-reduced
 # token count. It passes the mean per micro-batch too: one process weights each sequence alike,
-# the same mistake. Only the hand-worked reference above catches that one.
+# the same mistake. Only the hand-worked reference above catches that one. It passes the kept
+# bucket view: the parameters are right, only the kept tensor is wrong.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # Check: the general check on the three weightings
 assert versus_one["per-rank token mean"].startswith("DivergedFromOneProcess"), versus_one
 assert versus_one["global token mean"] == versus_one["mean per micro-batch"] == "passes", versus_one
-record_checks("10a_casebook_training_loop", {
-    "token loss: per-rank token mean": {"against_one_process": "caught: step 1"},
-    "token loss: mean per micro-batch": {"against_one_process": "not caught: the same mistake in one process"}})
+assert versus_one["kept .grad, bucket view"] == "passes", versus_one
+rows = {"token loss: per-rank token mean": {"against_one_process": "caught: step 1"},
+        "token loss: mean per micro-batch": {"against_one_process": "not caught: the same mistake in one process"},
+        "kept .grad under gradient_as_bucket_view": {
+            "against_one_process": "not caught: the parameters are right, the kept tensor is not"}}
 print(versus_one["per-rank token mean"])
 
 # %%
@@ -564,6 +568,11 @@ caught = {"GAN": GAN[0]["two backwards, default"][1] != "ok", "epoch's end": ACC
 assert sum(caught.values()) == 3, caught
 assert TOK[0] == TOK[1] and BUCKET[0] == BUCKET[1], "token mean and bucket view: equal on both ranks"
 assert TOK[0]["mean per micro-batch"] != 4.0 and BUCKET[0][True, False] != [2.0, 4.0, 6.0]
+record_checks("10a_casebook_training_loop", {  # for docs/CHECKS.md (python3 -m ci.checks_table)
+    "GAN: two forwards, two backwards": {"assert_in_sync": "caught: step 1"},
+    "epoch ends inside an accumulation window": {"assert_in_sync": "caught: the epoch's last step"},
+    "rank-0 validate() left in eval()": {"assert_in_sync": "caught: first step after validate(), naming eval()"},
+    **rows})
 
 # %% [markdown]
 # <!-- next:start -->

@@ -17,7 +17,7 @@
 # # 10b · Casebook: the data
 #
 # <!-- opening:start -->
-# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,600 words at 200 words/min): about 8 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -465,10 +465,51 @@ stream, shuffled = coverage["IterableDataset, no sharding"], coverage["shuffle=T
 assert stream.startswith("CoverageError") and f"{n_items} of {n_items} distinct samples" in stream, stream
 assert shuffled.startswith("CoverageError") and "Ranks reading the same items: ranks 0 and 1" in shuffled, shuffled
 assert coverage["IterableDataset, rank first"] == coverage["DistributedSampler"] == "passes", coverage
+print(stream, shuffled, sep="\n\n")
+
+# %% [markdown]
+# The next two cases slip past every general check. With persistent workers each epoch still
+# reads each item once: the stale epoch is inside the item. One seed on every rank keeps the
+# replicas equal, and no N-rank run draws the one process's random numbers, bug or fix.
+
+# %%
+from helpers.checks import against_one_process
+
+X_AUG = torch.arange(8.0)[:, None]  # one global batch of 8 items
+
+
+def augment_worker(rank, world_size, per_rank=False):
+    """One SGD step on this rank's share, each item shifted by a random augmentation."""
+    torch.manual_seed(0)  # the same weights on every rank
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
+    if per_rank:
+        torch.manual_seed(1 + rank)  # the fix: augmentations differ per rank
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x = X_AUG[rank::world_size]
+    ddp(x + torch.rand_like(x)).pow(2).mean().backward()
+    opt.step()
+
+
+silent = {"epoch on the data set": outcome(data_coverage, epoch_case, WORLD, n_items, num_workers, epochs, True,
+                                           simulated=False),
+          "one seed": outcome(against_one_process, augment_worker, WORLD),
+          "seed + rank": outcome(against_one_process, augment_worker, WORLD, per_rank=True)}
+pd.Series({k: v.splitlines()[0] for k, v in silent.items()}, name="general check").to_frame()
+
+# %% [markdown]
+# **Claim:** `data_coverage` passes the persistent workers' run. `against_one_process` raises on
+# one seed and on `seed + rank` alike, so it cannot tell the bug from its fix.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: the general checks on the epoch and seed cases
+assert silent["epoch on the data set"] == "passes", silent
+assert all(silent[k].startswith("DivergedFromOneProcess") for k in ("one seed", "seed + rank")), silent
 record_checks("10b_casebook_data", {
     "my IterableDataset gives twice the samples": {"data_coverage": "caught: every sample on both ranks"},
-    "every rank trains on the same batches": {"data_coverage": "caught: every item read twice"}})
-print(stream, shuffled, sep="\n\n")
+    "every rank trains on the same batches": {"data_coverage": "caught: every item read twice"},
+    "my dataset's epoch never changes": {"data_coverage": "not caught: each item read once; the epoch is inside it"},
+    "every rank draws the same augmentation": {
+        "against_one_process": "not caught: raises on the fix, seed + rank, too"}})
 
 # %%
 print(f"casebook 10b ran in {time.perf_counter() - t_notebook:.0f} s")

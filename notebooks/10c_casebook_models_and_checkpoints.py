@@ -17,7 +17,7 @@
 # # 10c · Casebook: models, checkpoints and FSDP2
 #
 # <!-- opening:start -->
-# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,300 words at 200 words/min): about 6 min.
+# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people
@@ -270,6 +270,9 @@ print(ZERO[0]["rank 0 alone"])
 # then holds those: copies the next forward discards.
 
 # %%
+X_FS = torch.tensor([[1.0, 1.0], [2.0, 2.0]])  # one global batch of 2 items
+
+
 def fsdp_case(rank, world_size, when, steps):
     torch.manual_seed(0)
     model = nn.Linear(2, 2, bias=False)
@@ -283,7 +286,7 @@ def fsdp_case(rank, world_size, when, steps):
     w = model.weight  # a DTensor once sharded; the unsharded Parameter right after a forward
     start = (w.full_tensor() if hasattr(w, "full_tensor") else w).detach().clone()
     for _ in range(steps):
-        model(torch.ones(1, 2) * (rank + 1)).sum().backward()
+        model(X_FS[rank::world_size]).mean().backward()  # this rank's share of one global batch
         opt.step()
         opt.zero_grad()
     moved = (model.weight.full_tensor() - start).abs().max().item()
@@ -384,6 +387,60 @@ pd.Series({k: v for k, v in CP[0].items() if k != "set_gradient_divide_factor(1.
 # replicas. A 2-D mesh does not do it for you: FSDP2 divides by all the ranks of its mesh.
 #
 # **Caught by** the one-process reference: the gradient of the whole sequence's loss.
+
+# %% [markdown]
+# ## The general checks on these cases
+#
+# The EMA case ran `assert_in_sync` above. Loading the whole DDP object and saving ZeRO's
+# optimizer raise errors, and no general check reads a checkpoint. The two FSDP2 cases train
+# wrong silently: `against_one_process` runs both. `cp_step` is the context-parallel case with
+# an SGD step; its fix scales the loss by `world_size`.
+
+# %%
+from helpers.checks import against_one_process
+
+
+def cp_step(rank, world_size, fix=False):
+    """The context-parallel case: this rank's part of one sequence, then one SGD step."""
+    model = one()
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.125)
+    tokens = torch.tensor([[1.0], [3.0], [5.0], [7.0]]).chunk(world_size)[rank]
+    (model(tokens).sum() / 4 * (world_size if fix else 1)).backward()
+    opt.step()
+
+
+def outcome(check, *args, **kwargs):
+    """The check's error, as 'Type: message', or 'passes'."""
+    try:
+        check(*args, **kwargs)
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passes"
+
+
+general = {"optimizer before fully_shard": outcome(against_one_process, fsdp_case, WORLD, WHEN[0], fsdp_steps),
+           "context parallel, averaged": outcome(against_one_process, cp_step, WORLD),
+           "fix: loss × world_size": outcome(against_one_process, cp_step, WORLD, fix=True)}
+pd.Series({k: v.splitlines()[0] for k, v in general.items()}, name="against_one_process").to_frame()
+
+# %% [markdown]
+# **Claim:** `against_one_process` passes the optimizer built before `fully_shard`: one process
+# makes the same mistake, and no weight moves in either. It raises on the averaged context
+# parallel step at step 1, and passes the scaled loss.
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# Check: against_one_process on the two FSDP2 cases
+assert general["optimizer before fully_shard"] == general["fix: loss × world_size"] == "passes", general
+averaged = general["context parallel, averaged"]
+assert averaged.startswith("DivergedFromOneProcess") and "step 1" in averaged, averaged
+record_checks("10c_casebook_models_and_checkpoints", {  # for docs/CHECKS.md (python3 -m ci.checks_table)
+    "my EMA model differs from rank to rank": {"assert_in_sync": "caught: before step 1, on the copy"},
+    "my saved DDP model will not load": {"against_one_process": "none applies: an error at load"},
+    "saving the ZeRO optimizer fails on rank 0": {"against_one_process": "none applies: an error on rank 0"},
+    "FSDP2 optimizer built before fully_shard": {"against_one_process": "not caught: the same mistake in one process"},
+    "FSDP2 with context parallel learns too slowly": {"against_one_process": "caught: step 1"}})
+print(averaged)
 
 # %%
 shutil.rmtree(work, ignore_errors=True)

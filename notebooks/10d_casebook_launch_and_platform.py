@@ -363,8 +363,9 @@ print(f"casebook 10d ran in {time.perf_counter() - t_notebook:.0f} s")
 # | [deprecated collective names](#case-collective-names) | renamed in 2026 | `*_single`, or pick what exists | `hasattr` |
 # | [`use_libuv` on Windows](#case-windows-libuv) | Windows wheels lack libuv | `USE_LIBUV=0` | the error |
 #
-# These fail loudly, or warn, and none changes a result silently. What helps is knowing which
-# part of torch prints each message, so that the fix goes to the right place.
+# These fail loudly, or warn, and none changes a result silently. So the general checks of
+# [CHECKS.md](../docs/CHECKS.md) have nothing to catch here. What helps is knowing which part of
+# torch prints each message, so that the fix goes to the right place.
 
 # %% [markdown]
 # <!-- next:start -->
