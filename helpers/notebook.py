@@ -3,72 +3,7 @@
 Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
 check_value``), and checked by ``tests/course/test_learner.py``.
 
-Recipe: what a notebook must contain
-====================================
-
-Apply these in the notebook (or its jupytext twin ``notebooks/NN_*.py``), then add the
-notebook's record to ``notebooks/lessons.toml`` and run ``python3 -m ci.generate``
-(docs/TESTING.md, "Adding a lesson").
-
-1. **Glossary link in the first cell.** The first (markdown) cell links to the glossary with a
-   relative link, ``[glossary](../docs/GLOSSARY.md)``, ideally with the terms this notebook
-   introduces linked to their anchors, e.g. ``[world size](../docs/GLOSSARY.md#world-size)``.
-   Only anchors that exist in ``docs/GLOSSARY.md`` (``<a id="...">`` or a heading) are allowed;
-   the test checks them.
-
-2. **Parameters cell, then a check cell.** The cell tagged ``parameters`` keeps one
-   ``name = literal  # description`` per line (the comment is the description in docs/RUNNER.md's
-   table; no ``=`` inside it, papermill would skip the line). The code cell **right after it**
-   imports this module and checks the type of **every** parameter, then the ranges, before
-   anything slow is imported::
-
-       from helpers.notebook import check_answer, check_parameters, check_value
-
-       check_parameters(world_size=(world_size, int), lr=(lr, float), model=(model, str))
-       check_value("world_size", world_size, world_size >= 2, "at least 2 (one rank has nobody to sync with)")
-
-   :func:`check_parameters` raises ``TypeError`` naming the parameter, the expected type, the
-   value given and what to pass (an ``int`` is accepted for a ``float``; a ``bool`` is not an
-   ``int``). :func:`check_value` raises ``ValueError`` naming the parameter, its value and the
-   allowed range. Do not keep ``assert isinstance(...)`` checks on parameters elsewhere.
-
-3. **No typed times.** The prose never types a run time ("about 6 s") nor the machine's
-   logistics (core counts, CI): it may say *why* a cell is slow (processes start, torch is
-   imported). The one measured time is in the opening block between ``<!-- opening:start -->``
-   and ``<!-- opening:end -->`` in the first cell, written by ``python3 -m ci.generate`` from
-   notebooks/lessons.toml and docs/run_times.json. The per-cell durations of a papermill run are in the executed
-   notebook (``build/<profile>/<stem>.ipynb``, cell metadata ``papermill.duration``).
-
-4. **Exercises at the end.** After the "What we saw" markdown (which ends with an
-   ``## Exercises`` heading and one line on how they work), two or three exercises, each made
-   of the four cells :func:`exercise_cells` returns:
-
-   * markdown: ``### Exercise N: title`` and the task (say what form the answer takes: a
-     number, a list, a fraction such as ``"7/12"``);
-   * the learner's cell: ``answer_N = None  # your answer here``;
-   * the check cell, folded (``source_hidden``, first line ``# Check: ...``, as every cell
-     tagged ``check``), that computes the expected value from the notebook's own results
-     or helpers (the real sampler, the real ``TrainConfig``, ...), never a hard-coded guess, and
-     calls ``check_answer("exN", answer_N, expected_N)``: it **prints** "not answered yet",
-     "correct" or "not yet: ..." and never raises for the learner's value;
-   * the solution: input collapsed in JupyterLab (cell metadata
-     ``{"jupyter": {"source_hidden": true}, "tags": ["solution"]}``; JupyterLab still shows the
-     first line of a collapsed cell, so :func:`exercise_cells` makes it
-     ``# Solution of exercise N (try the exercise first)``), computes the answer from
-     scratch by a different route than the check cell (the hand calculation, a formula) and
-     ends with ``check_answer("exN", solution_N, expected_N, strict=True)``, which raises
-     ``AssertionError`` when it is wrong: papermill runs every solution in CI, so a wrong
-     solution (or a wrong expected value) fails the run.
-
-   Keep solutions cheap: no extra ``launch`` unless the exercise is about it (each launch costs
-   3 to 6 s). Exercise keys are ``"ex1"``, ``"ex2"``, ... in order.
-
-Tests that hold a notebook to this recipe (``tests/course/test_learner.py``, for
-every notebook of the manifest): glossary link and anchors in the first cell; a ``check_parameters`` call
-naming every parameter in the cell right after the parameters cell; at least two cells tagged
-``solution`` with ``source_hidden``, each calling ``check_answer(..., strict=True)``; every
-``answer_N = None`` cell followed by its check cell. ``tests/course/test_notebooks.py`` executes the
-notebooks, and so the solutions.
+The recipe a notebook follows (and the tests that hold it) is in docs/TESTING.md, "The lesson recipe".
 """
 
 from __future__ import annotations
@@ -76,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-import re
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -97,7 +31,6 @@ __all__ = [
     "sealed_check",
     "crash_report",
     "assert_close_once",
-    "exercise_cells",
     "UNPROVEN",
     "NOT_PROVEN",
     "gpu_claim",
@@ -470,60 +403,6 @@ def assert_close_once(actual: Any, expected: Any, *, what: str, rerun_from: str,
 # --------------------------------------------------------------------------------------------
 # Building the cells (for a new notebook, and for tests of the exercise mechanism)
 # --------------------------------------------------------------------------------------------
-
-
-def exercise_cells(number: int, title: str, task: str, check: str, solution: str, *,
-                   answer_comment: str = "your answer here") -> list:
-    """The four cells of exercise ``number`` (see the recipe in this module's docstring).
-
-    Args:
-        number: 1, 2, 3 ...; the key is ``f"ex{number}"``, the learner's variable
-            ``answer_<number>``.
-        title: a few words, shown as ``### Exercise N: title``.
-        task: markdown: the question, and the form of the answer.
-        check: code of the check cell (folded; a ``# Check: exercise N`` line is added first when it
-            has none); it must compute ``expected_<number>`` and call
-            ``check_answer("exN", answer_N, expected_N, ...)``.
-        solution: code of the collapsed solution cell (a spoiler-free first line is added); it
-            must end with
-            ``check_answer("exN", solution_N, expected_N, strict=True)`` (tolerances may come
-            before ``strict=True`` on that line).
-        answer_comment: the comment after ``answer_N = None  #``.
-
-    Returns:
-        ``[markdown, learner code, check code, solution code]`` nbformat v4 cells.
-
-    Raises:
-        ValueError: if ``check`` or ``solution`` does not follow the recipe.
-    """
-    from textwrap import dedent
-
-    from nbformat.v4 import new_code_cell, new_markdown_cell
-
-    key, answer, expected = f"ex{number}", f"answer_{number}", f"expected_{number}"
-    check = dedent(check).strip("\n")
-    solution = dedent(solution).strip("\n")
-    if f'check_answer("{key}", {answer}, {expected}' not in check:
-        raise ValueError(f"exercise {number}: the check cell must call "
-                         f"check_answer(\"{key}\", {answer}, {expected}, ...)")
-    if f"{expected} =" not in check:
-        raise ValueError(f"exercise {number}: the check cell must compute {expected}")
-    if not re.search(rf'check_answer\("{key}", solution_{number}, {expected},[^\n]*strict=True', solution):
-        raise ValueError(f"exercise {number}: the solution must end with "
-                         f"check_answer(\"{key}\", solution_{number}, {expected}, strict=True)")
-    # JupyterLab shows the first line of a collapsed cell: make it one that gives nothing away
-    solution = f"{SOLUTION_FIRST_LINE} {number} (try the exercise first)\n{solution}"
-    md_cell = new_markdown_cell(f"### Exercise {number}: {title}\n\n" + dedent(task).strip("\n"))
-    learner = new_code_cell(f"{answer} = None  # {answer_comment}")
-    learner.metadata["tags"] = ["exercise"]
-    if not check.startswith("# Check: "):
-        check = f"# Check: exercise {number}\n{check}"
-    check_cell = new_code_cell(check)
-    check_cell.metadata.update({"jupyter": {"source_hidden": True}, "tags": ["check"]})
-    solution_cell = new_code_cell(solution)
-    solution_cell.metadata.update({"jupyter": dict(SOLUTION_METADATA["jupyter"]),
-                                   "tags": list(SOLUTION_METADATA["tags"])})
-    return [md_cell, learner, check_cell, solution_cell]
 
 
 # --------------------------------------------------------------------------------------------

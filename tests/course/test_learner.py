@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from _support import exercise_cells
 from ci import path_table
 from ci import run_notebooks as rn
 from ci.cleanup import IPCKernelManager
@@ -250,10 +251,10 @@ def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
         new_markdown_cell("# tiny"),
         new_code_cell("x = 3", metadata={"tags": ["parameters"]}),
         new_code_cell("from helpers.notebook import check_answer, check_parameters\ncheck_parameters(x=(x, int))"),
-        *hn.exercise_cells(1, "right solution", "3 squared?",
+        *exercise_cells(1, "right solution", "3 squared?",
                            "expected_1 = x * x\ncheck_answer(\"ex1\", answer_1, expected_1)",
                            "solution_1 = 9\ncheck_answer(\"ex1\", solution_1, expected_1, strict=True)"),
-        *hn.exercise_cells(2, "wrong solution", "3 cubed?",
+        *exercise_cells(2, "wrong solution", "3 cubed?",
                            "expected_2 = x ** 3\ncheck_answer(\"ex2\", answer_2, expected_2)",
                            "solution_2 = 9\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)"),
     ]
@@ -477,7 +478,7 @@ def test_assert_close_once_names_a_cell_run_twice():
 
 
 def test_exercise_cells():
-    cells = hn.exercise_cells(2, "title", "the task", "expected_2 = 1\ncheck_answer(\"ex2\", answer_2, expected_2)",
+    cells = exercise_cells(2, "title", "the task", "expected_2 = 1\ncheck_answer(\"ex2\", answer_2, expected_2)",
                               "solution_2 = 1\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)")
     assert [c.cell_type for c in cells] == ["markdown", "code", "code", "code"]
     assert cells[0].source.startswith("### Exercise 2: title\n\nthe task")
@@ -486,13 +487,13 @@ def test_exercise_cells():
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
     with pytest.raises(ValueError, match="check cell must call"):
-        hn.exercise_cells(1, "t", "task", "expected_1 = 1",
+        exercise_cells(1, "t", "task", "expected_1 = 1",
                           "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
     with pytest.raises(ValueError, match="must compute expected_1"):
-        hn.exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
+        exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
                           "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
     with pytest.raises(ValueError, match="solution must end with"):
-        hn.exercise_cells(1, "t", "task", "expected_1 = 1\ncheck_answer(\"ex1\", answer_1, expected_1)",
+        exercise_cells(1, "t", "task", "expected_1 = 1\ncheck_answer(\"ex1\", answer_1, expected_1)",
                           "check_answer(\"ex1\", solution_1, expected_1)")
 
 

@@ -24,8 +24,8 @@ from _support import (
 )
 from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
-from helpers.engine.warm_ranks import _px_magic
 from helpers.engine.internal import current_ranks, threads_per_rank
+from helpers.engine.warm_ranks import _px_magic
 
 # slow: kernels or warm ranks in (nearly) every test
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
