@@ -98,6 +98,7 @@ class RanksStartStop:
         self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
         self._ipp_log.addHandler(self._ipp_held)
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+        self._start_watchdog()  # now: a kernel killed while the controller starts leaves nothing either
         deadline = time.monotonic() + _START_TIMEOUT_S
         # rank processes forked from the fork server (torch imported there once), unless env must be set before torch
         forked = not self.env and start_method() == "forkserver"
@@ -119,7 +120,6 @@ class RanksStartStop:
         self.pids = self._await(self.view.apply_async(os.getpid), "the ranks answering", deadline)
         t_up = time.perf_counter()
         self._started = self._processes()
-        self._start_watchdog()
         self._join_group(deadline)
         self._await(self.view.apply_async(remote.register_stacks, self._profile_dir), "the ranks' stack dumps",
                     deadline)
@@ -209,9 +209,8 @@ class RanksStartStop:
         return None
 
     def _start_watchdog(self) -> None:
-        roots = [*self.pids, *(p.pid for p in self._launched())]
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
+            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), self._profile_dir],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
