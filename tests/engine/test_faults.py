@@ -1249,3 +1249,55 @@ def test_rank_prints_a_million_lines(row, capsys):
             os.remove(kept.group(1))
     row.update(error="the first and last 2,000 lines, a note when capped, and the number "
                      "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+
+
+@LINUX_PDEATHSIG
+@pytest.mark.parametrize("when", ["first launch", "mp.spawn"])
+def test_launcher_sigkilled_leaves_no_folder(row, tmp_path, when):
+    """The launching process is SIGKILLed while its first ``launch`` starts the fork server, or
+    while ``helpers.mp.spawn``'s ranks run: its run folder and the fork server's socket folder
+    (``pymp-*``) are removed, and no process is left."""
+    row.update(fault=f"the launching process SIGKILLed during {'its first `launch`' if when == 'first launch' else '`helpers.mp.spawn`'}",
+               injection="`os.kill(launcher, SIGKILL)` " + ("once its fork server runs (importing torch)"
+                                                           if when == "first launch" else "once both ranks run"))
+    mark, launcher_tmp = _mark(), tmp_path / "tmp"
+    launcher_tmp.mkdir()
+    code = textwrap.dedent(f"""\
+        import os, time
+        import helpers.mp as mp
+        from helpers.engine import launch
+
+        def sleeper(rank, *_):
+            open({str(tmp_path)!r} + f"/rank.{{rank}}", "w").write(str(os.getpid()))
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            launch(sleeper, 2, timeout=None) if {when == 'first launch'} else mp.spawn(sleeper, nprocs=2)
+        """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT,
+                                env={**os.environ, "TMPDIR": str(launcher_tmp), RANKS_MARK: mark})
+    try:
+        deadline = time.monotonic() + 120
+        while not (wait_until_gone(mark, seconds=0, cmd_contains="forkserver") if when == "first launch"
+                   else len(list(tmp_path.glob("rank.*"))) == 2):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the launch did not start"
+            time.sleep(0.05)
+        start = time.monotonic()
+        launcher.kill()
+        launcher.wait(30)
+        left = wait_until_gone(mark, cmd_contains="")
+        deadline = time.monotonic() + 10.0
+        while (folders := sorted(p.name for p in launcher_tmp.glob("*") if p.name.startswith(("ddp-lab-", "pymp-")))) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        secs = time.monotonic() - start
+        for p in left:  # never leave them on the machine, even when this row fails
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        assert not left and not folders, ([_cmdline(p) for p in left], folders)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    row.update(error="none needed: every process gone, run folder and `pymp-*` removed (reaper)", seconds=secs,
+               passed=True)
