@@ -177,7 +177,7 @@ def call_payload(payload: bytes):
 
 WATCHDOG = r"""
 import os, shutil, sys, time, psutil
-parent, profile_dir = int(sys.argv[1]), sys.argv[2]
+parent, profile_dir, *also = int(sys.argv[1]), *sys.argv[2:]  # also: the fork server's socket folder
 def ours(p):  # ipyparallel's environment names the folder; a forked rank (and its children) writes its output there
     return p.environ().get("IPP_PROFILE_DIR") == profile_dir or any(
         f.path.startswith(profile_dir + os.sep) for f in p.open_files())
@@ -194,7 +194,8 @@ for _ in range(3):  # a process started as the kernel died is found on a later r
         except psutil.Error:
             pass
     time.sleep(0.5)
-shutil.rmtree(profile_dir, ignore_errors=True)  # ipyparallel's files (connection info, logs)
+for folder in (profile_dir, *also):  # ipyparallel's files (connection info, logs), the kernel's pymp-*
+    shutil.rmtree(folder, ignore_errors=True)
 """
 
 

@@ -22,7 +22,7 @@ import psutil
 
 from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as remote
-from helpers.engine.fork_server import start_method
+from helpers.engine.fork_server import socket_folder, start_method
 from helpers.engine.launcher import threads_per_rank
 from helpers.engine.processes import descendants, end_processes, is_live
 from helpers.engine.warm_ranks_forked import ForkedRankSetLauncher
@@ -209,8 +209,9 @@ class RanksStartStop:
         return None
 
     def _start_watchdog(self) -> None:
+        folders = [self._profile_dir, *filter(None, [socket_folder()])]  # removed if the kernel dies
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), self._profile_dir],
+            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), *folders],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
