@@ -8,6 +8,7 @@ simulated ranks use it too).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import glob
@@ -141,28 +142,19 @@ class Relay:
     def _tail(path: str, state: list, out, kept: str) -> None:
         """After the cap, at the end: how many lines were not shown, the last :data:`TAIL_LINES`, and the
         file moved to ``kept``."""
-        rank, start = state[0], state[2]
-        state[2] = None  # done
+        rank, start, state[2] = state[0], state[2], None  # None: done
+        tail, count = collections.deque(maxlen=TAIL_LINES), 0
         try:
             with open(path, "rb") as f:
                 f.seek(start)
-                count = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-                pos = end = f.tell()
-                f.seek(max(start, end - 1))
-                count += end > start and f.read(1) != b"\n"  # an unfinished last line
-                data = b""
-                while pos > start and data.count(b"\n") <= TAIL_LINES:
-                    step = min(1 << 20, pos - start)
-                    pos -= step
-                    f.seek(pos)
-                    data = f.read(step) + data
-            if not count:  # exactly HEAD_LINES lines: all shown
-                return
-            shutil.move(path, kept)
+                for line in f:
+                    count += 1
+                    tail.append(line.rstrip(b"\n").decode("utf-8", "replace"))
+            if count:  # not exactly HEAD_LINES lines, all shown
+                shutil.move(path, kept)
         except OSError as e:
-            out.write(rank_lines(rank, [f"... the output past the first {HEAD_LINES:,} lines could not be read ({e})"]))
-            return
-        tail = data.removesuffix(b"\n").split(b"\n")[-TAIL_LINES:] if data else []
-        note = f"... {count - len(tail):,} lines not shown here; the whole output ({state[4] + count:,} lines) is in {kept}"
-        out.write(rank_lines(rank, [note, *(line.decode("utf-8", "replace") for line in tail)]))
+            tail, count = [f"... the output past the first {HEAD_LINES:,} lines could not be read ({e})"], 0
+        note = [f"... {count - len(tail):,} lines not shown here; the whole output ({state[4] + count:,} lines) "
+                f"is in {kept}"] if count else []
+        out.write(rank_lines(rank, [*note, *tail]))
         out.flush()
