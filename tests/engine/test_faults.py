@@ -1070,6 +1070,19 @@ def test_simulated_ranks_interrupted(row):
 
 # issue 51: processes, folders, output ------------------------------------------------------------
 
+def _nothing_left(mark, folder):
+    """Wait until no process carries ``mark`` and ``folder`` holds no ``ddp-lab-*`` or ``pymp-*`` (10 s
+    more: a reaper retries); kill what is left. Returns ``(command lines left, folders left)``."""
+    left = wait_until_gone(mark, cmd_contains="")
+    deadline = time.monotonic() + 10.0
+    while (folders := sorted(p.name for p in folder.glob("*") if p.name.startswith(("ddp-lab-", "pymp-")))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for p in left:  # never leave them on the machine, even when the row fails
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return [_cmdline(p) for p in left], folders
+
 @pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
 def test_rank_children_end_with_the_launch(row, tmp_path, fail):
     """Each rank starts a subprocess and forks a child, then returns (or raises): both children,
@@ -1134,22 +1147,16 @@ def test_fork_server_forks_after_its_launcher_died(row, tmp_path):
         launcher.kill()
         launcher.wait(30)
         os.kill(server, signal.SIGCONT)
-        left = wait_until_gone(mark, cmd_contains="")
-        deadline = time.monotonic() + 10.0  # a late rank may re-create the run folder: the reaper retries
-        while (folders := sorted(p.name for p in launcher_tmp.glob("*") if p.name.startswith(("ddp-lab-", "pymp-")))) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left, folders = _nothing_left(mark, launcher_tmp)
         secs = time.monotonic() - start
-        assert not left and not folders, ([_cmdline(p) for p in left], folders)
+        assert not left and not folders, (left, folders)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
         with contextlib.suppress(OSError, TypeError):
             os.kill(server, signal.SIGCONT)
-        for p in wait_until_gone(mark, seconds=0, cmd_contains=""):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        _nothing_left(mark, launcher_tmp)
     row.update(error="none needed: the late rank ends the orphaned server and itself before it touches the run "
                      "folder; run folder and `pymp-*` removed (reaper)", seconds=secs, passed=True)
 
@@ -1172,17 +1179,13 @@ def test_kernel_sigkilled_while_start_ranks_starts(row, tmp_path, monkeypatch):
         assert list(tmp_path.glob("ddp-lab-ranks-*"))
         start = time.monotonic()
         os.kill(k.pid, signal.SIGKILL)
-        left = wait_until_gone(mark, cmd_contains="")
+        left, folders = _nothing_left(mark, tmp_path)
         secs = time.monotonic() - start
-        folders = list(tmp_path.glob("ddp-lab-ranks-*"))
-        for p in left:  # never leave them on the machine, even when this row fails
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        assert not left and not folders, ([_cmdline(p) for p in left], folders)
+        assert not left and not folders, (left, folders)
     finally:
         k.close()
     row.update(error="none needed: the watchdog, running from the start's first moment, ends the controller and "
-                     "removes its folder", seconds=secs, passed=True)
+                     "removes its folder and `pymp-*`", seconds=secs, passed=True)
 
 
 def test_runner_ctrl_c_leaves_no_partial_notebook(row, tmp_path):
@@ -1217,11 +1220,8 @@ def test_runner_ctrl_c_leaves_no_partial_notebook(row, tmp_path):
         if runner.poll() is None:
             runner.kill()
             runner.communicate()
-    left = wait_until_gone(mark, cmd_contains="")
-    for p in left:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    assert runner.returncode != 0 and not left, (runner.returncode, [_cmdline(p) for p in left], text)
+    left, folders = _nothing_left(mark, tmp_path)
+    assert runner.returncode != 0 and not left and not folders, (runner.returncode, left, folders, text)
     assert not [p.name for p in out.rglob("*.ipynb")], list(out.rglob("*"))
     row.update(error="the runner stops (KeyboardInterrupt); no notebook, partial or whole, in the output folder; "
                      "nothing left", seconds=secs, passed=True)
@@ -1257,7 +1257,8 @@ def test_launcher_sigkilled_leaves_no_folder(row, tmp_path, when):
     """The launching process is SIGKILLed while its first ``launch`` starts the fork server, or
     while ``helpers.mp.spawn``'s ranks run: its run folder and the fork server's socket folder
     (``pymp-*``) are removed, and no process is left."""
-    row.update(fault=f"the launching process SIGKILLed during {'its first `launch`' if when == 'first launch' else '`helpers.mp.spawn`'}",
+    during = "its first `launch`" if when == "first launch" else "`helpers.mp.spawn`"
+    row.update(fault=f"the launching process SIGKILLed during {during}",
                injection="`os.kill(launcher, SIGKILL)` " + ("once its fork server runs (importing torch)"
                                                            if when == "first launch" else "once both ranks run"))
     mark, launcher_tmp = _mark(), tmp_path / "tmp"
@@ -1285,16 +1286,9 @@ def test_launcher_sigkilled_leaves_no_folder(row, tmp_path, when):
         start = time.monotonic()
         launcher.kill()
         launcher.wait(30)
-        left = wait_until_gone(mark, cmd_contains="")
-        deadline = time.monotonic() + 10.0
-        while (folders := sorted(p.name for p in launcher_tmp.glob("*") if p.name.startswith(("ddp-lab-", "pymp-")))) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left, folders = _nothing_left(mark, launcher_tmp)
         secs = time.monotonic() - start
-        for p in left:  # never leave them on the machine, even when this row fails
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        assert not left and not folders, ([_cmdline(p) for p in left], folders)
+        assert not left and not folders, (left, folders)
     finally:
         if launcher.poll() is None:
             launcher.kill()
