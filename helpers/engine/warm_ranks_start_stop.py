@@ -24,7 +24,7 @@ from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.fork_server import socket_folder, start_method
 from helpers.engine.launcher import threads_per_rank
-from helpers.engine.processes import descendants, end_processes, is_live
+from helpers.engine.processes import descendants, end_processes, in_sessions, is_live
 from helpers.engine.warm_ranks_forked import ForkedRankSetLauncher
 
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
@@ -248,8 +248,8 @@ class RanksStartStop:
     def _shutdown(self) -> list:
         """Kill the controller, the rank processes and the watchdog; remove ipyparallel's folder. Returns the
         processes of these ranks still running afterwards, looked for again (normally none)."""
-        procs = self._processes()
-        procs += [p for p in self._marked() if p.pid not in {q.pid for q in procs}]
+        procs = self._processes()  # and what the ranks started, even re-parented (each rank has its session)
+        procs += [p for p in [*self._marked(), *in_sessions(set(self.pids))] if p.pid not in {q.pid for q in procs}]
         # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
         if self._ipp_log is not None:
             self._ipp_log.disabled = True

@@ -1295,3 +1295,25 @@ def test_launcher_sigkilled_leaves_no_folder(row, tmp_path, when):
             launcher.wait()
     row.update(error="none needed: every process gone, run folder and `pymp-*` removed (reaper)", seconds=secs,
                passed=True)
+
+
+def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
+    """Each warm rank starts a subprocess and forks a child in ``ranks.run``; rank 1 is SIGKILLed
+    (its children are re-parented); ``ranks.stop()`` ends them all (each rank has its own session)."""
+    row.update(fault="warm ranks: each rank starts a `subprocess` and a `fork` child, rank 1 is killed, then stop",
+               injection="`ranks.run(leave_children)`, `os.kill(rank 1, SIGKILL)`, then `ranks.stop()`")
+    ranks = warm(timeout=120)
+    ranks.run(w.leave_children, str(tmp_path))
+    os.kill(ranks.pids[1], signal.SIGKILL)
+    while is_live(ranks.pids[1]):  # gone: its children are re-parented
+        time.sleep(0.05)
+    start = time.monotonic()
+    ranks.stop()
+    secs = time.monotonic() - start
+    kids = [int(pid) for f in tmp_path.glob("children.*") for pid in f.read_text().split()]
+    alive = [pid for pid in kids if is_live(pid)]
+    for pid in alive:  # never leave them on the machine, even when this row fails
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+    row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
