@@ -136,7 +136,8 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
         prefix = f"{job.name}: {where}: " if where else f"{job.name}: "
         row["error"] = f"{prefix}{type(e).__name__}: {e}"
     except BaseException:
-        stopped = True  # leave the hidden partial file (the next runner on this folder removes it)
+        stopped = True  # Ctrl-C: no notebook, whole or partial, is left in the output folder
+        partial.unlink(missing_ok=True)
         raise
     finally:
         if not stopped:  # done, or failed in a cell: a complete record of the run

@@ -59,7 +59,7 @@ One runner per output folder: a runner holds ``<output-dir>/.run_notebooks.lock`
 for its whole run; a second runner on the same folder stops at once, before any kernel starts,
 naming the folder and the pid holding it (wait, or pass another ``--output-dir``). Executed
 notebooks are written to a hidden ``.<stem>.<pid>.partial.ipynb`` file and moved into place when
-the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``).
+the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``); Ctrl-C removes it.
 
 The course site is built from a run's executed notebooks by its own command, after the run:
 ``python3 -m ci.site build/full`` writes ``build/site/`` (``ci/site.py``; a failed notebook's

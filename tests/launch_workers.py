@@ -97,6 +97,30 @@ def uneven_ddp(rank, world_size):
     return rank
 
 
+def leave_children(rank, world_size, folder, fail=False):
+    """Start a ``sleep 600`` subprocess and a forked child that sleeps, write their pids to
+    ``folder/children.<rank>``, then return them (or raise ``ValueError`` if ``fail``)."""
+    import subprocess
+
+    kids = [subprocess.Popen(["sleep", "600"]).pid]
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    kids.append(pid)
+    with open(os.path.join(folder, f"children.{rank}"), "w") as f:
+        f.write(" ".join(map(str, kids)))
+    if fail:
+        raise ValueError("injected failure after starting children")
+    return kids
+
+
+def print_lines(rank, world_size, n):
+    """Rank 0 prints ``0`` to ``n - 1``, one a line."""
+    if rank == 0:
+        sys.stdout.write("".join(f"{i}\n" for i in range(n)))
+
+
 if __name__ == "__main__":
     result = main_from_env(report, 0.5)
     print(f"TORCHRUN_RESULT {result['rank']} {result['world_size']} {result['sum']}")

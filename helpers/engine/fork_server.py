@@ -80,7 +80,8 @@ from multiprocessing import forkserver, spawn, util
 from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
 
 __all__ = ["AGENT_ENV", "PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "environment", "fork_server",
-           "fork_server_pid", "fresh_random_state", "main_without_file", "start_method", "stop_fork_server"]
+           "fork_server_pid", "fresh_random_state", "main_without_file", "socket_folder", "start_method",
+           "stop_fork_server"]
 
 #: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
 #: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
@@ -160,6 +161,17 @@ def _socket_folder_that_fits() -> None:
     folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
     util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
     config["tempdir"] = folder
+
+
+def socket_folder() -> str | None:
+    """The folder of the server's socket (``pymp-*``, made now if need be; see
+    :func:`_socket_folder_that_fits`), which a launch's reaper removes if this process is killed;
+    ``None`` where the ranks are spawned."""
+    if start_method() != "forkserver":
+        return None
+    with _lock:
+        _socket_folder_that_fits()
+        return util.get_temp_dir()
 
 
 def _no_tracker_in_our_process_group() -> None:

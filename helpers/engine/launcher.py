@@ -83,7 +83,7 @@ from helpers.engine.errors import (
     WorkerError,
     worker_error,
 )
-from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file
+from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file, socket_folder
 from helpers.engine.processes import main_from_env
 from helpers.engine.rank_main import worker_device, worker_entry
 from helpers.engine.rank_output import Relay
@@ -202,14 +202,15 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     threads = threads_per_rank(world_size)
     if full := _temp_folder_full():
         raise LaunchError(full)
-    with _ONE_AT_A_TIME, fork_server() as server_pid, run_folder() as run_dir, QuietElastic(), \
+    # the run folder first: the reaper removes it, and the fork server's socket folder, if this process is killed
+    with _ONE_AT_A_TIME, run_folder(also=socket_folder()) as run_dir, fork_server() as server_pid, QuietElastic(), \
             main_without_file():
         # what runs below this process already (the fork server, the resource tracker) stays
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         config = _configure(world_size, run_dir, timeout, "spawn" if server_pid is None else "forkserver")
         # the ranks' parent: the fork server, or this process under spawn
         parent_pid = os.getpid() if server_pid is None else server_pid
-        entry_args = (payload, run_dir, parent_pid, backend, _group_timeout(timeout), threads, style)
+        entry_args = (payload, run_dir, parent_pid, os.getpid(), backend, _group_timeout(timeout), threads, style)
         outcome, reason = _supervise(config, entry_args, run_dir, timeout, before)
         try:
             _raise_failure(outcome, reason, run_dir, world_size, timeout, what, default)
@@ -498,9 +499,11 @@ def _vanished_ranks(run_dir: str) -> list[int]:
 
 
 def _worker_processes(run_dir: str):
-    """The live worker processes (and anything they started), found through their pid files."""
-    found = []
-    for rank, info in read_markers(run_dir, "pid").items():
+    """The live worker processes and anything they started (in their sessions, even re-parented: a
+    ``subprocess``, a ``fork``), found through their pid files."""
+    pids = read_markers(run_dir, "pid")
+    found = [(-1, p) for p in procs.in_sessions({info["pid"] for info in pids.values()})]
+    for rank, info in pids.items():
         try:
             p = psutil.Process(info["pid"])
             found.append((rank, p))

@@ -10,7 +10,8 @@ Everything in the project that needs one of these calls this module: :mod:`helpe
   :func:`tcp_store` / :func:`listen_on_loopback`: a rank's store and gloo on loopback only.
 - :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
   :func:`leftover_children`: this process's, less the resource tracker and the fork server.
-- :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
+- :func:`in_sessions`: the processes of given sessions (a rank's children, even re-parented);
+  :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
   :func:`is_live`: the "still running" test it uses.
 - :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
   ``gloo``; a requested backend checked against the machine.
@@ -40,6 +41,7 @@ __all__ = [
     "descendants",
     "end_processes",
     "free_port",
+    "in_sessions",
     "init_process_group_from_env",
     "is_live",
     "leftover_children",
@@ -151,6 +153,17 @@ def leftover_children() -> list[psutil.Process]:
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if p.pid != server and "resource_tracker" not in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+def in_sessions(sids: set[int]) -> list[psutil.Process]:
+    """The processes (other than this one) whose session id (``os.getsid``) is in ``sids``: what a
+    session leader started, even once re-parented (a rank's ``subprocess`` or ``fork``)."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if p.pid != os.getpid() and os.getsid(p.pid) in sids:
                 found.append(p)
     return found
 

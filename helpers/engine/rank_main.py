@@ -6,7 +6,8 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
 1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
    fork server, which exits with the launching process, or the launcher itself under ``spawn``),
    so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
-   is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper); closes its copy of the fork
+   is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper), and starts a session
+   whose processes the launcher ends with the launch; closes its copy of the fork
    server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); seeds torch, numpy
    and ``random`` afresh (:func:`helpers.engine.fork_server.fresh_random_state`); points its stdout and
    stderr at its files in the run folder (:func:`helpers.engine.rank_output.capture_output`);
@@ -26,6 +27,7 @@ server, or with ``spawn``); each imports this module and runs :func:`worker_entr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import multiprocessing
@@ -36,6 +38,7 @@ import time
 import traceback
 
 import cloudpickle
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -101,25 +104,43 @@ def alone_note(world_size: int, caller: str = "launch") -> str | None:
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent (``parent_pid``) dies, then close the race.
+def _die_with_parent(parent_pid: int, launcher_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent (``parent_pid``) dies, then close the race,
+    and start a session of its own.
 
     ``PR_SET_PDEATHSIG`` fires when the *thread* that created this process exits. Under the fork
     server that is the server's only thread, which lives until the launching process exits; under
     ``spawn`` it is the launcher's agent thread (which starts the workers through torch's
     ``start_processes``), which lives until every worker has ended. So only the death of the
     launching process itself triggers it. If the parent already died before this call,
-    ``getppid()`` no longer names it: exit at once.
-    Elsewhere than Linux this is a no-op (the launcher's own clean-up still applies).
+    ``getppid()`` no longer names it: exit at once. A rank the fork server forked after the
+    launcher (``launcher_pid``) died (its request was in flight) SIGKILLs the server, so it forks no
+    more, and itself, before it touches the run folder.
+    Elsewhere than Linux the signal is not asked for (the launcher's own clean-up still applies).
+
+    The session (``os.setsid``): whatever the rank starts (a ``subprocess``, a ``fork``) stays in it,
+    even once re-parented, and the launcher ends the session's processes with the launch.
     """
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         except (OSError, AttributeError):
-            return
+            pass
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+    if parent_pid != launcher_pid and _parent_of(parent_pid) != launcher_pid:
+        os.kill(parent_pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    with contextlib.suppress(OSError):  # already a session leader
+        os.setsid()
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None:
@@ -142,7 +163,7 @@ def _write_started(run_dir: str, rank: int) -> None:
     write_marker(run_dir, "started", rank, {"time": time.time()})
 
 
-def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | None,
+def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: int, backend: str | None,
                  timeout_s: float | None, threads: int, style: str) -> bytes:
     """What each spawned process runs (via the elastic agent): set up, call ``fn``, report.
 
@@ -151,7 +172,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, backend: str | N
     (``torch.multiprocessing.spawn``'s contract: no group, ``fn(rank, *args)``). Returns the
     cloudpickled result, so a cell-defined class can come back too.
     """
-    _die_with_parent(parent_pid)
+    _die_with_parent(parent_pid, launcher_pid)
     close_inherited_pipe()
     fresh_random_state()  # not the fork server's generators: each rank draws its own numbers
     # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);

@@ -8,14 +8,16 @@ simulated ranks use it too).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import glob
 import os
 import re
+import shutil
 import sys
 
-__all__ = ["OUTPUT_DIR", "Relay", "capture_output", "rank_lines"]
+__all__ = ["HEAD_LINES", "OUTPUT_DIR", "Relay", "TAIL_LINES", "capture_output", "rank_lines"]
 
 
 #: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
@@ -78,39 +80,81 @@ def rank_lines(rank: int, lines: list[str]) -> str:
     return "".join(f"[rank {rank}] {line.rsplit(chr(13), 1)[-1]}\n" for line in lines)
 
 
+#: What each rank's stdout (and stderr) relays into the cell: its first ``HEAD_LINES`` lines as they
+#: come; past that, a note, and when the launch ends how many lines were left out and the last
+#: ``TAIL_LINES``. The whole stream is kept in a file the notes name (a 1,000,000-line print was 109 MB).
+HEAD_LINES = TAIL_LINES = 2000
+
+
 class Relay:
     """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
     caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``, each rank's lines in the order it wrote them."""
+    ``sys.stderr``, each rank's lines in the order it wrote them, capped at :data:`HEAD_LINES` and
+    :data:`TAIL_LINES` per stream (the whole stream then moves to ``ddp-lab-output-*-rank<r>.<stream>.log``
+    in the temp directory when the launch ends)."""
 
     _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
 
     def __init__(self, run_dir: str):
+        self.run_dir = run_dir
         self.output_dir = os.path.join(run_dir, OUTPUT_DIR)
-        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes]
+        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes, lines shown]
 
     def poll(self, final: bool = False) -> None:
         for path in glob.glob(os.path.join(self.output_dir, "*", "std*.log")):
             if path not in self.files:
                 m = self._pattern.search(path.replace(os.sep, "/"))
                 if m:
-                    self.files[path] = [int(m.group(1)), m.group(2), 0, b""]
+                    self.files[path] = [int(m.group(1)), m.group(2), 0, b"", 0]
         for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1])):
-            rank, name, offset, pending = state
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            state[2] = offset + len(data)
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            if final and pending:
-                lines.append(pending)
-                pending = b""
-            state[3] = pending
-            if lines:
-                out = sys.stdout if name == "stdout" else sys.stderr
-                out.write(rank_lines(rank, [line.decode("utf-8", "replace") for line in lines]))
-                out.flush()
+            rank, name, offset, pending, shown = state
+            out = sys.stdout if name == "stdout" else sys.stderr
+            folder, run = os.path.split(self.run_dir.rstrip(os.sep))
+            kept = os.path.join(folder, f"ddp-lab-output-{run.rsplit('-', 1)[-1]}-rank{rank}.{name}.log")
+            if shown < HEAD_LINES:
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        data = f.read()
+                except OSError:
+                    continue
+                base = offset - len(pending)  # where the bytes held and read start in the file
+                state[2] = offset + len(data)
+                *lines, pending = (pending + data).split(b"\n")
+                if final and pending:
+                    lines.append(pending)
+                    pending = b""
+                state[3] = pending
+                show = lines[:HEAD_LINES - shown]
+                state[4] = shown = shown + len(show)
+                text = [line.decode("utf-8", "replace") for line in show]
+                if len(show) < len(lines):  # capped: the rest is read from the file at the end
+                    state[2], state[3] = base + sum(len(x) + 1 for x in show), b""
+                    text.append(f"... more than {HEAD_LINES:,} lines: the last {TAIL_LINES:,} come when the launch "
+                                f"ends; the whole output will be in {kept}")
+                if text:
+                    out.write(rank_lines(rank, text))
+                    out.flush()
+            if final and shown >= HEAD_LINES and state[2] is not None:
+                self._tail(path, state, out, kept)
+
+    @staticmethod
+    def _tail(path: str, state: list, out, kept: str) -> None:
+        """After the cap, at the end: how many lines were not shown, the last :data:`TAIL_LINES`, and the
+        file moved to ``kept``."""
+        rank, start, state[2] = state[0], state[2], None  # None: done
+        tail, count = collections.deque(maxlen=TAIL_LINES), 0
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                for line in f:
+                    count += 1
+                    tail.append(line.rstrip(b"\n").decode("utf-8", "replace"))
+            if count:  # not exactly HEAD_LINES lines, all shown
+                shutil.move(path, kept)
+        except OSError as e:
+            tail, count = [f"... the output past the first {HEAD_LINES:,} lines could not be read ({e})"], 0
+        note = [f"... {count - len(tail):,} lines not shown here; the whole output ({state[4] + count:,} lines) "
+                f"is in {kept}"] if count else []
+        out.write(rank_lines(rank, [*note, *tail]))
+        out.flush()

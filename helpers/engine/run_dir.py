@@ -15,9 +15,11 @@ caller's streams line by line. (torch's elastic agent writes its ``error.json`` 
 :func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
 (``sh`` blocked reading a pipe only the launcher holds open), also when the launcher itself is
 SIGKILLed (the out-of-memory killer): the kernel closes the pipe, the reaper reads end-of-file
-and deletes the folder. Whoever ends a launcher's process tree from outside (the notebook runner
-after a cell timeout) must leave the reaper alone (:func:`is_reaper`): it exits by itself once
-the launcher is gone, and killing it first leaves the folder behind.
+and deletes the folder and the other paths it was given (the fork server's socket folder,
+``pymp-*``), four times over 2 s, so a rank forked late cannot leave it re-created. A launch that
+ends normally sends ``.`` first: the reaper exits at once. Whoever ends a launcher's process tree
+from outside (the notebook runner after a cell timeout) must leave the reaper alone
+(:func:`is_reaper`): it exits by itself once the launcher is gone; killed first, it leaves the folder.
 """
 
 from __future__ import annotations
@@ -34,22 +36,25 @@ from collections.abc import Iterator
 
 __all__ = ["REAPER_NAME", "is_reaper", "read_markers", "run_folder", "write_marker"]
 
-#: The reaper: wait for end-of-file on stdin (the launcher ended or died), then remove the folder
-#: ("$1"); a rank still writing a log line as it is SIGKILLed can refill it once, so retry.
-_REAPER_SCRIPT = ('while read -r _; do :; done; '
-                  'for _ in 1 2 3 4 5; do rm -rf -- "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 1; done')
+#: The reaper: collect the paths the launcher sends ("$1" the folder, then one a line) until "." (a
+#: normal end: exit) or end-of-file (the launcher died: remove them, four times over 2 s: a late rank).
+_REAPER_SCRIPT = ('while read -r p; do [ "$p" = . ] && exit 0; set -- "$@" "$p"; done; '
+                  'for _ in 1 2 3 4; do rm -rf -- "$@" 2>/dev/null; sleep 0.5; done')
 #: The reaper's ``$0`` (its command line: ``sh -c <script> ddp-lab-run-folder-reaper <folder>``).
 REAPER_NAME = "ddp-lab-run-folder-reaper"
 _REAPER_STOP_S = 5.0  # how long the launcher waits for the reaper to exit after a launch (seconds)
 
 
 @contextlib.contextmanager
-def run_folder() -> Iterator[str]:
+def run_folder(also: str | None = None) -> Iterator[str]:
     """A fresh ``ddp-lab-launch-*`` folder in the temp directory, removed afterwards even if the
-    launching process is SIGKILLed (see the module docstring; without a POSIX ``sh``, only
-    after a normal end). Yields its path."""
+    launching process is SIGKILLed, then with ``also`` (see the module docstring; without a POSIX
+    ``sh``, only after a normal end). Yields its path."""
     path = tempfile.mkdtemp(prefix="ddp-lab-launch-")
     reaper = _start_reaper(path)
+    if reaper is not None and also:
+        reaper.stdin.write(f"{also}\n".encode())
+        reaper.stdin.flush()
     try:
         yield path
     finally:
@@ -79,11 +84,14 @@ def is_reaper(proc) -> bool:
 
 
 def _stop_reaper(reaper: subprocess.Popen | None) -> None:
-    """Close the reaper's pipe (it removes the folder, already gone, and exits) and reap it. A
-    process forked from the launcher during the launch holds a copy of the pipe: kill it then."""
+    """Tell the reaper the launch ended (``.``: it exits) and reap it. A process forked from the
+    launcher during the launch holds a copy of the pipe: kill it then."""
     if reaper is None:
         return
-    reaper.stdin.close()
+    with contextlib.suppress(OSError):  # BrokenPipeError: it was killed
+        reaper.stdin.write(b".\n")
+    with contextlib.suppress(OSError):
+        reaper.stdin.close()
     try:
         reaper.wait(_REAPER_STOP_S)
     except subprocess.TimeoutExpired:

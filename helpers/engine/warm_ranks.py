@@ -48,8 +48,8 @@ and cloudpickle for cell-defined code are ipyparallel's own):
   ports (up to 4 tries); a failed start says whether anything is left running, after checking;
 - nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and the rank processes' trees,
   at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
-  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`)
-  kills them if the kernel dies without ``atexit`` (SIGKILL).
+  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`),
+  started first, kills them if the kernel dies without ``atexit`` (SIGKILL), even mid-start.
 
 References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , ipyparallel's
 ``client/magics.py`` (``parallel_execute``) and torch's ``distributed/distributed_c10d.py``.

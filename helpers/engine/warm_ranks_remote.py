@@ -178,28 +178,25 @@ def call_payload(payload: bytes):
 
 WATCHDOG = r"""
 import os, shutil, sys, time, psutil
-parent, profile_dir, roots = int(sys.argv[1]), sys.argv[2], [int(a) for a in sys.argv[3:]]
-known = {}
-while True:
-    for pid in roots:
-        try:
-            p = psutil.Process(pid)
-            known.setdefault(p.pid, p)
-            for c in p.children(recursive=True):
-                known.setdefault(c.pid, c)
-        except psutil.Error:
-            pass
-    if os.getppid() != parent:  # the kernel died: we were re-parented
-        for p in known.values():
-            try:
-                p.kill()  # psutil refuses if the pid was reused by another process
-            except psutil.Error:
-                pass
-        shutil.rmtree(profile_dir, ignore_errors=True)  # ipyparallel's files (connection info, logs)
-        sys.exit(0)
-    if not any(p.is_running() for p in known.values()):
+parent, profile_dir, *also = int(sys.argv[1]), *sys.argv[2:]  # also: the fork server's socket folder
+def ours(p):  # ipyparallel's environment names the folder; a forked rank (and its children) writes its output there
+    return p.environ().get("IPP_PROFILE_DIR") == profile_dir or any(
+        f.path.startswith(profile_dir + os.sep) for f in p.open_files())
+while os.getppid() == parent:  # from the start's first moment until the kernel dies (we are re-parented)
+    if not os.path.isdir(profile_dir):  # stopped
         sys.exit(0)
     time.sleep(0.5)
+for _ in range(3):  # a process started as the kernel died is found on a later round
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and ours(p):
+                for q in [p, *p.children(recursive=True)]:
+                    q.kill()  # psutil refuses if the pid was reused by another process
+        except psutil.Error:
+            pass
+    time.sleep(0.5)
+for folder in (profile_dir, *also):  # ipyparallel's files (connection info, logs), the kernel's pymp-*
+    shutil.rmtree(folder, ignore_errors=True)
 """
 
 

@@ -22,9 +22,9 @@ import psutil
 
 from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as remote
-from helpers.engine.fork_server import start_method
+from helpers.engine.fork_server import socket_folder, start_method
 from helpers.engine.launcher import threads_per_rank
-from helpers.engine.processes import descendants, end_processes, is_live
+from helpers.engine.processes import descendants, end_processes, in_sessions, is_live
 from helpers.engine.warm_ranks_forked import ForkedRankSetLauncher
 
 _GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
@@ -98,6 +98,7 @@ class RanksStartStop:
         self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
         self._ipp_log.addHandler(self._ipp_held)
         self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+        self._start_watchdog()  # now: a kernel killed while the controller starts leaves nothing either
         deadline = time.monotonic() + _START_TIMEOUT_S
         # rank processes forked from the fork server (torch imported there once), unless env must be set before torch
         forked = not self.env and start_method() == "forkserver"
@@ -119,7 +120,6 @@ class RanksStartStop:
         self.pids = self._await(self.view.apply_async(os.getpid), "the ranks answering", deadline)
         t_up = time.perf_counter()
         self._started = self._processes()
-        self._start_watchdog()
         self._join_group(deadline)
         self._await(self.view.apply_async(remote.register_stacks, self._profile_dir), "the ranks' stack dumps",
                     deadline)
@@ -209,9 +209,9 @@ class RanksStartStop:
         return None
 
     def _start_watchdog(self) -> None:
-        roots = [*self.pids, *(p.pid for p in self._launched())]
+        folders = [self._profile_dir, *filter(None, [socket_folder()])]  # removed if the kernel dies
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), self._profile_dir, *map(str, sorted(set(roots)))],
+            [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), *folders],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
@@ -248,8 +248,8 @@ class RanksStartStop:
     def _shutdown(self) -> list:
         """Kill the controller, the rank processes and the watchdog; remove ipyparallel's folder. Returns the
         processes of these ranks still running afterwards, looked for again (normally none)."""
-        procs = self._processes()
-        procs += [p for p in self._marked() if p.pid not in {q.pid for q in procs}]
+        procs = self._processes()  # and what the ranks started, even re-parented (each rank has its session)
+        procs += [p for p in [*self._marked(), *in_sessions(set(self.pids))] if p.pid not in {q.pid for q in procs}]
         # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
         if self._ipp_log is not None:
             self._ipp_log.disabled = True

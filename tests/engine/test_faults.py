@@ -1305,3 +1305,254 @@ def test_simulated_rank_calls_os_exit(row):
     assert "helpers.engine.launch" in str(err) and os._exit.__module__ == "posix", "os._exit is put back"
     row.update(error="`WorkerError` naming rank 1 and why `os._exit` was refused; the process lives on, the next "
                      "`simulate` fine", seconds=secs, passed=True)
+
+
+# issue 51: processes, folders, output ------------------------------------------------------------
+
+def _nothing_left(mark, folder):
+    """Wait until no process carries ``mark`` and ``folder`` holds no ``ddp-lab-*`` or ``pymp-*`` (10 s
+    more: a reaper retries); kill what is left. Returns ``(command lines left, folders left)``."""
+    left = wait_until_gone(mark, cmd_contains="")
+    deadline = time.monotonic() + 10.0
+    while (folders := sorted(p.name for p in folder.glob("*") if p.name.startswith(("ddp-lab-", "pymp-")))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for p in left:  # never leave them on the machine, even when the row fails
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return [_cmdline(p) for p in left], folders
+
+@pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
+def test_rank_children_end_with_the_launch(row, tmp_path, fail):
+    """Each rank starts a subprocess and forks a child, then returns (or raises): both children,
+    re-parented once their rank exits, end with the launch (each rank's session)."""
+    how = "raises" if fail else "returns"
+    row.update(fault=f"each of 2 ranks starts a `subprocess` and a `fork` child, then {how}",
+               injection=f"`subprocess.Popen(['sleep', '600'])` and `os.fork()`, then the rank {how}")
+    start = time.monotonic()
+    with pytest.raises(WorkerError) if fail else contextlib.nullcontext():
+        launch(w.leave_children, 2, str(tmp_path), fail=fail, timeout=120)
+    secs = time.monotonic() - start
+    kids = [int(pid) for f in tmp_path.glob("children.*") for pid in f.read_text().split()]
+    alive = [pid for pid in kids if is_live(pid)]
+    for pid in alive:  # never leave them on the machine, even when this row fails
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+    row.update(error=f"{'`WorkerError`; ' if fail else 'results returned; '}all 4 children ended with the launch",
+               seconds=secs, passed=True)
+
+
+@LINUX_PDEATHSIG
+def test_fork_server_forks_after_its_launcher_died(row, tmp_path):
+    """The fork server is stopped as the launch sends its first rank's request; the launching
+    process is SIGKILLed, then the server continued: it forks that rank after its launcher died.
+    The rank ends the server and itself; the run folder and the server's socket folder (``pymp-*``)
+    are removed, nothing is left."""
+    row.update(fault="the launching process SIGKILLed while the fork server holds a rank's request: it forks late",
+               injection="the server SIGSTOPped as `launch(print, 2)` asks for rank 0; `os.kill(launcher, SIGKILL)`, "
+                         "then SIGCONT to the server")
+    mark, ready = _mark(), tmp_path / "server.pid"
+    launcher_tmp = tmp_path / "tmp"  # the launcher's temp directory: its run folder and pymp-* folder
+    launcher_tmp.mkdir()
+    code = textwrap.dedent(f"""\
+        import os, signal, time
+        from multiprocessing import forkserver
+        from helpers.engine import launch
+
+        send, read, server = forkserver.connect_to_new_process, forkserver.read_signed, forkserver._forkserver
+
+        def slow_server(fds):  # the server stops before the request: it forks once the launcher is gone
+            os.kill(server._forkserver_pid, signal.SIGSTOP)
+            return send(fds)
+
+        def sent(fd):  # the request and the rank's data are sent: wait for the rank's pid (forever)
+            open({str(ready) + '.tmp'!r}, "w").write(str(server._forkserver_pid))
+            os.replace({str(ready) + '.tmp'!r}, {str(ready)!r})
+            return read(fd)
+
+        forkserver.connect_to_new_process, forkserver.read_signed = slow_server, sent
+        launch(print, 2, timeout=None)
+        """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT,  # output: the test's
+                                env={**os.environ, "TMPDIR": str(launcher_tmp), RANKS_MARK: mark})
+    server = None
+    try:
+        _wait_for_files([ready], "the launch's request to the fork server", proc=launcher)
+        server = int(ready.read_text())
+        assert list(launcher_tmp.glob("ddp-lab-launch-*")) and list(launcher_tmp.glob("pymp-*")), \
+            list(launcher_tmp.iterdir())
+        start = time.monotonic()
+        launcher.kill()
+        launcher.wait(30)
+        os.kill(server, signal.SIGCONT)
+        left, folders = _nothing_left(mark, launcher_tmp)
+        secs = time.monotonic() - start
+        assert not left and not folders, (left, folders)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        with contextlib.suppress(OSError, TypeError):
+            os.kill(server, signal.SIGCONT)
+        _nothing_left(mark, launcher_tmp)
+    row.update(error="none needed: the late rank ends the orphaned server and itself before it touches the run "
+                     "folder; run folder and `pymp-*` removed (reaper)", seconds=secs, passed=True)
+
+
+def test_kernel_sigkilled_while_start_ranks_starts(row, tmp_path, monkeypatch):
+    """The kernel is SIGKILLed while ``start_ranks(2)`` starts, once ipyparallel's controller runs
+    (before the ranks answer): the watchdog, started first, ends the controller and whatever else
+    the start made, and removes the ranks' folder (``ddp-lab-ranks-*``)."""
+    row.update(fault="warm ranks: the kernel SIGKILLed while `start_ranks(2)` starts (controller up)",
+               injection="`os.kill(kernel pid, SIGKILL)` once ipyparallel's controller process runs")
+    mark = _mark()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temp directory: the ranks' folder
+    k = Kernel(mark)
+    try:
+        k.kc.execute("from helpers.engine import start_ranks\nranks = start_ranks(2)")
+        deadline = time.monotonic() + 120
+        while not wait_until_gone(mark, seconds=0, cmd_contains="ipyparallel.controller"):
+            assert time.monotonic() < deadline, "no controller started"
+            time.sleep(0.1)
+        assert list(tmp_path.glob("ddp-lab-ranks-*"))
+        start = time.monotonic()
+        os.kill(k.pid, signal.SIGKILL)
+        left, folders = _nothing_left(mark, tmp_path)
+        secs = time.monotonic() - start
+        assert not left and not folders, (left, folders)
+    finally:
+        k.close()
+    row.update(error="none needed: the watchdog, running from the start's first moment, ends the controller and "
+                     "removes its folder and `pymp-*`", seconds=secs, passed=True)
+
+
+def test_runner_ctrl_c_leaves_no_partial_notebook(row, tmp_path):
+    """Ctrl-C (SIGINT) to ``ci/run_notebooks.py`` while a cell runs: no hidden partial notebook
+    is left in the output folder, and no process."""
+    import nbformat
+
+    row.update(fault="Ctrl-C to `ci/run_notebooks.py` while a cell runs",
+               injection="SIGINT to the runner once its cell runs")
+    mark, started, nbs, out = _mark(), tmp_path / "started", tmp_path / "nbs", tmp_path / "out"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("steps = 1")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\n"
+                                                  "time.sleep(600)")]
+    nbs.mkdir()
+    nbformat.write(nb, nbs / "99_stop.ipynb")
+    env = {**os.environ, RANKS_MARK: mark,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    runner = subprocess.Popen([sys.executable, str(REPO_ROOT / "ci" / "run_notebooks.py"), "99_stop", "--notebooks-dir",
+                               str(nbs), "--output-dir", str(out), "--cell-timeout", "300"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_files([started], "the runner's cell", proc=runner)
+        assert list(out.glob("*/.*.partial.ipynb")), "papermill writes a hidden partial file while the cell runs"
+        start = time.monotonic()
+        runner.send_signal(signal.SIGINT)
+        text = runner.communicate(timeout=120)[0]
+        secs = time.monotonic() - start
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    left, folders = _nothing_left(mark, tmp_path)
+    assert runner.returncode != 0 and not left and not folders, (runner.returncode, left, folders, text)
+    assert not [p.name for p in out.rglob("*.ipynb")], list(out.rglob("*"))
+    row.update(error="the runner stops (KeyboardInterrupt); no notebook, partial or whole, in the output folder; "
+                     "nothing left", seconds=secs, passed=True)
+
+
+def test_rank_prints_a_million_lines(row, capsys):
+    """Rank 0 prints 1,000,000 lines: the cell gets its first and last lines and notes naming the
+    file that keeps them all (the whole print relayed was 109 MB of output)."""
+    import re
+
+    row.update(fault="rank 0 prints 1,000,000 lines", injection="`sys.stdout.write` of 1,000,000 lines")
+    start = time.monotonic()
+    launch(w.print_lines, 2, 1_000_000, timeout=120)
+    secs = time.monotonic() - start
+    out = capsys.readouterr().out
+    kept = re.search(r"the whole output \(1,000,000 lines\) is in (\S+)\n", out)
+    try:
+        assert kept and out.count("\n") <= 4_002 and len(out) < 200_000, out[-2000:]
+        assert out.startswith("[rank 0] 0\n") and out.endswith("[rank 0] 999999\n"), (out[:100], out[-100:])
+        assert "lines: the last 2,000 come when the launch ends" in out
+        with open(kept.group(1)) as f:
+            assert sum(1 for _ in f) == 1_000_000
+    finally:
+        if kept:
+            os.remove(kept.group(1))
+    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
+                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+
+
+@LINUX_PDEATHSIG
+@pytest.mark.parametrize("when", ["first launch", "mp.spawn"])
+def test_launcher_sigkilled_leaves_no_folder(row, tmp_path, when):
+    """The launching process is SIGKILLed while its first ``launch`` starts the fork server, or
+    while ``helpers.mp.spawn``'s ranks run: its run folder and the fork server's socket folder
+    (``pymp-*``) are removed, and no process is left."""
+    during = "its first `launch`" if when == "first launch" else "`helpers.mp.spawn`"
+    row.update(fault=f"the launching process SIGKILLed during {during}",
+               injection="`os.kill(launcher, SIGKILL)` " + ("once its fork server runs (importing torch)"
+                                                           if when == "first launch" else "once both ranks run"))
+    mark, launcher_tmp = _mark(), tmp_path / "tmp"
+    launcher_tmp.mkdir()
+    code = textwrap.dedent(f"""\
+        import os, time
+        import helpers.mp as mp
+        from helpers.engine import launch
+
+        def sleeper(rank, *_):
+            open({str(tmp_path)!r} + f"/rank.{{rank}}", "w").write(str(os.getpid()))
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            launch(sleeper, 2, timeout=None) if {when == 'first launch'} else mp.spawn(sleeper, nprocs=2)
+        """)
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT,
+                                env={**os.environ, "TMPDIR": str(launcher_tmp), RANKS_MARK: mark})
+    try:
+        deadline = time.monotonic() + 120
+        while not (wait_until_gone(mark, seconds=0, cmd_contains="forkserver") if when == "first launch"
+                   else len(list(tmp_path.glob("rank.*"))) == 2):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the launch did not start"
+            time.sleep(0.05)
+        start = time.monotonic()
+        launcher.kill()
+        launcher.wait(30)
+        left, folders = _nothing_left(mark, launcher_tmp)
+        secs = time.monotonic() - start
+        assert not left and not folders, (left, folders)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    row.update(error="none needed: every process gone, run folder and `pymp-*` removed (reaper)", seconds=secs,
+               passed=True)
+
+
+def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
+    """Each warm rank starts a subprocess and forks a child in ``ranks.run``; rank 1 is SIGKILLed
+    (its children are re-parented); ``ranks.stop()`` ends them all (each rank has its own session)."""
+    row.update(fault="warm ranks: each rank starts a `subprocess` and a `fork` child, rank 1 is killed, then stop",
+               injection="`ranks.run(leave_children)`, `os.kill(rank 1, SIGKILL)`, then `ranks.stop()`")
+    ranks = warm(timeout=120)
+    ranks.run(w.leave_children, str(tmp_path))
+    os.kill(ranks.pids[1], signal.SIGKILL)
+    while is_live(ranks.pids[1]):  # gone: its children are re-parented
+        time.sleep(0.05)
+    start = time.monotonic()
+    ranks.stop()
+    secs = time.monotonic() - start
+    kids = [int(pid) for f in tmp_path.glob("children.*") for pid in f.read_text().split()]
+    alive = [pid for pid in kids if is_live(pid)]
+    for pid in alive:  # never leave them on the machine, even when this row fails
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+    row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
