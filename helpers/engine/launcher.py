@@ -54,17 +54,10 @@ Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/ru
 from __future__ import annotations
 
 import logging
-import math
-import numbers
-import operator
 import os
-import shutil
-import sys
-import tempfile
 import threading
 import time
 import uuid
-import warnings
 from typing import Any, Callable
 
 import cloudpickle
@@ -84,11 +77,17 @@ from helpers.engine.errors import (
     worker_error,
 )
 from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file, socket_folder
+from helpers.engine.inputs import (
+    MAX_RANKS_PER_CPU,
+    check_callable,
+    check_timeout,
+    check_world_size,
+    temp_folder_full,
+)
 from helpers.engine.processes import main_from_env
 from helpers.engine.rank_main import worker_device, worker_entry
 from helpers.engine.rank_output import Relay
 from helpers.engine.run_dir import read_markers, run_folder
-from helpers.engine.tracebacks import _HELPERS_DIR
 
 __all__ = [
     "launch",
@@ -106,11 +105,6 @@ __all__ = [
 
 #: Backends :func:`launch` accepts (``None`` chooses one).
 BACKENDS = procs.BACKENDS
-
-#: ``world_size`` above ``MAX_RANKS_PER_CPU * os.cpu_count()`` is refused; above the CPU count
-#: it is allowed with an :class:`OversubscriptionWarning` (ranks share cores: correct results,
-#: meaningless timings).
-MAX_RANKS_PER_CPU = 8
 
 _POLL_S = 0.05  # how often the caller relays output and checks the workers (seconds)
 _KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL grace when ending workers (seconds)
@@ -200,7 +194,7 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``). ``what`` names
     the call in a timeout's message; ``default``: ``timeout`` is that call's default."""
     threads = threads_per_rank(world_size)
-    if full := _temp_folder_full():
+    if full := temp_folder_full():
         raise LaunchError(full)
     # the run folder first: the reaper removes it, and the fork server's socket folder, if this process is killed
     with _ONE_AT_A_TIME, run_folder(also=socket_folder()) as run_dir, fork_server() as server_pid, QuietElastic(), \
@@ -223,29 +217,11 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
         except (LaunchTimeout, LaunchInterrupted):
             raise
         except Exception:  # a rank that could not write its output or error (torch's EOFError reading it)
-            if full := _temp_folder_full():
+            if full := temp_folder_full():
                 raise LaunchError(full.replace("is full", "filled up during the launch")) from None
             raise
         results = outcome["results"]
         return [cloudpickle.loads(results[r]) for r in range(world_size)]
-
-
-#: The least free space (bytes) a launch needs in the temp folder: its run folder (each rank's output, markers,
-#: stacks) and torch's error files are written there.
-MIN_FREE_TEMP = 1 << 20
-
-
-def _temp_folder_full() -> str | None:
-    """What to do when the temp folder (``TMPDIR``) has less than :data:`MIN_FREE_TEMP` bytes free, else ``None``."""
-    folder = tempfile.gettempdir()
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return None
-    return None if free >= MIN_FREE_TEMP else (
-        f"the temp folder {folder} (TMPDIR) is full: {free // 1024} KiB free; each rank writes its output, result "
-        "and error there. Free space there (old checkpoints, data), or set TMPDIR to a folder with room "
-        "(`export TMPDIR=$HOME/tmp` before starting Jupyter or Python).")
 
 
 def _group_timeout(timeout: float | None) -> float | None:
@@ -258,69 +234,11 @@ def _group_timeout(timeout: float | None) -> float | None:
 
 def _validate(fn, world_size, args, kwargs, backend, timeout) -> tuple[int, str, bytes]:
     """Every check before any process starts; returns ``(world_size, backend, payload)``."""
-    world_size = _check_world_size(world_size)
-    _check_callable(fn)
+    world_size = check_world_size(world_size)
+    check_callable(fn)
     backend = resolve_backend(backend, world_size)
-    _check_timeout(timeout)
+    check_timeout(timeout)
     return world_size, backend, serialise_call(fn, args, kwargs)
-
-
-def _as_int(value: Any) -> int | None:
-    """``value`` as an int: any integer type (numpy's ``np.int64`` too), never a bool or a float; else ``None``."""
-    try:
-        return None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        return None
-
-
-def _check_world_size(world_size: Any, name: str = "world_size") -> int:
-    if _as_int(world_size) is None:
-        raise LaunchError(
-            f"{name} must be a positive int (the number of processes), got {world_size!r} "
-            f"of type {type(world_size).__name__}. Pass e.g. {name}=2."
-        )
-    world_size = _as_int(world_size)
-    if world_size < 1:
-        raise LaunchError(f"{name} must be >= 1, got {world_size}. Pass e.g. {name}=2.")
-    cpus = os.cpu_count() or 1
-    if world_size > MAX_RANKS_PER_CPU * cpus:
-        raise LaunchError(
-            f"{name}={world_size} is more than {MAX_RANKS_PER_CPU} ranks per CPU core on this "
-            f"machine ({cpus} cores); that many processes would thrash memory and the scheduler. "
-            f"Use {name} <= {MAX_RANKS_PER_CPU * cpus}."
-        )
-    if world_size > cpus:
-        warnings.warn(
-            f"{name}={world_size} ranks on {cpus} CPU cores: ranks share cores. Results are "
-            "correct, but timings are not meaningful (oversubscription).",
-            OversubscriptionWarning,
-            stacklevel=_first_frame_outside_helpers(),
-        )
-    return world_size
-
-
-def _first_frame_outside_helpers() -> int:
-    """``warnings.warn``'s ``stacklevel`` that names the caller's own line (a cell), not ours."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_HELPERS_DIR + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _check_callable(fn: Any) -> None:
-    if not callable(fn):
-        raise LaunchError(f"fn must be callable (a function), got {fn!r} of type {type(fn).__name__}.")
-
-
-def _check_timeout(timeout: Any, name: str = "timeout", none: bool = True) -> float | None:
-    """``timeout`` as float seconds (``None`` where ``none`` allows it); raises :class:`LaunchError`
-    for a bool, a non-number, nan, inf, zero or a negative number."""
-    if timeout is None and none:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
-        raise LaunchError(f"{name} must be a positive, finite number of seconds, got {timeout!r}. "
-                          f"Pass e.g. {name}=60{', or None for no limit' if none else ''}.")
-    return float(timeout)
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str:

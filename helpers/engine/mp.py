@@ -59,13 +59,11 @@ import cloudpickle
 
 from helpers.engine.by_value import serialise_call
 from helpers.engine.fork_server import AGENT_ENV
+from helpers.engine.inputs import check_callable, check_timeout, check_world_size
 from helpers.engine.launcher import (
     LaunchError,
     LaunchTimeout,
     WorkerError,
-    _check_callable,
-    _check_timeout,
-    _check_world_size,
     _run,
 )
 
@@ -136,9 +134,9 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     if not isinstance(args, tuple):
         raise LaunchError(f"args must be a tuple (as for torch.multiprocessing.spawn), got {type(args).__name__}; "
                           f"e.g. args=(world_size,).")
-    nprocs = _check_world_size(nprocs, "nprocs")
-    _check_callable(fn)
-    _check_timeout(timeout)
+    nprocs = check_world_size(nprocs, "nprocs")
+    check_callable(fn)
+    check_timeout(timeout)
     call = serialise_call(fn, args, {})
     payload = cloudpickle.dumps((_spawn_entry, (_caller_env(), call), {}))
     return _run(payload, nprocs, None, timeout, style="spawn", what="spawn")
@@ -225,7 +223,7 @@ class Process:
             fn, args, kwargs = self._target or _no_target, self._args, self._kwargs
         else:  # a subclass's run(): the process object goes along by value
             fn, args, kwargs = self.run, (), {}
-        _check_callable(fn)
+        check_callable(fn)
         self._call = serialise_call(fn, args, kwargs)
         self._env = _caller_env()
         with _pending_lock:
@@ -293,8 +291,8 @@ def _run_pending(timeout: float | None) -> None:
     for p in batch:
         p._state = "running"
     try:
-        _check_timeout(timeout)
-        n = _check_world_size(len(batch), "the number of started processes")
+        check_timeout(timeout)
+        n = check_world_size(len(batch), "the number of started processes")
         payload = cloudpickle.dumps((_process_entry, ([p._env for p in batch], [p._call for p in batch]), {}))
         outcome = _run(payload, n, None, timeout, style="spawn", what="Process.join")
     except WorkerError as e:

@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
-from helpers.engine.launcher import _as_int, _check_callable, _check_timeout, _DefaultTimeout
+from helpers.engine.inputs import as_int, check_callable, check_timeout
+from helpers.engine.launcher import _DefaultTimeout
 from helpers.engine.rank_main import alone_note
 from helpers.engine.rank_output import rank_lines
 from helpers.engine.simulated_parts import (
@@ -382,11 +383,11 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
     default = isinstance(timeout, _DefaultTimeout)
     if getattr(_local, "rank", None) is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
-    if not 1 <= (_as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
+    if not 1 <= (as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
-    world_size = _as_int(world_size)
-    _check_callable(fn)
-    timeout = _check_timeout(timeout)
+    world_size = as_int(world_size)
+    check_callable(fn)
+    timeout = check_timeout(timeout)
     if output not in (None, "all", "summary"):
         raise LaunchError(f"output must be 'all', 'summary' or None, got {output!r}.")
     _pieces()

@@ -73,7 +73,8 @@ from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
 from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
-from helpers.engine.launcher import LaunchError, WorkerError, _check_timeout, _check_world_size, resolve_backend
+from helpers.engine.inputs import check_timeout, check_world_size
+from helpers.engine.launcher import LaunchError, WorkerError, resolve_backend
 from helpers.engine.warm_ranks_start_stop import _GROUP_MARGIN_S, RanksStartStop
 
 RanksTimeout = remote.RanksTimeout  # raised by run and %%px past their timeout
@@ -135,9 +136,9 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
             is tried again with new ports, up to 4 times (``WarmRanks.start_attempts``).
     """
     global _CURRENT, _ATEXIT_REGISTERED
-    world_size = _check_world_size(world_size)  # private in launch.py: launch()'s own checks and messages
+    world_size = check_world_size(world_size)  # launch()'s own checks and messages
     backend = resolve_backend(backend, world_size)
-    timeout = _check_timeout(timeout, none=False)
+    timeout = check_timeout(timeout, none=False)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     key = (world_size, backend, timeout, tuple(sorted(env.items())), environment())
     if _CURRENT is not None and not _CURRENT.stopped:
@@ -253,7 +254,7 @@ class WarmRanks(RanksStartStop):
         interrupted.
         """
         parts = ar.split() if self.world_size > 1 else [ar]
-        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        limit = self.timeout if timeout is None else check_timeout(timeout)
         start = time.monotonic()
         first_error = None
         try:
@@ -484,7 +485,7 @@ def _px_magic(line: str, cell: str | None = None):
             timeout, opts = float(m.group(1)), ""
         except ValueError:
             raise LaunchError(f"%%px --timeout takes seconds, got {m.group(1)!r}: e.g. %%px --timeout 60") from None
-        _check_timeout(timeout)
+        check_timeout(timeout)
     ranks = current_ranks()
     if ranks is None:
         raise NoRanks("no warm ranks are running: run `ranks = start_ranks(world_size=2)` first")
