@@ -111,32 +111,21 @@ def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch
     return w[:n]
 
 
-def _digest_one(t: torch.Tensor) -> torch.Tensor:
-    """``sum(bits[i] * w[i])``: ``t``'s elements read as integers, times odd pseudo-random weights
-    of their position (:func:`_position_weights`), summed with wrapping (0-d, int32 or int64)."""
-    x = t.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    view, acc = _INT_VIEW[x.element_size()]
-    x = x.reshape(-1).view(view)
-    w = _position_weights(x.numel(), acc, x.device)
-    return (x * w if view == acc else x.to(acc) * w).sum(dtype=acc)
-
-
-def _raw_digests(tensors: list, device: torch.device) -> torch.Tensor:
-    """:func:`digests` before the modulo (int64, wrapped); None tensors give -1."""
-    sums = [_digest_one(t) for t in tensors if t is not None]
-    if not sums:
-        return torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
-    if all(s.dtype == torch.int32 for s in sums):
-        packed = torch.stack(sums).to(device=device, dtype=torch.int64)
-    else:
-        packed = torch.stack([s.to(torch.int64) for s in sums]).to(device)
-    if len(sums) == len(tensors):
-        return packed
-    out = torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
-    out[[i for i, t in enumerate(tensors) if t is not None]] = packed
-    return out
+def _raw_digests(tensors: list, join: int = 0) -> list:
+    """Per tensor ``sum(bits[i] * w[i])``: its elements read as integers, times odd pseudo-random
+    weights of their position (:func:`_position_weights`), summed with wrapping (0-d int32 or
+    int64 on the tensor's device). No None in ``tensors``. ``join``: CPU tensors read as at most
+    ``join`` int32 are digested as one, after the others (fewer small operations)."""
+    xs, small = [], []
+    with torch.no_grad():  # views of the bits of tensors that require grad
+        for t in tensors:
+            x = torch.view_as_real(t) if t.is_complex() else t
+            view, acc = _INT_VIEW[x.element_size()]
+            x = x.reshape(-1).view(view)
+            x = x if view == acc else x.to(acc)
+            (small if x.numel() <= join and acc == torch.int32 and x.is_cpu else xs).append(x)
+        xs += [torch.cat(small)] if len(small) > 1 else small
+        return [x.mul(_position_weights(x.numel(), x.dtype, x.device)).sum(dtype=x.dtype) for x in xs]
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
@@ -151,7 +140,9 @@ def digests(tensors: list, device: torch.device) -> torch.Tensor:
     the tensor change it unless their weighted differences cancel (about one chance in 2**31 for
     two elements swapped). The modulo keeps each digest exact in float64.
     """
-    return _raw_digests(tensors, device).remainder(_PRIME)
+    sums = iter(_raw_digests([t for t in tensors if t is not None]))
+    return torch.tensor([-1 if t is None else int(next(sums)) % _PRIME for t in tensors],
+                        dtype=torch.int64, device=device)
 
 
 def _unwrap(module):
@@ -194,8 +185,8 @@ def _config(m) -> tuple:
     """A module's hyperparameters, as ``(name, value)`` pairs: its ``extra_repr()`` (where torch's
     modules show theirs: Dropout's ``p``, BatchNorm's ``eps`` and ``momentum``), then its public
     attributes of plain types (bool, int, float, str, None, tuple), such as ``self.scale = 2.0``."""
-    return (("extra_repr()", m.extra_repr()), *sorted((k, v) for k, v in vars(m).items()
-                                                      if type(v) in _PLAIN and k[0] != "_" and k != "training"))
+    return ("extra_repr()", m.extra_repr()), *sorted([(k, v) for k, v in m.__dict__.items()
+                                                     if k[0] != "_" and k != "training" and type(v) in _PLAIN])
 
 
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -428,7 +419,7 @@ _digests: dict = {}
 def _digest(entries, modes, grads, buffers) -> int:
     """63 bits of a hash of everything but the values: names, shapes, states, modes, hyperparameters, options (the
     same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
-    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple((t, c) for _, _, t, c in modes), grads, buffers)
+    key = (tuple([(k, n, st, s) for k, n, _, st, s in entries]), tuple([m[2:] for m in modes]), grads, buffers)
     if key not in _digests:
         if len(_digests) > 64:
             _digests.clear()
@@ -437,25 +428,24 @@ def _digest(entries, modes, grads, buffers) -> int:
     return _digests[key]
 
 
-_fold_cache: dict = {}
+_folds: dict = {}
+_JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
 
 
 def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
-    """The every-call check: one all-gather of ``2 + SLOTS`` int64; True when all ranks agree and no
-    rank has a note about its DDP wrap."""
-    n = len(entries)
-    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64)
-    if n <= SLOTS:  # one digest per slot, zeros after
-        sums = _raw_digests([t for _, _, t, _, _ in entries], device)
-        vec = torch.cat([header.to(device), sums, torch.zeros(SLOTS - n, dtype=torch.int64, device=device)])
-    else:  # tensor i adds to slot i % SLOTS, times 1 + i // SLOTS
-        if (n, device) not in _fold_cache:
+    """The every-call check: one all-gather of ``2 + SLOTS`` int64 (:func:`_digest`, the count of
+    notes, the tensors' digests: tensor i adds to slot i % SLOTS, times 1 + i // SLOTS); True when
+    all ranks agree and no rank has a note about its DDP wrap."""
+    sums = _raw_digests([t for _, _, t, _, _ in entries if t is not None], _JOIN) or [torch.zeros((), dtype=torch.int64)]
+    packed, n = torch.stack(sums).to(device, torch.int64), len(sums)
+    if n > SLOTS:
+        if (n, device) not in _folds:
             i = torch.arange(n)
-            _fold_cache[(n, device)] = ((i % SLOTS).to(device), (i // SLOTS + 1).to(device))
-        index, weight = _fold_cache[(n, device)]
-        folded = torch.zeros(SLOTS, dtype=torch.int64, device=device).index_add_(
-            0, index, digests([t for _, _, t, _, _ in entries], device) * weight)
-        vec = torch.cat([header.to(device), folded])
+            _folds[(n, device)] = ((i % SLOTS).to(device), (i // SLOTS + 1).to(device))
+        index, weight = _folds[(n, device)]
+        packed, n = torch.zeros(SLOTS, dtype=torch.int64, device=device).index_add_(0, index, packed * weight), SLOTS
+    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64, device=device)
+    vec = torch.cat([header, packed, torch.zeros(SLOTS - n, dtype=torch.int64, device=device)])
     rows = [torch.empty_like(vec) for _ in range(world)]
     dist.all_gather(rows, vec, group=group)
     return all(torch.equal(r, vec) for r in rows) and not notes
