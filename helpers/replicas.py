@@ -111,7 +111,8 @@ def _raw_digests(tensors: list, join: int = 0) -> list:
             x = x if view == acc else x.to(acc)
             (small if x.numel() <= join and acc == torch.int32 and x.is_cpu else xs).append(x)
         xs += [torch.cat(small)] if len(small) > 1 else small
-        return [x.mul(_position_weights(x.numel(), x.dtype, x.device)).sum(dtype=x.dtype) for x in xs]
+        ws = [_position_weights(x.numel(), x.dtype, x.device) for x in xs]  # CPU: dot, no temporary
+        return [torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype) for x, w in zip(xs, ws)]
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
