@@ -16,13 +16,11 @@ plain attributes: :func:`_config`) of every submodule and the integer buffers (c
 BatchNorm's ``num_batches_tracked``) on every call; ``grads=True`` and ``buffers=True`` (all
 buffers) check more.
 
-Cost: every call takes each tensor's order-sensitive :func:`digests` (one pass over its elements,
-in integer arithmetic, so the same bits give the same digest on every rank) and all-gathers one
-fixed-size int64 vector: a hash of the names, shapes, requires_grad, modes and hyperparameters,
-and the digests folded into :data:`SLOTS` values.
-Only when the vectors differ does the full comparison run (:func:`fingerprint` of each tensor,
-a table all-gathered, the error message). ``python -m helpers.bench replicas`` prints both next to
-a training step.
+Cost: every call takes each tensor's order-sensitive digest (:func:`digests`: one integer pass over
+its bits) and all-gathers one fixed-size int64 vector: a hash of the names, shapes, states, modes
+and hyperparameters, and the digests folded into :data:`SLOTS` values. Only when they differ does
+the full comparison run (:func:`fingerprint` of each tensor, a table all-gathered, the message).
+``python -m helpers.bench replicas`` prints both next to a training step.
 """
 
 from __future__ import annotations
@@ -61,26 +59,14 @@ class ReplicasDiverged(AssertionError):
     """The replicas differ across ranks; every rank raises it with the same message."""
 
 
-_weights: dict = {}
-
-
-def _projection_weights(device: torch.device) -> torch.Tensor:
-    if device not in _weights:
-        g = torch.Generator().manual_seed(_SEED)
-        _weights[device] = (torch.rand(SAMPLE, generator=g, dtype=torch.float64) * 2 - 1).to(device)
-    return _weights[device]
+_PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(_SEED), dtype=torch.float64) * 2 - 1
 
 
 def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
-    """Four float64 values on ``t``'s device: ``[state, sum, sum of squares, projection]``.
-
-    ``projection`` is the dot product of :data:`SAMPLE` evenly strided elements with fixed
-    pseudo-random weights in [-1, 1). ``t=None`` gives ``[state, 0, 0, 0]`` on the CPU.
-
-    What it can miss: a change that keeps the sum and the sum of squares (two elements swapped, or
-    values permuted) where no sampled element changed; a change below float64 rounding of the sums
-    (about 1e-16 of their size). :func:`digests` catches both when ``atol`` is 0.
-    """
+    """Four float64 values on ``t``'s device: ``[state, sum, sum of squares, projection]``, the
+    projection: :data:`SAMPLE` evenly strided elements dotted with fixed pseudo-random weights in
+    [-1, 1). ``t=None`` gives ``[state, 0, 0, 0]`` on the CPU. It misses values permuted where no
+    sampled element changed and changes below float64 rounding: :func:`digests` sees both."""
     if t is None:
         return torch.tensor([state, 0.0, 0.0, 0.0], dtype=torch.float64)
     x = t.detach()
@@ -88,7 +74,7 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
         x = torch.view_as_real(x)
     x = x.reshape(-1).to(torch.float64)
     sample = x[::max(1, x.numel() // SAMPLE)][:SAMPLE]
-    proj = torch.dot(sample, _projection_weights(x.device)[: sample.numel()])
+    proj = torch.dot(sample, _PROJECTION[: sample.numel()].to(x.device))
     return torch.stack([torch.full((), state, dtype=torch.float64, device=x.device),
                         x.sum(), torch.dot(x, x), proj])
 
@@ -111,47 +97,36 @@ def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch
     return w[:n]
 
 
-def _digest_one(t: torch.Tensor) -> torch.Tensor:
-    """``sum(bits[i] * w[i])``: ``t``'s elements read as integers, times odd pseudo-random weights
-    of their position (:func:`_position_weights`), summed with wrapping (0-d, int32 or int64)."""
-    x = t.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    view, acc = _INT_VIEW[x.element_size()]
-    x = x.reshape(-1).view(view)
-    w = _position_weights(x.numel(), acc, x.device)
-    return (x * w if view == acc else x.to(acc) * w).sum(dtype=acc)
-
-
-def _raw_digests(tensors: list, device: torch.device) -> torch.Tensor:
-    """:func:`digests` before the modulo (int64, wrapped); None tensors give -1."""
-    sums = [_digest_one(t) for t in tensors if t is not None]
-    if not sums:
-        return torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
-    if all(s.dtype == torch.int32 for s in sums):
-        packed = torch.stack(sums).to(device=device, dtype=torch.int64)
-    else:
-        packed = torch.stack([s.to(torch.int64) for s in sums]).to(device)
-    if len(sums) == len(tensors):
-        return packed
-    out = torch.full((len(tensors),), -1, dtype=torch.int64, device=device)
-    out[[i for i, t in enumerate(tensors) if t is not None]] = packed
-    return out
+def _raw_digests(tensors: list, join: int = 0) -> list:
+    """Per tensor ``sum(bits[i] * w[i])``: its elements read as integers, times odd pseudo-random
+    weights of their position (:func:`_position_weights`), summed with wrapping (0-d int32 or
+    int64 on the tensor's device). No None in ``tensors``. ``join``: CPU tensors read as at most
+    ``join`` int32 are digested as one, after the others (fewer small operations)."""
+    xs, small = [], []
+    with torch.no_grad():  # views of the bits of tensors that require grad
+        for t in tensors:
+            x = torch.view_as_real(t) if t.is_complex() else t
+            view, acc = _INT_VIEW[x.element_size()]
+            x = x.reshape(-1).view(view)
+            x = x if view == acc else x.to(acc)
+            (small if x.numel() <= join and acc == torch.int32 and x.is_cpu else xs).append(x)
+        xs += [torch.cat(small)] if len(small) > 1 else small
+        ws = [_position_weights(x.numel(), x.dtype, x.device) for x in xs]  # CPU: dot, no temporary
+        return [torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype) for x, w in zip(xs, ws)]
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
     """``(len(tensors),)`` int64 on ``device``: an order-sensitive digest of each tensor's bits,
-    modulo 2**31 - 1; a None tensor gives -1.
+    modulo 2**31 - 1 (exact in float64); a None tensor gives -1.
 
-    Each tensor's elements are read as integers (float32 as int32, ...), multiplied by odd
-    pseudo-random weights of their position and summed, wrapping (modulo 2**32 for 4-byte
-    elements, 2**64 for 8-byte ones). Integer arithmetic does not depend on the order of the
-    additions, so equal tensors give equal digests whatever the threads. One element that differs
-    always changes the wrapped sum (an odd weight times a nonzero difference); values moved within
-    the tensor change it unless their weighted differences cancel (about one chance in 2**31 for
-    two elements swapped). The modulo keeps each digest exact in float64.
-    """
-    return _raw_digests(tensors, device).remainder(_PRIME)
+    The elements are read as integers (float32 as int32, ...), times odd pseudo-random weights of
+    their position, summed with wrapping (modulo 2**32, 2**64 for 8-byte elements): the order of
+    the additions does not matter. One element that differs always changes the wrapped sum (an odd
+    weight times a nonzero difference); values moved within the tensor change it unless their
+    weighted differences cancel (about one chance in 2**31 for two elements swapped)."""
+    sums = iter(_raw_digests([t for t in tensors if t is not None]))
+    return torch.tensor([-1 if t is None else int(next(sums)) % _PRIME for t in tensors],
+                        dtype=torch.int64, device=device)
 
 
 def _unwrap(module):
@@ -194,8 +169,8 @@ def _config(m) -> tuple:
     """A module's hyperparameters, as ``(name, value)`` pairs: its ``extra_repr()`` (where torch's
     modules show theirs: Dropout's ``p``, BatchNorm's ``eps`` and ``momentum``), then its public
     attributes of plain types (bool, int, float, str, None, tuple), such as ``self.scale = 2.0``."""
-    return (("extra_repr()", m.extra_repr()), *sorted((k, v) for k, v in vars(m).items()
-                                                      if type(v) in _PLAIN and k[0] != "_" and k != "training"))
+    return ("extra_repr()", m.extra_repr()), *sorted([(k, v) for k, v in m.__dict__.items()
+                                                     if k[0] != "_" and k != "training" and type(v) in _PLAIN])
 
 
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -218,32 +193,25 @@ def _ddp_notes(ddp, named: list) -> list[str]:
     """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank);
     ``named``: the module's (name, parameter) pairs now, those DDP ignores left out.
 
-    Uses ``ddp._module_parameters`` (the list ``DistributedDataParallel.__init__`` builds from
-    ``module.named_parameters()``, torch/nn/parallel/distributed.py, torch 2.14) for parameters
-    added, replaced or removed; for requires_grad, the count of tensors the reducer got at the
-    wrap (``ddp._get_ddp_logging_data()["num_parameter_tensors"]``) and, when it differs from
-    the trainable ones now, the reducer's own parameters (``ddp.reducer._get_zeros_like_grad_buckets()``,
-    each bucket's ``parameters()``; DDP calls it in ``_register_fused_optim``).
-    """
+    Sources (torch/nn/parallel/distributed.py, torch 2.14): ``ddp._module_parameters`` (built by
+    ``__init__`` from ``named_parameters()``) for parameters added, replaced or removed; for
+    requires_grad, ``ddp._get_ddp_logging_data()["num_parameter_tensors"]`` (tensors the reducer got)
+    and, when it differs from the trainable ones now, each bucket's ``parameters()`` from
+    ``ddp.reducer._get_zeros_like_grad_buckets()`` (as ``_register_fused_optim`` calls it)."""
     record = _wrap_record(ddp)
     if record is None:
         return []
     wrapped_ids, wrapped, at_wrap = record
-    notes = []
     added = [n for n, p in named if id(p) not in wrapped_ids]
-    notes += [f"'{n}' was added or replaced after the wrap (a new nn.Parameter): DDP does not "
-              "all-reduce its gradient" for n in added]
+    notes = [f"'{n}' was added or replaced after the wrap (a new nn.Parameter): DDP does not "
+             "all-reduce its gradient" for n in added]
     if len(named) - len(added) < len(wrapped_ids):
         gone = len(wrapped_ids - {id(p) for _, p in named})
         if gone > len(added):
             notes.append(f"{gone - len(added)} parameter(s) DDP wrapped are no longer in the module")
-    if at_wrap is None:
-        return notes
-    if at_wrap != sum(p.requires_grad for p in wrapped):
+    if at_wrap is not None and at_wrap != sum(p.requires_grad for p in wrapped):
         reduced = {id(t) for b in ddp.reducer._get_zeros_like_grad_buckets() for t in b.parameters()}
-        for n, p in named:
-            if id(p) not in wrapped_ids:
-                continue
+        for n, p in [(n, p) for n, p in named if id(p) in wrapped_ids]:
             if p.requires_grad and id(p) not in reduced:
                 notes.append(f"'{n}': requires_grad set True after the wrap: DDP does not all-reduce its gradient")
             elif not p.requires_grad and id(p) in reduced:
@@ -251,15 +219,16 @@ def _ddp_notes(ddp, named: list) -> list[str]:
     return notes
 
 
-def _structure_hash(entries, grads, buffers) -> float:
-    key = repr(([(k, n, s) for k, n, _, _, s in entries], grads, buffers)).encode()
-    return float(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 12)  # exact in float64
-
-
 def _gather(t: torch.Tensor, group, world: int) -> torch.Tensor:
     out = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(out, t, group=group)
     return torch.stack(out).cpu()
+
+
+def _first(lines: list[str]) -> str:
+    """The first :data:`_SHOWN` lines, then "... and N more"."""
+    more = [f"  ... and {len(lines) - _SHOWN} more"] if len(lines) > _SHOWN else []
+    return "\n".join(lines[:_SHOWN] + more)
 
 
 def _fmt(x: float) -> str:
@@ -274,13 +243,9 @@ def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
     if kind == "buffer" and shape == ():
         return f"value={_fmt(row[1].item())}"
     text = f"sum={_fmt(row[1].item())} sumsq={_fmt(row[2].item())}"
-    if detail >= 1:
-        text += f" proj={_fmt(row[3].item())}"
-    if detail >= 2:
-        text += f" digest={int(row[4].item())}"
-    if kind == "parameter":
-        text += "" if state else " requires_grad=False"
-    return text
+    text += f" proj={_fmt(row[3].item())}" if detail >= 1 else ""
+    text += f" digest={int(row[4].item())}" if detail >= 2 else ""
+    return text + (" requires_grad=False" if kind == "parameter" and not state else "")
 
 
 def _owner(module, name: str) -> str:
@@ -329,9 +294,8 @@ def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
         differ.append(r)
         names = [n for n, _, _ in diff]
         for n, c, t in diff:
-            parent = [m for m in names if m != n and (m == "" or n.startswith(m + "."))]
-            if parent:
-                continue
+            if any(m != n and (m == "" or n.startswith(m + ".")) for m in names):
+                continue  # a parent module is named
             below = sum(1 for m in names if m != n and (n == "" or m.startswith(n + ".")))
             what = f"module '{n}' ({c})" if n else f"the model ({c})"
             what += f" and {below} submodule{'s' * (below != 1)}" if below else ""
@@ -342,8 +306,7 @@ def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
 
 def _ranks(rs, verbs: tuple[str, str] = ("", "")) -> str:
     """'rank 1 differs', 'ranks 1, 2 differ' for ``verbs=(' differs', ' differ')``."""
-    rs = list(rs)
-    one = len(rs) == 1
+    one = len(rs := list(rs)) == 1
     return ("rank " if one else "ranks ") + ", ".join(str(r) for r in rs) + verbs[0 if one else 1]
 
 
@@ -428,7 +391,7 @@ _digests: dict = {}
 def _digest(entries, modes, grads, buffers) -> int:
     """63 bits of a hash of everything but the values: names, shapes, states, modes, hyperparameters, options (the
     same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
-    key = (tuple((k, n, st, s) for k, n, _, st, s in entries), tuple((t, c) for _, _, t, c in modes), grads, buffers)
+    key = (tuple([(k, n, st, s) for k, n, _, st, s in entries]), tuple([m[2:] for m in modes]), grads, buffers)
     if key not in _digests:
         if len(_digests) > 64:
             _digests.clear()
@@ -437,25 +400,20 @@ def _digest(entries, modes, grads, buffers) -> int:
     return _digests[key]
 
 
-_fold_cache: dict = {}
+_JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
 
 
 def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
-    """The every-call check: one all-gather of ``2 + SLOTS`` int64; True when all ranks agree and no
-    rank has a note about its DDP wrap."""
-    n = len(entries)
-    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64)
-    if n <= SLOTS:  # one digest per slot, zeros after
-        sums = _raw_digests([t for _, _, t, _, _ in entries], device)
-        vec = torch.cat([header.to(device), sums, torch.zeros(SLOTS - n, dtype=torch.int64, device=device)])
-    else:  # tensor i adds to slot i % SLOTS, times 1 + i // SLOTS
-        if (n, device) not in _fold_cache:
-            i = torch.arange(n)
-            _fold_cache[(n, device)] = ((i % SLOTS).to(device), (i // SLOTS + 1).to(device))
-        index, weight = _fold_cache[(n, device)]
-        folded = torch.zeros(SLOTS, dtype=torch.int64, device=device).index_add_(
-            0, index, digests([t for _, _, t, _, _ in entries], device) * weight)
-        vec = torch.cat([header.to(device), folded])
+    """The every-call check: one all-gather of ``2 + SLOTS`` int64 (:func:`_digest`, the count of
+    notes, the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS); True when all ranks
+    agree and no rank has a note about its DDP wrap."""
+    sums = _raw_digests([e[2] for e in entries if e[2] is not None], _JOIN) or [torch.zeros((), dtype=torch.int64)]
+    packed = torch.stack(sums).to(device, torch.int64)
+    if len(packed) > SLOTS:
+        i = torch.arange(len(packed), device=device)
+        packed = torch.zeros_like(packed[:SLOTS]).index_add_(0, i % SLOTS, packed * (i // SLOTS + 1))
+    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64, device=device)
+    vec = torch.cat([header, torch.nn.functional.pad(packed, (0, SLOTS - len(packed)))])
     rows = [torch.empty_like(vec) for _ in range(world)]
     dist.all_gather(rows, vec, group=group)
     return all(torch.equal(r, vec) for r in rows) and not notes
@@ -463,8 +421,8 @@ def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) ->
 
 def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol) -> None:
     """The comparison that names what differs (extra collectives); raises ReplicasDiverged or returns."""
-    header = torch.tensor([len(entries), _structure_hash(entries, grads, buffers), len(notes)],
-                          dtype=torch.float64, device=device)
+    names = _digest([(k, n, None, 0.0, s) for k, n, _, _, s in entries], [], grads, buffers)  # not states
+    header = torch.tensor([len(entries), names, len(notes)], dtype=torch.int64, device=device)
     headers = _gather(header, group, world)
     if not bool((headers[:, :2] == headers[0, :2]).all()):
         infos = [None] * world
@@ -517,24 +475,20 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
     if not problems and not ddp_lines and not mode_lines and not config_lines:
         return
     text = []
+    differs = (" differs", " differ")
     if config_lines:
-        text.append(f"Replicas differ: {_ranks(config_ranks, (' differs', ' differ'))} from rank 0 in module "
-                    "configuration (hyperparameters):\n" + "\n".join(config_lines[:_SHOWN]) +
-                    (f"\n  ... and {len(config_lines) - _SHOWN} more" if len(config_lines) > _SHOWN else "") +
-                    "\nBuild the model with the same arguments on every rank (a rank-dependent branch or config).")
+        text.append(f"Replicas differ: {_ranks(config_ranks, differs)} from rank 0 in module configuration "
+                    f"(hyperparameters):\n{_first(config_lines)}\nBuild the model with the same arguments "
+                    "on every rank (a rank-dependent branch or config).")
     if mode_lines:
-        text.append(f"Replicas differ: {_ranks(mode_ranks, (' differs', ' differ'))} from rank 0 in "
-                    "train()/eval() mode:\n" + "\n".join(mode_lines[:_SHOWN]) +
-                    (f"\n  ... and {len(mode_lines) - _SHOWN} more" if len(mode_lines) > _SHOWN else ""))
+        text.append(f"Replicas differ: {_ranks(mode_ranks, differs)} from rank 0 in train()/eval() mode:\n"
+                    + _first(mode_lines))
     if problems:
-        more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
-        text.append(f"Replicas differ: {_ranks(sorted(differ), (' differs', ' differ'))} from rank 0 "
-                    f"({len(problems)} of {len(entries)} tensors):\n" +
-                    "\n".join(line for _, _, line in problems[:_SHOWN]) + more)
+        text.append(f"Replicas differ: {_ranks(sorted(differ), differs)} from rank 0 ({len(problems)} of "
+                    f"{len(entries)} tensors):\n" + _first([line for _, _, line in problems]))
     if ddp_lines:
         text.append("The DDP model changed after DistributedDataParallel(...) wrapped it (wrap it again "
-                    "after the change):\n" + "\n".join(ddp_lines[:_SHOWN]) +
-                    (f"\n  ... and {len(ddp_lines) - _SHOWN} more" if len(ddp_lines) > _SHOWN else ""))
+                    "after the change):\n" + _first(ddp_lines))
     if mode_lines:
         text.append(MODES_NOTE)
     if any(k == "buffer" and t.is_floating_point() for k, t, _ in problems):

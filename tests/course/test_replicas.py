@@ -151,6 +151,12 @@ def modes_and_buffers(rank, world_size, steps=4):
         if rank == 1:
             lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
     out["swapped"] = _check(lin)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)  # small tensors: the every-call check digests them together
+    with torch.no_grad():
+        if rank == 1:
+            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
+    out["swapped_small"] = _check(lin)
 
     # modules configured differently on rank 1: the same tensors, other hyperparameters
     torch.manual_seed(0)
@@ -174,7 +180,7 @@ def ranks():
 
 def test_same_error_on_every_rank(launched):
     assert launched[0] == launched[1]
-    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 17
+    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 18
 
 
 def test_synced_ddp_passes_in_launch(launched):
@@ -284,6 +290,9 @@ def test_values_moved_within_a_tensor_are_caught(launched):
     msg = launched[0]["swapped"]
     assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
     assert "parameter 'weight' (100, 100): rank 0 sum=" in msg and "values moved within the tensor" in msg, msg
+    small = launched[0]["swapped_small"]
+    assert small.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), small
+    assert "parameter 'weight' (8, 8): rank 0 sum=" in small, small
 
 
 def test_module_configured_differently_is_named(launched):
