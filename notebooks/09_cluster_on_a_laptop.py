@@ -260,7 +260,7 @@ table = pd.DataFrame({"ranks": sizes, "bytes sent per rank": sent,
 table
 
 # %% [markdown]
-# **Claim:** a ring all-reduce written as a comm hook, on 2, 3, 4, 8 and 16 simulated ranks, sends
+# **Claim:** a ring all-reduce as a comm hook, on 2, 3, 4, 8 and 16 simulated ranks, sends
 # `2(N-1)/N` times the gradient bytes from each rank, to within a float per step. It gives DDP's
 # mean gradient. So the bytes grow towards twice the gradient bytes, never past them. The cost
 # model's all-reduce time is the ring formula's, per bucket.

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -103,14 +104,18 @@ def test_doctor_names_both_copies(copies):
 @pytest.mark.slow(15)
 def test_handout_install_leaves_the_repositorys_mapping(tmp_path):
     """``pip install -e`` of the repository, then of its handout, into one (throwaway) Python: ``helpers``
-    and ``ci`` are still the repository's. The venv sees this Python's packages (pip, setuptools: no
-    network); pip never uninstalls outside the venv, so this Python's own install is left as it is."""
+    and ``ci`` are still the repository's. The venv sees this Python's packages through a ``.pth`` (pip,
+    setuptools: no network); pip never uninstalls outside the venv, so this Python's own install is left as it is."""
     pytest.importorskip("setuptools", minversion="64")  # editable installs of pyproject.toml projects
     repo = copy_course(tmp_path / "repo")
     handout = tmp_path / "handout"
     student_copies.write_student_copies(manifest.stems()[:1], handout)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # this Python's packages (pip, the locked setuptools), not the base interpreter's: a venv's own base may
+    # hold an older setuptools, without bdist_wheel
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"])
     python = venv / "bin" / "python"
     for folder in (repo, handout):
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
