@@ -49,6 +49,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.utils.data.dataloader
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
 from helpers.engine.inputs import as_int, check_callable, check_timeout
@@ -275,11 +276,13 @@ def _threaded_world():
     isolation(True)
     dist.new_group = dist.distributed_c10d.new_group = functools.partial(_new_group, _NEW_GROUP)
     os._exit = functools.partial(_exit, _EXIT)
+    _WORKERS_ITER.__init__ = _no_worker_processes
     try:
         yield
     finally:
         dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
         os._exit = _EXIT
+        _WORKERS_ITER.__init__ = _WORKERS_INIT
         isolation(False)
         uninstall()
         _set_random_state(caller_random)
@@ -287,6 +290,19 @@ def _threaded_world():
 
 
 _NEW_GROUP, _EXIT = dist.distributed_c10d.new_group, os._exit
+_WORKERS_ITER = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+_WORKERS_INIT = _WORKERS_ITER.__init__
+
+
+def _no_worker_processes(self, loader):
+    """A ``DataLoader`` with ``num_workers > 0`` iterated during a simulation: forking worker processes from
+    a process whose other threads hold locks can deadlock the workers (and the run), so in a rank thread it
+    is refused at once."""
+    if getattr(_local, "run", None) is None:
+        return _WORKERS_INIT(self, loader)
+    raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
+                       "would be forked from a process of many threads, which can deadlock. Use num_workers=0 "
+                       "under simulate, or real ranks: helpers.engine.launch (simulated=False in helpers.checks)")
 
 
 def _exit(exit, status):

@@ -262,6 +262,14 @@ def test_documented_differences_from_real_ranks():
     assert simulate(shared_state, 4) == [(4, None)] * 4 and sorted(SEEN) == [0, 1, 2, 3]
     SEEN.clear()
     assert launch(shared_state, 2) == [(1, "0"), (1, "1")] and SEEN == []
+    with pytest.raises(WorkerError, match=r"DataLoader\(num_workers=2\) in a simulated rank"):
+        simulate(read_with_workers, 2)
+    _restored()
+    assert launch(read_with_workers, 2) == [10, 10]
+
+
+def read_with_workers(rank, world_size):
+    return sum(len(batch) for batch in torch.utils.data.DataLoader(range(10), batch_size=5, num_workers=2))
 
 
 def test_a_rank_sleeps_past_the_timeout():
