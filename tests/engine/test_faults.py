@@ -1469,23 +1469,11 @@ def test_runner_ctrl_c_leaves_no_partial_notebook(row, tmp_path):
 def test_rank_prints_a_million_lines(row, capsys):
     """Rank 0 prints 1,000,000 lines: the cell gets its first and last lines and notes naming the
     file that keeps them all (the whole print relayed was 109 MB of output)."""
-    import re
-
     row.update(fault="rank 0 prints 1,000,000 lines", injection="`sys.stdout.write` of 1,000,000 lines")
     start = time.monotonic()
     launch(w.print_lines, 2, 1_000_000, timeout=120)
     secs = time.monotonic() - start
-    out = capsys.readouterr().out
-    kept = re.search(r"the whole output \(1,000,000 lines\) is in (\S+)\n", out)
-    try:
-        assert kept and out.count("\n") <= 4_002 and len(out) < 200_000, out[-2000:]
-        assert out.startswith("[rank 0] 0\n") and out.endswith("[rank 0] 999999\n"), (out[:100], out[-100:])
-        assert "lines: the last 2,000 come when the launch ends" in out
-        with open(kept.group(1)) as f:
-            assert sum(1 for _ in f) == 1_000_000
-    finally:
-        if kept:
-            os.remove(kept.group(1))
+    _assert_capped(capsys.readouterr().out, "launch")
     row.update(error="the first and last 2,000 lines, a note when capped, and the number "
                      "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
 
@@ -1556,3 +1544,31 @@ def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
     row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
+
+
+def _assert_capped(out: str, ends: str) -> None:
+    """``out`` holds rank 0's first and last 2,000 of 1,000,000 lines, and notes naming the file that
+    holds them all (removed here)."""
+    import re
+
+    kept = re.search(r"the whole output \(1,000,000 lines\) is in (\S+)\n", out)
+    try:
+        assert kept and out.count("\n") <= 4_002 and len(out) < 200_000, out[-2000:]
+        assert out.startswith("[rank 0] 0\n") and out.endswith("[rank 0] 999999\n"), (out[:100], out[-100:])
+        assert f"lines: the last 2,000 come when the {ends} ends; the whole output will be in {kept[1]}" in out
+        with open(kept.group(1)) as f:
+            assert sum(1 for _ in f) == 1_000_000
+    finally:
+        if kept:
+            os.remove(kept.group(1))
+
+
+def test_simulated_rank_prints_a_million_lines(row, capsys):
+    """As ``test_rank_prints_a_million_lines``, under ``simulate``: the same cap and notes."""
+    row.update(fault="simulated rank 0 prints 1,000,000 lines", injection="`sys.stdout.write` of 1,000,000 lines")
+    start = time.monotonic()
+    simulate(w.print_lines, 2, 1_000_000, timeout=120)
+    secs = time.monotonic() - start
+    _assert_capped(capsys.readouterr().out, "simulation")
+    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
+                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
