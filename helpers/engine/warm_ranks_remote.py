@@ -22,7 +22,7 @@ from traitlets.config import Config
 from helpers.engine import processes as procs
 from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - remote.RanksTimeout, remote.RESTART_NOTE
 from helpers.engine.launcher import WorkerError, worker_device
-from helpers.engine.rank_output import rank_lines
+from helpers.engine.rank_output import CappedLines
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
@@ -328,13 +328,14 @@ class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
     relayed into the caller's streams as :func:`helpers.engine.launch` relays its ranks' output
     (:func:`helpers.engine.rank_output.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
-    ``sys.stdout``, stderr to ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since
-    the last call (the ranks' streams grow as ipyparallel receives them); ``final=True`` also prints
-    an unfinished last line."""
+    ``sys.stdout``, stderr to ``sys.stderr``, capped as there (:class:`CappedLines`). :meth:`poll`
+    prints the whole lines that arrived since the last call (the ranks' streams grow as ipyparallel
+    receives them); ``final=True`` also prints an unfinished last line and the capped streams' ends."""
 
     def __init__(self, ar):
         self.ar = ar
         self.printed: dict[tuple[int, str], int] = {}  # (rank, stream name) -> characters printed
+        self.capped: dict[tuple[int, str], CappedLines] = {}
 
     def poll(self, final: bool = False) -> None:
         for rank, child in sorted(zip(self.ar._targets, self.ar._children), key=lambda rc: rc[0]):
@@ -348,9 +349,10 @@ class RankOutput:
                 lines = new.split("\n")
                 if lines[-1] == "":  # the newline that ends the last line
                     lines.pop()
-                out = getattr(sys, name)
-                out.write(rank_lines(rank, lines))
-                out.flush()
+                capped = CappedLines(rank, name, getattr(sys, name), ends="call")
+                self.capped.setdefault((rank, name), capped).add(lines)
+        for key in sorted(self.capped) if final else ():
+            self.capped[key].end()
 
 
 def display_in_rank_order(ar) -> None:

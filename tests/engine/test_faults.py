@@ -1572,3 +1572,17 @@ def test_simulated_rank_prints_a_million_lines(row, capsys):
     _assert_capped(capsys.readouterr().out, "simulation")
     row.update(error="the first and last 2,000 lines, a note when capped, and the number "
                      "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+
+
+def test_warm_rank_prints_a_million_lines(row, warm, capsys):
+    """As ``test_rank_prints_a_million_lines``, in ``ranks.run``: the same cap and notes."""
+    row.update(fault="warm rank 0 prints 1,000,000 lines in `ranks.run`",
+               injection="`sys.stdout.write` of 1,000,000 lines")
+    ranks = warm(timeout=120)
+    capsys.readouterr()
+    start = time.monotonic()
+    ranks.run(w.print_lines, 1_000_000)
+    secs = time.monotonic() - start
+    _assert_capped(capsys.readouterr().out, "call")
+    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
+                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
