@@ -95,8 +95,8 @@ class CappedLines:
     stream to a new ``ddp-lab-output-*-rank<r>.<name>.log`` in the temp directory. :class:`Relay`, whose
     streams are files already, calls :meth:`show` and :meth:`end` itself."""
 
-    def __init__(self, rank: int, name: str, out, kept: str | None = None, ends: str = "launch"):
-        self.rank, self.name, self.out, self.kept, self.ends = rank, name, out, kept, ends
+    def __init__(self, rank: int, name: str, out, kept: str | None = None, ends: str = "launch", fmt=rank_lines):
+        self.rank, self.name, self.out, self.kept, self.ends, self.fmt = rank, name, out, kept, ends, fmt
         self.shown, self.head, self.file, self.tail, self.hidden = 0, [], None, collections.deque(maxlen=TAIL_LINES), 0
 
     def show(self, lines: list[str]) -> int:
@@ -107,7 +107,7 @@ class CappedLines:
             f"... more than {HEAD_LINES:,} lines: the last {TAIL_LINES:,} come when the {self.ends} ends; "
             f"the whole output will be in {self.kept}")]
         if text:
-            self.out.write(rank_lines(self.rank, text))
+            self.out.write(self.fmt(self.rank, text))
             self.out.flush()
         return len(show)
 
@@ -135,7 +135,7 @@ class CappedLines:
         note = [f"... {count - len(tail):,} lines not shown here; the whole output ({self.shown + count:,} lines) "
                 f"is in {self.kept}"] if count else []
         if note or tail:
-            self.out.write(rank_lines(self.rank, [*note, *tail]))
+            self.out.write(self.fmt(self.rank, [*note, *tail]))
             self.out.flush()
 
 

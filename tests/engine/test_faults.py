@@ -1586,3 +1586,34 @@ def test_warm_rank_prints_a_million_lines(row, warm, capsys):
     _assert_capped(capsys.readouterr().out, "call")
     row.update(error="the first and last 2,000 lines, a note when capped, and the number "
                      "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+
+
+def test_px_rank_prints_a_million_lines(row):
+    """As ``test_rank_prints_a_million_lines``, in a ``%%px`` cell in a kernel: rank 0's display
+    (ipyparallel's ``[stdout:0]``, its last update) is capped the same way."""
+    row.update(fault="warm rank 0 prints 1,000,000 lines in a `%%px` cell",
+               injection="`sys.stdout.write` of 1,000,000 lines")
+    mark = _mark()
+    k, _ = _kernel_with_ranks(mark, timeout=120)
+    shown = {}  # display id -> its last text
+
+    def hook(msg):
+        if msg["header"]["msg_type"] in ("display_data", "update_display_data"):
+            shown[msg["content"]["transient"]["display_id"]] = msg["content"]["data"]["text/plain"]
+
+    try:
+        start = time.monotonic()
+        reply = k.kc.execute_interactive("%%px\nimport sys\nif rank == 0:\n    sys.stdout.write("
+                                         "''.join(f'{i}\\n' for i in range(1_000_000)))\n",
+                                         timeout=240, output_hook=hook, allow_stdin=False)
+        secs = time.monotonic() - start
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        k.close()
+    assert not wait_until_gone(mark)
+    from helpers.engine.rank_output import rank_lines
+
+    out = "".join(text for text in shown.values() if text.startswith("[stdout:0] "))
+    _assert_capped(rank_lines(0, out.removeprefix("[stdout:0] ").splitlines()), "cell")
+    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
+                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
