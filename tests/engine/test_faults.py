@@ -1474,8 +1474,7 @@ def test_rank_prints_a_million_lines(row, capsys):
     launch(w.print_lines, 2, 1_000_000, timeout=120)
     secs = time.monotonic() - start
     _assert_capped(capsys.readouterr().out, "launch")
-    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
-                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+    row.update(error=_CAPPED, seconds=secs, passed=True)
 
 
 @LINUX_PDEATHSIG
@@ -1546,6 +1545,9 @@ def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
     row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
 
 
+_CAPPED = "the first and last 2,000 lines, a note when capped, the number left out, the file keeping all 1,000,000"
+
+
 def _assert_capped(out: str, ends: str) -> None:
     """``out`` holds rank 0's first and last 2,000 of 1,000,000 lines, and notes naming the file that
     holds them all (removed here)."""
@@ -1563,29 +1565,17 @@ def _assert_capped(out: str, ends: str) -> None:
             os.remove(kept.group(1))
 
 
-def test_simulated_rank_prints_a_million_lines(row, capsys):
-    """As ``test_rank_prints_a_million_lines``, under ``simulate``: the same cap and notes."""
-    row.update(fault="simulated rank 0 prints 1,000,000 lines", injection="`sys.stdout.write` of 1,000,000 lines")
-    start = time.monotonic()
-    simulate(w.print_lines, 2, 1_000_000, timeout=120)
-    secs = time.monotonic() - start
-    _assert_capped(capsys.readouterr().out, "simulation")
-    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
-                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
-
-
-def test_warm_rank_prints_a_million_lines(row, warm, capsys):
-    """As ``test_rank_prints_a_million_lines``, in ``ranks.run``: the same cap and notes."""
-    row.update(fault="warm rank 0 prints 1,000,000 lines in `ranks.run`",
-               injection="`sys.stdout.write` of 1,000,000 lines")
-    ranks = warm(timeout=120)
+@pytest.mark.parametrize("where", ["simulate", "ranks.run"])
+def test_rank_prints_a_million_lines_in_process_or_warm(row, warm, capsys, where):
+    """As ``test_rank_prints_a_million_lines``, under ``simulate`` and in a warm ranks' ``run``."""
+    row.update(fault=f"rank 0 prints 1,000,000 lines in `{where}`", injection="`sys.stdout.write` of 1,000,000 lines")
+    ranks = warm(timeout=120) if where == "ranks.run" else None
     capsys.readouterr()
     start = time.monotonic()
-    ranks.run(w.print_lines, 1_000_000)
+    ranks.run(w.print_lines, 1_000_000) if ranks else simulate(w.print_lines, 2, 1_000_000, timeout=120)
     secs = time.monotonic() - start
-    _assert_capped(capsys.readouterr().out, "call")
-    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
-                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+    _assert_capped(capsys.readouterr().out, "call" if ranks else "simulation")
+    row.update(error=_CAPPED, seconds=secs, passed=True)
 
 
 def test_px_rank_prints_a_million_lines(row):
@@ -1615,5 +1605,4 @@ def test_px_rank_prints_a_million_lines(row):
 
     out = "".join(text for text in shown.values() if text.startswith("[stdout:0] "))
     _assert_capped(rank_lines(0, out.removeprefix("[stdout:0] ").splitlines()), "cell")
-    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
-                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+    row.update(error=_CAPPED, seconds=secs, passed=True)
