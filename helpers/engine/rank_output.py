@@ -2,8 +2,8 @@
 
 :func:`capture_output` points a rank's file descriptors 1 and 2 at ``output/<rank>/std{out,err}.log``
 in its run folder (:mod:`helpers.engine.run_dir`); :class:`Relay` copies those files into the
-caller's streams line by line; :func:`rank_lines` is the one format of a rank's line (warm and
-simulated ranks use it too).
+caller's streams line by line; :class:`CappedLines` caps what a stream shows and :func:`rank_lines`
+formats a rank's line, for every launcher (warm and simulated ranks use them too).
 """
 
 from __future__ import annotations
