@@ -291,6 +291,12 @@ def stream_per_rank(ar) -> Callable[[], None]:
     callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
     shown: dict[str, tuple] = {}  # display id -> (rank, stream name, msg future), in order of creation
     output = RankOutput(ar, texts={})  # each rank's streams capped, as ranks.run shows them
+    sent: dict[tuple[int, str], int] = {}  # outside a kernel: characters of each capped text printed
+
+    def unsent(eid: int, name: str) -> str:
+        text = output.texts[(eid, name)].getvalue() if (eid, name) in output.texts else ""
+        start, sent[(eid, name)] = sent.get((eid, name), 0), len(text)
+        return text[start:]
 
     def with_parent(eid, msg_future, msg):
         if msg["header"]["msg_type"] == "error":
@@ -301,19 +307,21 @@ def stream_per_rank(ar) -> Callable[[], None]:
             name = msg["content"]["name"]
             shown.setdefault(f"{msg['parent_header'].get('msg_id', '')}-{name}", (eid, name, msg_future))
             output.poll()
-            if getattr(output.capped.get((eid, name)), "file", None) is not None:  # past the cap: the capped text
+            if not _in_kernel():  # ipyparallel prints the message's text: the capped text's new lines instead
+                msg = {**msg, "content": {**msg["content"], "text": unsent(eid, name)}}
+            elif getattr(output.capped.get((eid, name)), "file", None) is not None:  # past the cap: the capped text
                 md = {**msg_future.output.metadata, name: output.texts[(eid, name)].getvalue()}
                 msg_future = types.SimpleNamespace(output=types.SimpleNamespace(metadata=md))
         return callback(eid, msg_future, msg)
 
     def in_rank_order() -> None:
-        from IPython import get_ipython
         from IPython.display import publish_display_data
 
         capped = cap_streams(ar, output)
-        ip = get_ipython()
-        if ip is None or getattr(ip, "kernel", None) is None:
-            return  # outside a kernel ipyparallel printed the streams: nothing to update
+        if not _in_kernel():  # ipyparallel printed the streams: what is left of each (a last line, the tail)
+            for eid, name in sorted(output.texts):
+                ar._display_stream(unsent(eid, name), f"[{name}:{eid}] ", file=getattr(sys, name))
+            return
         wanted = sorted(shown.values(), key=lambda s: (s[0], s[1] != "stdout"))
         for display_id, now, (eid, name, msg_future) in zip(list(shown), list(shown.values()), wanted):
             if now != (eid, name, msg_future) or (eid, name) in capped:
@@ -322,6 +330,12 @@ def stream_per_rank(ar) -> Callable[[], None]:
 
     ar._iopub_streaming_output_callback = with_parent
     return in_rank_order
+
+
+def _in_kernel() -> bool:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def kernel_namespace() -> dict:

@@ -1565,16 +1565,32 @@ def _assert_capped(out: str, ends: str) -> None:
             os.remove(kept.group(1))
 
 
-@pytest.mark.parametrize("where", ["simulate", "ranks.run"])
+_PRINT_A_MILLION = "import sys\nif rank == 0:\n    sys.stdout.write(''.join(f'{i}\\n' for i in range(1_000_000)))\n"
+
+
+def _px_as_launch(out: str) -> str:
+    """Rank 0's ``[stdout:0]`` text (ipyparallel's) as ``launch`` shows it: ``[rank 0]`` lines."""
+    from helpers.engine.rank_output import rank_lines
+
+    return rank_lines(0, out.split("[stdout:0] ", 1)[1].removeprefix("\n").splitlines())
+
+
+@pytest.mark.parametrize("where", ["simulate", "ranks.run", "ranks.execute"])
 def test_rank_prints_a_million_lines_in_process_or_warm(row, warm, capsys, where):
-    """As ``test_rank_prints_a_million_lines``, under ``simulate`` and in a warm ranks' ``run``."""
+    """As ``test_rank_prints_a_million_lines``, under ``simulate`` and in a warm ranks' ``run`` and
+    ``execute`` (``%%px`` outside a kernel, streamed)."""
     row.update(fault=f"rank 0 prints 1,000,000 lines in `{where}`", injection="`sys.stdout.write` of 1,000,000 lines")
-    ranks = warm(timeout=120) if where == "ranks.run" else None
+    ranks = warm(timeout=120) if where != "simulate" else None
     capsys.readouterr()
     start = time.monotonic()
-    ranks.run(w.print_lines, 1_000_000) if ranks else simulate(w.print_lines, 2, 1_000_000, timeout=120)
+    if where == "simulate":
+        simulate(w.print_lines, 2, 1_000_000, timeout=120)
+    else:
+        ranks.run(w.print_lines, 1_000_000) if where == "ranks.run" else ranks.execute(_PRINT_A_MILLION, stream=True)
     secs = time.monotonic() - start
-    _assert_capped(capsys.readouterr().out, "call" if ranks else "simulation")
+    out = capsys.readouterr().out
+    _assert_capped(_px_as_launch(out) if where == "ranks.execute" else out,
+                   {"simulate": "simulation", "ranks.run": "call"}.get(where, "cell"))
     row.update(error=_CAPPED, seconds=secs, passed=True)
 
 
@@ -1593,16 +1609,11 @@ def test_px_rank_prints_a_million_lines(row):
 
     try:
         start = time.monotonic()
-        reply = k.kc.execute_interactive("%%px\nimport sys\nif rank == 0:\n    sys.stdout.write("
-                                         "''.join(f'{i}\\n' for i in range(1_000_000)))\n",
-                                         timeout=240, output_hook=hook, allow_stdin=False)
+        reply = k.kc.execute_interactive("%%px\n" + _PRINT_A_MILLION, timeout=240, output_hook=hook, allow_stdin=False)
         secs = time.monotonic() - start
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:
         k.close()
     assert not wait_until_gone(mark)
-    from helpers.engine.rank_output import rank_lines
-
-    out = "".join(text for text in shown.values() if text.startswith("[stdout:0] "))
-    _assert_capped(rank_lines(0, out.removeprefix("[stdout:0] ").splitlines()), "cell")
+    _assert_capped(_px_as_launch("".join(text for text in shown.values() if text.startswith("[stdout:0] "))), "cell")
     row.update(error=_CAPPED, seconds=secs, passed=True)
