@@ -2,8 +2,8 @@
 
 :func:`capture_output` points a rank's file descriptors 1 and 2 at ``output/<rank>/std{out,err}.log``
 in its run folder (:mod:`helpers.engine.run_dir`); :class:`Relay` copies those files into the
-caller's streams line by line; :func:`rank_lines` is the one format of a rank's line (warm and
-simulated ranks use it too).
+caller's streams line by line; :class:`CappedLines` caps what a stream shows and :func:`rank_lines`
+formats a rank's line, for every launcher (warm and simulated ranks use them too).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 
-__all__ = ["HEAD_LINES", "OUTPUT_DIR", "Relay", "TAIL_LINES", "capture_output", "rank_lines"]
+__all__ = ["HEAD_LINES", "OUTPUT_DIR", "CappedLines", "Relay", "TAIL_LINES", "capture_output", "rank_lines"]
 
 
 #: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
@@ -81,37 +82,88 @@ def rank_lines(rank: int, lines: list[str]) -> str:
 
 
 #: What each rank's stdout (and stderr) relays into the cell: its first ``HEAD_LINES`` lines as they
-#: come; past that, a note, and when the launch ends how many lines were left out and the last
+#: come; past that, a note, and when the run ends how many lines were left out and the last
 #: ``TAIL_LINES``. The whole stream is kept in a file the notes name (a 1,000,000-line print was 109 MB).
 HEAD_LINES = TAIL_LINES = 2000
+
+
+class CappedLines:
+    """One rank's stream (``name``: ``"stdout"`` or ``"stderr"``) as the caller's ``out`` is shown it, for
+    every launcher: the first :data:`HEAD_LINES` lines (str, without newlines) as they come, then a note
+    naming ``kept``, and from :meth:`end` how many lines were left out and the last :data:`TAIL_LINES`.
+    :meth:`add` serves streams held in memory (``simulate``, warm ranks): past the cap it writes the whole
+    stream to a new ``ddp-lab-output-*-rank<r>.<name>.log`` in the temp directory. :class:`Relay`, whose
+    streams are files already, calls :meth:`show` and :meth:`end` itself."""
+
+    def __init__(self, rank: int, name: str, out, kept: str | None = None, ends: str = "launch", fmt=rank_lines):
+        self.rank, self.name, self.out, self.kept, self.ends, self.fmt = rank, name, out, kept, ends, fmt
+        self.shown, self.head, self.file, self.tail, self.hidden = 0, [], None, collections.deque(maxlen=TAIL_LINES), 0
+
+    def show(self, lines: list[str]) -> int:
+        """Writes the lines that fit under the cap, and the note when some do not; returns how many fit."""
+        show = lines[:HEAD_LINES - self.shown]
+        self.shown += len(show)
+        text = show if len(show) == len(lines) else [*show, (
+            f"... more than {HEAD_LINES:,} lines: the last {TAIL_LINES:,} come when the {self.ends} ends; "
+            f"the whole output will be in {self.kept}")]
+        if text:
+            self.out.write(self.fmt(self.rank, text))
+            self.out.flush()
+        return len(show)
+
+    def add(self, lines: list[str]) -> None:
+        if self.file is None and self.shown + len(lines) <= HEAD_LINES:
+            self.head += lines
+            self.show(lines)
+            return
+        if self.file is None:
+            fd, self.kept = tempfile.mkstemp(prefix="ddp-lab-output-", suffix=f"-rank{self.rank}.{self.name}.log")
+            self.file = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by end()
+            n = self.show(lines)
+            self.head, lines = self.head + lines[:n], lines[n:]
+            self.file.write("".join(f"{line}\n" for line in self.head))
+        self.file.write("".join(f"{line}\n" for line in lines))
+        self.tail.extend(lines)
+        self.hidden += len(lines)
+
+    def end(self, count: int = 0, tail=()) -> None:
+        """Writes how many of the lines past the cap (``count``; by default those :meth:`add` kept) were not
+        shown, and the last of them (``tail``)."""
+        if self.file is not None:
+            self.file.close()
+            count, tail = self.hidden, self.tail
+        note = [f"... {count - len(tail):,} lines not shown here; the whole output ({self.shown + count:,} lines) "
+                f"is in {self.kept}"] if count else []
+        if note or tail:
+            self.out.write(self.fmt(self.rank, [*note, *tail]))
+            self.out.flush()
 
 
 class Relay:
     """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
     caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``, each rank's lines in the order it wrote them, capped at :data:`HEAD_LINES` and
-    :data:`TAIL_LINES` per stream (the whole stream then moves to ``ddp-lab-output-*-rank<r>.<stream>.log``
-    in the temp directory when the launch ends)."""
+    ``sys.stderr``, each rank's lines in the order it wrote them, capped by :class:`CappedLines` (the
+    whole stream then moves to ``ddp-lab-output-*-rank<r>.<stream>.log`` in the temp directory when
+    the launch ends)."""
 
     _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         self.output_dir = os.path.join(run_dir, OUTPUT_DIR)
-        self.files: dict[str, list] = {}  # path -> [rank, stream name, offset, pending bytes, lines shown]
+        self.files: dict[str, list] = {}  # path -> [CappedLines, offset, pending bytes]
 
     def poll(self, final: bool = False) -> None:
+        folder, run = os.path.split(self.run_dir.rstrip(os.sep))
         for path in glob.glob(os.path.join(self.output_dir, "*", "std*.log")):
-            if path not in self.files:
-                m = self._pattern.search(path.replace(os.sep, "/"))
-                if m:
-                    self.files[path] = [int(m.group(1)), m.group(2), 0, b"", 0]
-        for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1])):
-            rank, name, offset, pending, shown = state
-            out = sys.stdout if name == "stdout" else sys.stderr
-            folder, run = os.path.split(self.run_dir.rstrip(os.sep))
-            kept = os.path.join(folder, f"ddp-lab-output-{run.rsplit('-', 1)[-1]}-rank{rank}.{name}.log")
-            if shown < HEAD_LINES:
+            m = None if path in self.files else self._pattern.search(path.replace(os.sep, "/"))
+            if m:
+                rank, name = int(m.group(1)), m.group(2)
+                kept = os.path.join(folder, f"ddp-lab-output-{run.rsplit('-', 1)[-1]}-rank{rank}.{name}.log")
+                self.files[path] = [CappedLines(rank, name, getattr(sys, name), kept), 0, b""]
+        for path, state in sorted(self.files.items(), key=lambda kv: (kv[1][0].rank, kv[1][0].name)):
+            cap, offset, pending = state
+            if cap.shown < HEAD_LINES:
                 try:
                     with open(path, "rb") as f:
                         f.seek(offset)
@@ -119,30 +171,24 @@ class Relay:
                 except OSError:
                     continue
                 base = offset - len(pending)  # where the bytes held and read start in the file
-                state[2] = offset + len(data)
+                state[1] = offset + len(data)
                 *lines, pending = (pending + data).split(b"\n")
                 if final and pending:
                     lines.append(pending)
                     pending = b""
-                state[3] = pending
-                show = lines[:HEAD_LINES - shown]
-                state[4] = shown = shown + len(show)
-                text = [line.decode("utf-8", "replace") for line in show]
-                if len(show) < len(lines):  # capped: the rest is read from the file at the end
-                    state[2], state[3] = base + sum(len(x) + 1 for x in show), b""
-                    text.append(f"... more than {HEAD_LINES:,} lines: the last {TAIL_LINES:,} come when the launch "
-                                f"ends; the whole output will be in {kept}")
-                if text:
-                    out.write(rank_lines(rank, text))
-                    out.flush()
-            if final and shown >= HEAD_LINES and state[2] is not None:
-                self._tail(path, state, out, kept)
+                state[2] = pending
+                lines = lines[:HEAD_LINES - cap.shown + 1]  # one past the room: whether the cap applies
+                n = cap.show([line.decode("utf-8", "replace") for line in lines])
+                if n < len(lines):  # capped: the rest is read from the file at the end
+                    state[1], state[2] = base + sum(len(x) + 1 for x in lines[:n]), b""
+            if final and cap.shown >= HEAD_LINES and state[1] is not None:
+                self._tail(path, state)
 
     @staticmethod
-    def _tail(path: str, state: list, out, kept: str) -> None:
-        """After the cap, at the end: how many lines were not shown, the last :data:`TAIL_LINES`, and the
-        file moved to ``kept``."""
-        rank, start, state[2] = state[0], state[2], None  # None: done
+    def _tail(path: str, state: list) -> None:
+        """After the cap, at the end: the lines past it counted, the last :data:`TAIL_LINES` shown, the
+        file moved to where the note said."""
+        cap, start, state[1] = state[0], state[1], None  # None: done
         tail, count = collections.deque(maxlen=TAIL_LINES), 0
         try:
             with open(path, "rb") as f:
@@ -151,10 +197,7 @@ class Relay:
                     count += 1
                     tail.append(line.rstrip(b"\n").decode("utf-8", "replace"))
             if count:  # not exactly HEAD_LINES lines, all shown
-                shutil.move(path, kept)
+                shutil.move(path, cap.kept)
         except OSError as e:
             tail, count = [f"... the output past the first {HEAD_LINES:,} lines could not be read ({e})"], 0
-        note = [f"... {count - len(tail):,} lines not shown here; the whole output ({state[4] + count:,} lines) "
-                f"is in {kept}"] if count else []
-        out.write(rank_lines(rank, [*note, *tail]))
-        out.flush()
+        cap.end(count, tail)

@@ -55,7 +55,7 @@ from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout,
 from helpers.engine.inputs import as_int, check_callable, check_timeout
 from helpers.engine.launcher import _DefaultTimeout
 from helpers.engine.rank_main import alone_note
-from helpers.engine.rank_output import rank_lines
+from helpers.engine.rank_output import CappedLines
 from helpers.engine.simulated_parts import (
     _calls,
     _gives_turn,
@@ -154,6 +154,7 @@ class _Run:
         self.pending: dict[tuple[int, str], str] = {}
         self.hidden_lines = 0
         self.hidden_ranks: set[int] = set()
+        self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
         self.threads: list[threading.Thread] = []
 
     def relay(self, streams: dict[str, Any], final: bool = False) -> None:
@@ -174,8 +175,9 @@ class _Run:
                 self.hidden_lines += len(lines)
                 self.hidden_ranks.add(rank)
                 continue
-            streams[name].write(rank_lines(rank, lines))
-            streams[name].flush()
+            self.capped.setdefault((rank, name), CappedLines(rank, name, streams[name], ends="simulation")).add(lines)
+        for key in sorted(self.capped) if final else ():
+            self.capped[key].end()
 
     def error(self, rank: int, e: BaseException) -> None:
         secondary = self.stopping and isinstance(e, (SystemExit, _Stopped))

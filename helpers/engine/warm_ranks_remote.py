@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import os
 import re
 import signal
 import sys
 import time
+import types
 from collections.abc import Callable
 
 import ipyparallel as ipp
@@ -22,7 +24,7 @@ from traitlets.config import Config
 from helpers.engine import processes as procs
 from helpers.engine.errors import RESTART_NOTE, RanksTimeout  # noqa: F401 - remote.RanksTimeout, remote.RESTART_NOTE
 from helpers.engine.launcher import WorkerError, worker_device
-from helpers.engine.rank_output import rank_lines
+from helpers.engine.rank_output import CappedLines, rank_lines
 from helpers.engine.start_method import with_hint
 
 #: Controller options (ipyparallel/controller/): schedulers as threads; a heartbeat every 250 ms, not 3000 (the hub
@@ -288,6 +290,13 @@ def stream_per_rank(ar) -> Callable[[], None]:
     """
     callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
     shown: dict[str, tuple] = {}  # display id -> (rank, stream name, msg future), in order of creation
+    output = RankOutput(ar, texts={})  # each rank's streams capped, as ranks.run shows them
+    sent: dict[tuple[int, str], int] = {}  # outside a kernel: characters of each capped text printed
+
+    def unsent(eid: int, name: str) -> str:
+        text = output.texts[(eid, name)].getvalue() if (eid, name) in output.texts else ""
+        start, sent[(eid, name)] = sent.get((eid, name), 0), len(text)
+        return text[start:]
 
     def with_parent(eid, msg_future, msg):
         if msg["header"]["msg_type"] == "error":
@@ -297,23 +306,36 @@ def stream_per_rank(ar) -> Callable[[], None]:
         if msg["header"]["msg_type"] == "stream":  # the display id ipyparallel's callback gives it
             name = msg["content"]["name"]
             shown.setdefault(f"{msg['parent_header'].get('msg_id', '')}-{name}", (eid, name, msg_future))
+            output.poll()
+            if not _in_kernel():  # ipyparallel prints the message's text: the capped text's new lines instead
+                msg = {**msg, "content": {**msg["content"], "text": unsent(eid, name)}}
+            elif getattr(output.capped.get((eid, name)), "file", None) is not None:  # past the cap: the capped text
+                md = {**msg_future.output.metadata, name: output.texts[(eid, name)].getvalue()}
+                msg_future = types.SimpleNamespace(output=types.SimpleNamespace(metadata=md))
         return callback(eid, msg_future, msg)
 
     def in_rank_order() -> None:
-        from IPython import get_ipython
         from IPython.display import publish_display_data
 
-        ip = get_ipython()
-        if ip is None or getattr(ip, "kernel", None) is None:
-            return  # outside a kernel ipyparallel printed the streams: nothing to update
+        capped = cap_streams(ar, output)
+        if not _in_kernel():  # ipyparallel printed the streams: what is left of each (a last line, the tail)
+            for eid, name in sorted(output.texts):
+                ar._display_stream(unsent(eid, name), f"[{name}:{eid}] ", file=getattr(sys, name))
+            return
         wanted = sorted(shown.values(), key=lambda s: (s[0], s[1] != "stdout"))
         for display_id, now, (eid, name, msg_future) in zip(list(shown), list(shown.values()), wanted):
-            if now != (eid, name, msg_future):
+            if now != (eid, name, msg_future) or (eid, name) in capped:
                 publish_display_data({"text/plain": f"[{name}:{eid}] " + msg_future.output.metadata[name]},
                                      transient={"display_id": display_id}, update=True)
 
     ar._iopub_streaming_output_callback = with_parent
     return in_rank_order
+
+
+def _in_kernel() -> bool:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def kernel_namespace() -> dict:
@@ -328,15 +350,18 @@ class RankOutput:
     """What the ranks of ``ar`` (the ipyparallel AsyncResult of a :meth:`WarmRanks.run` call) write,
     relayed into the caller's streams as :func:`helpers.engine.launch` relays its ranks' output
     (:func:`helpers.engine.rank_output.rank_lines`): line by line, prefixed ``[rank r]``, stdout to
-    ``sys.stdout``, stderr to ``sys.stderr``. :meth:`poll` prints the whole lines that arrived since
-    the last call (the ranks' streams grow as ipyparallel receives them); ``final=True`` also prints
-    an unfinished last line."""
+    ``sys.stdout``, stderr to ``sys.stderr``, capped as there (:class:`CappedLines`). :meth:`poll`
+    prints the whole lines that arrived since the last call (the ranks' streams grow as ipyparallel
+    receives them); ``final=True`` also prints an unfinished last line and the capped streams' ends.
+    ``texts``: a dict that gets each stream's capped text, unprefixed, instead (a ``%%px`` cell's)."""
 
-    def __init__(self, ar):
-        self.ar = ar
+    def __init__(self, ar, texts: dict | None = None):
+        self.ar, self.texts = ar, texts
         self.printed: dict[tuple[int, str], int] = {}  # (rank, stream name) -> characters printed
+        self.capped: dict[tuple[int, str], CappedLines] = {}
 
     def poll(self, final: bool = False) -> None:
+        texts = self.texts
         for rank, child in sorted(zip(self.ar._targets, self.ar._children), key=lambda rc: rc[0]):
             for name in ("stdout", "stderr"):
                 text = child.output.metadata[name]
@@ -348,15 +373,37 @@ class RankOutput:
                 lines = new.split("\n")
                 if lines[-1] == "":  # the newline that ends the last line
                     lines.pop()
-                out = getattr(sys, name)
-                out.write(rank_lines(rank, lines))
-                out.flush()
+                out = getattr(sys, name) if texts is None else texts.setdefault((rank, name), io.StringIO())
+                capped = CappedLines(rank, name, out, ends="call" if texts is None else "cell",
+                                     fmt=rank_lines if texts is None else _plain_lines)
+                self.capped.setdefault((rank, name), capped).add(lines)
+        for key in sorted(self.capped) if final else ():
+            self.capped[key].end()
+
+
+def _plain_lines(rank: int, lines: list[str]) -> str:
+    return "".join(f"{line}\n" for line in lines)
+
+
+def cap_streams(ar, output: RankOutput | None = None) -> set[tuple[int, str]]:
+    """Once ``ar`` (a ``%%px`` cell's AsyncResult) ended: each rank's stream in its metadata (what
+    ipyparallel shows), when past :class:`CappedLines`' cap, replaced by its capped text; returns
+    the ``(rank, stream name)`` replaced."""
+    output = output or RankOutput(ar, texts={})
+    output.poll(final=True)
+    capped = {key for key, c in output.capped.items() if c.file is not None}
+    for rank, child in zip(ar._targets, ar._children):
+        for name in ("stdout", "stderr"):
+            if (rank, name) in capped:
+                child.output.metadata[name] = output.texts[(rank, name)].getvalue()
+    return capped
 
 
 def display_in_rank_order(ar) -> None:
     """Show what each rank of ``ar`` (a ``%%px`` cell's AsyncResult, not streamed) printed, rank 0
     first: ipyparallel's ``display_outputs(groupby="engine")``, which refuses a result not ready
     (a timeout, an interrupt), so then each rank's stdout and stderr so far."""
+    cap_streams(ar)
     if ar.ready():
         ar.display_outputs(groupby="engine")
         return

@@ -1469,25 +1469,12 @@ def test_runner_ctrl_c_leaves_no_partial_notebook(row, tmp_path):
 def test_rank_prints_a_million_lines(row, capsys):
     """Rank 0 prints 1,000,000 lines: the cell gets its first and last lines and notes naming the
     file that keeps them all (the whole print relayed was 109 MB of output)."""
-    import re
-
     row.update(fault="rank 0 prints 1,000,000 lines", injection="`sys.stdout.write` of 1,000,000 lines")
     start = time.monotonic()
     launch(w.print_lines, 2, 1_000_000, timeout=120)
     secs = time.monotonic() - start
-    out = capsys.readouterr().out
-    kept = re.search(r"the whole output \(1,000,000 lines\) is in (\S+)\n", out)
-    try:
-        assert kept and out.count("\n") <= 4_002 and len(out) < 200_000, out[-2000:]
-        assert out.startswith("[rank 0] 0\n") and out.endswith("[rank 0] 999999\n"), (out[:100], out[-100:])
-        assert "lines: the last 2,000 come when the launch ends" in out
-        with open(kept.group(1)) as f:
-            assert sum(1 for _ in f) == 1_000_000
-    finally:
-        if kept:
-            os.remove(kept.group(1))
-    row.update(error="the first and last 2,000 lines, a note when capped, and the number "
-                     "left out with the file that keeps all 1,000,000 lines", seconds=secs, passed=True)
+    _assert_capped(capsys.readouterr().out, "launch")
+    row.update(error=_CAPPED, seconds=secs, passed=True)
 
 
 @LINUX_PDEATHSIG
@@ -1556,3 +1543,77 @@ def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
     row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
+
+
+_CAPPED = "the first and last 2,000 lines, a note when capped, the number left out, the file keeping all 1,000,000"
+
+
+def _assert_capped(out: str, ends: str) -> None:
+    """``out`` holds rank 0's first and last 2,000 of 1,000,000 lines, and notes naming the file that
+    holds them all (removed here)."""
+    import re
+
+    kept = re.search(r"the whole output \(1,000,000 lines\) is in (\S+)\n", out)
+    try:
+        assert kept and out.count("\n") <= 4_002 and len(out) < 200_000, out[-2000:]
+        assert out.startswith("[rank 0] 0\n") and out.endswith("[rank 0] 999999\n"), (out[:100], out[-100:])
+        assert f"lines: the last 2,000 come when the {ends} ends; the whole output will be in {kept[1]}" in out
+        with open(kept.group(1)) as f:
+            assert sum(1 for _ in f) == 1_000_000
+    finally:
+        if kept:
+            os.remove(kept.group(1))
+
+
+_PRINT_A_MILLION = "import sys\nif rank == 0:\n    sys.stdout.write(''.join(f'{i}\\n' for i in range(1_000_000)))\n"
+
+
+def _px_as_launch(out: str) -> str:
+    """Rank 0's ``[stdout:0]`` text (ipyparallel's) as ``launch`` shows it: ``[rank 0]`` lines."""
+    from helpers.engine.rank_output import rank_lines
+
+    return rank_lines(0, out.split("[stdout:0] ", 1)[1].removeprefix("\n").splitlines())
+
+
+@pytest.mark.parametrize("where", ["simulate", "ranks.run", "ranks.execute"])
+def test_rank_prints_a_million_lines_in_process_or_warm(row, warm, capsys, where):
+    """As ``test_rank_prints_a_million_lines``, under ``simulate`` and in a warm ranks' ``run`` and
+    ``execute`` (``%%px`` outside a kernel, streamed)."""
+    row.update(fault=f"rank 0 prints 1,000,000 lines in `{where}`", injection="`sys.stdout.write` of 1,000,000 lines")
+    ranks = warm(timeout=120) if where != "simulate" else None
+    capsys.readouterr()
+    start = time.monotonic()
+    if where == "simulate":
+        simulate(w.print_lines, 2, 1_000_000, timeout=120)
+    else:
+        ranks.run(w.print_lines, 1_000_000) if where == "ranks.run" else ranks.execute(_PRINT_A_MILLION, stream=True)
+    secs = time.monotonic() - start
+    out = capsys.readouterr().out
+    _assert_capped(_px_as_launch(out) if where == "ranks.execute" else out,
+                   {"simulate": "simulation", "ranks.run": "call"}.get(where, "cell"))
+    row.update(error=_CAPPED, seconds=secs, passed=True)
+
+
+def test_px_rank_prints_a_million_lines(row):
+    """As ``test_rank_prints_a_million_lines``, in a ``%%px`` cell in a kernel: rank 0's display
+    (ipyparallel's ``[stdout:0]``, its last update) is capped the same way."""
+    row.update(fault="warm rank 0 prints 1,000,000 lines in a `%%px` cell",
+               injection="`sys.stdout.write` of 1,000,000 lines")
+    mark = _mark()
+    k, _ = _kernel_with_ranks(mark, timeout=120)
+    shown = {}  # display id -> its last text
+
+    def hook(msg):
+        if msg["header"]["msg_type"] in ("display_data", "update_display_data"):
+            shown[msg["content"]["transient"]["display_id"]] = msg["content"]["data"]["text/plain"]
+
+    try:
+        start = time.monotonic()
+        reply = k.kc.execute_interactive("%%px\n" + _PRINT_A_MILLION, timeout=240, output_hook=hook, allow_stdin=False)
+        secs = time.monotonic() - start
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        k.close()
+    assert not wait_until_gone(mark)
+    _assert_capped(_px_as_launch("".join(text for text in shown.values() if text.startswith("[stdout:0] "))), "cell")
+    row.update(error=_CAPPED, seconds=secs, passed=True)
