@@ -128,3 +128,16 @@ def test_commit_subjects_after_the_habit_began_fit_72_characters():
     long = [line for line in log.splitlines() if len(line.split(" ", 1)[1]) > MAX_SUBJECT]
     assert not long, (f"commit subjects over {MAX_SUBJECT} characters (reword them, the why goes in the body):\n"
                       + "\n".join(long))
+
+
+def test_xdist_keeps_a_group_in_one_worker(tmp_path):
+    """`--dist loadgroup` keeps the fault matrix (one report) and module-scoped fixtures in one worker each;
+    pytest 9.2 with pytest-xdist 3.8 silently spread groups (pytest-dev/pytest-xdist#1386): requirements.txt
+    holds pytest below 9.2, and this catches the next such release (python3 -m ci.drift runs it)."""
+    (tmp_path / "test_g.py").write_text("import os, pathlib, pytest\npytestmark = pytest.mark.xdist_group('g')\n"
+                                        "@pytest.mark.parametrize('i', range(6))\ndef test_a(i):\n"
+                                        "    pathlib.Path(os.environ['PYTEST_XDIST_WORKER']).touch()\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p",
+                           "no:cacheprovider", "test_g.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    workers = sorted(p.name for p in tmp_path.glob("gw*"))
+    assert proc.returncode == 0 and len(workers) == 1, (workers, proc.stdout[-2000:])
