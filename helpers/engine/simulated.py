@@ -304,7 +304,7 @@ def _no_worker_processes(self, loader):
         return _WORKERS_INIT(self, loader)
     raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
                        "would be forked from a process of many threads, which can deadlock. Use num_workers=0 "
-                       "under simulate, or real ranks: helpers.engine.launch (simulated=False in helpers.checks)")
+                       "under simulate, or real ranks: helpers.engine.launch")
 
 
 def _exit(exit, status):

@@ -13,6 +13,7 @@ import _thread
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -1353,8 +1355,9 @@ def test_fork_server_forks_after_its_launcher_died(row, tmp_path):
                injection="the server SIGSTOPped as `launch(print, 2)` asks for rank 0; `os.kill(launcher, SIGKILL)`, "
                          "then SIGCONT to the server")
     mark, ready = _mark(), tmp_path / "server.pid"
-    launcher_tmp = tmp_path / "tmp"  # the launcher's temp directory: its run folder and pymp-* folder
-    launcher_tmp.mkdir()
+    # the launcher's temp directory, for its run folder and pymp-* folder: short, so that the server's socket
+    # fits in it whatever TMPDIR is (a long one sends pymp-* elsewhere: helpers/engine/socket_folder.py)
+    launcher_tmp = Path(tempfile.mkdtemp(prefix="f-", dir="/tmp"))
     code = textwrap.dedent(f"""\
         import os, signal, time
         from multiprocessing import forkserver
@@ -1396,6 +1399,7 @@ def test_fork_server_forks_after_its_launcher_died(row, tmp_path):
         with contextlib.suppress(OSError, TypeError):
             os.kill(server, signal.SIGCONT)
         _nothing_left(mark, launcher_tmp)
+        shutil.rmtree(launcher_tmp, ignore_errors=True)
     row.update(error="none needed: the late rank ends the orphaned server and itself before it touches the run "
                      "folder; run folder and `pymp-*` removed (reaper)", seconds=secs, passed=True)
 
