@@ -25,7 +25,7 @@ import torch
 
 from helpers.recorder import run_recorded as _run
 
-__all__ = ["against_one_process", "data_coverage", "DivergedFromOneProcess", "CoverageError",
+__all__ = ["against_one_process", "data_coverage", "verdict", "DivergedFromOneProcess", "CoverageError",
            "RandomnessDiffers", "RTOL", "ATOL"]
 
 #: Default tolerance of :func:`against_one_process`: ``|a - b| <= ATOL + RTOL * |b|`` elementwise
@@ -391,3 +391,13 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
         report.notes += [f"{where}: {line}" for line in lines]
         report.passes.append((loader, epoch, read, size))
     return report
+
+
+def verdict(check, *args, **kwargs) -> str:
+    """``check(*args, **kwargs)`` as one line of a table of cases: ``"passes"``, or ``"Type: message"`` of the
+    ``AssertionError`` it raised (:class:`DivergedFromOneProcess`, :class:`CoverageError`, ``assert_in_sync``'s)."""
+    try:
+        check(*args, **kwargs)
+    except AssertionError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passes"

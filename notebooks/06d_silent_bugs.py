@@ -666,7 +666,7 @@ print(small_data_warning(3, 7))
 # %%
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.checks import against_one_process, data_coverage
+from helpers.checks import against_one_process, data_coverage, verdict
 from helpers.engine import simulate
 from helpers.notebook import record_checks
 from helpers.replicas import assert_in_sync
@@ -707,20 +707,11 @@ def dropout_worker(rank, world_size, fix=False):
     return checked(ddp)
 
 
-def outcome(check, *args, **kwargs):
-    """The check's error, as 'Type: message', or 'passes'."""
-    try:
-        check(*args, **kwargs)
-    except AssertionError as e:
-        return f"{type(e).__name__}: {e}"
-    return "passes"
-
-
 general = {}  # (bug, "bug" or "fix") -> what the general check said
 for fix in (False, True):
     tag = "fix" if fix else "bug"
-    general[("mean of each rank's share", tag)] = outcome(against_one_process, standardise_worker, WORLD, fix=fix)
-    general[("DistributedSampler seed=rank", tag)] = outcome(data_coverage, sampler_worker, WORLD, fix=fix)
+    general[("mean of each rank's share", tag)] = verdict(against_one_process, standardise_worker, WORLD, fix=fix)
+    general[("DistributedSampler seed=rank", tag)] = verdict(data_coverage, sampler_worker, WORLD, fix=fix)
     said = simulate(dropout_worker, WORLD, fix=fix)[0]
     general[("Dropout p read on rank 0 only", tag)] = "passes" if said == "ok" else f"ReplicasDiverged: {said}"
 replica_weights = simulate(standardise_worker, WORLD)  # the bug, with assert_in_sync in the loop
@@ -817,13 +808,13 @@ def few_items_worker(rank, world_size):
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # section 3's "autograd kernel was not registered"
-    earlier = {"3 mean loss in place": outcome(against_one_process, mean_loss_worker, WORLD),
-               "3 fix: detached copy": outcome(against_one_process, mean_loss_worker, WORLD, fix=True),
-               "5 clip each micro-batch": outcome(against_one_process, clip_global_worker, WORLD),
-               "5 fix: clip once": outcome(against_one_process, clip_global_worker, WORLD, fix=True)}
-earlier["4 random splits"] = outcome(data_coverage, split_loader_worker, WORLD)
-earlier["4 fix: same seed + sampler"] = outcome(data_coverage, split_loader_worker, WORLD, fix=True)
-earlier["6 few items, 7 replicas"] = outcome(data_coverage, few_items_worker, 7)
+    earlier = {"3 mean loss in place": verdict(against_one_process, mean_loss_worker, WORLD),
+               "3 fix: detached copy": verdict(against_one_process, mean_loss_worker, WORLD, fix=True),
+               "5 clip each micro-batch": verdict(against_one_process, clip_global_worker, WORLD),
+               "5 fix: clip once": verdict(against_one_process, clip_global_worker, WORLD, fix=True)}
+earlier["4 random splits"] = verdict(data_coverage, split_loader_worker, WORLD)
+earlier["4 fix: same seed + sampler"] = verdict(data_coverage, split_loader_worker, WORLD, fix=True)
+earlier["6 few items, 7 replicas"] = verdict(data_coverage, few_items_worker, 7)
 pd.Series({k: v.splitlines()[0] for k, v in earlier.items()}, name="general check").to_frame()
 
 # %% [markdown]

@@ -488,7 +488,7 @@ pd.DataFrame({f"bucket view={view}, copy={clone}": v for (view, clone), v in BUC
 # rank taking its share.
 
 # %%
-from helpers.checks import against_one_process
+from helpers.checks import against_one_process, verdict
 from helpers.notebook import record_checks
 
 SEQUENCES = [[1.0], [5.0, 6.0], [2.0, 3.0, 4.0], [7.0]]  # one window; rank r takes r::world_size
@@ -513,17 +513,8 @@ def token_window(rank, world_size, weighting):
     opt.step()
 
 
-def outcome(check, *args, **kwargs):
-    """The check's error, as 'Type: message', or 'passes'."""
-    try:
-        check(*args, **kwargs)
-    except AssertionError as e:
-        return f"{type(e).__name__}: {e}"
-    return "passes"
-
-
-versus_one = {how: outcome(against_one_process, token_window, WORLD, how) for how in WEIGHTINGS}
-versus_one["kept .grad, bucket view"] = outcome(against_one_process, kept_grads, WORLD, True, False)
+versus_one = {how: verdict(against_one_process, token_window, WORLD, how) for how in WEIGHTINGS}
+versus_one["kept .grad, bucket view"] = verdict(against_one_process, kept_grads, WORLD, True, False)
 pd.Series({k: v.splitlines()[0] for k, v in versus_one.items()}, name="against_one_process").to_frame()
 
 # %% [markdown]

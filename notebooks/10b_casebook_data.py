@@ -423,7 +423,7 @@ print(f"one batch: {batch_bytes / 2**20:.0f} MB against Docker's default {docker
 # two cases, with their fixes.
 
 # %%
-from helpers.checks import data_coverage
+from helpers.checks import data_coverage, verdict
 from helpers.notebook import record_checks
 
 
@@ -439,19 +439,10 @@ def shuffle_worker(rank, world_size, fix=False):
     return [int(i) for i in DataLoader(range(n_items), batch_size=None, shuffle=not fix, sampler=sampler)]
 
 
-def outcome(check, *args, **kwargs):
-    """The check's error, as 'Type: message', or 'passes'."""
-    try:
-        check(*args, **kwargs)
-    except AssertionError as e:
-        return f"{type(e).__name__}: {e}"
-    return "passes"
-
-
-coverage = {"IterableDataset, no sharding": outcome(data_coverage, iterable_worker, WORLD),
-            "IterableDataset, rank first": outcome(data_coverage, iterable_worker, WORLD, shard="rank first"),
-            "shuffle=True, one seed": outcome(data_coverage, shuffle_worker, WORLD),
-            "DistributedSampler": outcome(data_coverage, shuffle_worker, WORLD, fix=True)}
+coverage = {"IterableDataset, no sharding": verdict(data_coverage, iterable_worker, WORLD),
+            "IterableDataset, rank first": verdict(data_coverage, iterable_worker, WORLD, shard="rank first"),
+            "shuffle=True, one seed": verdict(data_coverage, shuffle_worker, WORLD),
+            "DistributedSampler": verdict(data_coverage, shuffle_worker, WORLD, fix=True)}
 pd.Series({k: v.splitlines()[0] for k, v in coverage.items()}, name="data_coverage").to_frame()
 
 # %% [markdown]
@@ -490,10 +481,10 @@ def augment_worker(rank, world_size, per_rank=False):
     opt.step()
 
 
-silent = {"epoch on the data set": outcome(data_coverage, epoch_case, WORLD, n_items, num_workers, epochs, True,
+silent = {"epoch on the data set": verdict(data_coverage, epoch_case, WORLD, n_items, num_workers, epochs, True,
                                            simulated=False),
-          "one seed": outcome(against_one_process, augment_worker, WORLD),
-          "seed + rank": outcome(against_one_process, augment_worker, WORLD, per_rank=True)}
+          "one seed": verdict(against_one_process, augment_worker, WORLD),
+          "seed + rank": verdict(against_one_process, augment_worker, WORLD, per_rank=True)}
 pd.Series({k: v.splitlines()[0] for k, v in silent.items()}, name="general check").to_frame()
 
 # %% [markdown]

@@ -397,7 +397,7 @@ pd.Series({k: v for k, v in CP[0].items() if k != "set_gradient_divide_factor(1.
 # an SGD step; its fix scales the loss by `world_size`.
 
 # %%
-from helpers.checks import against_one_process
+from helpers.checks import against_one_process, verdict
 
 
 def cp_step(rank, world_size, fix=False):
@@ -410,18 +410,9 @@ def cp_step(rank, world_size, fix=False):
     opt.step()
 
 
-def outcome(check, *args, **kwargs):
-    """The check's error, as 'Type: message', or 'passes'."""
-    try:
-        check(*args, **kwargs)
-    except AssertionError as e:
-        return f"{type(e).__name__}: {e}"
-    return "passes"
-
-
-general = {"optimizer before fully_shard": outcome(against_one_process, fsdp_case, WORLD, WHEN[0], fsdp_steps),
-           "context parallel, averaged": outcome(against_one_process, cp_step, WORLD),
-           "fix: loss × world_size": outcome(against_one_process, cp_step, WORLD, fix=True)}
+general = {"optimizer before fully_shard": verdict(against_one_process, fsdp_case, WORLD, WHEN[0], fsdp_steps),
+           "context parallel, averaged": verdict(against_one_process, cp_step, WORLD),
+           "fix: loss × world_size": verdict(against_one_process, cp_step, WORLD, fix=True)}
 pd.Series({k: v.splitlines()[0] for k, v in general.items()}, name="against_one_process").to_frame()
 
 # %% [markdown]
