@@ -302,6 +302,7 @@ def _no_worker_processes(self, loader):
     is refused at once."""
     if getattr(_local, "run", None) is None:
         return _WORKERS_INIT(self, loader)
+    self._shutdown = True  # its __del__ then has no workers to end (and no AttributeError to print)
     raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
                        "would be forked from a process of many threads, which can deadlock. Use num_workers=0 "
                        "under simulate, or real ranks: helpers.engine.launch")

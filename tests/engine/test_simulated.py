@@ -255,6 +255,7 @@ def shared_state(rank, world_size):
     return len(SEEN), os.environ.get("RANK")
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # no __del__ noise after a refusal
 def test_documented_differences_from_real_ranks():
     """docs/OWN_CODE.md: simulated ranks share the process's globals and its environment (no RANK);
     under launch each rank has its own."""
