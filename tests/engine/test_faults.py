@@ -1324,6 +1324,17 @@ def _nothing_left(mark, folder):
             p.kill()
     return [_cmdline(p) for p in left], folders
 
+def _assert_children_ended(folder):
+    """The 4 children ``w.leave_children`` recorded in ``folder`` have ended; any still running is killed
+    (never left on the machine, even when the row fails)."""
+    kids = [int(pid) for f in folder.glob("children.*") for pid in f.read_text().split()]
+    alive = [pid for pid in kids if is_live(pid)]
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+
+
 @pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
 def test_rank_children_end_with_the_launch(row, tmp_path, fail):
     """Each rank starts a subprocess and forks a child, then returns (or raises): both children,
@@ -1335,12 +1346,7 @@ def test_rank_children_end_with_the_launch(row, tmp_path, fail):
     with pytest.raises(WorkerError) if fail else contextlib.nullcontext():
         launch(w.leave_children, 2, str(tmp_path), fail=fail, timeout=120)
     secs = time.monotonic() - start
-    kids = [int(pid) for f in tmp_path.glob("children.*") for pid in f.read_text().split()]
-    alive = [pid for pid in kids if is_live(pid)]
-    for pid in alive:  # never leave them on the machine, even when this row fails
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+    _assert_children_ended(tmp_path)
     row.update(error=f"{'`WorkerError`; ' if fail else 'results returned; '}all 4 children ended with the launch",
                seconds=secs, passed=True)
 
@@ -1540,12 +1546,7 @@ def test_warm_rank_children_end_with_the_ranks(row, warm, tmp_path):
     start = time.monotonic()
     ranks.stop()
     secs = time.monotonic() - start
-    kids = [int(pid) for f in tmp_path.glob("children.*") for pid in f.read_text().split()]
-    alive = [pid for pid in kids if is_live(pid)]
-    for pid in alive:  # never leave them on the machine, even when this row fails
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert len(kids) == 4 and not alive, f"children of the ranks left running: {alive} of {kids}"
+    _assert_children_ended(tmp_path)
     row.update(error="none needed: `stop()` ends all 4 children with the ranks", seconds=secs, passed=True)
 
 
