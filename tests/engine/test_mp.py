@@ -21,6 +21,7 @@ TUTORIAL_CELLS = edits.DDP_TUTORIAL.edited()[:-1]  # less the `run_demo(demo_bas
 
 
 @pytest.mark.matrix
+@pytest.mark.xdist_group("tutorial-port-12355")  # with test_tutorials: one user of port 12355 at a time
 def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, monkeypatch):
     import nbformat
     import papermill as pm

@@ -27,7 +27,9 @@ from _support import REPO_ROOT, Kernel, wait_until_gone
 from helpers.engine import free_port
 
 # slow: a real kernel and real processes in every test but the last two
-pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
+# one worker for the module (its kernel fixture) and for test_mp's fixed-port run: the tutorials' MASTER_PORT
+# 12355, bound by two workers at once, gave EADDRINUSE or a gloo "Connection closed by peer"
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow, pytest.mark.xdist_group("tutorial-port-12355")]
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 
