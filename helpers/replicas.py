@@ -87,32 +87,54 @@ _positions: dict = {}
 def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``(n,)`` odd pseudo-random integers of ``dtype`` (int32 or int64), a function of the position
     only (splitmix64's mixer of the index), so every rank gets the same ones whatever it checked
-    before; kept for the largest ``n`` seen (4 or 8 bytes per element)."""
+    before; kept for the largest ``n`` seen (4 or 8 bytes per element), and each length asked."""
+    w = _positions.get((n, dtype, device))
+    if w is not None:
+        return w
     w = _positions.get((dtype, device))
     if w is None or w.numel() < n:
         h = torch.arange(max(n, 1024), dtype=torch.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15
         h = (h ^ (h >> 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9, wrapping as in C
         h = ((h ^ (h >> 27)) * -7723592293110705685) if dtype == torch.int64 else (h >> 33)
+        _positions.clear()
         _positions[(dtype, device)] = w = (h.to(dtype) | 1).to(device)
-    return w[:n]
+    _positions[(n, dtype, device)] = w = w[:n]
+    return w
+
+
+_views: dict = {}  # id(tensor) -> (weak reference, data_ptr, numel, bits); dropped with the tensor
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements read as a flat int32 or int64 tensor (1- and 2-byte ones widened to int32,
+    complex as pairs): a view, remembered while ``t`` lives in the same memory, or a copy."""
+    hit = _views.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel():
+        return hit[3]
+    with torch.no_grad():  # a view of the bits of a tensor that requires grad
+        x = torch.view_as_real(t) if t.is_complex() else t
+        view, acc = _INT_VIEW[x.element_size()]
+        x = x.reshape(-1).view(view)
+    if view != acc:
+        return x.to(acc)
+    if x.data_ptr() == t.data_ptr():  # not a copy (reshape copies a non-contiguous tensor)
+        key = id(t)
+        _views[key] = (weakref.ref(t, lambda _: _views.pop(key, None)), t.data_ptr(), t.numel(), x)
+    return x
 
 
 def _raw_digests(tensors: list, join: int = 0) -> list:
-    """Per tensor ``sum(bits[i] * w[i])``: its elements read as integers, times odd pseudo-random
-    weights of their position (:func:`_position_weights`), summed with wrapping (0-d int32 or
-    int64 on the tensor's device). No None in ``tensors``. ``join``: CPU tensors read as at most
-    ``join`` int32 are digested as one, after the others (fewer small operations)."""
+    """Per tensor ``sum(bits[i] * w[i])``: its elements read as integers (:func:`_bits`), times odd
+    pseudo-random weights of their position (:func:`_position_weights`), summed with wrapping (0-d
+    int32 or int64 on the tensor's device). No None in ``tensors``. ``join``: CPU tensors read as at
+    most ``join`` int32 are digested as one, after the others (fewer small operations)."""
     xs, small = [], []
-    with torch.no_grad():  # views of the bits of tensors that require grad
-        for t in tensors:
-            x = torch.view_as_real(t) if t.is_complex() else t
-            view, acc = _INT_VIEW[x.element_size()]
-            x = x.reshape(-1).view(view)
-            x = x if view == acc else x.to(acc)
-            (small if x.numel() <= join and acc == torch.int32 and x.is_cpu else xs).append(x)
-        xs += [torch.cat(small)] if len(small) > 1 else small
-        ws = [_position_weights(x.numel(), x.dtype, x.device) for x in xs]  # CPU: dot, no temporary
-        return [torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype) for x, w in zip(xs, ws)]
+    for t in tensors:
+        x = _bits(t)
+        (small if x.dtype == torch.int32 and x.numel() <= join and x.is_cpu else xs).append(x)
+    xs += [torch.cat(small)] if len(small) > 1 else small
+    ws = [_position_weights(x.numel(), x.dtype, x.device) for x in xs]  # CPU: dot, no temporary
+    return [torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype) for x, w in zip(xs, ws)]
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
@@ -163,14 +185,19 @@ def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
 
 
 _PLAIN = {bool, int, float, str, type(None), tuple}
+_OWN_REPR: dict = {}  # class -> its extra_repr() is not torch.nn's (torch's show only plain attributes)
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)  # training, _parameters, _buffers, hooks, ...
 
 
 def _config(m) -> tuple:
-    """A module's hyperparameters, as ``(name, value)`` pairs: its ``extra_repr()`` (where torch's
-    modules show theirs: Dropout's ``p``, BatchNorm's ``eps`` and ``momentum``), then its public
-    attributes of plain types (bool, int, float, str, None, tuple), such as ``self.scale = 2.0``."""
-    return ("extra_repr()", m.extra_repr()), *sorted([(k, v) for k, v in m.__dict__.items()
-                                                     if k[0] != "_" and k != "training" and type(v) in _PLAIN])
+    """A module's hyperparameters, as ``(name, value)`` pairs: its public attributes of plain types
+    (bool, int, float, str, None, tuple), such as Dropout's ``p``, BatchNorm's ``eps`` and
+    ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` unless torch.nn defines it."""
+    cls, d = type(m), m.__dict__
+    if cls not in _OWN_REPR:
+        _OWN_REPR[cls] = not cls.extra_repr.__module__.startswith("torch.nn.")
+    plain = sorted([(k, d[k]) for k in d.keys() - _MODULE_KEYS if k[0] != "_" and type(d[k]) in _PLAIN])
+    return (*plain, ("extra_repr()", m.extra_repr())) if _OWN_REPR[cls] else tuple(plain)
 
 
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -271,10 +298,10 @@ def _config_lines(all_modes: list) -> tuple[list[str], list[int]]:
                 differ += [r] if r not in differ else []
                 continue
             theirs = ref[n]
-            pairs = [(f"{k}={theirs[k]!r}", f"{k}={v!r}") for k, v in cfg[1:]
-                     if k in theirs and repr(v) != repr(theirs[k])]
-            a, b = theirs["extra_repr()"], cfg[0][1]
-            if not pairs and a != b:  # torch's modules: the parts of extra_repr() that differ
+            pairs = [(f"{k}={theirs[k]!r}", f"{k}={v!r}") for k, v in cfg
+                     if k in theirs and k != "extra_repr()" and repr(v) != repr(theirs[k])]
+            a, b = str(theirs.get("extra_repr()", "")), str(dict(cfg).get("extra_repr()", ""))
+            if not pairs and a != b:  # the parts of extra_repr() that differ
                 x, y = a.split(", "), b.split(", ")
                 pairs = [(p, q) for p, q in zip(x, y) if p != q] if len(x) == len(y) else [(repr(a), repr(b))]
             if pairs:
@@ -400,23 +427,21 @@ def _digest(entries, modes, grads, buffers) -> int:
     return _digests[key]
 
 
+_MASK = 2**63 - 1
 _JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
 
 
 def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
     """The every-call check: one all-gather of ``2 + SLOTS`` int64 (:func:`_digest`, the count of
-    notes, the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS); True when all ranks
-    agree and no rank has a note about its DDP wrap."""
-    sums = _raw_digests([e[2] for e in entries if e[2] is not None], _JOIN) or [torch.zeros((), dtype=torch.int64)]
-    packed = torch.stack(sums).to(device, torch.int64)
-    if len(packed) > SLOTS:
-        i = torch.arange(len(packed), device=device)
-        packed = torch.zeros_like(packed[:SLOTS]).index_add_(0, i % SLOTS, packed * (i // SLOTS + 1))
-    header = torch.tensor([_digest(entries, modes, grads, buffers), len(notes)], dtype=torch.int64, device=device)
-    vec = torch.cat([header, torch.nn.functional.pad(packed, (0, SLOTS - len(packed)))])
-    rows = [torch.empty_like(vec) for _ in range(world)]
-    dist.all_gather(rows, vec, group=group)
-    return all(torch.equal(r, vec) for r in rows) and not notes
+    notes, the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS, modulo 2**63); True
+    when all ranks agree and no rank has a note about its DDP wrap."""
+    slots = [_digest(entries, modes, grads, buffers), len(notes)] + [0] * SLOTS
+    for i, d in enumerate(_raw_digests([e[2] for e in entries if e[2] is not None], _JOIN)):
+        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + int(d) * (i // SLOTS + 1)) & _MASK
+    vec = torch.tensor(slots, dtype=torch.int64).to(device)
+    rows = vec.new_empty(world * len(slots))
+    dist.all_gather_single(rows, vec, group=group)
+    return bool((rows.view(world, -1) == vec).all()) and not notes
 
 
 def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol) -> None:
