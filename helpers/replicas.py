@@ -11,15 +11,10 @@ Usable wherever a process group is initialised: a :func:`helpers.engine.launch` 
         if step % 100 == 0:
             assert_in_sync(ddp, grads=True)   # every rank calls it: it is a collective
 
-It compares parameters, the ``train()``/``eval()`` mode and the hyperparameters (``extra_repr()``,
-plain attributes: :func:`_config`) of every submodule and the integer buffers (counters such as
-BatchNorm's ``num_batches_tracked``) on every call; ``grads=True`` and ``buffers=True`` (all
-buffers) check more.
-
-Cost: every call takes each tensor's order-sensitive digest (:func:`digests`: one integer pass over
-its bits) and all-gathers one fixed-size int64 vector: a hash of the names, shapes, states, modes
-and hyperparameters, and the digests folded into :data:`SLOTS` values. Only when they differ does
-the full comparison run (:func:`fingerprint` of each tensor, a table all-gathered, the message).
+Cost: every call takes each tensor's order-sensitive digest (:func:`digests`) and all-gathers one
+fixed-size int64 vector: a hash of the names, shapes, states, modes and hyperparameters
+(:func:`_config`), and the digests folded into :data:`SLOTS` values. Only when they differ does the
+full comparison run (:func:`fingerprint` of each tensor, a table all-gathered, the message).
 ``python -m helpers.bench replicas`` prints both next to a training step.
 """
 
@@ -40,7 +35,6 @@ SAMPLE = 64
 SLOTS = 64
 _PRIME = 2_147_483_647  # digests are kept modulo this prime: they fit float64 and int64 sums exactly
 _SHOWN = 3  # diverging tensors named in a message, then "and N more"
-_SEED = 30  # the projection's weights: the same on every rank and every call
 
 CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); "
           "parameters changed after wrapping (frozen, replaced); a rank-dependent seed; "
@@ -59,7 +53,7 @@ class ReplicasDiverged(AssertionError):
     """The replicas differ across ranks; every rank raises it with the same message."""
 
 
-_PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(_SEED), dtype=torch.float64) * 2 - 1
+_PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(30), dtype=torch.float64) * 2 - 1
 
 
 def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
@@ -69,10 +63,7 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
     sampled element changed and changes below float64 rounding: :func:`digests` sees both."""
     if t is None:
         return torch.tensor([state, 0.0, 0.0, 0.0], dtype=torch.float64)
-    x = t.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    x = x.reshape(-1).to(torch.float64)
+    x = (torch.view_as_real(t.detach()) if t.is_complex() else t.detach()).reshape(-1).to(torch.float64)
     sample = x[::max(1, x.numel() // SAMPLE)][:SAMPLE]
     proj = torch.dot(sample, _PROJECTION[: sample.numel()].to(x.device))
     return torch.stack([torch.full((), state, dtype=torch.float64, device=x.device),
@@ -85,11 +76,9 @@ _positions: dict = {}
 
 
 def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``(n,)`` odd pseudo-random integers of ``dtype`` (int32 or int64), a function of the position
-    only (splitmix64's mixer of the index), so every rank gets the same ones whatever it checked
-    before; kept for the largest ``n`` seen (4 or 8 bytes per element), and each length asked."""
-    w = _positions.get((n, dtype, device))
-    if w is not None:
+    """``(n,)`` odd pseudo-random ``dtype`` (int32 or int64) integers, a function of the position only
+    (splitmix64's mixer of the index), the same on every rank; kept for the largest ``n`` and each n."""
+    if (w := _positions.get((n, dtype, device))) is not None:
         return w
     w = _positions.get((dtype, device))
     if w is None or w.numel() < n:
@@ -106,8 +95,8 @@ _views: dict = {}  # id(tensor) -> (weak reference, data_ptr, numel, bits); drop
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements read as a flat int32 or int64 tensor (1- and 2-byte ones widened to int32,
-    complex as pairs): a view, remembered while ``t`` lives in the same memory, or a copy."""
+    """``t``'s elements as flat int32/int64 (1, 2 bytes widened; complex as pairs), a view kept while
+    ``t`` keeps its memory, or a copy."""
     hit = _views.get(id(t))
     if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel():
         return hit[3]
@@ -194,10 +183,9 @@ def _config(m) -> tuple:
     (bool, int, float, str, None, tuple), such as Dropout's ``p``, BatchNorm's ``eps`` and
     ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` unless torch.nn defines it."""
     cls, d = type(m), m.__dict__
-    if cls not in _OWN_REPR:
-        _OWN_REPR[cls] = not cls.extra_repr.__module__.startswith("torch.nn.")
+    own = _OWN_REPR.setdefault(cls, not cls.extra_repr.__module__.startswith("torch.nn."))
     plain = sorted([(k, d[k]) for k in d.keys() - _MODULE_KEYS if k[0] != "_" and type(d[k]) in _PLAIN])
-    return (*plain, ("extra_repr()", m.extra_repr())) if _OWN_REPR[cls] else tuple(plain)
+    return (*plain, ("extra_repr()", m.extra_repr())) if own else tuple(plain)
 
 
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -217,14 +205,10 @@ def _wrap_record(ddp):
 
 
 def _ddp_notes(ddp, named: list) -> list[str]:
-    """What changed in the module since ``DistributedDataParallel(...)`` wrapped it (this rank);
-    ``named``: the module's (name, parameter) pairs now, those DDP ignores left out.
-
-    Sources (torch/nn/parallel/distributed.py, torch 2.14): ``ddp._module_parameters`` (built by
-    ``__init__`` from ``named_parameters()``) for parameters added, replaced or removed; for
-    requires_grad, ``ddp._get_ddp_logging_data()["num_parameter_tensors"]`` (tensors the reducer got)
-    and, when it differs from the trainable ones now, each bucket's ``parameters()`` from
-    ``ddp.reducer._get_zeros_like_grad_buckets()`` (as ``_register_fused_optim`` calls it)."""
+    """What changed in the module since DDP wrapped it (this rank); ``named``: its (name, parameter)
+    pairs now, without those DDP ignores. Sources (torch/nn/parallel/distributed.py, torch 2.14):
+    ``ddp._module_parameters`` (added, replaced, removed); requires_grad: the reducer's tensor count
+    in ``_get_ddp_logging_data()``, then each bucket of ``reducer._get_zeros_like_grad_buckets()``."""
     record = _wrap_record(ddp)
     if record is None:
         return []
@@ -258,19 +242,15 @@ def _first(lines: list[str]) -> str:
     return "\n".join(lines[:_SHOWN] + more)
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.6g}"
-
-
 def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
     """One rank's values; ``detail`` 0: sums, 1: and the projection, 2: and the digest."""
     state = row[0].item()
     if kind == "gradient" and state == 0:
         return "None"
     if kind == "buffer" and shape == ():
-        return f"value={_fmt(row[1].item())}"
-    text = f"sum={_fmt(row[1].item())} sumsq={_fmt(row[2].item())}"
-    text += f" proj={_fmt(row[3].item())}" if detail >= 1 else ""
+        return f"value={row[1].item():.6g}"
+    text = f"sum={row[1].item():.6g} sumsq={row[2].item():.6g}"
+    text += f" proj={row[3].item():.6g}" if detail >= 1 else ""
     text += f" digest={int(row[4].item())}" if detail >= 2 else ""
     return text + (" requires_grad=False" if kind == "parameter" and not state else "")
 
@@ -346,7 +326,7 @@ def _structure_message(infos: list) -> str:
         mine = {(k, n): s for k, n, s in struct}
         if opts != ref_opts:
             lines.append(f"  rank {r} called assert_in_sync({opts}), rank 0 ({ref_opts})")
-        elif mine != ref_map or [kn for kn, _ in mine.items()] != [kn for kn, _ in ref_map.items()]:
+        elif mine != ref_map or list(mine) != list(ref_map):
             diffs = [f"'{n}' shape {ref_map[(k, n)]} on rank 0, {s} on rank {r}"
                      for (k, n), s in mine.items() if (k, n) in ref_map and ref_map[(k, n)] != s]
             diffs += [f"'{n}' only on rank {r}" for (k, n) in mine if (k, n) not in ref_map]
@@ -427,7 +407,6 @@ def _digest(entries, modes, grads, buffers) -> int:
     return _digests[key]
 
 
-_MASK = 2**63 - 1
 _JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
 
 
@@ -437,7 +416,7 @@ def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) ->
     when all ranks agree and no rank has a note about its DDP wrap."""
     slots = [_digest(entries, modes, grads, buffers), len(notes)] + [0] * SLOTS
     for i, d in enumerate(_raw_digests([e[2] for e in entries if e[2] is not None], _JOIN)):
-        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + int(d) * (i // SLOTS + 1)) & _MASK
+        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + int(d) * (i // SLOTS + 1)) % 2**63
     vec = torch.tensor(slots, dtype=torch.int64).to(device)
     rows = vec.new_empty(world * len(slots))
     dist.all_gather_single(rows, vec, group=group)
@@ -468,10 +447,7 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
         tables = _gather(table, group, world)  # (world, tensors, 5)
         ref = tables[0]
         same = ((tables - ref).abs() <= atol) | (tables == ref) | (tables.isnan() & ref.isnan())
-        if atol > 0:
-            same[..., 4] = True  # the digests are exact: a tolerance compares only the 4 values
-        else:
-            same[..., 4] = tables[..., 4] == ref[..., 4]
+        same[..., 4] = True if atol > 0 else tables[..., 4] == ref[..., 4]  # atol: the 4 values only
         bad = ~same.all(dim=2)  # (world, tensors)
         differ = {r for r in range(1, world) if bool(bad[r].any())}
         for i in bad.any(dim=0).nonzero().flatten().tolist():
@@ -499,8 +475,7 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
 
     if not problems and not ddp_lines and not mode_lines and not config_lines:
         return
-    text = []
-    differs = (" differs", " differ")
+    text, differs = [], (" differs", " differ")
     if config_lines:
         text.append(f"Replicas differ: {_ranks(config_ranks, differs)} from rank 0 in module configuration "
                     f"(hyperparameters):\n{_first(config_lines)}\nBuild the model with the same arguments "

@@ -157,6 +157,12 @@ def modes_and_buffers(rank, world_size, steps=4):
         if rank == 1:
             lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
     out["swapped_small"] = _check(lin)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(100, 100)
+    first = _check(lin)  # in sync; then rank 1's weight gets new memory
+    if rank == 1:
+        lin.weight.data = lin.weight.data.flip(0)  # the same values, rows reversed
+    out["new_memory_after_a_check"] = (first, _check(lin))
 
     # modules configured differently on rank 1: the same tensors, other hyperparameters
     torch.manual_seed(0)
@@ -293,6 +299,8 @@ def test_values_moved_within_a_tensor_are_caught(launched):
     small = launched[0]["swapped_small"]
     assert small.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), small
     assert "parameter 'weight' (8, 8): rank 0 sum=" in small, small
+    first, after = launched[0]["new_memory_after_a_check"]  # the bits read once are not reused
+    assert first == "ok" and "values moved within the tensor" in after, (first, after)
 
 
 def test_module_configured_differently_is_named(launched):
