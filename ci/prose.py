@@ -5,7 +5,7 @@ Usage::
     python3 -m ci.prose              # one row per notebook of the manifest
     python3 -m ci.prose 06a 06b      # some of them
 
-What counts (issue #45's rule, kept by ``tests/course/test_prose.py``): the markdown cells of a
+What counts (issue #45's rule, the ``prose`` rule of ``ci/lessons.py``): the markdown cells of a
 notebook, less headings, table rows, fenced code, inline code spans, HTML comments and tags, the
 generated blocks and link targets. A sentence ends in ``.``, ``!`` or ``?`` followed by a space
 or the end of a paragraph; words are whitespace-separated tokens holding a letter or digit;
@@ -25,7 +25,7 @@ import nbformat
 from helpers import lessons as manifest
 
 NOTEBOOKS = manifest.REPO_ROOT / "notebooks"
-#: the targets every lesson meets (tests/course/test_prose.py holds them)
+#: the targets every lesson meets (the ``prose`` and ``claims`` rules of ci/lessons.py)
 MAX_WORDS_PER_SENTENCE = 20.0
 MAX_PARENS_PER_SENTENCE = 0.3
 MAX_CLAIM_WORDS = 60
@@ -73,8 +73,9 @@ class Figures:
         return self.parens / max(1, self.sentences)
 
 
-def measure(notebook: Path) -> Figures:
-    nb = nbformat.read(str(notebook), as_version=4)
+def measure(notebook: Path, nb=None) -> Figures:
+    """The prose figures of ``notebook`` (its cells ``nb`` when already read)."""
+    nb = nb or nbformat.read(str(notebook), as_version=4)
     words = sentences = parens = longest = 0
     for cell in nb.cells:
         if cell.cell_type != "markdown":

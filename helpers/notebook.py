@@ -1,9 +1,8 @@
-"""What every teaching notebook needs besides its lesson: parameter checks and exercises.
+"""What lesson cells import besides the lesson: parameter checks, exercise checks, GPU/CPU claims.
 
-Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
-check_value``), and checked by ``tests/course/test_learner.py``.
-
-The recipe a notebook follows (and the tests that hold it) is in docs/TESTING.md, "The lesson recipe".
+Every notebook: ``from helpers.notebook import check_answer, check_parameters, check_value``;
+tested by ``tests/course/test_learner.py``. The rules a lesson follows are ``ci/lessons.py``'s
+table (docs/TESTING.md, "The lesson rules").
 """
 
 from __future__ import annotations
@@ -15,15 +14,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from helpers.param_types import PARAMETER_TYPES, accepts, type_problem
+from helpers.param_types import type_problem
 
 __all__ = [
-    "SOLUTION_TAG",
-    "SOLUTION_METADATA",
-    "SOLUTION_FIRST_LINE",
-    "PARAMETER_TYPES",
-    "accepts",
-    "type_problem",
     "check_parameters",
     "check_value",
     "check_answer",
@@ -39,18 +32,9 @@ __all__ = [
     "record_checks",
 ]
 
-#: Tag of a solution cell (and the metadata that collapses its input in JupyterLab).
-SOLUTION_TAG = "solution"
-SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": [SOLUTION_TAG]}
-#: The first line of every solution cell: JupyterLab shows it on the collapsed cell, so it must
-#: not give the answer away.
-SOLUTION_FIRST_LINE = "# Solution of exercise"
-
 # --------------------------------------------------------------------------------------------
 # Parameter checks
 # --------------------------------------------------------------------------------------------
-
-
 
 def check_parameters(**params: tuple[Any, type | tuple[type | None, ...]]) -> None:
     """Check the types of a notebook's parameters; raise ``TypeError`` naming every wrong one.
@@ -398,11 +382,6 @@ def assert_close_once(actual: Any, expected: Any, *, what: str, rerun_from: str,
                 f"cell with the backward ran {k} times on the same model. Re-run from {rerun_from}, then the cells "
                 f"after it in order.") from None
         raise e
-
-
-# --------------------------------------------------------------------------------------------
-# Building the cells (for a new notebook, and for tests of the exercise mechanism)
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------
