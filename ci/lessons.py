@@ -24,12 +24,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
+import jupytext
 import nbformat
+import papermill
 
 from ci import marked, prose
 from ci.gpu_claims import HELPER, MARKED, calls, check_cells, code_tree, device_branches
 from ci.path_table import NEXT_END, NEXT_START, OPEN_END, OPEN_START
 from helpers import lessons as manifest
+from helpers.jupyter_hooks import LANGUAGE_INFO, committed_form
 
 ROOT = manifest.REPO_ROOT
 START, END = "<!-- lesson-rules:start -->", "<!-- lesson-rules:end -->"
@@ -76,8 +79,6 @@ class Lesson:
 
     @cached_property
     def papermill_parameters(self) -> set[str]:
-        import papermill
-
         return set(papermill.inspect_notebook(str(self.path)))
 
 
@@ -113,8 +114,6 @@ def _nbformat(ls):
 @rule("twin", "A jupytext twin `NN_name.py` holds the same cells (type, source, tags), paired in "
       "the metadata.")
 def _twin(ls):
-    import jupytext
-
     twin = ls.path.with_suffix(".py")
     if ls.nb.metadata.get("jupytext", {}).get("formats") != "ipynb,py:percent" or not twin.exists():
         yield None, f"not paired: jupytext --set-formats ipynb,py:percent notebooks/{ls.path.name}"
@@ -151,17 +150,13 @@ def _kernelspec(ls):
 @rule("language-info", "The metadata holds `language_info` as a JupyterLab save writes it, less "
       "`version`: jupytext does not write it; copy `helpers.jupyter_hooks.LANGUAGE_INFO`.")
 def _language_info(ls):
-    from helpers.jupyter_hooks import LANGUAGE_INFO
-
     if ls.nb.metadata.get("language_info") != LANGUAGE_INFO:
-        yield None, ("metadata.language_info is not helpers.jupyter_hooks.LANGUAGE_INFO: set it "
-                     "(JupyterLab would rewrite it on opening), then jupytext --sync")
+        yield None, ("not JupyterLab's: jupytext --sync --update-metadata "
+                     f"\"$(python3 -m ci.lessons language-info)\" notebooks/{ls.stem}.py")
 
 
 @rule("saved-form", "The `.ipynb` is in nbformat's own form, the bytes a JupyterLab save writes.")
 def _saved_form(ls):
-    from helpers.jupyter_hooks import committed_form
-
     written = nbformat.writes(ls.nb, version=nbformat.NO_CONVERT)
     saved = written + "\n" * (not written.endswith("\n"))
     if committed_form(ls.nb.metadata) != ls.nb.metadata or ls.raw != saved:
@@ -444,8 +439,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("labels", nargs="*", help="lesson labels (06a) or stems; default: all")
     args = parser.parse_args(argv)
     if args.command != "check":
-        from helpers.jupyter_hooks import LANGUAGE_INFO
-
         info = json.dumps({"language_info": LANGUAGE_INFO})
         print(rules_markdown() if args.command == "rules" else info)
         return 0
