@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python3 -m ci.lessons check            # every problem of every lesson at once; exit 1 if any
     python3 -m ci.lessons check 03 06a     # some lessons (labels or stems)
+    python3 -m ci.lessons prose [06a ...]  # the prose figures, one row a notebook
     python3 -m ci.lessons rules            # the table, as docs/TESTING.md shows it
     python3 -m ci.lessons language-info    # the metadata for jupytext --update-metadata
 
@@ -243,7 +244,8 @@ def _parameters_checked(ls):
 
 @rule("prose", f"The markdown has at least {MIN_SENTENCES} sentences, at most "
       f"{prose.MAX_WORDS_PER_SENTENCE:g} words and {prose.MAX_PARENS_PER_SENTENCE:g} parentheses a "
-      f"sentence, at most {MAX_LESSON_WORDS:,} words in all (`python3 -m ci.prose` measures them).")
+      f"sentence, at most {MAX_LESSON_WORDS:,} words in all (`python3 -m ci.lessons prose` shows "
+      "them).")
 def _prose(ls):
     f = ls.prose
     words = sum(len(src.split()) for _, src in ls.markdown())
@@ -435,10 +437,10 @@ def outputs(doc: Path) -> list[tuple[Path, str, str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ci.lessons",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["check", "rules", "language-info"])
+    parser.add_argument("command", choices=["check", "prose", "rules", "language-info"])
     parser.add_argument("labels", nargs="*", help="lesson labels (06a) or stems; default: all")
     args = parser.parse_args(argv)
-    if args.command != "check":
+    if args.command in ("rules", "language-info"):
         info = json.dumps({"language_info": LANGUAGE_INFO})
         print(rules_markdown() if args.command == "rules" else info)
         return 0
@@ -449,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown lesson(s) {unknown}; see notebooks/lessons.toml", file=sys.stderr)
         return 2
+    if args.command == "prose":
+        print(f"{'notebook':42} {'words':>6} {'sent.':>6} {'w/sent':>7} {'(/sent':>7} {'claim':>6}")
+        for s in stems:
+            f = prose.measure(folder / f"{s}.ipynb")
+            print(f"{s:42} {f.words:6d} {f.sentences:6d} {f.words_per_sentence:7.1f} "
+                  f"{f.parens_per_sentence:7.2f} {f.longest_claim:6d}")
+        return 0
     found = [p for s in stems for p in problems(folder / f"{s}.ipynb")]
     print("\n".join(found) or f"{len(stems)} notebook(s) meet all {len(RULES)} lesson rules")
     return 1 if found else 0

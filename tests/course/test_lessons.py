@@ -88,9 +88,10 @@ def test_each_rule_fails_on_a_lesson_broken_for_it(tmp_path):
 
 def test_the_command_lists_problems_and_refuses_unknown_lessons(capsys):
     assert lessons.main(["check", "03", "00a"]) == 0
-    assert lessons.main(["check", "99"]) == 2
+    assert lessons.main(["check", "99"]) == 2 and lessons.main(["prose", "03"]) == 0
     out, err = capsys.readouterr()
     assert f"2 notebook(s) meet all {len(lessons.RULES)} lesson rules" in out
+    assert out.splitlines()[-1].startswith("03_distributed_sampler "), out
     assert "unknown lesson(s) ['99']" in err
 
 
