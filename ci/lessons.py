@@ -415,9 +415,18 @@ def _solutions(ls):
 
 def problems(path: Path) -> list[str]:
     """Every problem of the notebook at ``path``: ``"stem [rule] cell N: what to do"`` lines."""
-    ls = Lesson(path)
-    return [f"{ls.stem} [{r.id}]" + ("" if i is None else f" cell {i}") + f": {what}"
-            for r in RULES if ls.is_lesson or not r.lessons_only for i, what in r.check(ls)]
+    try:
+        ls = Lesson(path)
+    except Exception as e:  # noqa: BLE001 - unreadable: the one problem to report
+        return [f"{path.stem} [nbformat]: cannot read {path.name}: {e}"]
+    found = []
+    for r in (r for r in RULES if ls.is_lesson or not r.lessons_only):
+        try:
+            found += [(r.id, i, what) for i, what in r.check(ls)]
+        except Exception as e:  # noqa: BLE001 - a rule that cannot read the lesson says so
+            found.append((r.id, None, f"cannot check ({type(e).__name__}: {e}): fix the rest first"))
+    return [f"{ls.stem} [{id}]" + ("" if i is None else f" cell {i}") + f": {what}"
+            for id, i, what in found]
 
 
 def rules_markdown() -> str:
