@@ -250,7 +250,7 @@ def _prose(ls):
     f = ls.prose
     words = sum(len(src.split()) for _, src in ls.markdown())
     if f.sentences < MIN_SENTENCES:
-        yield None, f"{f.sentences} sentences: explain the lesson in at least {MIN_SENTENCES}"
+        yield None, f"only {f.sentences} sentence(s): explain the lesson in {MIN_SENTENCES} or more"
     if f.words_per_sentence > prose.MAX_WORDS_PER_SENTENCE:
         yield None, f"{f.words_per_sentence:.1f} words a sentence: split long sentences"
     if f.parens_per_sentence > prose.MAX_PARENS_PER_SENTENCE:
