@@ -424,7 +424,7 @@ def problems(path: Path) -> list[str]:
         try:
             found += [(r.id, i, what) for i, what in r.check(ls)]
         except Exception as e:  # noqa: BLE001 - a rule that cannot read the lesson says so
-            found.append((r.id, None, f"cannot check ({type(e).__name__}: {e}): fix the rest first"))
+            found.append((r.id, None, f"cannot check ({type(e).__name__}: {e}): fix the rest"))
     return [f"{ls.stem} [{id}]" + ("" if i is None else f" cell {i}") + f": {what}"
             for id, i, what in found]
 

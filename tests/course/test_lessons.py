@@ -55,8 +55,8 @@ BREAK = {
         source="world_size = 2  # a = b\n"),
     "parameters-checked": lambda nb: nb.cells.__setitem__(
         nb.cells.index(_first(nb, lambda c: "parameters" in _tags(c))) + 1, new_code_cell("1")),
-    "prose": lambda nb: nb.cells.__setitem__(slice(None), [c for c in nb.cells if c.cell_type == "code"]
-                                              + [new_markdown_cell("Too few sentences.")]),
+    "prose": lambda nb: nb.cells.__setitem__(
+        slice(None), [c for c in nb.cells if c.cell_type == "code"] + [new_markdown_cell("Few.")]),
     "no-typed-times": _append("This cell takes about 5 s on 2 CPU cores."),
     "check-folded": lambda nb: _first(nb, lambda c: "check" in _tags(c)).metadata.pop("jupyter"),
     "claims": _append("**Claim:** the sky is green."),
