@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from ci import lessons
@@ -57,21 +56,6 @@ def test_the_device_check_can_fail():
              "**Claim:** (with GPUs) loose too.", "assert 1"]
     assert flagged("device-claims", *cells) == [2, 4, 6, 6, 10]
     assert flagged("device-claims", *cells[4:6], *cells[8:10]) == [0, None], "no claim proven on CPU"
-
-
-def test_gpu_claim_prints_not_proven_here_without_a_gpu(capsys):
-    import torch
-
-    from helpers import notebook
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: ci/gpu_check.py runs the GPU claims")
-    before = len(notebook.UNPROVEN)
-    assert notebook.gpu_claim("real DP on GPUs") is False and notebook.cpu_claim("DP on CPU") is True
-    out = capsys.readouterr().out
-    assert out.startswith("not proven here: needs a GPU (found 0); a GPU run proves it.") and "real DP" in out, out
-    assert notebook.UNPROVEN[before:] == [{"claim": "real DP on GPUs", "needs": "GPU",
-                                           "why": "needs a GPU (found 0); a GPU run proves it"}]
 
 
 def test_10c_quotes_08a_as_it_is():
