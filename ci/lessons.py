@@ -149,7 +149,7 @@ def _kernelspec(ls):
 
 
 @rule("language-info", "The metadata holds `language_info` as a JupyterLab save writes it, less "
-      "`version`: jupytext does not write it; copy `helpers.jupyter_hooks.LANGUAGE_INFO`.")
+      "`version`: jupytext does not write it; `python3 -m ci.lessons language-info` prints it.")
 def _language_info(ls):
     if ls.nb.metadata.get("language_info") != LANGUAGE_INFO:
         yield None, ("not JupyterLab's: jupytext --sync --update-metadata "
@@ -397,13 +397,15 @@ def _exercise_tag(ls):
             yield i, "tag the answer cell 'exercise'"
 
 
-@rule("solutions", "Each solution is a code cell tagged `solution`, collapsed "
-      "(`jupyter.source_hidden`), "
-      f"whose first line is `{SOLUTION_FIRST_LINE} N (try the exercise first)` and which ends with "
+@rule("solutions", "Each solution is a code cell tagged `solution` right after its exercise's "
+      "check cell, collapsed (`jupyter.source_hidden`), whose first line is "
+      f"`{SOLUTION_FIRST_LINE} N (try the exercise first)` and which ends with "
       "`check_answer(\"exN\", solution_N, expected_N, strict=True)`.", lessons_only=True)
 def _solutions(ls):
     for i in ls.tagged("solution"):
         c = ls.cells[i]
+        if i < 2 or not EXERCISE.fullmatch(ls.cells[i - 2].source.strip()):
+            yield i, "a solution belongs two cells after its exercise's answer_N = None cell"
         if c.cell_type != "code" or c.metadata.get("jupyter", {}).get("source_hidden") is not True:
             yield i, "make it a code cell with metadata jupyter.source_hidden = true"
         if not c.source.startswith(SOLUTION_FIRST_LINE):

@@ -65,7 +65,9 @@ BREAK = {
     "figures": lambda nb: nb.cells.append(new_code_cell("fig, ax = plt.subplots()\nax.plot([1])")),
     "exercises": lambda nb: _first(nb, lambda c: "### Exercise 1" in c.source).update(source="Do."),
     "exercise-tag": lambda nb: _first(nb, lambda c: "exercise" in _tags(c)).metadata.pop("tags"),
-    "solutions": lambda nb: _first(nb, lambda c: "solution" in _tags(c)).metadata.pop("jupyter"),
+    "solutions": lambda nb: nb.cells.append(new_code_cell(
+        "# Solution of exercise 9\ncheck_answer(\"ex9\", solution_9, expected_9, strict=True)",
+        metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]})),
 }
 
 
