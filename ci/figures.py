@@ -40,35 +40,27 @@ def _loop_targets(tree: ast.AST) -> dict[str, set[str]]:
     """Loop variable -> the receivers it stands for (``for ax in (ax_a, ax_b)``), or {ANY}."""
     out: dict[str, set[str]] = {}
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.For, ast.comprehension)):
-            continue
-        names = [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)]
-        it = node.iter
-        if isinstance(node.target, ast.Name) and isinstance(it, (ast.Tuple, ast.List)):
-            members = {ast.unparse(e) for e in it.elts}
-        else:
-            members = {ANY}
-        for n in names:
-            out.setdefault(n, set()).update(members)
+        if isinstance(node, (ast.For, ast.comprehension)):
+            listed = isinstance(node.target, ast.Name) and isinstance(node.iter, (ast.Tuple, ast.List))
+            members = {ast.unparse(e) for e in node.iter.elts} if listed else {ANY}
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    out.setdefault(n.id, set()).update(members)
     return out
 
 
 def _same_axes(a: str | None, b: str | None, loops: dict[str, set[str]]) -> bool:
-    if a is None or b is None:
-        return False
     ea, eb = loops.get(a, {a}), loops.get(b, {b})
-    return ANY in ea or ANY in eb or bool(ea & eb)
+    return a is not None and b is not None and (ANY in ea or ANY in eb or bool(ea & eb))
 
 
 def _lower_bound(call: ast.Call) -> ast.expr | None:
     """The lower limit passed to ``set_ylim``/``set_xlim``, None if only the upper one is set."""
     kw = _kw(call, "bottom", "ymin", "left", "xmin")
-    if kw is not None:
+    if kw is not None or not call.args:
         return kw
-    if call.args:
-        first = call.args[0]
-        return first.elts[0] if isinstance(first, (ast.Tuple, ast.List)) and first.elts else first
-    return None
+    first = call.args[0]
+    return first.elts[0] if isinstance(first, (ast.Tuple, ast.List)) and first.elts else first
 
 
 def _starts_at_zero(node: ast.expr) -> bool:
