@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from ci import agenda, casebook, changes_table, marked, params_table, path_table, planning, workshop
+from ci import agenda, casebook, changes_table, lessons, marked, params_table, path_table, planning, workshop
 from helpers.lessons import ManifestError
 
 
@@ -54,7 +54,8 @@ def outputs(root: Path) -> list[tuple[Path, str, str, str]]:
             *params_table.outputs(root / "docs" / "RUNNER.md", notebooks),
             *agenda.outputs(root / "docs" / "TEACHING.md", times, notebooks),
             *changes_table.outputs(root / "docs" / "OWN_CODE.md", root / "tests" / "engine" / "tutorial_edits.py"),
-            *casebook.outputs(root / "docs" / "CASEBOOK.md", notebooks)]
+            *casebook.outputs(root / "docs" / "CASEBOOK.md", notebooks),
+            *lessons.outputs(root / "docs" / "TESTING.md")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ dirty ``git status``. :func:`pre_save` (configured in ``jupyter_lab_config.json`
 repository root, which the README's ``jupyter lab`` command loads) removes
 ``language_info.version`` from every notebook saved and keeps the ``jupytext_version`` line a
 ``.py`` file already has on disk. The committed notebooks are in :func:`committed_form`
-(``tests/course/test_notebook_hygiene.py`` checks it), so a save writes the same bytes.
+(``python3 -m ci.lessons check``'s ``saved-form`` rule), so a save writes the same bytes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""What every teaching notebook needs besides its lesson: parameter checks and exercises.
+"""What lesson cells import besides the lesson: parameter checks, exercise checks, GPU/CPU claims.
 
-Used by every notebook (``from helpers.notebook import check_answer, check_parameters,
-check_value``), and checked by ``tests/course/test_learner.py``.
-
-The recipe a notebook follows (and the tests that hold it) is in docs/TESTING.md, "The lesson recipe".
+Every notebook: ``from helpers.notebook import check_answer, check_parameters, check_value``;
+tested by ``tests/course/test_learner.py``. The rules a lesson follows are ``ci/lessons.py``'s
+table (docs/TESTING.md, "The lesson rules").
 """
 
 from __future__ import annotations
@@ -15,41 +14,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from helpers.param_types import PARAMETER_TYPES, accepts, type_problem
+from helpers.param_types import type_problem
 
-__all__ = [
-    "SOLUTION_TAG",
-    "SOLUTION_METADATA",
-    "SOLUTION_FIRST_LINE",
-    "PARAMETER_TYPES",
-    "accepts",
-    "type_problem",
-    "check_parameters",
-    "check_value",
-    "check_answer",
-    "seal",
-    "sealed_check",
-    "crash_report",
-    "assert_close_once",
-    "UNPROVEN",
-    "NOT_PROVEN",
-    "gpu_claim",
-    "cpu_claim",
-    "CHECKS",
-    "record_checks",
-]
-
-#: Tag of a solution cell (and the metadata that collapses its input in JupyterLab).
-SOLUTION_TAG = "solution"
-SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": [SOLUTION_TAG]}
-#: The first line of every solution cell: JupyterLab shows it on the collapsed cell, so it must
-#: not give the answer away.
-SOLUTION_FIRST_LINE = "# Solution of exercise"
-
-# --------------------------------------------------------------------------------------------
-# Parameter checks
-# --------------------------------------------------------------------------------------------
-
+__all__ = ["check_parameters", "check_value", "check_answer", "seal", "sealed_check",
+           "assert_close_once", "UNPROVEN", "NOT_PROVEN", "gpu_claim", "cpu_claim", "CHECKS",
+           "record_checks"]
 
 
 def check_parameters(**params: tuple[Any, type | tuple[type | None, ...]]) -> None:
@@ -59,17 +28,13 @@ def check_parameters(**params: tuple[Any, type | tuple[type | None, ...]]) -> No
 
         check_parameters(world_size=(world_size, int), lr=(lr, float), model=(model, str))
 
-    Each keyword maps to ``(value, expected)``, where ``expected`` is a type or a tuple of types
-    (``None`` in the tuple allows ``None``). The rule is :func:`accepts` (an ``int`` is accepted
-    for a ``float``; a ``bool`` is **not** an ``int``; a list for a tuple), the same one the
-    runner (``ci/run_notebooks.py``) applies before it starts a kernel; this call re-checks the
-    values given to papermill directly.
+    ``expected`` is a type or a tuple of types (``None`` in it allows ``None``), judged by
+    :func:`helpers.param_types.accepts` as the runner does before it starts a kernel (an ``int``
+    is a ``float``; a ``bool`` is **not** an ``int``; a list is a tuple).
 
     Raises:
-        TypeError: one line per wrong parameter (:func:`type_problem`): its name, the expected
-            type, the value given and its type, and what to pass instead (in the parameters
-            cell, or with papermill's ``-p NAME VALUE``).
-        TypeError: also for a malformed call (not a ``(value, type)`` pair), naming the keyword.
+        TypeError: one line per wrong parameter: its name, the expected type, the value given
+            and what to pass instead; or a malformed call (not a ``(value, type)`` pair).
     """
     problems = []
     for name, spec in params.items():
@@ -101,11 +66,6 @@ def check_value(name: str, value: Any, ok: bool, requirement: str) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------------
-# Exercises
-# --------------------------------------------------------------------------------------------
-
-
 def _plain(value: Any) -> Any:
     """Tensors, numpy arrays and scalars, pandas Series -> Python numbers and lists."""
     if isinstance(value, (str, bytes, bool, int, float, Fraction, list, tuple, dict, set, frozenset)) or value is None:
@@ -122,11 +82,10 @@ def _plain(value: Any) -> Any:
 def _as_number(value: Any) -> Any:
     """A learner's number; also accepts text such as ``"7/12"`` or ``"0.5"``."""
     if isinstance(value, str):
-        text = value.strip()
         try:
-            return Fraction(text)
+            return Fraction(value.strip())
         except (ValueError, ZeroDivisionError):
-            return value
+            pass
     return value
 
 
@@ -282,7 +241,7 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path
     return None if answer == expected else f"{answer!r}{at} is not it"
 
 
-def crash_report(key: str, error: BaseException, max_lines: int = 8) -> str:
+def _crash_report(key: str, error: BaseException, max_lines: int = 8) -> str:
     """What a check cell prints when the learner's code raised ``error``: that it crashed, the
     error (for a rank's failure, :class:`helpers.engine.WorkerError`'s few lines: the rank, its
     error and the learner's own frames), and what to do. At most ``max_lines`` lines of the error."""
@@ -294,18 +253,8 @@ def crash_report(key: str, error: BaseException, max_lines: int = 8) -> str:
                       f"{key}: fix the error above, then run this cell again."])
 
 
-def check_answer(
-    key: str,
-    answer: Any,
-    expected: Any,
-    *,
-    strict: bool = False,
-    rel_tol: float = 1e-6,
-    abs_tol: float = 1e-9,
-    hint: str | None = None,
-    run: Any = None,
-    labels: tuple = (),
-) -> None:
+def check_answer(key: str, answer: Any, expected: Any, *, strict: bool = False, rel_tol: float = 1e-6,
+                 abs_tol: float = 1e-9, hint: str | None = None, run: Any = None, labels: tuple = ()) -> None:
     """Compare an exercise answer with the expected value and say so.
 
     For the learner (``strict=False``, the check cell) it only **prints**, and never raises
@@ -343,7 +292,7 @@ def check_answer(
             if isinstance(e, (NoRanks, RanksStopped)):  # the ranks, not the learner's code
                 print(f"{key}: could not run your code: {e}")
                 return
-            print(crash_report(key, e))
+            print(_crash_report(key, e))
             return
     if strict:
         if answer is None:
@@ -400,21 +349,9 @@ def assert_close_once(actual: Any, expected: Any, *, what: str, rerun_from: str,
         raise e
 
 
-# --------------------------------------------------------------------------------------------
-# Building the cells (for a new notebook, and for tests of the exercise mechanism)
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Claims that need a GPU (or its absence)
-# --------------------------------------------------------------------------------------------
-
 #: The start of the line a check cell prints when its claim cannot be proven on this machine;
 #: ``ci/gpu_claims.py`` finds it in executed notebooks.
 NOT_PROVEN = "not proven here:"
-#: Who proves a GPU claim a learner's machine cannot: said in learner words, no script named
-#: (the course's GPU check, ``ci/gpu_check.py``, reads the ``not proven here:`` lines).
-GPU_RUN = "a GPU run proves it"
 #: ``{"claim": ..., "needs": "GPU" or "CPU", "why": ...}`` for every claim this kernel could not
 #: prove, in the order the check cells ran.
 UNPROVEN: list[dict[str, str]] = []
@@ -431,11 +368,9 @@ def gpu_claim(claim: str, gpus: int = 1) -> bool:
     devices are visible. Else prints ``not proven here: needs a GPU; a run on a GPU machine proves it``
     with ``claim``, appends it to :data:`UNPROVEN` and returns False. Use it as the condition
     of the claim's asserts: ``if gpu_claim("real DP ..."): assert ...``."""
-    found = _cuda_devices()
-    if found >= gpus:
-        return True
-    return _not_proven(claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); "
-                       f"{GPU_RUN}")
+    found = _cuda_devices()  # who proves it is said in learner words, no script named
+    return found >= gpus or _not_proven(
+        claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); a GPU run proves it")
 
 
 def cpu_claim(claim: str) -> bool:
@@ -443,9 +378,7 @@ def cpu_claim(claim: str) -> bool:
     no CUDA device is visible. Else prints ``not proven here: true only without a GPU; the CPU
     runs prove it`` with ``claim``, appends it to :data:`UNPROVEN` and returns False."""
     found = _cuda_devices()
-    if found == 0:
-        return True
-    return _not_proven(claim, "CPU", f"true only without a GPU (found {found}); the CPU runs prove it")
+    return found == 0 or _not_proven(claim, "CPU", f"true only without a GPU (found {found}); the CPU runs prove it")
 
 
 def _not_proven(claim: str, needs: str, why: str) -> bool:

@@ -150,7 +150,7 @@ class Kernel:
 
 def exercise_cells(number: int, title: str, task: str, check: str, solution: str, *,
                    answer_comment: str = "your answer here") -> list:
-    """The four cells of exercise ``number`` (docs/TESTING.md, "The lesson recipe").
+    """The four cells of exercise ``number`` (docs/TESTING.md, "The lesson rules").
 
     Args:
         number: 1, 2, 3 ...; the key is ``f"ex{number}"``, the learner's variable
@@ -176,7 +176,7 @@ def exercise_cells(number: int, title: str, task: str, check: str, solution: str
 
     from nbformat.v4 import new_code_cell, new_markdown_cell
 
-    from helpers.notebook import SOLUTION_FIRST_LINE, SOLUTION_METADATA
+    from ci.lessons import SOLUTION_FIRST_LINE, SOLUTION_METADATA
 
     key, answer, expected = f"ex{number}", f"answer_{number}", f"expected_{number}"
     check = dedent(check).strip("\n")

@@ -50,7 +50,8 @@ def test_labels_name_the_place_as_the_learner_knows_it(capsys):
 
 def test_learner_messages_name_no_ci_script(capsys, monkeypatch):
     """What a learner reads from a parameter check, a wrong type or a GPU claim on a CPU machine
-    names no script of the course's CI (the handout is not a checkout of the repository)."""
+    names no script of the course's CI (the handout is not a checkout of the repository); a GPU
+    claim there is recorded in UNPROVEN, not proven."""
     messages = []
     with pytest.raises(ValueError) as info:
         hn.check_value("world_size", 1, False, "at least 2")
@@ -59,9 +60,12 @@ def test_learner_messages_name_no_ci_script(capsys, monkeypatch):
         hn.check_parameters(world_size=("2", int))
     messages.append(str(info.value))
     monkeypatch.setattr(hn, "_cuda_devices", lambda: 0)
-    assert hn.gpu_claim("real DP splits the batch") is False
-    hn.UNPROVEN.clear()
+    monkeypatch.setattr(hn, "UNPROVEN", [])
+    assert hn.gpu_claim("real DP on GPUs") is False and hn.cpu_claim("DP on CPU") is True
     messages.append(capsys.readouterr().out)
+    assert messages[-1].startswith("not proven here: needs a GPU (found 0); a GPU run proves it."), messages
+    assert hn.UNPROVEN == [{"claim": "real DP on GPUs", "needs": "GPU",
+                            "why": "needs a GPU (found 0); a GPU run proves it"}]
     for text in messages:
         assert "parameters cell" in text or "not proven here" in text, text
         assert "ci/" not in text and "gpu_check" not in text and "run_notebooks" not in text, text

@@ -1,17 +1,13 @@
-"""The learner's side of the notebooks (issue #8): glossary links, parameter checks, exercises
-with checked solutions, lesson prose without typed times or machinery, and the links of the
-README and docs/.
+"""The learner's side of the notebooks (issue #8): parameter checks and exercise checks as a
+learner meets them, and the links of the README and docs/.
 
-The recipe a notebook must follow is in ``helpers/notebook.py``'s docstring. The notebook
-tests below hold every notebook of the manifest (``notebooks/lessons.toml``) to it, and the
-lessons of the path to its exercises; the suite also executes every notebook
-(``tests/course/test_notebooks.py``), which runs every solution cell. The generated texts (the
-README's path table, the openings, the parameter table) are tested in ``test_generate.py``.
+The recipe a notebook follows is ``ci/lessons.py``'s table of rules (docs/TESTING.md, "The lesson
+rules"), held by tests/course/test_lessons.py; the suite also executes every notebook
+(``tests/course/test_notebooks.py``), which runs every solution cell.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -20,7 +16,6 @@ import nbformat
 import pytest
 
 from _support import exercise_cells
-from ci import path_table
 from ci import run_notebooks as rn
 from ci.cleanup import IPCKernelManager
 from helpers import lessons as manifest
@@ -28,158 +23,15 @@ from helpers import notebook as hn
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
-GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
-
-# The notebooks held to the recipe in helpers/notebook.py: every notebook of the manifest; the
-# lessons of the path also to its exercises (casebook pages end with their cases instead)
 LEARNER_NOTEBOOKS = manifest.stems(None)
-LESSONS = manifest.stems("lesson")
-
-GLOSSARY_LINK = "../docs/GLOSSARY.md"
-LINK = re.compile(r"\]\((\.\./docs/GLOSSARY\.md)(#[^)\s]*)?\)")
-# Typed run-time estimates ("about 4–15 s", "takes about 1–3 min", "~50 s") and machine
-# logistics ("2-core", "2 CPU cores", "CI") have no place in lesson prose: the measured time
-# is the opening block python3 -m ci.generate writes (left out of this check).
-TYPED_TIME = re.compile(r"\babout [\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b"
-                        r"|\btakes? (about |roughly |around )?[\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b"
-                        r"|~ ?[\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b", re.I)
-LOGISTICS = re.compile(r"\b\d+[ -](CPU[ -])?cores?\b|\bCPU cores\b", re.I)
-CI_WORD = re.compile(r"\bCI\b")  # case-sensitive: "ci/run_notebooks.py" is a path, not CI
 
 
 def path_of(stem: str) -> Path:
     return NOTEBOOKS_DIR / f"{stem}.ipynb"
 
 
-def read(stem: str):
-    return nbformat.read(str(path_of(stem)), as_version=4)
-
-
 def tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
-
-
-def parameters_index(nb) -> int:
-    marked = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
-    assert len(marked) == 1, f"cells tagged 'parameters': {marked}, expected exactly one"
-    return marked[0]
-
-
-def glossary_anchors() -> set[str]:
-    text = GLOSSARY.read_text(encoding="utf-8")
-    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
-    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        anchors.add(slug)
-    return anchors
-
-
-# --------------------------------------------------------------------------------------------
-# Notebooks follow the recipe
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_first_cell_links_to_glossary(stem):
-    nb = read(stem)
-    first = nb.cells[0]
-    assert first.cell_type == "markdown", f"{stem}: the first cell must be markdown"
-    links = LINK.findall(first.source)
-    assert any(target == GLOSSARY_LINK for target, _ in links), (
-        f"{stem}: the first cell must link to the glossary: [glossary]({GLOSSARY_LINK})")
-    assert (path_of(stem).parent / GLOSSARY_LINK).resolve() == GLOSSARY.resolve()
-
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_glossary_anchors_exist(stem):
-    anchors = glossary_anchors()
-    nb = read(stem)
-    bad = sorted({frag[1:] for c in nb.cells if c.cell_type == "markdown"
-                  for _, frag in LINK.findall(c.source) if frag and frag[1:] not in anchors})
-    assert not bad, f"{stem}: links to glossary anchors that docs/GLOSSARY.md does not define: {bad}"
-
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_parameters_checked_in_next_cell(stem):
-    """The cell right after the parameters cell calls check_parameters with every parameter."""
-    nb = read(stem)
-    i = parameters_index(nb)
-    assert i + 1 < len(nb.cells), f"{stem}: nothing after the parameters cell"
-    cell = nb.cells[i + 1]
-    assert cell.cell_type == "code", f"{stem}: the cell after the parameters cell must be code"
-    calls = [node for node in ast.walk(ast.parse(cell.source))
-             if isinstance(node, ast.Call)
-             and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check_parameters"]
-    assert len(calls) == 1, f"{stem}: the cell after the parameters cell must call check_parameters(...) once"
-    checked = {kw.arg for kw in calls[0].keywords}
-    declared = set(rn.notebook_parameters(path_of(stem)))
-    assert declared <= checked, f"{stem}: check_parameters(...) does not check {sorted(declared - checked)}"
-    assert checked <= declared, f"{stem}: check_parameters(...) names non-parameters {sorted(checked - declared)}"
-    for kw in calls[0].keywords:  # name=(name, type)
-        ok = (isinstance(kw.value, ast.Tuple) and len(kw.value.elts) == 2
-              and isinstance(kw.value.elts[0], ast.Name) and kw.value.elts[0].id == kw.arg)
-        assert ok, f"{stem}: write check_parameters({kw.arg}=({kw.arg}, TYPE), ...)"
-    assert "import torch" not in cell.source, f"{stem}: check the parameters before importing anything slow"
-
-
-@pytest.mark.parametrize("stem", LESSONS)
-def test_exercises_with_hidden_checked_solutions(stem):
-    nb = read(stem)
-    solutions = [i for i, c in enumerate(nb.cells) if hn.SOLUTION_TAG in tags(c)]
-    assert len(solutions) >= 2, f"{stem}: {len(solutions)} cell(s) tagged 'solution', expected at least 2"
-    for i in solutions:
-        c = nb.cells[i]
-        assert c.cell_type == "code", f"{stem}: solution cell {i} is not code"
-        assert c.metadata.get("jupyter", {}).get("source_hidden") is True, (
-            f"{stem}: solution cell {i} must have metadata jupyter.source_hidden = true (collapsed input)")
-        assert c.source.startswith(hn.SOLUTION_FIRST_LINE), (
-            f"{stem}: solution cell {i} must start with {hn.SOLUTION_FIRST_LINE!r} (JupyterLab shows the first "
-            "line of a collapsed cell: it must not give the answer away)")
-        assert re.search(r"check_answer\(\"ex\d+\", solution_\d+, expected_\d+,[^\n]*strict=True", c.source), (
-            f"{stem}: solution cell {i} must assert with check_answer(\"exN\", solution_N, expected_N, strict=True)")
-
-    answers = [i for i, c in enumerate(nb.cells)
-               if c.cell_type == "code" and re.fullmatch(r"answer_(\d+) = None\s*(#.*)?", c.source.strip())]
-    assert len(answers) == len(solutions), f"{stem}: {len(answers)} answer_N cells for {len(solutions)} solutions"
-    for k, i in enumerate(answers, start=1):
-        n = re.match(r"answer_(\d+)", nb.cells[i].source).group(1)
-        assert n == str(k), f"{stem}: exercises must be numbered 1, 2, ... in order; found answer_{n} as number {k}"
-        task, check = nb.cells[i - 1], nb.cells[i + 1]
-        assert task.cell_type == "markdown" and f"### Exercise {n}" in task.source, (
-            f"{stem}: exercise {n} needs its task above")
-        assert f'check_answer("ex{n}", answer_{n}, expected_{n}' in check.source, (
-            f"{stem}: the cell after answer_{n} must check it: check_answer(\"ex{n}\", answer_{n}, expected_{n}, ...)")
-        assert "strict=True" not in check.source, f"{stem}: the learner's check for ex{n} must not be strict"
-        assert i + 2 in solutions, f"{stem}: exercise {n}'s solution must follow its check cell"
-    last_md = max(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "## What we saw" in c.source)
-    assert answers and last_md < answers[0], f"{stem}: the exercises come after 'What we saw'"
-
-
-def machinery_in_prose(nb) -> list[tuple[int, str]]:
-    """(cell, phrase) for each typed time estimate or CI / core-count phrase in ``nb``'s
-    markdown cells, the generated blocks left out."""
-    found = []
-    for i, c in enumerate(nb.cells):
-        if c.cell_type != "markdown":
-            continue
-        text = c.source
-        for start, end in ((path_table.OPEN_START, path_table.OPEN_END), (path_table.NEXT_START, path_table.NEXT_END)):
-            if start in text and end in text:
-                head, rest = text.split(start, 1)
-                text = head + rest.split(end, 1)[1]
-        for pattern in (TYPED_TIME, LOGISTICS, CI_WORD):
-            found += [(i, m.group(0)) for m in pattern.finditer(text)]
-    return found
-
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_lesson_prose_has_no_typed_times_or_machinery(stem):
-    """No markdown cell types a run time ("about 5–15 s") or names the machine's logistics
-    ("2-core", "2 CPU cores", "CI"): the one measured time is the generated opening block."""
-    found = machinery_in_prose(read(stem))
-    assert not found, (f"{stem}: typed times or machine logistics in the prose (cell, phrase): {found}; "
-                       "say why a cell is slow without a number: the measured time is written by "
-                       "python3 -m ci.generate")
 
 
 def _wrong_parameter(stem: str) -> tuple[str, object]:

@@ -28,10 +28,6 @@ TIMES = path_table.load_times()
 MATRIX_NOTEBOOK = "00a"
 
 
-def test_there_are_notebooks():
-    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOKS_DIR}: nothing to execute"
-
-
 def test_effective_parameters_sees_profile_overrides():
     """A notebook whose full profile overrides a parameter runs with other values in the full
     profile than in smoke, and smoke is the notebook's own defaults (what a learner runs)."""
