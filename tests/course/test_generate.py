@@ -133,11 +133,13 @@ def test_recorded_times_reach_the_readme_and_the_openings(tmp_path, capsys):
     record_times([{"notebook": first, "status": "ok", "seconds": 56.7},
                   {"notebook": second, "status": "FAILED", "seconds": 3.0}],
                  folder, when="2026-12-01", host="box, 2 cores")
-    full_before = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]["full"]
+    before = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]
     assert generate.main(["--record", str(folder / "times.json"), "--profile", "smoke", "--root", str(root)]) == 0
     times = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]
-    assert times["smoke"] == {first: {"seconds": 56.7, "date": "2026-12-01", "machine": "box, 2 cores"}}
-    assert times["full"] == full_before, "recording one profile keeps the other"
+    assert times["smoke"] == {**before["smoke"], first: {"seconds": 56.7, "date": "2026-12-01",
+                                                         "machine": "box, 2 cores"}}, "merged"
+    assert times["full"] == before["full"], "recording one profile keeps the other"
+    full_before = before["full"]
     row = next(line for line in (root / "README.md").read_text().splitlines() if f"(notebooks/{first}.ipynb)" in line)
     assert row.split(" | ")[-2:] == ["57 s", path_table.fmt_seconds(full_before[first]["seconds"]) + " |"]
     opening = block_of(root / "notebooks" / f"{first}.py", path_table.OPEN_START, path_table.OPEN_END, 0)
@@ -149,6 +151,9 @@ def test_recorded_times_reach_the_readme_and_the_openings(tmp_path, capsys):
                           "--root", str(root)]) == 0
     assert (root / "notebooks" / f"{first}.ipynb").read_text() == before, "same range: the lesson is untouched"
     assert "| 41 s |" in (root / "README.md").read_text()
+    assert generate.main(["--record-replace", str(folder / "times.json"), "--profile", "smoke",
+                          "--root", str(root)]) == 0
+    assert list(json.loads((root / "docs" / "run_times.json").read_text())["profiles"]["smoke"]) == [first]
     capsys.readouterr()
 
 
