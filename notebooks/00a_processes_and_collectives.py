@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- opening:start -->
-# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics.
 # <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist? What does each

@@ -17,7 +17,7 @@
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
 # <!-- opening:start -->
-# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,

@@ -17,7 +17,7 @@
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** one batch is spread over several devices. Which gradient does the model end

@@ -17,7 +17,7 @@
 # # 02 · One model, many processes: how DDP keeps the replicas identical
 #
 # <!-- opening:start -->
-# **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
+# **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** every DDP process, or rank, builds its *own* copy of the model. It uses its

@@ -17,7 +17,7 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- opening:start -->
-# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does

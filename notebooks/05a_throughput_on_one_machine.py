@@ -17,7 +17,7 @@
 # # 05a · Throughput on one machine: input pipeline, ranks and threads, memory
 #
 # <!-- opening:start -->
-# **You will be able to** measure samples/s, the input pipeline, threads and memory per rank. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), 2 to 5 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** measure samples/s, the input pipeline, threads and memory per rank. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** learners come to DDP for speed. On this machine, how many MNIST samples per

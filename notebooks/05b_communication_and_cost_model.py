@@ -17,7 +17,7 @@
 # # 05b · Communication and a cost model: all-reduce, buckets, a cluster
 #
 # <!-- opening:start -->
-# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), 1 to 2 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** what does DDP's gradient all-reduce cost on this machine? How does DDP hide

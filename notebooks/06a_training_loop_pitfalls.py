@@ -17,7 +17,7 @@
 # # 06a · DDP training-loop pitfalls: accumulation, uneven inputs, unused parameters, batch sizes
 #
 # <!-- opening:start -->
-# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** once `DistributedDataParallel` (DDP) runs at all, which mistakes in the

@@ -17,7 +17,7 @@
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
 # <!-- opening:start -->
-# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** DDP keeps the parameters equal on every rank. What about everything else a

@@ -17,7 +17,7 @@
 # # 06c · DDP seeds and debugging
 #
 # <!-- opening:start -->
-# **You will be able to** seed ranks, catch collective mismatches, read a rank's traceback and hang. **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,000 words at 200 words/min): about 10 min.
+# **You will be able to** seed ranks, catch collective mismatches, read a rank's traceback and hang. **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** a DDP run gives a different number than yesterday's, or stops. Is it the

@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
+# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?

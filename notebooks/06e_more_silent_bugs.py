@@ -17,7 +17,7 @@
 # # 06e · More silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** some runs finish and are wrong, or die for a reason far from the bug. Which

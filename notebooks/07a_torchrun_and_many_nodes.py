@@ -17,7 +17,7 @@
 # # 07a · torchrun and many nodes
 #
 # <!-- opening:start -->
-# **You will be able to** run the same worker under `torchrun` on one or two nodes; say what a failed node does. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06b state across ranks](06b_state_across_ranks.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# **You will be able to** run the same worker under `torchrun` on one or two nodes; say what a failed node does. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb), [06b state across ranks](06b_state_across_ranks.ipynb), [06c seeds and debugging](06c_seeds_and_debugging.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** notebook 04 started DDP training from a notebook cell. How do we run the

@@ -17,7 +17,7 @@
 # # 07b · Communication hooks and what comes after DDP
 #
 # <!-- opening:start -->
-# **You will be able to** write a communication hook, count compressed bytes, size ZeRO and FSDP. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
+# **You will be able to** write a communication hook, count compressed bytes, size ZeRO and FSDP. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** every DDP step all-reduces every gradient. How can DDP send fewer bytes?

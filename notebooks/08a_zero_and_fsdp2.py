@@ -17,7 +17,7 @@
 # # 08a · After DDP: ZeRO-1 and FSDP2, run for real
 #
 # <!-- opening:start -->
-# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** when I shard the model across ranks, what does each rank hold? And what

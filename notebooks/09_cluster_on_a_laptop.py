@@ -17,7 +17,7 @@
 # # 09 · A cluster on the laptop: DDP, the sampler and FSDP2 at 64 ranks
 #
 # <!-- opening:start -->
-# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You will be able to** run unchanged DDP, the sampler and FSDP2 on 64 or 256 simulated ranks in one process; count the bytes each rank sends, size the global batch and schedule, and say what a simulation cannot show. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** what changes when the job has 64 ranks instead of 2, and what stays the same?

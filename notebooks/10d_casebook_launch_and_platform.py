@@ -17,7 +17,7 @@
 # # 10d · Casebook: launch, names and platforms
 #
 # <!-- opening:start -->
-# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb).
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one message or mistake
