@@ -5,10 +5,11 @@ Part of ``python3 -m ci.generate``.
 Each lesson of the manifest's path (``notebooks/lessons.toml``, kind ``lesson``) gets a slot: its
 words of prose at :data:`ci.path_table.WORDS_PER_MIN` plus :data:`MIN_PER_EXERCISE` minutes per
 ``### Exercise`` heading, rounded up to 5 minutes (so most prose edits leave it as it is; every
-lesson runs in about a minute, :func:`ci.path_table.run_time_line`). The 3-hour agenda is the workshop path (:mod:`ci.workshop`:
-chosen sections of the lessons, timed section by section); the whole course is two days, split
-where half its minutes are done, each day from 9:00 with lunch (:data:`LUNCH_MIN`) before the
-first lesson that would start after :data:`LUNCH_AFTER_MIN` minutes.
+lesson runs in about a minute, :func:`ci.path_table.run_time_line`). The 3-hour agenda is the
+workshop path (:mod:`ci.workshop`: chosen sections of the lessons, timed section by section);
+the whole course is two days, split where half its minutes are done, each day from 9:00 with
+lunch (:data:`LUNCH_MIN`) before the first lesson that would start after :data:`LUNCH_AFTER_MIN`
+minutes.
 """
 
 from __future__ import annotations

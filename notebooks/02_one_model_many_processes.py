@@ -51,16 +51,16 @@
 # construction-time broadcast yourself.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
+
+# %%
+from helpers.notebook import check_answer
+
+# Constants of this lesson: no profile changes them
 world_size = 3  # number of DDP ranks (processes), at least 2; the seed uses 3
 base_seed = 0  # rank r seeds its model and data with base_seed + r
 lr = 0.01  # SGD learning rate of the one step
 batch_size = 4  # samples per rank in the one forward pass
-
-# %%
-from helpers.notebook import check_answer, check_parameters
-
-check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float), batch_size=(batch_size, int))
 
 # %%
 import contextlib

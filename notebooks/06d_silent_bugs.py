@@ -38,16 +38,14 @@
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-later_steps = 3  # wrapper steps after the bypassed step in section 1
-n_items = 10  # items of section 4's data set (2 of them for validation)
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
 
 # %%
-from helpers.notebook import check_answer, check_parameters, check_value
+from helpers.notebook import check_answer
 
-check_parameters(later_steps=(later_steps, int), n_items=(n_items, int))
-check_value("later_steps", later_steps, 1 <= later_steps <= 20, "1 to 20")
-check_value("n_items", n_items, 6 <= n_items <= 1000, "6 to 1000 (8 or more for training, 2 for validation)")
+# Constants of this lesson: no profile changes them
+later_steps = 3  # wrapper steps after the bypassed step in section 1
+n_items = 10  # items of section 4's data set (2 of them for validation)
 
 # %%
 import contextlib

@@ -41,14 +41,10 @@
 # [process group](../docs/GLOSSARY.md#process-group), [torchrun](../docs/GLOSSARY.md#torchrun).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-nproc_per_node = 2  # processes each launcher starts in the --local-rank case
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
 
 # %%
-from helpers.notebook import check_parameters, check_value
-
-check_parameters(nproc_per_node=(nproc_per_node, int))
-check_value("nproc_per_node", nproc_per_node, 1 <= nproc_per_node <= 4, "1 to 4")
+nproc_per_node = 2  # processes each launcher starts in the --local-rank case
 
 # %%
 import argparse

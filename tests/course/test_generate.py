@@ -115,7 +115,7 @@ def test_adding_a_lesson_is_two_files_one_record_and_one_command(tmp_path, capsy
         nxt = block_of(root / "notebooks" / f"{last.stem}{suffix}", path_table.NEXT_START, path_table.NEXT_END, -1)
         assert nxt == "**Next:** [99 a throwaway lesson](99_throwaway.ipynb): throw it away."
     runner = (root / "docs" / "RUNNER.md").read_text(encoding="utf-8")
-    assert "| [99](../notebooks/99_throwaway.ipynb) | `steps` | int | `3` | `3` | **`30`** | `3` |" in runner
+    assert "| [99](../notebooks/99_throwaway.ipynb) | `steps` | int | `3` | **`30`** | `3` |" in runner
     assert "99_throwaway" in marked.between((root / "docs" / "TEACHING.md").read_text(encoding="utf-8"),
                                             agenda.START, agenda.END)
     plan = planning.plan_run(["99"], "full", tmp_path / "build", notebooks_dir=root / "notebooks")
