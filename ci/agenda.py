@@ -2,15 +2,14 @@
 
 Part of ``python3 -m ci.generate``.
 
-Each lesson of the manifest's path (``notebooks/lessons.toml``, kind ``lesson``) gets: its run
-time, measured (``docs/run_times.json``: the ``smoke`` profile's, what students run, else the
-``full`` profile's as an upper bound); its reading time, estimated from its words of prose
-(``ci.path_table.reading_estimate``, the same minutes its opening line shows); and its exercise time, estimated at
-:data:`MIN_PER_EXERCISE` minutes per ``### Exercise`` heading. A lesson's slot is the three
-summed, rounded up to 5 minutes. The 3-hour agenda is the workshop path (:mod:`ci.workshop`:
-chosen sections of the lessons, timed section by section); the whole course is two days, split
-where half its minutes are done, each day from 9:00 with lunch (:data:`LUNCH_MIN`) before the
-first lesson that would start after :data:`LUNCH_AFTER_MIN` minutes.
+Each lesson of the manifest's path (``notebooks/lessons.toml``, kind ``lesson``) gets a slot: its
+words of prose at :data:`ci.path_table.WORDS_PER_MIN` plus :data:`MIN_PER_EXERCISE` minutes per
+``### Exercise`` heading, rounded up to 5 minutes (so most prose edits leave it as it is; every
+lesson runs in about a minute, :func:`ci.path_table.run_time_line`). The 3-hour agenda is the
+workshop path (:mod:`ci.workshop`: chosen sections of the lessons, timed section by section);
+the whole course is two days, split where half its minutes are done, each day from 9:00 with
+lunch (:data:`LUNCH_MIN`) before the first lesson that would start after :data:`LUNCH_AFTER_MIN`
+minutes.
 """
 
 from __future__ import annotations
@@ -31,29 +30,14 @@ LUNCH_MIN = 60
 LUNCH_AFTER_MIN = 180  # 12:00 on a day that starts at 9:00
 
 
-def run_seconds(times: dict, stem: str) -> tuple[float | None, str]:
-    """``(seconds, profile)``: the smoke profile's time of ``stem``, else the full profile's."""
-    for profile in ("smoke", "full"):
-        secs = path_table.seconds(times, profile, stem)
-        if secs is not None:
-            return secs, profile
-    return None, "smoke"
-
-
-def slots(lessons: list[str], times: dict, notebooks: Path) -> list[dict]:
-    """One row per lesson: ``stem``, ``run_min`` (measured, None when not recorded),
-    ``read_min`` and ``exercise_min`` (estimates), ``slot_min`` (their sum rounded up to 5)."""
+def slots(lessons: list[str], notebooks: Path) -> list[dict]:
+    """One row per lesson: ``stem``, ``exercises`` and ``slot_min`` (minutes, a multiple of 5)."""
     rows = []
     for stem in lessons:
         nb = nbformat.read(str(notebooks / f"{stem}.ipynb"), as_version=4)
-        secs = run_seconds(times, stem)[0]
-        run_min = math.ceil(secs / 60) if secs is not None else None
-        read_min = path_table.reading_estimate(path_table.prose_words(nb))[1]  # the lesson's own line
         exercises = sum(c.source.count("### Exercise") for c in nb.cells if c.cell_type == "markdown")
-        ex_min = exercises * MIN_PER_EXERCISE
-        slot = 5 * math.ceil(((run_min or 0) + read_min + ex_min) / 5)
-        rows.append(dict(stem=stem, run_min=run_min, read_min=read_min, exercises=exercises,
-                         exercise_min=ex_min, slot_min=slot))
+        minutes = path_table.prose_words(nb) / path_table.WORDS_PER_MIN + exercises * MIN_PER_EXERCISE
+        rows.append(dict(stem=stem, exercises=exercises, slot_min=5 * math.ceil(minutes / 5)))
     return rows
 
 
@@ -91,18 +75,10 @@ def _first_after(rows: list[dict], minutes: float) -> int:
 def block(rows: list[dict], times: dict, workshop_rows: list[dict] | None = None) -> str:
     """The generated text between the markers: the lesson table, the 3-hour workshop path
     (:mod:`ci.workshop`) and the two-day agenda."""
-    profiles = sorted({run_seconds(times, r["stem"])[1] for r in rows if r["run_min"] is not None})
-    machines = sorted({e["machine"] for p in profiles for e in times.get(p, {}).values()})
-    out = ["| lesson | run time (measured) | reading (estimate) | exercises (estimate) | slot |",
-           "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        run = f"{r['run_min']} min" if r["run_min"] is not None else "not measured yet"
-        out.append(f"| {r['stem']} | {run} | {r['read_min']} min | {r['exercises']} × {MIN_PER_EXERCISE} min "
-                   f"= {r['exercise_min']} min | {r['slot_min']} min |")
-    used = "` and `".join(profiles) or "smoke"
-    out += ["", f"Run times: the `{used}` profile's, rounded up to the minute, measured on "
-            f"{'; '.join(machines) or 'no machine'} (docs/run_times.json). Reading at "
-            f"{path_table.WORDS_PER_MIN} words/min and {MIN_PER_EXERCISE} min per exercise are estimates. "
+    out = ["| lesson | exercises | slot |", "| --- | --- | --- |"]
+    out += [f"| {r['stem']} | {r['exercises']} | {r['slot_min']} min |" for r in rows]
+    out += ["", f"A slot is an estimate: reading at {path_table.WORDS_PER_MIN} words/min and "
+            f"{MIN_PER_EXERCISE} min per exercise, rounded up to 5 min. {path_table.run_time_line(times)} "
             "Written by `python3 -m ci.generate`, never by hand.", ""]
     if workshop_rows:
         table, buffer = workshop.block(workshop_rows)
@@ -132,7 +108,7 @@ def outputs(teaching: Path = TEACHING, times_file: Path = path_table.TIMES, note
     """
     times = path_table.load_times(times_file)
     manifest_file = manifest_file or notebooks / manifest.MANIFEST.name
-    rows = slots(manifest.stems("lesson", manifest_file), times, notebooks)
+    rows = slots(manifest.stems("lesson", manifest_file), notebooks)
     path = workshop.rows(manifest.workshop(manifest_file), manifest.load(manifest_file), times, notebooks,
                          MIN_PER_EXERCISE)
     current = teaching.read_text(encoding="utf-8")

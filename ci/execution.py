@@ -68,26 +68,20 @@ def _running_cell_from_output(output: Path) -> int | None:
         nb = nbformat.read(str(output), as_version=4)
     except Exception:  # noqa: BLE001
         return None
-    started = [
-        i
-        for i, c in enumerate(nb.cells)
-        if c.get("metadata", {}).get("papermill", {}).get("start_time")
-    ]
+    started = [i for i, c in enumerate(nb.cells)
+               if c.get("metadata", {}).get("papermill", {}).get("start_time")]
     return started[-1] if started else None
 
 
+def _row(name: str, status: str, output: Path | None) -> dict[str, Any]:
+    """A notebook's row before it ran (see :func:`run_notebooks`)."""
+    return {"notebook": name, "status": status, "seconds": 0.0, "error": None, "cell_index": None,
+            "output": output and str(output), "startup_seconds": None, "shutdown_seconds": None,
+            "processes_left": 0}
+
+
 def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
-    row: dict[str, Any] = {
-        "notebook": job.name,
-        "status": STATUS_OK,
-        "seconds": 0.0,
-        "error": None,
-        "cell_index": None,
-        "output": str(output),
-        "startup_seconds": None,
-        "shutdown_seconds": None,
-        "processes_left": 0,
-    }
+    row = _row(job.name, STATUS_OK, output)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(output)  # papermill rewrites it as cells run; `output` is only ever whole
     injected = bool(job.params)
@@ -96,19 +90,11 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
     stopped = False  # Ctrl-C / SystemExit: the run was stopped, the notebook is not complete
     try:
         papermill.execute_notebook(
-            str(job.path),
-            str(partial),
-            parameters=job.params or None,
-            kernel_name=KERNEL_NAME,
-            execution_timeout=cell_timeout,
-            cwd=str(job.path.parent),
-            log_output=False,
-            progress_bar=False,
-            kernel_manager_class=kernel_manager_class(watch),
-            on_cell_start=watch.on_cell_start,
-            on_cell_execute=watch.on_cell_execute,
-            on_cell_executed=watch.on_cell_executed,
-        )
+            str(job.path), str(partial), parameters=job.params or None, kernel_name=KERNEL_NAME,
+            execution_timeout=cell_timeout, cwd=str(job.path.parent), log_output=False,
+            progress_bar=False, kernel_manager_class=kernel_manager_class(watch),
+            on_cell_start=watch.on_cell_start, on_cell_execute=watch.on_cell_execute,
+            on_cell_executed=watch.on_cell_executed)
     except papermill.PapermillExecutionError as e:
         idx, where = _describe_cell(job.path, e.cell_index, injected)
         row.update(status=STATUS_FAILED, cell_index=idx)
@@ -119,10 +105,8 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
         if exec_idx is None:
             exec_idx = _running_cell_from_output(partial)
         idx, where = _describe_cell(job.path, exec_idx, injected)
-        if "IOPub" in str(e):
-            what = "timed out waiting for the cell's output (IOPub)"
-        else:
-            what = f"timed out after {cell_timeout} s (cell timeout)"
+        what = ("timed out waiting for the cell's output (IOPub)" if "IOPub" in str(e)
+                else f"timed out after {cell_timeout} s (cell timeout)")
         row.update(status=STATUS_TIMEOUT, cell_index=idx)
         row["error"] = f"{job.name}: {where}: {what}"
     except DeadKernelError as e:
@@ -152,29 +136,21 @@ def _execute(job: Job, output: Path, cell_timeout: int | None) -> dict:
             descriptions = [describe(p) for p in left]
             survivors = kill_all(left)
             row["processes_left"] = len(left)
-            note = (
-                f"{len(left)} process(es) left behind (killed): " + "; ".join(descriptions)
-                + (f" [{len(survivors)} could not be killed]" if survivors else "")
-            )
+            note = (f"{len(left)} process(es) left behind (killed): " + "; ".join(descriptions)
+                    + (f" [{len(survivors)} could not be killed]" if survivors else ""))
             if row["status"] == STATUS_OK:
                 row["status"] = STATUS_FAILED
                 row["error"] = f"{job.name}: {note}"
             else:
                 row["error"] = f"{row['error']}; {note}"
         if watch.killed_on_abort:
-            row["error"] = (
-                f"{row['error']}; killed {len(watch.killed_on_abort)} kernel child "
-                f"process(es) when the cell was cut short"
-            )
+            row["error"] = (f"{row['error']}; killed {len(watch.killed_on_abort)} kernel child "
+                            "process(es) when the cell was cut short")
     return row
 
 
-def execute_plan(
-    plan: Plan,
-    *,
-    fail_fast: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> list[dict]:
+def execute_plan(plan: Plan, *, fail_fast: bool = False,
+                 progress: Callable[[str], None] | None = None) -> list[dict]:
     """Execute ``plan``'s notebooks in order; one row per notebook (see :func:`run_notebooks`).
 
     The caller holds the output folder (:func:`ci.outputs.output_lock`), as :func:`run_notebooks`
@@ -184,18 +160,12 @@ def execute_plan(
     with child_subreaper():
         for i, job in enumerate(plan.jobs):
             if fail_fast and any(r["status"] != STATUS_OK for r in rows):
-                rows.append(
-                    {"notebook": job.name, "status": STATUS_SKIPPED, "seconds": 0.0, "error": None,
-                     "cell_index": None, "output": None, "startup_seconds": None,
-                     "shutdown_seconds": None, "processes_left": 0}
-                )
+                rows.append(_row(job.name, STATUS_SKIPPED, None))
                 continue
             if progress:
                 timeout = f"{plan.cell_timeout} s" if plan.cell_timeout else "none"
-                progress(
-                    f"[{i + 1}/{len(plan.jobs)}] {job.name} (profile {plan.profile}, "
-                    f"cell timeout {timeout}, parameters {job.params or 'defaults'}) ..."
-                )
+                progress(f"[{i + 1}/{len(plan.jobs)}] {job.name} (profile {plan.profile}, "
+                         f"cell timeout {timeout}, parameters {job.params or 'defaults'}) ...")
             output = plan.output_dir / plan.profile / f"{job.name}.ipynb"
             row = _execute(job, output, plan.cell_timeout)
             rows.append(row)
@@ -204,18 +174,12 @@ def execute_plan(
     return rows
 
 
-def run_notebooks(
-    names: Iterable[str] | None = None,
-    profile: str = "smoke",
-    output_dir: str | os.PathLike = "build",
-    cell_timeout: float | None = None,
-    extra_params: dict[str, Any] | None = None,
-    *,
-    notebooks_dir: str | os.PathLike | None = None,
-    manifest: str | os.PathLike | None = None,
-    fail_fast: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> list[dict]:
+def run_notebooks(names: Iterable[str] | None = None, profile: str = "smoke",
+                  output_dir: str | os.PathLike = "build", cell_timeout: float | None = None,
+                  extra_params: dict[str, Any] | None = None, *,
+                  notebooks_dir: str | os.PathLike | None = None,
+                  manifest: str | os.PathLike | None = None, fail_fast: bool = False,
+                  progress: Callable[[str], None] | None = None) -> list[dict]:
     """Validate, then execute notebooks; one row per notebook, in order.
 
     Each row: ``notebook`` (stem), ``status`` (``ok`` / ``FAILED`` / ``TIMEOUT`` /
@@ -231,10 +195,8 @@ def run_notebooks(
     :class:`ci.outputs.OutputDirBusy` (a ``ConfigError``) when another runner holds
     ``output_dir``.
     """
-    plan = plan_run(
-        names, profile, output_dir, cell_timeout, extra_params,
-        notebooks_dir=notebooks_dir, manifest=manifest,
-    )
+    plan = plan_run(names, profile, output_dir, cell_timeout, extra_params,
+                    notebooks_dir=notebooks_dir, manifest=manifest)
     require_device(plan.profile)
     with output_lock(plan.output_dir):
         return execute_plan(plan, fail_fast=fail_fast, progress=progress)
@@ -242,8 +204,6 @@ def run_notebooks(
 
 def format_table(rows: list[dict]) -> str:
     """Aligned table of notebook, status and seconds."""
-    df = pd.DataFrame(
-        [{"notebook": r["notebook"], "status": r["status"], "seconds": f"{r['seconds']:.1f}"} for r in rows],
-        columns=["notebook", "status", "seconds"],
-    )
-    return df.to_string(index=False)
+    table = [{"notebook": r["notebook"], "status": r["status"], "seconds": f"{r['seconds']:.1f}"}
+             for r in rows]
+    return pd.DataFrame(table, columns=["notebook", "status", "seconds"]).to_string(index=False)

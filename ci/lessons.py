@@ -214,12 +214,13 @@ def _parameters(ls):
                 for name in assigned if name not in ls.papermill_parameters)
 
 
-@rule("parameters-checked", "The code cell right after it calls "
+@rule("parameters-checked", "If it has parameters (only what a profile changes), the code cell "
+      "right after it calls "
       "`check_parameters(name=(name, TYPE), ...)` once, naming every parameter, before importing "
       "torch; `check_value` checks ranges.")
 def _parameters_checked(ls):
     marked_cells = ls.tagged("parameters")
-    if len(marked_cells) != 1:
+    if len(marked_cells) != 1 or not ls.papermill_parameters:  # no parameters: nothing to check
         return
     i = marked_cells[0] + 1
     cell = ls.cells[i] if i < len(ls.cells) else None

@@ -8,12 +8,10 @@ record (``ci.outputs.record_times``): ``{"profiles": {profile: {stem: {"seconds"
 "machine"}}}}``.
 
 - README, between ``<!-- path:start -->`` and ``<!-- path:end -->``: the whole table (lesson
-  link, outcome, needs, the smoke and full run times), the casebook's table, and one line saying
-  where and when the times were measured.
+  link, outcome, needs), the casebook's table, and :func:`run_time_line`.
 - Each notebook's first cell, between ``<!-- opening:start -->`` and ``<!-- opening:end -->``:
-  what the learner will be able to do, what it needs (links), its run time as a coarse range
-  (so that recording new times rarely touches a lesson: the exact seconds are in the README and
-  the agendas) and its reading time, estimated from its words.
+  what the learner will be able to do and what it needs (links); nothing measured or estimated,
+  so a new record or a prose edit never touches it.
 - Each notebook's last cell, between ``<!-- next:start -->`` and ``<!-- next:end -->``: a link
   to the next lesson of the path.
 
@@ -24,6 +22,7 @@ with ``# ``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -45,20 +44,7 @@ NEXT_END = "<!-- next:end -->"
 STEM = re.compile(r"\(notebooks/([^)/]+)\.ipynb\)")
 WORDS_PER_MIN = 200
 COMMENT = re.compile(r"<!--.*?-->", re.S)
-#: (upper bound in seconds, words): the run-time ranges a lesson's opening shows
-RANGES = ((60, "under 1 min"), (120, "1 to 2 min"), (300, "2 to 5 min"), (600, "5 to 10 min"))
-
-
-def fmt_seconds(seconds: float) -> str:
-    """``57 s`` under 100 s, else whole minutes (``9 min``)."""
-    return f"{round(seconds)} s" if seconds < 100 else f"{round(seconds / 60)} min"
-
-
-def time_range(seconds: float | None) -> str:
-    """The coarse range a lesson's opening shows: ``under 1 min`` ... ``over 10 min``."""
-    if seconds is None:
-        return "not measured yet"
-    return next((words for bound, words in RANGES if seconds < bound), "over 10 min")
+ABOUT_A_MINUTE_S = 90  # a run up to this long is "about a minute"
 
 
 def load_times(path: Path = TIMES) -> dict:
@@ -83,20 +69,16 @@ def _needs(lesson: manifest.Lesson, labels: dict) -> str:
     return ", ".join(_link(labels[n]) for n in lesson.needs) or "PyTorch basics"
 
 
-def measured_note(times: dict) -> str:
-    """The line under the README's table: machines and dates of the recorded times."""
-    parts = []
-    for profile in ("smoke", "full"):
-        entries = list(times.get(profile, {}).values())
-        if not entries:
-            continue
-        dates = sorted({e["date"] for e in entries})
-        machines = "; ".join(sorted({e["machine"] for e in entries}))
-        when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-        parts.append(f"`{profile}` on {machines}, {when}")
-    return ("Run times measured: " + ("; ".join(parts) or "none yet") + ". `smoke` is what you run "
-            "(each notebook's own parameters); `full` is the main job's larger run. Written by "
-            "`python3 -m ci.generate`, never by hand.")
+def run_time_line(times: dict) -> str:
+    """The one line on run times (README, docs/TEACHING.md): every notebook runs in about a
+    minute; those recorded longer in ``docs/run_times.json`` are named, per profile."""
+    longer = [f"{stem.split('_', 1)[0]} takes {math.ceil(e['seconds'] / 60)} min in `{profile}`"
+              for profile in ("smoke", "full") for stem, e in sorted(times.get(profile, {}).items())
+              if e["seconds"] > ABOUT_A_MINUTE_S]
+    machines = "; ".join(sorted({e["machine"] for p in times.values() for e in p.values()}))
+    return ("**Run time:** every notebook runs in about a minute on a laptop, as you run it (the "
+            f"`smoke` profile) and in the main job's larger `full` one; measured on "
+            f"{machines or 'no machine yet'}" + (f". Longer: {', '.join(longer)}." if longer else "."))
 
 
 def block(lessons: list[manifest.Lesson], times: dict) -> str:
@@ -109,14 +91,11 @@ def block(lessons: list[manifest.Lesson], times: dict) -> str:
         if kind == "casebook":
             out += ["", "**The casebook**: mistakes people report, each run with its wrong value, its fix and "
                     "the check that catches it; find yours [by symptom](docs/CASEBOOK.md).", ""]
-        out += [f"| {kind} | {head} | needs | run time (smoke) | full |", "| --- | --- | --- | --- | --- |"]
+        out += [f"| {kind} | {head} | needs |", "| --- | --- | --- |"]
         for lesson in chosen:
-            smoke, full = seconds(times, "smoke", lesson.stem), seconds(times, "full", lesson.stem)
             needs = ", ".join(lesson.needs) or "PyTorch basics"
-            out.append(f"| {_link(lesson, 'notebooks/')} | {lesson.outcome} | {needs} | "
-                       f"{fmt_seconds(smoke) if smoke is not None else 'not measured yet'} | "
-                       f"{fmt_seconds(full) if full is not None else 'not measured yet'} |")
-    return "\n".join(out).strip("\n") + "\n\n" + measured_note(times)
+            out.append(f"| {_link(lesson, 'notebooks/')} | {lesson.outcome} | {needs} |")
+    return "\n".join(out).strip("\n") + "\n\n" + run_time_line(times)
 
 
 def markdown_words(text: str) -> int:
@@ -134,29 +113,10 @@ def prose_words(nb) -> int:
     return sum(markdown_words(cell.source) for cell in nb.cells if cell.cell_type == "markdown")
 
 
-def reading_estimate(words: int) -> tuple[int, int]:
-    """``(words rounded to the nearest 100, at least 100; minutes at WORDS_PER_MIN, at least 1)``:
-    the reading time a lesson's opening shows and docs/TEACHING.md's agendas use."""
-    rounded = max(100, round(words / 100) * 100)
-    return rounded, max(1, round(rounded / WORDS_PER_MIN))
-
-
-def opening(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times: dict, words: int) -> str:
+def opening(lesson: manifest.Lesson, lessons: list[manifest.Lesson]) -> str:
     """The generated opening of ``lesson``'s first cell (markdown, one paragraph)."""
-    rounded, minutes = reading_estimate(words)
-    smoke, full = seconds(times, "smoke", lesson.stem), seconds(times, "full", lesson.stem)
-    if smoke is None and full is None:
-        run = "**Run time**: not measured yet"
-    elif smoke is None:
-        run = (f"**Run time** (measured): {time_range(full)} in the larger `full` profile; "
-               "as you run it, not measured yet")
-    else:
-        run = f"**Run time** (measured): {time_range(smoke)} as you run it (the `smoke` profile)"
-        run += f", {time_range(full)} in the larger `full` profile" if full is not None else ""
     does = f"**You will be able to** {lesson.outcome}. " if lesson.kind == "lesson" else ""
-    return (f"{does}**You need** "
-            f"{_needs(lesson, manifest.by_label(lessons))}. {run}. **Reading time** (estimate: about "
-            f"{rounded:,} words at {WORDS_PER_MIN} words/min): about {minutes} min.")
+    return f"{does}**You need** {_needs(lesson, manifest.by_label(lessons))}."
 
 
 def next_link(lesson: manifest.Lesson, lessons: list[manifest.Lesson]) -> str:
@@ -174,8 +134,7 @@ def next_link(lesson: manifest.Lesson, lessons: list[manifest.Lesson]) -> str:
         _link(other) for other in same if other is not lesson) + "."
 
 
-def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times: dict,
-                 notebooks: Path) -> list[tuple[Path, str, str]]:
+def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], notebooks: Path) -> list[tuple[Path, str, str]]:
     """``(path, current, wanted)`` for ``<stem>.ipynb`` and its twin ``<stem>.py``: the opening
     block of the first cell and the "Next" block of the last cell rewritten.
 
@@ -191,7 +150,7 @@ def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], times:
     nb = nbformat.reads(current_nb, as_version=nbformat.NO_CONVERT)
     if not nb.cells or nb.cells[0].cell_type != "markdown" or nb.cells[-1].cell_type != "markdown":
         raise ValueError(f"{ipynb.name}: the first cell (the opening) and the last (the next link) must be markdown")
-    head, tail = opening(lesson, lessons, times, prose_words(nb)), next_link(lesson, lessons)
+    head, tail = opening(lesson, lessons), next_link(lesson, lessons)
     wanted_py = current_py = twin.read_text(encoding="utf-8")
     try:
         nb.cells[0].source = marked.replace_lines(nb.cells[0].source, head, OPEN_START, OPEN_END)
@@ -216,5 +175,5 @@ def outputs(readme: Path, times_file: Path, notebooks: Path, manifest_file: Path
     out = [(readme, current, marked.render(current, block(lessons, times), START, END), "the README's path table")]
     for lesson in lessons:
         out += [(p, now, new, "the opening and next link") for p, now, new in
-                lesson_texts(lesson, lessons, times, notebooks)]
+                lesson_texts(lesson, lessons, notebooks)]
     return out

@@ -43,11 +43,6 @@ class CliValue(str):
     """A ``-p NAME=VALUE`` text; typed per notebook against the parameter's default."""
 
 
-# --------------------------------------------------------------------------------------------
-# Notebook selection
-# --------------------------------------------------------------------------------------------
-
-
 def manifest_path(notebooks_dir: str | os.PathLike | None = None) -> Path:
     """The lesson manifest of ``notebooks_dir``: ``lessons.toml`` in it (it may not exist)."""
     folder = Path(notebooks_dir) if notebooks_dir is not None else DEFAULT_NOTEBOOKS_DIR
@@ -74,10 +69,8 @@ def discover_notebooks(notebooks_dir: str | os.PathLike | None = None) -> list[P
             raise ConfigError(f"{manifest_path(folder)} names notebooks that {folder} lacks: "
                               + ", ".join(f"{s}.ipynb" for s in missing))
         return [(folder / f"{s}.ipynb").resolve() for s in stems]
-    return sorted(
-        (p.resolve() for p in folder.glob("*.ipynb") if not p.name.startswith(".")),
-        key=lambda p: p.name,
-    )
+    return sorted((p.resolve() for p in folder.glob("*.ipynb") if not p.name.startswith(".")),
+                  key=lambda p: p.name)
 
 
 def _number_prefix(stem: str) -> int | None:
@@ -137,32 +130,21 @@ def resolve_notebooks(
                 chosen.append(matches[0])
                 continue
             if len(matches) > 1:
-                errors.append(
-                    f"notebook number {name!r} is ambiguous: " + ", ".join(p.stem for p in matches)
-                )
+                errors.append(f"notebook number {name!r} is ambiguous: "
+                              + ", ".join(p.stem for p in matches))
                 continue
         errors.append(f"unknown notebook {name!r}")
     if errors:
         raise ConfigError("\n".join(errors) + f"\navailable notebooks in {folder}:\n{listing}")
 
-    unique: list[Path] = []
-    for p in chosen:
-        if p not in unique:
-            unique.append(p)
+    unique = list(dict.fromkeys(chosen))
     stems: dict[str, Path] = {}
     for p in unique:
         if p.stem in stems:
-            raise ConfigError(
-                f"two selected notebooks share the name {p.stem!r} (their outputs would "
-                f"collide): {stems[p.stem]} and {p}"
-            )
+            raise ConfigError(f"two selected notebooks share the name {p.stem!r} (their outputs "
+                              f"would collide): {stems[p.stem]} and {p}")
         stems[p.stem] = p
     return unique
-
-
-# --------------------------------------------------------------------------------------------
-# Profiles and parameters
-# --------------------------------------------------------------------------------------------
 
 
 def check_profile(profile: str) -> None:
@@ -205,10 +187,8 @@ def notebook_parameters(path: Path) -> dict[str, dict]:
     # assignments it missed are still parameters (their type is taken from the literal default)
     source = next(c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
     for name, annotation, default in parameter_assignments(source):
-        declared.setdefault(
-            name,
-            {"name": name, "inferred_type_name": annotation or "None", "default": default, "help": ""},
-        )
+        declared.setdefault(name, {"name": name, "inferred_type_name": annotation or "None",
+                                   "default": default, "help": ""})
     return declared
 
 
@@ -261,17 +241,12 @@ def expected_type(param: dict) -> tuple[str | None, bool]:
 
 
 def _coerce_cli_value(value: CliValue, expected: str | None) -> Any:
-    text = str(value)
-    if expected == "str":
-        try:
-            parsed = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return text
-        return parsed if isinstance(parsed, str) else text
+    """A Python literal, else the text; for a ``str`` parameter always a string."""
     try:
-        return ast.literal_eval(text)
+        parsed = ast.literal_eval(str(value))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
+        return str(value)
+    return str(value) if expected == "str" and not isinstance(parsed, str) else parsed
 
 
 #: Where to pass a right value, for :func:`helpers.param_types.type_problem`: on the command line or
@@ -299,10 +274,8 @@ def type_check_parameters(
     known = ", ".join(sorted(declared)) or "(none)"
     for name, (value, source) in values.items():
         if name not in declared:
-            errors.append(
-                f"{stem}: unknown parameter {name!r} (from {source}); the parameters cell "
-                f"declares: {known}"
-            )
+            errors.append(f"{stem}: unknown parameter {name!r} (from {source}); the parameters "
+                          f"cell declares: {known}")
             continue
         expected, nullable = expected_type(declared[name])
         if isinstance(value, CliValue):
@@ -418,7 +391,6 @@ def require_device(profile: str) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("profile 'gpu' runs the notebooks on a CUDA GPU (nccl, real nn.DataParallel), "
                               "but torch.cuda.is_available() is False here; use --profile full on a CPU machine")
-
 
 
 def effective_parameters(path: Path, profile: str, extra_params: dict[str, Any] | None = None, *,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Execute the teaching notebooks headless with papermill, as CI does.
+"""Execute the teaching notebooks headless with papermill, as CI does (docs/RUNNER.md).
 
 Usage (from the repository root)::
 
@@ -8,80 +8,33 @@ Usage (from the repository root)::
                                [--fail-fast] [--notebooks-dir DIR] [--manifest FILE]
                                [--list] [NOTEBOOK ...]
 
-``NOTEBOOK`` is a stem (``01_gradients_dp_vs_ddp``), its number prefix (``01``), a lesson label
-(``06a``: the stem's part before ``_``) or a path to an ``.ipynb`` file; without any, every notebook
-of the lesson manifest (``notebooks/lessons.toml``) runs, in its order (a folder without a
-manifest: every ``*.ipynb``, sorted by name). Each
-executed notebook is written to ``<output-dir>/<profile>/<stem>.ipynb`` (outputs included, so
-a failure can be read there). The kernel runs with the notebook's own folder as working
-directory.
+``NOTEBOOK`` is a stem, its number prefix (``01``), a lesson label (``06a``) or a path to an
+``.ipynb``; without any, the lesson manifest's notebooks (``notebooks/lessons.toml``) run in its
+order (a folder without a manifest: every ``*.ipynb``, by name). Each executed notebook goes to
+``<output-dir>/<profile>/<stem>.ipynb``; its kernel runs in the notebook's folder, with this
+copy of the course first on ``PYTHONPATH`` (``helpers/checkout.py``).
 
-One copy of the course, one runner: run as a file, the runner imports its own copy's ``ci`` and
-``helpers`` (not those ``pip install -e .`` of another copy maps), and every kernel gets that copy
-first on ``PYTHONPATH``; from a working folder inside another copy it stops, naming both
-(``helpers/checkout.py``).
+Parameters, lowest priority first: the notebook's cell tagged ``parameters`` (the smoke values);
+the profile's table under the notebook's record in ``notebooks/lessons.toml`` (``[lesson.full]``,
+``[lesson.gpu]``); ``-p NAME=VALUE`` (every selected notebook must declare NAME; VALUE is read as
+a Python literal, else as text). Everything is checked before the first notebook starts: names,
+profile, manifest, and every value against the ``parameters`` cell with the notebook's own rule
+(``helpers.param_types.accepts``), each error naming notebook, parameter, types, source and fix.
 
-Parameters, lowest priority first:
-
-1. the notebook's cell tagged ``parameters`` (smoke-sized defaults);
-2. the profile's table under the notebook's record in ``notebooks/lessons.toml``
-   (``[lesson.full]``, ``[lesson.gpu]``); a notebook or a profile without one means "the
-   notebook's defaults";
-3. ``-p NAME=VALUE`` (applies to every selected notebook; each must declare NAME). VALUE is
-   read as a Python literal (``2``, ``0.5``, ``True``, ``[1, 2]``) and otherwise as a plain
-   string; for a parameter whose default is a string the text is always taken as-is.
-
-Everything is checked before the first notebook starts: the notebook names, the profile, the
-manifest, and every parameter against the notebook's ``parameters`` cell
-(``papermill.inspect_notebook``): an unknown name, or a value whose type differs from the
-default's, is an error naming notebook, parameter, expected and given type, where the value came
-from and what to pass. The rule and the message are the notebook's own ``check_parameters``'s
-(``helpers.param_types.accepts``: an int is accepted for a float, a bool is not an int, a list for a
-tuple; a default of ``None`` or an expression that is not a literal accepts anything). A notebook
-without a cell tagged ``parameters`` is an error too.
-
-Failures name the notebook, the cell (its 0-based position among all cells of the source
-notebook, markdown included, and its first line) and the error; the executed notebook in the
-output folder holds the full traceback.
-
-Cell timeout (seconds, per cell; ``0`` disables it): ``smoke`` 300, ``full`` 1800, or
-``--cell-timeout``. A cell that runs longer is reported as ``TIMEOUT``.
-
-After every notebook the runner makes sure no process it started is still running: when a
-cell is cut short (timeout, interrupt) the kernel's whole process tree (e.g. DDP workers) is
-killed before papermill shuts the kernel down; after shutdown, any process that was seen in
-the kernel's tree, or that is still a descendant of the runner (on Linux the runner is a
-"child subreaper", so orphaned grandchildren are re-parented to it and found), is given a few
-seconds to exit, then killed, and the notebook is reported as failed with
-"N process(es) left behind".
-
-One runner per output folder: a runner holds ``<output-dir>/.run_notebooks.lock`` (``flock``)
-for its whole run; a second runner on the same folder stops at once, before any kernel starts,
-naming the folder and the pid holding it (wait, or pass another ``--output-dir``). Executed
-notebooks are written to a hidden ``.<stem>.<pid>.partial.ipynb`` file and moved into place when
-the notebook ends, so ``<stem>.ipynb`` is never half written (``ci/outputs.py``); Ctrl-C removes it.
-
-The course site is built from a run's executed notebooks by its own command, after the run:
-``python3 -m ci.site build/full`` writes ``build/site/`` (``ci/site.py``; a failed notebook's
-page says it failed), and ``python3 -m ci.site --check build/site`` clicks through it in a browser.
-
-Run times: after every run, each passing notebook's seconds, the date and this machine are
-merged into ``<output-dir>/<profile>/times.json`` (``ci/outputs.py``); ``python3 -m
-ci.generate --record`` keeps them in ``docs/run_times.json`` for the README and the lessons.
+A failure names the notebook, the cell (its 0-based position in the source notebook) and the
+error. Cell timeout: ``smoke`` 300 s, ``full`` 1800 s, or ``--cell-timeout`` (``0``: none).
+After every notebook no process it started may be left (``ci/cleanup.py``: a cut-short kernel's
+tree is killed; leftovers fail the notebook). One runner per output folder (``ci/outputs.py``:
+a ``flock``; executed notebooks appear only whole). Each passing notebook's seconds are merged
+into ``<output-dir>/<profile>/times.json``; ``python3 -m ci.generate --record`` keeps them.
 
 Exit codes:
     0  every notebook ran without error;
     1  at least one notebook FAILED, hit a TIMEOUT or left processes behind;
-    2  bad invocation or configuration (unknown notebook or profile, bad parameter, no
-       ``parameters`` cell, unreadable manifest), or the output folder is in use by another
-       runner; nothing was run.
+    2  bad invocation or configuration, or the output folder is in use; nothing was run.
 
-Importable API: :func:`run_notebooks` (returns one dict per notebook) and :func:`main`. The
-code lives in ``ci/planning.py`` (names, profiles, parameter checks), ``ci/execution.py``
-(papermill, one row per notebook), ``ci/cleanup.py`` (ending the processes a notebook left),
-``ci/outputs.py`` (one runner per output folder, whole files only) and
-this file (the command line); run it as ``python3 ci/run_notebooks.py`` or
-``python3 -m ci.run_notebooks``.
+Importable API: :func:`run_notebooks` and :func:`main`; the code lives in ``ci/planning.py``,
+``ci/execution.py``, ``ci/cleanup.py`` and ``ci/outputs.py``.
 """
 
 from __future__ import annotations

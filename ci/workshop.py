@@ -64,7 +64,7 @@ def part_seconds(executed: Path) -> dict[str, float]:
 def rows(parts: list[manifest.WorkshopPart], lessons: list[manifest.Lesson], times: dict,
          notebooks: Path, per_exercise_min: int) -> list[dict]:
     """One row per workshop part: ``lesson`` (the record), ``sections``, ``exercises``, ``run_min``
-    (measured, None when not recorded), ``read_min``, ``exercise_min``, ``part_min`` (``{part:
+    (measured, None when not recorded), ``part_min`` (``{part:
     minutes}``: :data:`TALK_MIN` of talk, its reading and its measured run for the set-up and each
     section; ``per_exercise_min`` an exercise, its reading included) and ``slot_min``, their sum rounded up.
 
@@ -87,13 +87,11 @@ def rows(parts: list[manifest.WorkshopPart], lessons: list[manifest.Lesson], tim
         entry = times.get("smoke", {}).get(lesson.stem, {})
         measured = entry.get("parts")
         run_min = math.ceil(sum(measured.get(p, 0.0) for p in wanted) / 60) if measured else None
-        read_min = path_table.reading_estimate(sum(words.values()))[1]
-        exercise_min = per_exercise_min * len(part.exercises)
         per_part = {p: TALK_MIN + words[p] / path_table.WORDS_PER_MIN + (measured or {}).get(p, 0.0) / 60
                     for p in ("setup", *part.sections)}
         per_part.update({f"ex{n}": per_exercise_min for n in part.exercises})  # its reading included
         out.append(dict(lesson=lesson, sections=part.sections, exercises=part.exercises, run_min=run_min,
-                        read_min=read_min, exercise_min=exercise_min, part_min=per_part,
+                        part_min=per_part,
                         slot_min=math.ceil(sum(per_part.values()))))
     return out
 
@@ -111,22 +109,21 @@ def _parts(minutes: dict[str, float]) -> str:
 
 def block(rows_: list[dict]) -> tuple[str, int]:
     """The workshop's agenda (markdown) and the minutes left as buffer in :data:`TEACHING_MIN`."""
-    lines = ["| starts | lesson | sections taught | exercises | run (measured) | reading (estimate) | minutes per part "
-             "(talk, reading, run; exercise) | slot |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| starts | lesson | sections taught | exercises | minutes per part (talk, reading, run; "
+             "exercise) | slot |", "| --- | --- | --- | --- | --- | --- |"]
     t, broke = 0, False
     for r in rows_:
         if not broke and t >= BREAK_AFTER_MIN:
-            lines.append(f"| {_clock(t)} | *break* | | | | | | {BREAK_MIN} min |")
+            lines.append(f"| {_clock(t)} | *break* | | | | {BREAK_MIN} min |")
             t += BREAK_MIN
             broke = True
         lesson = r["lesson"]
         sections = ", ".join(f"§{s}" for s in r["sections"])
         exercises = ", ".join(str(n) for n in r["exercises"]) or "none"
-        run = f"{r['run_min']} min" if r["run_min"] is not None else "not measured yet"
         lines.append(f"| {_clock(t)} | [{lesson.name}](../notebooks/{lesson.stem}.ipynb) | {sections} | {exercises} | "
-                     f"{run} | {r['read_min']} min | {_parts(r['part_min'])} | {r['slot_min']} min |")
+                     f"{_parts(r['part_min'])} | {r['slot_min']} min |")
         t += r["slot_min"]
     if not broke:
         t += BREAK_MIN
-    lines.append(f"| {_clock(t)} | *end* | | | | | | |")
+    lines.append(f"| {_clock(t)} | *end* | | | | |")
     return "\n".join(lines), TEACHING_MIN - t

@@ -17,7 +17,7 @@
 # # 00a · Processes and collectives
 #
 # <!-- opening:start -->
-# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics. **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** say which processes a DDP job is; predict what each collective returns on live ranks (`%%px`). **You need** PyTorch basics.
 # <!-- opening:end -->
 #
 # **The question:** what *is* a DDP job, line by line? Which processes exist? What does each
@@ -44,18 +44,16 @@
 # without GPUs: this lesson is about *what* the collectives do.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # number of warm ranks (processes): 2, 3 or 4; every asserted value is worked out from it
-timeout = 60.0  # seconds a %%px cell, ranks.run or helpers.mp.spawn may take before the ranks are ended
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), timeout=(timeout, float))
+check_parameters(world_size=(world_size, int))
 check_value("world_size", world_size, world_size in (2, 3, 4),
             "2, 3 or 4 (one rank has nobody to exchange with; more ranks than a laptop's cores only slow every cell)")
-check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
 
 # %%
 import os
@@ -83,10 +81,11 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # starts and imports torch. After that, a `%%px` cell costs milliseconds.
 
 # %%
-# After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
+# After a kernel restart: run the parameters cell (world_size), then this cell.
 # Every %%px cell needs it (without it: "Cell magic `%%px` not found").
 from helpers.engine import start_ranks
 
+timeout = 60.0  # seconds a %%px cell, ranks.run or helpers.mp.spawn may take before the ranks are ended
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
 
 # %% [markdown]

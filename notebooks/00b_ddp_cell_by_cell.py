@@ -17,7 +17,7 @@
 # # 00b · DDP cell by cell: construction, backward, step, and what goes wrong
 #
 # <!-- opening:start -->
-# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** step through DDP cell by cell and predict every rank's weights and gradients. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** what happens on every [rank](../docs/GLOSSARY.md#rank) when you build, wrap,
@@ -39,19 +39,17 @@
 # same with or without GPUs: this lesson is about *what* DDP does, not speed.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # number of warm ranks (processes): 2, 3 or 4; every asserted value is worked out from it
-timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
 hang_timeout = 3.0  # seconds section 4's deliberate hang waits before RanksTimeout ends it
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
 from helpers.notebook import assert_close_once, check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), timeout=(timeout, float), hang_timeout=(hang_timeout, float))
+check_parameters(world_size=(world_size, int), hang_timeout=(hang_timeout, float))
 check_value("world_size", world_size, world_size in (2, 3, 4),
             "2, 3 or 4 (one rank has nobody to average with; more ranks than a laptop's cores only slow every cell)")
-check_value("timeout", timeout, timeout > 0, "greater than 0 seconds")
 check_value("hang_timeout", hang_timeout, hang_timeout > 0, "greater than 0 seconds")
 
 # %%
@@ -70,10 +68,11 @@ print(f"torch {torch.__version__}; this kernel's pid is {os.getpid()}; world_siz
 # time: the engines start and import torch. Section 4 compares the ranks' pids with these.
 
 # %%
-# After a kernel restart: run the parameters cell (world_size, timeout), then this cell.
+# After a kernel restart: run the parameters cell (world_size, hang_timeout), then this cell.
 # Every %%px cell needs it (without it: "Cell magic `%%px` not found").
 from helpers.engine import start_ranks
 
+timeout = 60.0  # seconds a %%px cell or ranks.run may take before the ranks are ended and restarted
 ranks = start_ranks(world_size=world_size, backend=None, timeout=timeout)
 
 

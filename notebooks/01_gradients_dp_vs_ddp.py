@@ -17,7 +17,7 @@
 # # 01 · Gradients under DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** explain why a DDP gradient is the mean over ranks, and write that average by hand. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** one batch is spread over several devices. Which gradient does the model end
@@ -44,14 +44,15 @@
 # [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # number of DDP ranks (processes); 1, 2 or 4 (section 4 splits 4 samples evenly)
-seed = 0  # seeds the Linear toy's weights and its inputs
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), seed=(seed, int))
+seed = 0  # seeds the Linear toy's weights and its inputs
+
+check_parameters(world_size=(world_size, int))
 check_value("world_size", world_size, world_size in (1, 2, 4), "1, 2 or 4 (section 4 splits 4 samples evenly)")
 
 # %%

@@ -17,7 +17,7 @@
 # # 02 · One model, many processes: how DDP keeps the replicas identical
 #
 # <!-- opening:start -->
-# **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,700 words at 200 words/min): about 8 min.
+# **You will be able to** say what DDP broadcasts, when, and what it never synchronises. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** every DDP process, or rank, builds its *own* copy of the model. It uses its
@@ -51,16 +51,16 @@
 # construction-time broadcast yourself.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
+
+# %%
+from helpers.notebook import check_answer
+
+# Constants of this lesson: no profile changes them
 world_size = 3  # number of DDP ranks (processes), at least 2; the seed uses 3
 base_seed = 0  # rank r seeds its model and data with base_seed + r
 lr = 0.01  # SGD learning rate of the one step
 batch_size = 4  # samples per rank in the one forward pass
-
-# %%
-from helpers.notebook import check_answer, check_parameters
-
-check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), lr=(lr, float), batch_size=(batch_size, int))
 
 # %%
 import contextlib

@@ -17,7 +17,7 @@
 # # 03 · `DistributedSampler`: which rank sees which item
 #
 # <!-- opening:start -->
-# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** predict which rank gets which item, and evaluate without padding errors. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** under DDP every rank runs its own `DataLoader`. How does
@@ -46,16 +46,18 @@
 # [glossary](../docs/GLOSSARY.md) defines every term, with its Chinese name.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 4  # number of DDP ranks for section 4's live workers, at least 2; the seed uses 4
-base_seed = 0  # section 4: the shared dataset uses base_seed, rank r's own dataset base_seed + r
-epochs = 2  # section 4: epochs of the set_epoch demonstration, at least 2
 
 # %%
 # Check the parameters first: a wrong type or value stops here, with a message saying what to pass
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), base_seed=(base_seed, int), epochs=(epochs, int))
+# Constants of this lesson: no profile changes them
+base_seed = 0  # section 4: the shared dataset uses base_seed, rank r's own dataset base_seed + r
+epochs = 2  # section 4: epochs of the set_epoch demonstration, at least 2
+
+check_parameters(world_size=(world_size, int))
 check_value("world_size and epochs", (world_size, epochs), world_size >= 2 and epochs >= 2, "both at least 2 (section 4 compares ranks and epochs)")
 
 # %%

@@ -17,7 +17,7 @@
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** do `nn.DataParallel` (DP) and `DistributedDataParallel` (DDP) learn the
@@ -48,24 +48,27 @@
 # every term and gives its Chinese name.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # DDP processes (ranks); must divide global_batch_size
-epochs = 1  # passes over the 60,000 training images
 max_steps = 200  # optimizer steps per mode; 0 means all epochs in full (938 steps per epoch at batch 64)
 equivalence_steps = 20  # steps over which DDP must follow the single-process loss curve (and weights); 0 means all
 min_accuracy = 0.85  # test accuracy every mode must reach
-model = "linear"  # "linear": the seed's Linear(784, 10); "cnn": a small two-layer CNN (learns slower: give it all epochs, max_steps 0)
-global_batch_size = 64  # samples per optimizer step, all ranks together
-lr = 0.01  # SGD learning rate
-seed = 0  # seeds the initial weights and the data order
 timed_steps = 20  # section 8: optimizer steps in one timed repeat
 repeats = 5  # section 8: timed repeats per mode, after one untimed warm-up repeat
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), epochs=(epochs, int), max_steps=(max_steps, int), equivalence_steps=(equivalence_steps, int), min_accuracy=(min_accuracy, float), model=(model, str), global_batch_size=(global_batch_size, int), lr=(lr, float), seed=(seed, int), timed_steps=(timed_steps, int), repeats=(repeats, int))
-check_value("model", model, model in ("linear", "cnn"), '"linear" or "cnn"')
+# Constants of this lesson: no profile changes them
+epochs = 1  # passes over the 60,000 training images
+model = "linear"  # the seed's Linear(784, 10); or "cnn", a small CNN (learns slower: max_steps 0)
+global_batch_size = 64  # samples per optimizer step, all ranks together
+lr = 0.01  # SGD learning rate
+seed = 0  # seeds the initial weights and the data order
+
+check_parameters(world_size=(world_size, int), max_steps=(max_steps, int),
+                 equivalence_steps=(equivalence_steps, int), min_accuracy=(min_accuracy, float),
+                 timed_steps=(timed_steps, int), repeats=(repeats, int))
 check_value("world_size", world_size, world_size >= 1 and global_batch_size % world_size == 0,
             f"at least 1 and a divisor of global_batch_size = {global_batch_size}")
 

@@ -17,7 +17,7 @@
 # # 05b · Communication and a cost model: all-reduce, buckets, a cluster
 #
 # <!-- opening:start -->
-# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), 1 to 2 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** measure all-reduce bandwidth and buckets, and predict a cluster with a cost model. **You need** [05a throughput on one machine](05a_throughput_on_one_machine.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** what does DDP's gradient all-reduce cost on this machine? How does DDP hide
@@ -50,21 +50,21 @@
 # each checked by a cell. The last asks for a communication hook, run on real ranks.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 profile = "smoke"  # benchmark sizes from helpers.bench.PROFILES: "smoke" (small, the default) or "full"
+
+# %%
+# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
+from helpers.notebook import check_answer, check_parameters, check_value
+
+# Constants of this lesson: no profile changes them
 seed = 0  # seeds the initial weights and data of section 3's short DDP run
 cluster_params_million = 25.6  # model of the cluster prediction (ResNet-50 has 25.6 M parameters)
 cluster_link_gbit_s = 100.0  # network bandwidth per GPU in Gb/s (100 Gb/s is 12.5 GB/s)
 cluster_alpha_us = 10.0  # ASSUMED latency per ring step in microseconds
 cluster_compute_ms = 100.0  # ASSUMED forward+backward+optimizer time of one step on one GPU in ms
 
-# %%
-# Check the parameters first: a wrong type or value stops here, with a message saying what to pass
-from helpers.notebook import check_answer, check_parameters, check_value
-
-check_parameters(profile=(profile, str), seed=(seed, int), cluster_params_million=(cluster_params_million, float),
-                 cluster_link_gbit_s=(cluster_link_gbit_s, float), cluster_alpha_us=(cluster_alpha_us, float),
-                 cluster_compute_ms=(cluster_compute_ms, float))
+check_parameters(profile=(profile, str))
 check_value("profile", profile, profile in ("smoke", "full"), '"smoke" or "full" (helpers.bench.PROFILES)')
 
 # %%

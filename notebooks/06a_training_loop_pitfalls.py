@@ -17,7 +17,7 @@
 # # 06a · DDP training-loop pitfalls: accumulation, uneven inputs, unused parameters, batch sizes
 #
 # <!-- opening:start -->
-# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
+# **You will be able to** fix accumulation (`no_sync`), uneven inputs (`Join`), unused parameters. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** once `DistributedDataParallel` (DDP) runs at all, which mistakes in the
@@ -45,9 +45,8 @@
 # 2.14.1. Where torch differs from folklore, the lesson says what really happens.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # DDP ranks (processes) of every launch; 2 or more
-seed = 0  # seeds every model and data set
 accum_steps = 4  # k, micro-batches per optimizer step in section 1
 collective_timeout_s = 2.0  # seconds a rank waits in a hung collective before gloo raises
 hang_timeout_s = 2.0  # launch timeout of section 2's hang, which the launcher itself ends
@@ -55,8 +54,11 @@ hang_timeout_s = 2.0  # launch timeout of section 2's hang, which the launcher i
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), seed=(seed, int), accum_steps=(accum_steps, int),
-                 collective_timeout_s=(collective_timeout_s, float), hang_timeout_s=(hang_timeout_s, float))
+seed = 0  # seeds every model and data set
+
+check_parameters(world_size=(world_size, int), accum_steps=(accum_steps, int),
+                 collective_timeout_s=(collective_timeout_s, float),
+                 hang_timeout_s=(hang_timeout_s, float))
 check_value("world_size", world_size, world_size >= 2, "2 or more (one rank has nobody to disagree with)")
 check_value("accum_steps", accum_steps, accum_steps >= 2, "at least 2 (no_sync needs a micro-batch to skip)")
 

@@ -17,7 +17,7 @@
 # # 06b · DDP state across ranks: BatchNorm, checkpoints, evaluation
 #
 # <!-- opening:start -->
-# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,800 words at 200 words/min): about 9 min.
+# **You will be able to** handle BatchNorm statistics, bit-identical resume, evaluation on every rank. **You need** [02 one model, many processes](02_one_model_many_processes.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** DDP keeps the parameters equal on every rank. What about everything else a
@@ -48,15 +48,16 @@
 # prints the seconds of each launch at the end of section 3.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # DDP ranks (processes) of every launch; 2 or more
-seed = 0  # seeds every model and data set
 collective_timeout_s = 3.0  # seconds a rank waits in a hung collective before gloo raises
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), seed=(seed, int), collective_timeout_s=(collective_timeout_s, float))
+seed = 0  # seeds every model and data set
+
+check_parameters(world_size=(world_size, int), collective_timeout_s=(collective_timeout_s, float))
 check_value("world_size", world_size, world_size >= 2, "2 or more (one rank has nobody to disagree with)")
 
 # %%

@@ -17,7 +17,7 @@
 # # 06c · DDP seeds and debugging
 #
 # <!-- opening:start -->
-# **You will be able to** seed ranks, catch collective mismatches, read a rank's traceback and hang. **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,000 words at 200 words/min): about 10 min.
+# **You will be able to** seed ranks, catch collective mismatches, read a rank's traceback and hang. **You need** [03 the distributed sampler](03_distributed_sampler.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** a DDP run gives a different number than yesterday's, or stops. Is it the
@@ -45,9 +45,8 @@
 # lesson says what really happens. The end of section 2 prints the seconds of each launch.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 world_size = 2  # DDP ranks (processes) of every launch; 2 or more
-seed = 0  # seeds every model and data set
 seed_steps = 30  # SGD steps of the seeds experiment in section 1
 collective_timeout_s = 2.0  # seconds a rank waits in a hung collective before gloo raises
 hang_timeout_s = 4.0  # seconds the mismatched-collective launch of section 2 may run before LaunchTimeout
@@ -55,8 +54,11 @@ hang_timeout_s = 4.0  # seconds the mismatched-collective launch of section 2 ma
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), seed=(seed, int), seed_steps=(seed_steps, int),
-                 collective_timeout_s=(collective_timeout_s, float), hang_timeout_s=(hang_timeout_s, float))
+seed = 0  # seeds every model and data set
+
+check_parameters(world_size=(world_size, int), seed_steps=(seed_steps, int),
+                 collective_timeout_s=(collective_timeout_s, float),
+                 hang_timeout_s=(hang_timeout_s, float))
 check_value("hang_timeout_s", hang_timeout_s, hang_timeout_s > 0, "greater than 0 seconds")
 check_value("world_size", world_size, world_size >= 2 and 64 % world_size == 0, "2, 4 or 8 (64 samples split evenly)")
 

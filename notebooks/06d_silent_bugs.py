@@ -17,7 +17,7 @@
 # # 06d · Silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
+# **You will be able to** find DDP mistakes that raise no error, with a value check or the three general checks. **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** my DDP run finished without an error: is it training the model I think it is?
@@ -38,16 +38,14 @@
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-later_steps = 3  # wrapper steps after the bypassed step in section 1
-n_items = 10  # items of section 4's data set (2 of them for validation)
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
 
 # %%
-from helpers.notebook import check_answer, check_parameters, check_value
+from helpers.notebook import check_answer
 
-check_parameters(later_steps=(later_steps, int), n_items=(n_items, int))
-check_value("later_steps", later_steps, 1 <= later_steps <= 20, "1 to 20")
-check_value("n_items", n_items, 6 <= n_items <= 1000, "6 to 1000 (8 or more for training, 2 for validation)")
+# Constants of this lesson: no profile changes them
+later_steps = 3  # wrapper steps after the bypassed step in section 1
+n_items = 10  # items of section 4's data set (2 of them for validation)
 
 # %%
 import contextlib

@@ -17,7 +17,7 @@
 # # 06e · More silent DDP bugs
 #
 # <!-- opening:start -->
-# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** predict what checkpointing, `static_graph`, `GradScaler` clipping and a slow rank do. **You need** [06d silent DDP bugs](06d_silent_bugs.ipynb), [06a training-loop pitfalls](06a_training_loop_pitfalls.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** some runs finish and are wrong, or die for a reason far from the bug. Which
@@ -38,18 +38,17 @@
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 collective_timeout_s = 1.5  # seconds a rank waits in a collective of section 4's short-timeout group
-eval_batches = 6  # evaluation batches of section 4 (an even number: 2 ranks share them)
 batch_s = 0.5  # seconds one evaluation batch takes in section 4 (a time.sleep)
 
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(collective_timeout_s=(collective_timeout_s, float), eval_batches=(eval_batches, int),
-                 batch_s=(batch_s, float))
+eval_batches = 6  # evaluation batches of section 4 (an even number: 2 ranks share them)
+
+check_parameters(collective_timeout_s=(collective_timeout_s, float), batch_s=(batch_s, float))
 check_value("collective_timeout_s", collective_timeout_s, 1.0 <= collective_timeout_s <= 30.0, "1 to 30 seconds")
-check_value("eval_batches", eval_batches, 2 <= eval_batches <= 20 and eval_batches % 2 == 0, "an even number, 2 to 20")
 check_value("batch_s", batch_s, eval_batches * batch_s >= collective_timeout_s + 1.0,
             "so that rank 0 alone evaluates at least 1 s longer than collective_timeout_s")
 

@@ -17,7 +17,7 @@
 # # 07b · Communication hooks and what comes after DDP
 #
 # <!-- opening:start -->
-# **You will be able to** write a communication hook, count compressed bytes, size ZeRO and FSDP. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,100 words at 200 words/min): about 10 min.
+# **You will be able to** write a communication hook, count compressed bytes, size ZeRO and FSDP. **You need** [04 MNIST: single, DP, DDP](04_mnist_single_dp_ddp.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** every DDP step all-reduces every gradient. How can DDP send fewer bytes?
@@ -49,19 +49,10 @@
 # communication hook and runs it on 2 real ranks.
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-world_size = 2  # processes of the launch() run and the hooks comparison
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 hooks_steps = 100  # training steps of the launch() run and per communication hook; 0 means one full epoch
-powersgd_ranks = [1, 4]  # PowerSGD matrix_approximation_rank values to compare
-powersgd_start_iter = 10  # PowerSGD runs the plain all-reduce for this many steps first (at least 2)
 min_accuracy = 0.80  # every hook must reach this test accuracy (100 steps: ~0.86; full epoch: ~0.91)
-max_16bit_drop = 0.001  # fp16 / bf16 may cost at most this much test accuracy against fp32 (10 of 10,000 images)
 max_accuracy_drop = 0.01  # PowerSGD may cost at most this much test accuracy against fp32 (100 steps: up to ~0.005; full epoch: ~0.0001, bound 0.002)
-backend = "auto"  # "auto": nccl with one GPU per rank, else gloo; or "gloo" / "nccl"
-global_batch_size = 64  # samples per optimizer step, all ranks together
-lr = 0.01  # SGD learning rate
-seed = 0  # seeds the initial weights and the data order
-job_timeout_s = 300  # a launch() still running after this many seconds is stopped (and the cell fails)
 
 # %%
 import math
@@ -69,28 +60,23 @@ import math
 from helpers.mnist_steps import MNIST_TRAIN_IMAGES, total_steps
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), hooks_steps=(hooks_steps, int),
-                 powersgd_ranks=(powersgd_ranks, list), powersgd_start_iter=(powersgd_start_iter, int),
-                 min_accuracy=(min_accuracy, float), max_16bit_drop=(max_16bit_drop, float),
-                 max_accuracy_drop=(max_accuracy_drop, float),
-                 backend=(backend, str), global_batch_size=(global_batch_size, int), lr=(lr, float),
-                 seed=(seed, int), job_timeout_s=(job_timeout_s, int))
-check_value("world_size", world_size, world_size >= 1, "at least 1")
-check_value("global_batch_size", global_batch_size,
-            global_batch_size >= 1 and global_batch_size % math.lcm(world_size, 2) == 0,
-            f"a positive multiple of {math.lcm(world_size, 2)} (world_size = {world_size} ranks in the hooks "
-            "comparison, 2 ranks in the hand-written hooks): every rank takes the same share of a global batch")
+# Constants of this lesson: no profile changes them
+world_size = 2  # processes of the launch() run and the hooks comparison
+powersgd_ranks = [1, 4]  # PowerSGD matrix_approximation_rank values to compare
+powersgd_start_iter = 10  # PowerSGD runs the plain all-reduce for this many steps first (at least 2)
+max_16bit_drop = 0.001  # fp16 / bf16 may cost at most this much test accuracy against fp32 (10 of 10,000 images)
+backend = "auto"  # "auto": nccl with one GPU per rank, else gloo; or "gloo" / "nccl"
+global_batch_size = 64  # samples per optimizer step, all ranks together
+lr = 0.01  # SGD learning rate
+seed = 0  # seeds the initial weights and the data order
+job_timeout_s = 300  # a launch() still running after this many seconds is stopped (and the cell fails)
+
+check_parameters(hooks_steps=(hooks_steps, int), min_accuracy=(min_accuracy, float),
+                 max_accuracy_drop=(max_accuracy_drop, float))
 
 hook_steps = total_steps(MNIST_TRAIN_IMAGES, global_batch_size, world_size, max_steps=hooks_steps)  # TrainConfig's
-
-check_value("powersgd_ranks", powersgd_ranks,
-            len(powersgd_ranks) >= 1 and all(isinstance(r, int) and not isinstance(r, bool) and r >= 1
-                                              for r in powersgd_ranks),
-            "a non-empty list of whole numbers >= 1, e.g. [1, 4]")
-check_value("powersgd_start_iter", powersgd_start_iter, 2 <= powersgd_start_iter < hook_steps,
-            f"at least 2 (torch's minimum with error feedback) and below the {hook_steps} "
-            "hook steps, so that PowerSGD gets steps after its start")
-check_value("backend", backend, backend in ("auto", "gloo", "nccl"), '"auto", "gloo" or "nccl"')
+check_value("hooks_steps", hooks_steps, powersgd_start_iter < hook_steps,
+            f"0 (one epoch) or above powersgd_start_iter = {powersgd_start_iter}: PowerSGD needs later steps")
 
 # %%
 import time

@@ -17,7 +17,7 @@
 # # 08a · After DDP: ZeRO-1 and FSDP2, run for real
 #
 # <!-- opening:start -->
-# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,500 words at 200 words/min): about 8 min.
+# **You will be able to** shard optimizer state (ZeRO-1) and the model (FSDP2); save a plain checkpoint. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [07b hooks and after DDP](07b_hooks_and_after_ddp.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** when I shard the model across ranks, what does each rank hold? And what
@@ -36,8 +36,7 @@
 # [all-reduce](../docs/GLOSSARY.md#all-reduce), [DDP](../docs/GLOSSARY.md#ddp).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-world_sizes = [2, 4]  # world sizes of section 2's table; the largest runs sections 1 and 4, the smallest 3 and 5
+# Parameters: what a profile changes (docs/RUNNER.md); these values are what you run (smoke)
 hidden = 16  # width of the MLP's two hidden layers
 steps = 4  # training steps of section 3's loss curves
 batch_size = 4  # samples per rank per step
@@ -45,11 +44,9 @@ batch_size = 4  # samples per rank per step
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_sizes=(world_sizes, list), hidden=(hidden, int), steps=(steps, int),
-                 batch_size=(batch_size, int))
-check_value("world_sizes", world_sizes,
-            all(isinstance(n, int) and 2 <= n <= 8 for n in world_sizes) and max(world_sizes) >= 4,
-            "a list of ints from 2 to 8, one of them at least 4 (section 1's empty shard needs 4 ranks)")
+world_sizes = [2, 4]  # section 2's table; the largest runs sections 1 and 4, the smallest 3 and 5
+
+check_parameters(hidden=(hidden, int), steps=(steps, int), batch_size=(batch_size, int))
 check_value("hidden", hidden, 4 <= hidden <= 1024, "4 to 1024")
 check_value("steps", steps, 1 <= steps <= 200, "1 to 200")
 check_value("batch_size", batch_size, 1 <= batch_size <= 256, "1 to 256")

@@ -17,7 +17,7 @@
 # # 08b · torch.compile with DDP
 #
 # <!-- opening:start -->
-# **You will be able to** count what `torch.compile` captures under DDP and where buckets split the graph. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You will be able to** count what `torch.compile` captures under DDP and where buckets split the graph. **You need** [00b DDP cell by cell](00b_ddp_cell_by_cell.ipynb), [05b communication and cost model](05b_communication_and_cost_model.ipynb).
 # <!-- opening:end -->
 #
 # **The question:** I put `torch.compile` and DDP together. What got compiled? Is my checkpoint

@@ -17,7 +17,7 @@
 # # 10c · Casebook: models, checkpoints and FSDP2
 #
 # <!-- opening:start -->
-# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,400 words at 200 words/min): about 7 min.
+# **You need** [06b state across ranks](06b_state_across_ranks.ipynb), [08a ZeRO-1 and FSDP2](08a_zero_and_fsdp2.ipynb).
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one mistake that people

@@ -17,7 +17,7 @@
 # # 10d · Casebook: launch, names and platforms
 #
 # <!-- opening:start -->
-# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 1,200 words at 200 words/min): about 6 min.
+# **You need** [00a processes and collectives](00a_processes_and_collectives.ipynb), [07a torchrun and many nodes](07a_torchrun_and_many_nodes.ipynb).
 # <!-- opening:end -->
 #
 # **What this page is.** A casebook page, not a lesson. Each section is one message or mistake
@@ -41,14 +41,10 @@
 # [process group](../docs/GLOSSARY.md#process-group), [torchrun](../docs/GLOSSARY.md#torchrun).
 
 # %% tags=["parameters"]
-# Parameters: what you run by default, top to bottom in JupyterLab (the smoke profile); the full profile overrides some (docs/RUNNER.md)
-nproc_per_node = 2  # processes each launcher starts in the --local-rank case
+# Parameters: none; no profile changes this lesson (docs/RUNNER.md)
 
 # %%
-from helpers.notebook import check_parameters, check_value
-
-check_parameters(nproc_per_node=(nproc_per_node, int))
-check_value("nproc_per_node", nproc_per_node, 1 <= nproc_per_node <= 4, "1 to 4")
+nproc_per_node = 2  # processes each launcher starts in the --local-rank case
 
 # %%
 import argparse

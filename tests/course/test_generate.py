@@ -110,13 +110,12 @@ def test_adding_a_lesson_is_two_files_one_record_and_one_command(tmp_path, capsy
     readme = (root / "README.md").read_text(encoding="utf-8")
     assert "| [99 a throwaway lesson](notebooks/99_throwaway.ipynb) | throw it away | " + last.label in readme
     opening = block_of(root / "notebooks" / "99_throwaway.py", path_table.OPEN_START, path_table.OPEN_END, 0)
-    assert opening.startswith("**You will be able to** throw it away. **You need** "
-                              f"[{last.name}]({last.stem}.ipynb). **Run time**: not measured yet.")
+    assert opening == f"**You will be able to** throw it away. **You need** [{last.name}]({last.stem}.ipynb)."
     for suffix in (".ipynb", ".py"):
         nxt = block_of(root / "notebooks" / f"{last.stem}{suffix}", path_table.NEXT_START, path_table.NEXT_END, -1)
         assert nxt == "**Next:** [99 a throwaway lesson](99_throwaway.ipynb): throw it away."
     runner = (root / "docs" / "RUNNER.md").read_text(encoding="utf-8")
-    assert "| [99](../notebooks/99_throwaway.ipynb) | `steps` | int | `3` | `3` | **`30`** | `3` |" in runner
+    assert "| [99](../notebooks/99_throwaway.ipynb) | `steps` | int | `3` | **`30`** | `3` |" in runner
     assert "99_throwaway" in marked.between((root / "docs" / "TEACHING.md").read_text(encoding="utf-8"),
                                             agenda.START, agenda.END)
     plan = planning.plan_run(["99"], "full", tmp_path / "build", notebooks_dir=root / "notebooks")
@@ -124,38 +123,40 @@ def test_adding_a_lesson_is_two_files_one_record_and_one_command(tmp_path, capsy
     assert [p.stem for p in planning.discover_notebooks(root / "notebooks")][-1] == "99_throwaway"
 
 
-def test_recorded_times_reach_the_readme_and_the_openings(tmp_path, capsys):
-    """``--record`` keeps a runner's times per profile; the README shows seconds, each opening a
-    coarse range, so a new record changes a lesson only when its range changes."""
+def test_recorded_times_merge_and_reach_one_line_not_the_lessons(tmp_path, capsys):
+    """``--record`` merges a runner's times into a profile's; the README's one run-time line names
+    a lesson only when it takes longer than about a minute; no record or prose edit touches a lesson."""
     root = copy_of_the_course(tmp_path)
     first, second = manifest.stems("lesson")[:2]
     folder = tmp_path / "build" / "smoke"
     record_times([{"notebook": first, "status": "ok", "seconds": 56.7},
                   {"notebook": second, "status": "FAILED", "seconds": 3.0}],
                  folder, when="2026-12-01", host="box, 2 cores")
-    full_before = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]["full"]
+    before = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]
     assert generate.main(["--record", str(folder / "times.json"), "--profile", "smoke", "--root", str(root)]) == 0
     times = json.loads((root / "docs" / "run_times.json").read_text())["profiles"]
-    assert times["smoke"] == {first: {"seconds": 56.7, "date": "2026-12-01", "machine": "box, 2 cores"}}
-    assert times["full"] == full_before, "recording one profile keeps the other"
-    row = next(line for line in (root / "README.md").read_text().splitlines() if f"(notebooks/{first}.ipynb)" in line)
-    assert row.split(" | ")[-2:] == ["57 s", path_table.fmt_seconds(full_before[first]["seconds"]) + " |"]
-    opening = block_of(root / "notebooks" / f"{first}.py", path_table.OPEN_START, path_table.OPEN_END, 0)
-    assert "**Run time** (measured): under 1 min as you run it (the `smoke` profile)" in opening
-    before = (root / "notebooks" / f"{first}.ipynb").read_text()
-    record_times([{"notebook": first, "status": "ok", "seconds": 41.0}], tmp_path / "b2", when="2026-12-02",
+    assert times["smoke"] == {**before["smoke"], first: {"seconds": 56.7, "date": "2026-12-01",
+                                                         "machine": "box, 2 cores"}}, "merged"
+    assert times["full"] == before["full"], "recording one profile keeps the other"
+    line = path_table.run_time_line(times)
+    assert line in (root / "README.md").read_text() and "box, 2 cores" in line
+    assert f"{first.split('_')[0]} takes" not in line, line
+    lesson = root / "notebooks" / f"{first}.ipynb"
+    before = lesson.read_text()
+    record_times([{"notebook": first, "status": "ok", "seconds": 141.0}], tmp_path / "b2", when="2026-12-02",
                  host="box, 2 cores")
     assert generate.main(["--record", str(tmp_path / "b2" / "times.json"), "--profile", "smoke",
                           "--root", str(root)]) == 0
-    assert (root / "notebooks" / f"{first}.ipynb").read_text() == before, "same range: the lesson is untouched"
-    assert "| 41 s |" in (root / "README.md").read_text()
+    assert lesson.read_text() == before, "a lesson shows no measured time"
+    assert f"{first.split('_')[0]} takes 3 min in `smoke`" in (root / "README.md").read_text()
+    edited = before.replace("**The question:**", "**The question:** " + "more " * 100)
+    lesson.write_text(edited, encoding="utf-8")
+    assert edited != before and generate.main(["--root", str(root)]) == 0
+    assert lesson.read_text() == edited, "a prose edit leaves the lesson's opening as it is"
+    assert generate.main(["--record-replace", str(folder / "times.json"), "--profile", "smoke",
+                          "--root", str(root)]) == 0
+    assert list(json.loads((root / "docs" / "run_times.json").read_text())["profiles"]["smoke"]) == [first]
     capsys.readouterr()
-
-
-@pytest.mark.parametrize("seconds, words", [(None, "not measured yet"), (5, "under 1 min"), (60, "1 to 2 min"),
-                                            (299, "2 to 5 min"), (600, "over 10 min")])
-def test_time_ranges(seconds, words):
-    assert path_table.time_range(seconds) == words
 
 
 def test_a_hand_edit_or_a_lost_marker_is_caught(tmp_path, capsys):

@@ -142,11 +142,6 @@ def assert_gone(pids: list[int], within: float = 3.0) -> None:
     assert not [p for p in pids if is_live(p)], f"processes still running: {pids}"
 
 
-# ------------------------------------------------------------------------------------------
-# Runs that start kernels
-# ------------------------------------------------------------------------------------------
-
-
 @pytest.mark.timeout(120)
 def test_cli_failure_then_ok_continues_table_and_cell(nbdir, profiles, tmp_path):
     res = run_cli(["02", "01_ok", "-p", "name=hello", *common_args(nbdir, profiles, tmp_path)])
@@ -269,36 +264,24 @@ def test_kernel_death_orphans_are_found(nbdir, profiles, tmp_path, monkeypatch):
     assert not after, f"runner left children (zombies included): {after}"
 
 
-# ------------------------------------------------------------------------------------------
-# Checks done before anything runs (no kernel started)
-# ------------------------------------------------------------------------------------------
-
-
 def run_main(args, capsys):
     rc = rn.main(args)
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
 
-def test_unknown_notebook_lists_available(nbdir, profiles, tmp_path, capsys):
-    rc, out, err = run_main(["07", "nope", *common_args(nbdir, profiles, tmp_path)], capsys)
-    assert rc == 2
-    assert "unknown notebook '07'" in err and "unknown notebook 'nope'" in err
-    for stem in ("01_ok", "02_fail", "03_sleep", "04_leak"):
-        assert stem in err
+@pytest.mark.parametrize("args, messages", [
+    (["07", "nope"], ["unknown notebook '07'", "unknown notebook 'nope'", "01_ok", "02_fail", "04_leak"]),
+    (["--profile", "huge", "01"], ["unknown profile 'huge'", "smoke", "full"]),
+    (["01", "02", "-p", "epochs=3"], ["01_ok: unknown parameter 'epochs'", "02_fail: unknown parameter "
+                                      "'epochs'", "flag, maybe, n, name, x"]),
+    (["01", "-p", "oops"], ["NAME=VALUE"]),
+])
+def test_refused_before_anything_runs(nbdir, profiles, tmp_path, capsys, args, messages):
+    """Unknown notebooks (the available ones listed), profile or parameter: exit 2, nothing run."""
+    rc, out, err = run_main([*args, *common_args(nbdir, profiles, tmp_path)], capsys)
+    assert rc == 2 and all(m in err for m in messages), err
     assert not (tmp_path / "build").exists()
-
-
-def test_unknown_profile_lists_profiles(nbdir, profiles, tmp_path, capsys):
-    rc, out, err = run_main(["--profile", "huge", "01", *common_args(nbdir, profiles, tmp_path)], capsys)
-    assert rc == 2
-    assert "unknown profile 'huge'" in err and "smoke" in err and "full" in err
-
-
-def test_cli_unknown_name_exit_code(nbdir, profiles, tmp_path):
-    res = run_cli(["99", *common_args(nbdir, profiles, tmp_path)], timeout=60)
-    assert res.returncode == 2
-    assert "unknown notebook '99'" in res.stderr and "01_ok" in res.stderr
 
 
 @pytest.mark.parametrize(
@@ -318,14 +301,6 @@ def test_wrong_type_in_profile(nbdir, tmp_path, capsys, value, given):
     assert not (tmp_path / "build").exists()
 
 
-def test_unknown_parameter(nbdir, profiles, tmp_path, capsys):
-    rc, out, err = run_main(["01", "02", "-p", "epochs=3", *common_args(nbdir, profiles, tmp_path)], capsys)
-    assert rc == 2
-    assert "01_ok: unknown parameter 'epochs'" in err
-    assert "02_fail: unknown parameter 'epochs'" in err
-    assert "flag, maybe, n, name, x" in err
-
-
 def test_cli_values_are_typed_against_defaults(nbdir, profiles, tmp_path, capsys):
     rc, out, err = run_main(
         ["01", "--list", "-p", "x=3", "-p", "name=42", "-p", "flag=True", "-p", "maybe=[1, 2]",
@@ -335,8 +310,6 @@ def test_cli_values_are_typed_against_defaults(nbdir, profiles, tmp_path, capsys
     rc, out, err = run_main(["01", "--list", "-p", "n=abc", *common_args(nbdir, profiles, tmp_path)], capsys)
     assert rc == 2
     assert "parameter 'n' must be an int, but it is 'abc' (str) (from -p n=abc" in err and "`-p n=2`" in err
-    rc, out, err = run_main(["01", "--list", "-p", "oops", *common_args(nbdir, profiles, tmp_path)], capsys)
-    assert rc == 2 and "NAME=VALUE" in err
 
 
 def test_full_profile_accepts_int_for_float(nbdir, profiles, tmp_path, capsys):
