@@ -64,7 +64,10 @@ repeats = 5  # section 8: timed repeats per mode, after one untimed warm-up repe
 # %%
 from helpers.notebook import check_answer, check_parameters, check_value
 
-check_parameters(world_size=(world_size, int), epochs=(epochs, int), max_steps=(max_steps, int), equivalence_steps=(equivalence_steps, int), min_accuracy=(min_accuracy, float), model=(model, str), global_batch_size=(global_batch_size, int), lr=(lr, float), seed=(seed, int), timed_steps=(timed_steps, int), repeats=(repeats, int))
+check_parameters(world_size=(world_size, int), epochs=(epochs, int), max_steps=(max_steps, int),
+                 equivalence_steps=(equivalence_steps, int), min_accuracy=(min_accuracy, float),
+                 model=(model, str), global_batch_size=(global_batch_size, int), lr=(lr, float),
+                 seed=(seed, int), timed_steps=(timed_steps, int), repeats=(repeats, int))
 check_value("model", model, model in ("linear", "cnn"), '"linear" or "cnn"')
 check_value("world_size", world_size, world_size >= 1 and global_batch_size % world_size == 0,
             f"at least 1 and a divisor of global_batch_size = {global_batch_size}")
