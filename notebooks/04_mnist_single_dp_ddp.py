@@ -17,7 +17,7 @@
 # # 04 · MNIST: one process, DataParallel and DistributedDataParallel
 #
 # <!-- opening:start -->
-# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,200 words at 200 words/min): about 11 min.
+# **You will be able to** train MNIST with DDP that follows the single-process loss curve. **You need** [01 gradients: DP vs DDP](01_gradients_dp_vs_ddp.ipynb), [02 one model, many processes](02_one_model_many_processes.ipynb), [03 the distributed sampler](03_distributed_sampler.ipynb). **Run time** (measured): under 1 min as you run it (the `smoke` profile), under 1 min in the larger `full` profile. **Reading time** (estimate: about 2,300 words at 200 words/min): about 12 min.
 # <!-- opening:end -->
 #
 # **The question:** do `nn.DataParallel` (DP) and `DistributedDataParallel` (DDP) learn the
