@@ -24,7 +24,7 @@ Units everywhere: bytes, seconds, bytes per second (helpers print GB/s = 1e9 byt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -119,6 +119,9 @@ class AlphaBetaFit:
     def predict(self, nbytes, n):
         """``ring_allreduce_seconds(nbytes, n, alpha_s, bandwidth_Bps)`` in seconds."""
         return ring_allreduce_seconds(nbytes, n, self.alpha_s, self.bandwidth_Bps)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 def fit_alpha_beta(nbytes: Sequence[float], n: Sequence[int], seconds: Sequence[float]) -> AlphaBetaFit:
