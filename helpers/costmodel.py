@@ -52,28 +52,15 @@ def _check_n(n) -> np.ndarray:
 
 def busbw_factor(n) -> float | np.ndarray:
     """``2 (n - 1) / n``: bytes each process sends per byte all-reduced by a ring (0 for n = 1).
-
-    Args:
-        n: number of processes (int or array of ints >= 1).
-
-    Raises:
-        ValueError: if ``n`` is not an integer >= 1.
-    """
+    ``n``: int or array of ints >= 1, else ``ValueError``."""
     n = _check_n(n)
     f = 2.0 * (n - 1.0) / n
     return float(f) if f.ndim == 0 else f
 
 
 def algbw(nbytes, seconds) -> float | np.ndarray:
-    """Algorithm bandwidth ``S / t`` in bytes/s (nccl-tests' ``algbw``).
-
-    Args:
-        nbytes: message size ``S`` in bytes (the size of the tensor each rank all-reduces).
-        seconds: time of one all-reduce, s (> 0).
-
-    Raises:
-        ValueError: if a time is not positive.
-    """
+    """Algorithm bandwidth ``S / t`` in bytes/s (nccl-tests' ``algbw``): ``nbytes``, the tensor
+    each rank all-reduces; ``seconds`` (> 0, else ``ValueError``), one all-reduce's time."""
     seconds = np.asarray(seconds, dtype=float)
     if np.any(seconds <= 0):
         raise ValueError(f"times must be > 0 seconds, got {seconds!r}")
@@ -87,10 +74,6 @@ def busbw(algbw_Bps, n) -> float | np.ndarray:
     It removes the dependence on ``n``: for a ring it is the bandwidth each link actually
     carries, so it can be compared with the hardware's peak (here: the memory-copy bandwidth).
     Source: nccl-tests, doc/PERFORMANCE.md (:data:`NCCL_TESTS_PERFORMANCE_URL`).
-
-    Args:
-        algbw_Bps: algorithm bandwidth, bytes/s.
-        n: number of processes.
     """
     out = np.asarray(algbw_Bps, dtype=float) * busbw_factor(n)
     return float(out) if out.ndim == 0 else out
@@ -244,16 +227,10 @@ def predict_data_parallel(
         comm = latency + bandwidth
         no_overlap = compute_s + comm
         overlap = max(compute_s, comm)
-        rows.append({
-            "n_gpus": n,
-            "gradient_MB": grad_bytes / 1e6,
-            "n_buckets": n_buckets,
-            "latency_ms": latency * 1e3,
-            "bandwidth_ms": bandwidth * 1e3,
-            "comm_ms": comm * 1e3,
-            "step_ms_no_overlap": no_overlap * 1e3,
-            "step_ms_overlap": overlap * 1e3,
-            "efficiency_no_overlap": compute_s / no_overlap,
-            "efficiency_overlap": compute_s / overlap,
-        })
+        rows.append({"n_gpus": n, "gradient_MB": grad_bytes / 1e6, "n_buckets": n_buckets,
+                     "latency_ms": latency * 1e3, "bandwidth_ms": bandwidth * 1e3,
+                     "comm_ms": comm * 1e3, "step_ms_no_overlap": no_overlap * 1e3,
+                     "step_ms_overlap": overlap * 1e3,
+                     "efficiency_no_overlap": compute_s / no_overlap,
+                     "efficiency_overlap": compute_s / overlap})
     return rows

@@ -1,18 +1,12 @@
 """MNIST for the notebooks and DDP workers: verified files on disk, and a fast in-memory path.
 
 The repository commits the four original MNIST IDX files (LeCun, Cortes, Burges), gzipped, in
-``data/MNIST/raw/``. :func:`ensure_mnist` decompresses each ``.gz`` next to itself -- the layout
-``torchvision.datasets.MNIST(root=...)`` reads -- and checks the SHA-256 of every decompressed
-file. :func:`load_mnist` parses the IDX files itself into whole-dataset tensors (no per-item PIL
-transform), and :func:`mnist_datasets` returns the classic torchvision datasets.
-
-Every DDP worker process calls these functions, so they are safe to call concurrently from
-several processes (each writes its own temporary file and publishes it with an atomic
-``os.replace``) and cheap to call again within a process (verification and parsing are
-memoised).
-
-Every failure is a :class:`MNISTDataError` whose message names the file, what is wrong with it
-(for checksums: the expected and the actual SHA-256) and how to fix it.
+``data/MNIST/raw/``. :func:`ensure_mnist` decompresses each next to itself, the layout
+``torchvision.datasets.MNIST(root=...)`` reads, and checks every file's SHA-256.
+:func:`load_mnist` parses them into whole-split tensors; :func:`mnist_datasets` gives
+torchvision's datasets. Safe to call from several processes at once (each writes its own
+temporary file and publishes it with ``os.replace``), cheap to call again (memoised). Every
+failure is a :class:`MNISTDataError` naming the file, what is wrong and how to fix it.
 """
 
 from __future__ import annotations
@@ -68,15 +62,8 @@ _FIX_GZ = (
 
 @dataclass(frozen=True)
 class MNISTFile:
-    """One decompressed MNIST IDX file and its expected content.
-
-    Attributes:
-        name: file name inside ``<root>/MNIST/raw`` (the ``.gz`` is ``name + ".gz"``).
-        size: size of the decompressed file in bytes.
-        sha256: SHA-256 of the decompressed file, lowercase hex.
-        magic: IDX magic number (2051 images, 2049 labels).
-        count: number of items (60000 train, 10000 test).
-    """
+    """One decompressed IDX file in ``<root>/MNIST/raw``: its name, size in bytes, SHA-256 (hex),
+    IDX magic number (2051 images, 2049 labels) and item count."""
 
     name: str
     size: int
@@ -85,34 +72,18 @@ class MNISTFile:
     count: int
 
 
-#: The four decompressed files. Byte sizes and SHA-256 digests are copied from the table in
-#: /work/shared/data/README.md ("SHA-256 of the decompressed files"); magic numbers and counts
-#: are the IDX headers of the original distribution (LeCun et al.), also checked in that README.
-MNIST_FILES: dict[str, MNISTFile] = {
-    f.name: f
-    for f in (
-        MNISTFile(
-            "train-images-idx3-ubyte", 47040016,
-            "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-            IDX_MAGIC_IMAGES, 60000,
-        ),
-        MNISTFile(
-            "train-labels-idx1-ubyte", 60008,
-            "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-            IDX_MAGIC_LABELS, 60000,
-        ),
-        MNISTFile(
-            "t10k-images-idx3-ubyte", 7840016,
-            "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-            IDX_MAGIC_IMAGES, 10000,
-        ),
-        MNISTFile(
-            "t10k-labels-idx1-ubyte", 10008,
-            "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
-            IDX_MAGIC_LABELS, 10000,
-        ),
-    )
-}
+#: The four decompressed files. Sizes and SHA-256 digests: the table in
+#: /work/shared/data/README.md; magic numbers and counts: the IDX headers (LeCun et al.).
+MNIST_FILES: dict[str, MNISTFile] = {f.name: f for f in (
+    MNISTFile("train-images-idx3-ubyte", 47040016, magic=IDX_MAGIC_IMAGES, count=60000,
+              sha256="ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),
+    MNISTFile("train-labels-idx1-ubyte", 60008, magic=IDX_MAGIC_LABELS, count=60000,
+              sha256="65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5"),
+    MNISTFile("t10k-images-idx3-ubyte", 7840016, magic=IDX_MAGIC_IMAGES, count=10000,
+              sha256="0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7"),
+    MNISTFile("t10k-labels-idx1-ubyte", 10008, magic=IDX_MAGIC_LABELS, count=10000,
+              sha256="ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"),
+)}
 
 _CHUNK = 1 << 20
 _lock = threading.RLock()
@@ -125,10 +96,6 @@ _verified: set[tuple] = set()
 class MNISTDataError(RuntimeError):
     """The MNIST files are missing, damaged, unwritable or not MNIST; the message says how to fix it."""
 
-
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
 
 def _raw_dir(root) -> Path:
     return (Path(root) if root is not None else DEFAULT_ROOT) / "MNIST" / "raw"
@@ -248,43 +215,27 @@ def _download(root: Path) -> None:
         ) from e
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-# --------------------------------------------------------------------------------------------
-
 def ensure_mnist(root: str | os.PathLike | None = None, *, download: bool = False) -> Path:
-    """Make sure ``<root>/MNIST/raw`` holds the four verified, decompressed MNIST IDX files.
+    """Make sure ``<root>/MNIST/raw`` holds the four decompressed MNIST files, verified.
 
-    Each ``<name>.gz`` is decompressed next to itself, through a unique temporary file in the
-    same folder and ``os.replace`` (atomic: no reader ever sees a half-written file, and
-    concurrent callers -- e.g. several DDP workers -- are safe). The SHA-256 and byte size of
-    every decompressed file are checked against :data:`MNIST_FILES` (from
-    /work/shared/data/README.md). A decompressed file that already exists and verifies is left
-    alone; one that exists but is wrong is re-decompressed from its ``.gz``. Verification is
-    memoised per process by (path, device, inode, size, mtime), so repeated calls cost a few
-    ``stat`` calls.
+    Each ``.gz`` is decompressed next to itself through a temporary file and ``os.replace``
+    (no reader sees half a file; concurrent ranks are safe), then its size and SHA-256 are
+    checked against :data:`MNIST_FILES`. A good file is left alone, a wrong one rebuilt from its
+    ``.gz``. Verification is memoised per process by (path, device, inode, size, mtime).
+    Afterwards ``torchvision.datasets.MNIST(root, download=True)`` works offline: torchvision
+    skips its download when the decompressed files exist.
 
     Args:
         root: dataset root; default :data:`DEFAULT_ROOT` (``<repo>/data``).
-        download: if True and files are missing, fall back to
-            ``torchvision.datasets.MNIST(root, download=True)`` (needs network) and verify the
-            result. Default False: missing files raise :class:`MNISTDataError`.
-
-    Afterwards ``torchvision.datasets.MNIST(root, download=True)``, as the tutorials call it,
-    works offline: torchvision skips its download when the decompressed files are in
-    ``<root>/MNIST/raw`` (its ``_check_exists``); without them it would try the network, since
-    the committed ``.gz`` files fail its MD5 check (they were recompressed). Notebook 04 and
-    ``python3 -m helpers.doctor`` call this (through :func:`load_mnist` or directly).
+        download: if True and files are missing, fetch them with torchvision (needs network).
 
     Returns:
-        The root as a :class:`pathlib.Path`, i.e. what ``torchvision.datasets.MNIST(root=...)``
-        takes.
+        the root as a :class:`pathlib.Path`, what ``torchvision.datasets.MNIST(root=...)`` takes.
 
     Raises:
-        MNISTDataError: a file is missing; a ``.gz`` is truncated or corrupt; a checksum does
-            not match (message has expected and actual SHA-256); the folder is not writable
-            when decompression is needed; the download fallback failed. No temporary or
-            half-written file is left behind.
+        MNISTDataError: a missing file, a truncated or corrupt ``.gz``, a checksum mismatch
+            (expected and actual SHA-256), an unwritable folder, a failed download. No
+            temporary file is left behind.
     """
     root = Path(root) if root is not None else DEFAULT_ROOT
     raw = _raw_dir(root)
@@ -324,25 +275,15 @@ def parse_idx(
     expected_count: int | None = None,
     name: str = "IDX data",
 ) -> np.ndarray:
-    """Parse an unsigned-byte IDX buffer (the MNIST file format) into a numpy array.
+    """Parse an unsigned-byte IDX buffer (MNIST's format) into a ``uint8`` numpy array.
 
-    Header: magic number (big-endian uint32; 2051 = images ``(N, 28, 28)``, 2049 = labels
-    ``(N,)``), then one big-endian uint32 per dimension, then the data, row-major, one byte per
-    value.
-
-    Args:
-        data: the whole decompressed file.
-        expected_magic: if given, the magic number must equal it.
-        expected_count: if given, the first dimension (number of items) must equal it.
-        name: used in error messages (pass the file path).
-
-    Returns:
-        ``uint8`` array of the header's shape, sharing memory with ``data`` (writable if
-        ``data`` is).
+    Header: a big-endian uint32 magic number (2051 = images ``(N, 28, 28)``, 2049 = labels
+    ``(N,)``), one big-endian uint32 per dimension, then the data, one byte per value. The
+    array shares memory with ``data``. ``name`` (the file path) goes into error messages.
 
     Raises:
-        MNISTDataError: bad magic number, image size other than 28 x 28, wrong item count, or
-            buffer length not matching the header.
+        MNISTDataError: a bad magic number, an image size other than 28 x 28, an item count
+            other than ``expected_count``, or a length that does not match the header.
     """
     buf = memoryview(data).cast("B")
     fix = "Delete the decompressed file and rerun ensure_mnist()."
@@ -395,14 +336,6 @@ def _read_verified(path: Path, spec: MNISTFile) -> bytearray:
     return buf
 
 
-def _check_pair(images: np.ndarray, labels: np.ndarray, name: str) -> None:
-    if images.shape[0] != labels.shape[0]:
-        raise MNISTDataError(
-            f"{name}: {images.shape[0]} images but {labels.shape[0]} labels. "
-            f"Delete the decompressed files and rerun ensure_mnist()."
-        )
-
-
 @functools.lru_cache(maxsize=4)
 def _load_raw(raw: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 images (N, 28, 28) and uint8 labels (N,) of one split, memoised per process."""
@@ -415,9 +348,7 @@ def _load_raw(raw: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
             parse_idx(_read_verified(path, spec), expected_magic=magic,
                       expected_count=spec.count, name=str(path))
         )
-    images, labels = arrays
-    _check_pair(images, labels, f"{raw} ({prefix})")
-    return torch.from_numpy(images), torch.from_numpy(labels)
+    return torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1])
 
 
 def load_mnist(
@@ -426,23 +357,16 @@ def load_mnist(
     normalize: bool = True,
     flatten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole MNIST split as tensors: the fast path (no per-item PIL transform).
-
-    Calls :func:`ensure_mnist` (cheap after the first call), parses the verified IDX files with
-    :func:`parse_idx`, and memoises the raw ``uint8`` tensors per process; every call returns
-    fresh tensors the caller may modify.
+    """One whole MNIST split as fresh CPU tensors (no per-item PIL transform).
 
     Args:
-        train: the 60000-image training split if True, else the 10000-image test split.
-        root: dataset root (default ``<repo>/data``).
-        normalize: if True, pixels scaled to [0, 1] are normalised as
-            ``(x - MNIST_MEAN) / MNIST_STD`` (train set: mean ~0, std ~1; range about
-            [-0.424, 2.821]); if False, pixels are in [0, 1].
-        flatten: if True, images have shape ``(N, 784)`` instead of ``(N, 1, 28, 28)``.
+        train: the 60,000 training images if True, else the 10,000 test images.
+        root: dataset root (default ``<repo>/data``), through :func:`ensure_mnist`.
+        normalize: ``(x - MNIST_MEAN) / MNIST_STD`` of pixels in [0, 1] if True, else [0, 1].
+        flatten: images ``(N, 784)`` instead of ``(N, 1, 28, 28)``.
 
     Returns:
-        ``(images, labels)``: images ``float32`` ``(N, 1, 28, 28)`` (or ``(N, 784)``), labels
-        ``int64`` ``(N,)`` with values 0..9; N = 60000 (train) or 10000 (test). CPU tensors.
+        ``(images, labels)``: ``float32`` images, ``int64`` labels ``(N,)`` in 0..9.
 
     Raises:
         MNISTDataError: as :func:`ensure_mnist`, or an IDX header that is not MNIST's.
@@ -462,20 +386,12 @@ def mnist_datasets(
     root: str | os.PathLike | None = None,
     transform: Callable | None = None,
 ):
-    """``(train, test)`` :class:`torchvision.datasets.MNIST` datasets over the verified files.
+    """``(train, test)`` :class:`torchvision.datasets.MNIST` over the verified files.
 
-    Calls :func:`ensure_mnist` first, then builds the datasets with ``download=False``. Items
-    are ``(image, label)``: with the default transform (``ToTensor()`` then
-    ``Normalize((MNIST_MEAN,), (MNIST_STD,))``, the seed recipe) ``image`` is a ``float32``
-    tensor ``(1, 28, 28)`` and ``label`` a Python ``int``. Slower per item than
-    :func:`load_mnist` (one PIL image per access).
-
-    Args:
-        root: dataset root (default ``<repo>/data``).
-        transform: per-image transform; None selects the default above.
-
-    Raises:
-        MNISTDataError: as :func:`ensure_mnist`.
+    Items are ``(image, label)``; the default ``transform`` (``ToTensor()`` then ``Normalize``
+    with :data:`MNIST_MEAN` and :data:`MNIST_STD`, the seed recipe) gives ``float32 (1, 28, 28)``
+    images. Slower per item than :func:`load_mnist`. Raises ``MNISTDataError`` as
+    :func:`ensure_mnist`.
     """
     from torchvision import datasets, transforms
 

@@ -1,6 +1,6 @@
 """How many optimizer steps an MNIST run takes: the one home of that count, importable without torch.
 
-:meth:`helpers.mnist_config.TrainConfig.total_steps` calls :func:`total_steps`, and so do the
+:meth:`helpers.mnist_train.TrainConfig.total_steps` calls :func:`total_steps`, and so do the
 parameter-check cells of notebooks 07a and 07b, which run before torch is imported.
 """
 
@@ -22,7 +22,7 @@ def total_steps(n_train: int, global_batch_size: int, world_size: int = 1, *, ep
     each rank takes ``global_batch_size // world_size`` of them per step, so every epoch ends
     with the partial global batch, if any. ``max_steps`` caps the total; ``None`` or ``0`` means
     no cap. The caller checks that ``world_size`` divides ``global_batch_size``
-    (:meth:`helpers.mnist_config.TrainConfig.batch_per_rank`).
+    (:meth:`helpers.mnist_train.TrainConfig.batch_per_rank`).
     """
     per_rank = math.ceil(n_train / world_size)
     steps = epochs * math.ceil(per_rank / (global_batch_size // world_size))

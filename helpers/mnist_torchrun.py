@@ -1,15 +1,11 @@
 r"""What every rank runs under torchrun: ``torchrun ... -m helpers.mnist_torchrun`` (notebook 07a).
 
-:func:`main` parses the training options, initialises the default process group from the
-environment torchrun sets (:func:`helpers.engine.main_from_env`) and runs
-:func:`cluster_train_worker`, which calls :func:`helpers.mnist_train.ddp_train_worker` -- the
-packaged form of notebook 04's ``ddp_train``, which 04 checks trains the same losses -- and
-records what torchrun told this process (:data:`ENV_KEYS`) and where it ran. With ``--output
-DIR`` each rank writes that to ``DIR/rank<RANK>.json``. For the same seed and configuration the
-loss history equals the notebook's ``launch`` run (asserted in notebook 07a).
-
-:func:`cluster_commands` and :func:`run_job` are the engine's (:mod:`helpers.engine.cluster`) with
-this module as the entry: the engine names no course module, so the course passes its own.
+:func:`main` joins the process group torchrun describes (:func:`helpers.engine.main_from_env`)
+and runs :func:`cluster_train_worker`: :func:`helpers.mnist_train.ddp_train_worker`, plus what
+torchrun told this process (:data:`ENV_KEYS`), written to ``DIR/rank<RANK>.json`` with
+``--output DIR``. Notebook 07a checks the losses equal the notebook's ``launch`` run.
+:func:`cluster_commands` and :func:`run_job` are :mod:`helpers.engine.cluster`'s, with this
+module as the entry.
 
 The commands (run from the repository root, after ``pip install -r requirements.lock``; add
 ``--output runs/job1`` to keep every rank's history as JSON):
@@ -90,10 +86,9 @@ class InjectedFailure(RuntimeError):
 
 
 def _install_failure(rank: int, fail_rank: int | None, fail_at_step: int, fail_attempts: int):
-    """Make rank ``fail_rank`` raise in the forward of training step ``fail_at_step`` while
-    ``TORCHELASTIC_RESTART_COUNT < fail_attempts``. Uses torch's global module forward
-    pre-hook and counts only forwards through the DDP wrapper (training steps, not evaluation,
-    which uses ``ddp.module``). Returns the hook handle, or ``None`` when nothing is injected."""
+    """A global forward pre-hook that raises in rank ``fail_rank``'s training step
+    ``fail_at_step`` (forwards through the DDP wrapper only, so evaluation does not count);
+    ``None`` when nothing is injected on this rank or restart."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if fail_rank is None or rank != fail_rank or restart >= fail_attempts:
         return None
@@ -119,24 +114,12 @@ def _net_namespace() -> str:
 def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | None = None,
                          fail_rank: int | None = None, fail_at_step: int = 1,
                          fail_attempts: int = 10**9) -> dict[str, Any]:
-    """One rank of notebook 04's DDP training, as started by torchrun (or :func:`helpers.engine.launch`).
+    """One rank of notebook 04's DDP training, under torchrun (or :func:`helpers.engine.launch`).
 
-    Runs :func:`helpers.mnist_train.ddp_train_worker` unchanged and adds to its history
-    ``"node"``: what this process was told and where it ran (``{key: value}`` for
-    :data:`ENV_KEYS`, ``hostname``, ``pid``, ``net_namespace``). With ``output_dir`` it writes the
-    history (without ``snapshot``) as JSON to ``output_dir/rank<rank>.json``.
-
-    Args:
-        rank, world_size: this process's place in the default process group.
-        config: a :class:`helpers.mnist_train.TrainConfig`.
-        output_dir: folder for the JSON (created if missing); ``None``: write nothing.
-        fail_rank, fail_at_step, fail_attempts: fault injection (see the module docstring).
-
-    Returns:
-        the history dict of :func:`ddp_train_worker` plus ``"node"``.
-
-    Raises:
-        InjectedFailure: on ``fail_rank`` at ``fail_at_step``, when injection is on.
+    Returns :func:`ddp_train_worker`'s history plus ``"node"``: :data:`ENV_KEYS`' values,
+    ``hostname``, ``pid`` and ``net_namespace``. With ``output_dir`` (created if missing) the
+    history is also written as JSON to ``output_dir/rank<rank>.json``. ``fail_*``: fault
+    injection (module docstring); raises :class:`InjectedFailure` when it fires.
     """
     handle = _install_failure(rank, fail_rank, fail_at_step, fail_attempts)
     try:
@@ -153,9 +136,8 @@ def cluster_train_worker(rank: int, world_size: int, config, output_dir: str | N
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        payload = {k: v for k, v in history.items() if k != "snapshot"}
         tmp = out / f".rank{rank}.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(payload))
+        tmp.write_text(json.dumps(history))
         os.replace(tmp, out / f"rank{rank}.json")
     return history
 

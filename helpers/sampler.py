@@ -17,22 +17,16 @@ accepts ``num_replicas`` and ``rank`` explicitly, so no process group is needed 
 * rank ``r`` takes ``indices[r : total_size : num_replicas]``.
 
 The sampler splits **indices**; it assumes every rank holds the *same* dataset. Padding is fine
-for training and wrong for measuring: :func:`unpadded_shard_indices` and :func:`distributed_eval_counts` (all-reduced
-``correct`` and ``total`` counts) count every item exactly once;
-``helpers.mnist_train.distributed_accuracy`` (used by notebook 07b and the benchmarks) is built
-on them.
+for training and wrong for measuring: ``helpers.mnist_train.distributed_accuracy`` scores
+unpadded shards and all-reduces the counts, so every item counts once.
 
-References: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
-and https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce.
+Reference: https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Callable, Sequence
-
-import torch
-import torch.distributed as dist
+from typing import Sequence
 
 __all__ = [
     "sampler_indices",
@@ -42,9 +36,6 @@ __all__ = [
     "times_seen",
     "accuracy_through",
     "plot_assignment",
-    "unpadded_shard_indices",
-    "all_reduce_counts",
-    "distributed_eval_counts",
 ]
 
 
@@ -214,74 +205,3 @@ def plot_assignment(df, dataset_len: int, ax=None, title: str | None = None, leg
     if legend:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax
-
-
-# --------------------------------------------------------------------------------------------
-# Correct distributed evaluation (usable inside workers)
-# --------------------------------------------------------------------------------------------
-def unpadded_shard_indices(dataset_len: int, rank: int, world_size: int) -> list[int]:
-    """Rank ``rank``'s evaluation shard: ``[rank, rank + world_size, rank + 2 * world_size, ...]``
-    below ``dataset_len``, **without** padding.
-
-    The same interleaved split as ``DistributedSampler(shuffle=False)`` but without its padding
-    or dropping: the shards of all ranks partition ``range(dataset_len)`` (every item exactly
-    once); they may differ in length by one, which is fine for evaluation as long as every rank
-    makes the same collective calls afterwards (:func:`all_reduce_counts` once).
-
-    Returns:
-        list of ``int`` (empty when ``rank >= dataset_len``).
-
-    Raises:
-        ValueError: ``dataset_len < 0``, ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
-    """
-    if dataset_len < 0:
-        raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside [0, world_size={world_size})")
-    return list(range(rank, dataset_len, world_size))
-
-
-def all_reduce_counts(correct: int, total: int, device: str | torch.device = "cpu") -> tuple[int, int]:
-    """Sum ``correct`` and ``total`` over all ranks with one ``all_reduce`` (``SUM``, int64).
-
-    A collective: every rank must call it once. Without an initialised process group (one
-    process) the counts are returned unchanged. ``device``: where the count tensor lives
-    (``cuda:<local_rank>`` under nccl, ``cpu`` under gloo; see ``helpers.engine.worker_device``).
-
-    Returns:
-        ``(correct, total)`` summed over ranks, Python ints, identical on every rank.
-    """
-    counts = torch.tensor([int(correct), int(total)], dtype=torch.int64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return int(counts[0]), int(counts[1])
-
-
-def distributed_eval_counts(count_correct: Callable[[list[int]], int], dataset_len: int, rank: int,
-                            world_size: int, device: str | torch.device = "cpu") -> tuple[int, int]:
-    """Correct distributed evaluation: every item counted exactly once, same answer on every rank.
-
-    Rank ``rank`` evaluates its :func:`unpadded_shard_indices` with ``count_correct(indices)``
-    (returns how many of those items the model gets right: an int or a 0-d tensor), then
-    :func:`all_reduce_counts` sums ``correct`` and ``total = len(indices)`` over the ranks.
-    Accuracy is ``correct / total`` with ``total == dataset_len``. Compare a loop over a
-    ``DistributedSampler``, whose padding counts some items twice (``drop_last=True``: never).
-
-    Call it on every rank (it is a collective). Evaluate the plain model (``ddp_model.module``),
-    not the DDP wrapper. ``helpers.mnist_train.distributed_accuracy`` uses it for MNIST.
-
-    Returns:
-        ``(correct, total)``: Python ints summed over all ranks.
-
-    Raises:
-        ValueError: bad ``dataset_len``, ``rank`` or ``world_size`` (see
-            :func:`unpadded_shard_indices`), or ``count_correct`` returning a value outside
-            ``[0, len(indices)]``.
-    """
-    indices = unpadded_shard_indices(dataset_len, rank, world_size)
-    correct = int(count_correct(indices)) if indices else 0
-    if not 0 <= correct <= len(indices):
-        raise ValueError(f"count_correct returned {correct} for {len(indices)} items")
-    return all_reduce_counts(correct, len(indices), device)

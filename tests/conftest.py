@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
     ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a
     notebook's smoke run, the browser test); unmarked tests keep their collection order after
     them. A test using a module-scoped fixture (``tests/engine/test_ranks.py``'s warm ranks, about 11
-    CPU-seconds to start; ``tests/course/test_mnist_train.py``'s 40-step run) joins the ``xdist_group``
+    CPU-seconds to start) joins the ``xdist_group``
     of its module and those fixtures, unless it names a group itself (the fault matrix); xdist
     spread such tests over every worker, which then each built the fixture. pytest-xdist hands
     work out in this order (``--dist loadgroup``; the groups go first, the largest first, as

@@ -60,11 +60,16 @@ def draws_to_file(rank, folder, seed=None):
         json.dump(draws(rank, seed=seed), f)
 
 
-def eval_counts_odd(rank, world_size, n_items):
-    """helpers.sampler.distributed_eval_counts where item i is right when i is odd (test_sampler)."""
-    from helpers.sampler import distributed_eval_counts
+def accuracy_odd(rank, world_size, n_items):
+    """helpers.mnist_train.distributed_accuracy where item i is right when i is odd (test_mnist_train)."""
+    from helpers.mnist_train import distributed_accuracy
 
-    return distributed_eval_counts(lambda idx: sum(i % 2 for i in idx), n_items, rank, world_size)
+    model = torch.nn.Linear(1, 2)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([0.0, 1.0]))  # always predicts class 1
+    labels = torch.arange(n_items) % 2
+    return distributed_accuracy(model, torch.zeros(n_items, 1), labels, rank, world_size, batch_size=2)
 
 
 def slow_rank(rank, world_size, sleepy_rank=0, seconds=600.0):

@@ -15,7 +15,7 @@ from typing import Any
 
 from helpers.at_scale import ddp_steps
 from helpers.engine import launch, simulate
-from helpers.mnist_eval import peak_rss_mib
+from helpers.mnist_train import peak_rss_mib
 
 
 def _real_rank(rank: int, world_size: int, steps: int, batch: int) -> dict[str, float]:

@@ -176,8 +176,7 @@ def test_lesson_09_mlp_at_64_ranks_is_silent_and_the_tolerance_is_not_idle():
 
 @pytest.mark.slow
 def test_lesson_04_mnist_worker_passes_both_checks():
-    from helpers.mnist_config import TrainConfig
-    from helpers.mnist_train import ddp_train_worker
+    from helpers.mnist_train import TrainConfig, ddp_train_worker
 
     config = TrainConfig(max_steps=2, progress=False)
     assert against_one_process(ddp_train_worker, 2, config).steps == 2

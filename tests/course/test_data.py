@@ -426,19 +426,3 @@ def test_parse_idx_rejects_bad_headers(buf, kwargs, match):
     with pytest.raises(MNISTDataError, match=match) as ei:
         parse_idx(buf, name="some/file-idx", **kwargs)
     assert "some/file-idx" in str(ei.value) and "rerun" in str(ei.value)
-
-
-def test_bad_header_inside_a_gzip_is_rejected_by_the_parser(tmp_path):
-    """A small gzip whose IDX header is wrong: decompress it and parse it directly (the
-    digest check would reject such a file earlier in ensure_mnist)."""
-    gz = tmp_path / "bad-labels-idx1-ubyte.gz"
-    gz.write_bytes(gzip.compress(idx(2049, (7,), bytes(7))))
-    with pytest.raises(MNISTDataError, match="7 items, expected 60000"):
-        parse_idx(gzip.decompress(gz.read_bytes()), expected_magic=2049, expected_count=60000, name=str(gz))
-
-
-def test_image_label_count_mismatch():
-    images = parse_idx(idx(2051, (3, 28, 28)))
-    labels = parse_idx(idx(2049, (2,)))
-    with pytest.raises(MNISTDataError, match="3 images but 2 labels"):
-        data._check_pair(images, labels, "pair")

@@ -1,8 +1,5 @@
-"""helpers.mnist_train (notebook 04): config checks, the data order, and short real runs.
-
-The DDP test starts 2 real gloo workers through helpers.engine.launch and checks that DDP with a mean
-loss follows the single-process loss curve and weights step by step.
-"""
+"""helpers.mnist_train (the packaged form of notebook 04's loop): config checks, the evaluation,
+and short real runs: 2 gloo ranks follow 1 step by step, as DDP with a mean loss must."""
 
 import os
 import subprocess
@@ -12,21 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch.testing import assert_close
-from torch.utils.data import DistributedSampler, TensorDataset
 
 from helpers.engine import launch
-from helpers.mnist_steps import total_steps
-from helpers.mnist_train import (
-    TrainConfig,
-    build_model,
-    ddp_train_worker,
-    distributed_accuracy,
-    epoch_permutation,
-    peak_rss_mib,
-    summarize_ddp,
-    train_dp,
-    train_single,
-)
+from helpers.mnist_train import TrainConfig, build_model, ddp_train_worker, distributed_accuracy, peak_rss_mib
+from launch_workers import accuracy_odd
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
         (dict(epochs=0), "epochs"),
         (dict(max_steps=-1), "max_steps"),
         (dict(model="mlp"), "model"),
-        (dict(snapshot_step=-2), "snapshot_step"),
         (dict(eval_batch_size=0), "eval_batch_size"),
     ],
 )
@@ -64,27 +49,19 @@ def test_batch_per_rank_and_divisibility_message():
         config.batch_per_rank(0)
 
 
-def test_max_steps_zero_means_full_epochs_and_total_steps():
+def test_max_steps_zero_means_full_epochs_and_the_count_needs_no_torch():
+    """07a's and 07b's parameter checks count steps before torch is imported: helpers.mnist_steps,
+    which TrainConfig.total_steps calls."""
     assert TrainConfig(max_steps=0).max_steps is None
     assert TrainConfig().total_steps(60_000, 1) == 938  # 937 full batches of 64 + one of 32
     assert TrainConfig().total_steps(60_000, 2) == 938
     assert TrainConfig(epochs=2).total_steps(60_000, 4) == 2 * 938
     assert TrainConfig(max_steps=200).total_steps(60_000, 2) == 200
-
-
-def test_the_step_count_has_one_home_without_torch():
-    """07a's and 07b's parameter checks count steps before torch is imported: helpers.mnist_steps,
-    which TrainConfig.total_steps calls."""
     code = ("import sys; from helpers.mnist_steps import total_steps; "
             "assert 'torch' not in sys.modules, 'helpers.mnist_steps imported torch'; print(total_steps(60000, 64, 2))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "938", done.stderr
-    for world_size, batch, epochs, cap in [(1, 64, 1, None), (2, 64, 2, 0), (3, 96, 1, 5), (4, 64, 3, 10_000),
-                                           (8, 8, 1, None), (6, 60, 2, 123)]:
-        config = TrainConfig(global_batch_size=batch, epochs=epochs, max_steps=cap)
-        assert config.total_steps(60_000, world_size) == total_steps(60_000, batch, world_size, epochs=epochs,
-                                                                     max_steps=cap)
 
 
 def test_models_have_the_seed_shapes_and_seeded_weights():
@@ -95,26 +72,6 @@ def test_models_have_the_seed_shapes_and_seeded_weights():
         for pa, pb in zip(a.parameters(), b.parameters()):
             assert torch.equal(pa, pb), f"{name}: same seed should give identical weights"
     assert sum(p.numel() for p in build_model("linear").parameters()) == 7850
-
-
-# ------------------------------------------------------------------------------ data order
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_distributed_sampler_gives_strided_slices_of_each_global_batch(world_size):
-    n, batch, seed, epoch = 1000, 64, 7, 3
-    dataset = TensorDataset(torch.arange(n))
-    perm = epoch_permutation(n, seed, epoch)
-    b = batch // world_size
-    per_rank = []
-    for r in range(world_size):
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=True, seed=seed)
-        sampler.set_epoch(epoch)
-        per_rank.append(torch.tensor(list(sampler)))
-    for s in range(n // batch):
-        global_batch = perm[s * batch : (s + 1) * batch]
-        for r in range(world_size):
-            assert torch.equal(per_rank[r][s * b : (s + 1) * b], global_batch[r::world_size])
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -139,50 +96,29 @@ def test_peak_rss_is_positive_mib():
     assert 10 < peak_rss_mib() < 1e6
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore::helpers.engine.OversubscriptionWarning")
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_distributed_accuracy_counts_each_item_once_on_three_ranks():
+    """11 items on 3 real ranks, item i right when odd: 5 of 11 on every rank. The sampler's padded
+    shards would count 12 items, item 0 twice: 5 of 12."""
+    assert launch(accuracy_odd, 3, 11, timeout=200) == [5 / 11] * 3
+
+
 # ------------------------------------------------------------------------------ real runs
 
 
-@pytest.fixture(scope="module")
-def single_short():
-    return train_single(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
-
-
-@pytest.mark.slow(6)
-def test_single_process_short_run_learns(single_short):
-    h = single_short
-    assert h["mode"] == "single" and h["steps"] == 40 and len(h["losses"]) == 40
-    assert h["samples"] == 40 * 64 and h["samples_per_s"] > 0 and h["seconds"] > 0
-    first, last = sum(h["losses"][:5]) / 5, sum(h["losses"][-5:]) / 5
-    assert last < 0.7 * first, f"loss should fall: {first:.3f} -> {last:.3f}"
-    assert h["test_accuracy"] > 0.6, "40 steps of SGD already get most digits right"
-    assert h["peak_rss_mib"] > 0 and set(h["snapshot"]) == {"1.weight", "1.bias"}
-
-
-def test_snapshot_beyond_the_run_is_an_error():
-    with pytest.raises(ValueError, match="snapshot_step"):
-        train_single(TrainConfig(max_steps=2, snapshot_step=5, progress=False))
-
-
-@pytest.mark.slow(2)
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU pass-through is what is checked here")
-def test_dp_on_cpu_is_the_single_process_run(single_short):
-    dp = train_dp(TrainConfig(max_steps=40, progress=False, snapshot_step=8))
-    assert dp["dp_device_ids"] == []
-    assert dp["losses"] == single_short["losses"], "DP on CPU just calls the module: bit-identical run"
-    assert dp["test_accuracy"] == single_short["test_accuracy"]
-
-
-@pytest.mark.slow(3)
+@pytest.mark.slow(5)
 @pytest.mark.usefixtures("no_leftover_processes")
-def test_ddp_two_ranks_follows_single_process(single_short):
-    histories = launch(ddp_train_worker, 2, TrainConfig(max_steps=40, progress=False, snapshot_step=8), timeout=240)
-    assert [h["rank"] for h in histories] == [0, 1]
-    assert all(h["batch_per_rank"] == 32 and h["steps"] == 40 for h in histories)
-    assert histories[0]["local_losses"] != histories[1]["local_losses"], "ranks must see different images"
-    ddp = summarize_ddp(histories)  # all ranks agree on the global curve and the accuracy
-    assert_close(torch.tensor(ddp["losses"]), torch.tensor(single_short["losses"]), rtol=1e-4, atol=1e-5)
-    for name, w in single_short["snapshot"].items():
-        assert_close(ddp["snapshot"][name], w, rtol=1e-4, atol=1e-5)
-    assert abs(ddp["test_accuracy"] - single_short["test_accuracy"]) <= 2e-4  # at most 2 of 10,000 images
-    assert len(ddp["peak_rss_mib_per_rank"]) == 2 and ddp["samples"] == 40 * 64
-
+def test_ddp_two_ranks_follow_one():
+    config = TrainConfig(max_steps=40, progress=False)
+    (one,) = launch(ddp_train_worker, 1, config, timeout=240)
+    first, last = sum(one["losses"][:5]) / 5, sum(one["losses"][-5:]) / 5
+    assert last < 0.7 * first, f"loss should fall: {first:.3f} -> {last:.3f}"
+    assert one["test_accuracy"] > 0.6, "40 steps of SGD already get most digits right"
+    r0, r1 = launch(ddp_train_worker, 2, config, timeout=240)
+    assert (r0["rank"], r1["rank"], r0["batch_per_rank"], r0["steps"], r0["samples"]) == (0, 1, 32, 40, 40 * 64)
+    assert r0["local_losses"] != r1["local_losses"], "ranks must see different images"
+    assert (r0["losses"], r0["test_accuracy"]) == (r1["losses"], r1["test_accuracy"]), "all-reduced: equal"
+    assert_close(torch.tensor(r0["losses"]), torch.tensor(one["losses"]), rtol=1e-4, atol=1e-5)
+    assert abs(r0["test_accuracy"] - one["test_accuracy"]) <= 2e-4  # at most 2 of 10,000 images

@@ -1,5 +1,4 @@
-"""helpers.sampler (notebook 03's tables, pictures and the evaluation counts helpers.mnist_train
-uses) against the issue's cases, including the counts all-reduced on real ranks (notebook 03 itself,
+"""helpers.sampler (notebook 03's tables and pictures) against the issue's cases (notebook 03 itself,
 whose worker code lives in its cells, is executed by tests/course/test_notebooks.py)."""
 
 from __future__ import annotations
@@ -8,20 +7,15 @@ from fractions import Fraction
 
 import pytest
 
-from helpers.engine import launch
 from helpers.sampler import (
     accuracy_through,
-    all_reduce_counts,
     assignment_lists,
-    distributed_eval_counts,
     epoch_assignment,
     plot_assignment,
     sampler_assignment,
     sampler_indices,
     times_seen,
-    unpadded_shard_indices,
 )
-from launch_workers import eval_counts_odd
 
 RIGHT_0_TO_4 = [i < 5 for i in range(10)]
 
@@ -50,9 +44,6 @@ def test_drop_last_10_items_3_ranks():
 def test_evaluation_skew_values():
     assert accuracy_through(sampler_assignment(10, 3), RIGHT_0_TO_4) == Fraction(7, 12)
     assert accuracy_through(sampler_assignment(10, 3, drop_last=True), RIGHT_0_TO_4) == Fraction(5, 9)
-    shards = [unpadded_shard_indices(10, r, 3) for r in range(3)]
-    assert shards == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
-    assert sorted(i for s in shards for i in s) == list(range(10))
 
 
 def test_set_epoch_case_8_items_2_ranks_seed_0():
@@ -81,26 +72,6 @@ def test_sampler_indices_errors():
         epoch_assignment(8, 2, 0, call_set_epoch=True)
 
 
-def test_unpadded_shards_partition_and_errors():
-    for n in (0, 1, 7, 10, 13):
-        for w in (1, 2, 3, 4):
-            shards = [unpadded_shard_indices(n, r, w) for r in range(w)]
-            assert sorted(i for s in shards for i in s) == list(range(n))
-    with pytest.raises(ValueError):
-        unpadded_shard_indices(10, 3, 3)
-    with pytest.raises(ValueError):
-        unpadded_shard_indices(10, 0, 0)
-    with pytest.raises(ValueError):
-        unpadded_shard_indices(-1, 0, 1)
-
-
-def test_counts_without_process_group():
-    assert all_reduce_counts(3, 7) == (3, 7)
-    assert distributed_eval_counts(lambda idx: sum(i < 5 for i in idx), 10, 0, 1) == (5, 10)
-    with pytest.raises(ValueError):
-        distributed_eval_counts(lambda idx: len(idx) + 1, 10, 0, 1)
-
-
 def test_plot_assignment_draws_every_cell():
     import matplotlib
 
@@ -112,14 +83,3 @@ def test_plot_assignment_draws_every_cell():
     assert len(ax.texts) == 12
     assert ax.get_legend() is not None
     plt.close(ax.figure)
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore::helpers.engine.OversubscriptionWarning")
-@pytest.mark.usefixtures("no_leftover_processes")
-def test_distributed_eval_counts_on_three_ranks():
-    """10 items on 3 real ranks: every rank gets the all-reduced count of all items, each once
-    (5 odd items of 10), where the padded sampler would hand out 12."""
-    results = launch(eval_counts_odd, 3, 10, timeout=200)
-    assert results == [(5, 10)] * 3
-    assert len(sampler_assignment(10, 3)) == 12
