@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from helpers.bench.common import (
     build_bench_model,
     ddp_wrap,
-    median,
     run_interleaved,
+    spread,
     sync_device,
     timed_steps,
     train_step,
@@ -56,12 +56,6 @@ def _bucket_layout_steps(model_name: str, seed: int, cap_mb: float | None, view:
         train_step(ddp, opt, x, y)
         steps.append({"bytes": list(state["bytes"]), "tensor_bytes": list(state["tensor_bytes"])})
     return steps
-
-
-def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
-    """Bucket sizes (bytes) DDP all-reduces per step with this cap, after DDP rebuilt its buckets
-    in the first step's gradient order (the second step of :func:`_bucket_layout_steps`)."""
-    return _bucket_layout_steps(model_name, seed, cap_mb, view, x, y, device)[1]["bytes"]
 
 
 def _allreduce_after_backward_step(ddp, opt, x, y, bucket_tensor_bytes: Sequence[Sequence[int]]) -> None:
@@ -259,8 +253,7 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
         first, rebuilt = layouts[label]
         rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "n_buckets": len(rebuilt["bytes"]),
                      "bucket_mb": [b / 1e6 for b in rebuilt["bytes"]], "bucket_tensor_bytes": rebuilt["tensor_bytes"],
-                     "first_step_bucket_mb": [b / 1e6 for b in first["bytes"]], "step_s_median": median(t),
-                     "step_s_mean": sum(t) / len(t), "step_s_min": min(t), "step_s_max": max(t),
+                     "first_step_bucket_mb": [b / 1e6 for b in first["bytes"]], **spread(t, "step_s"),
                      "timed_order": order, "rank": rank, "world_size": world_size,
                      "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
     blocks.clear()  # free the timed models before the profiled one
@@ -327,8 +320,4 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         r["step_ms_max"] = max(g["rows"][i]["step_s_max"] for g in got) * 1e3
         r["rank"] = "all"
         rows.append(r)
-    return {"rows": rows, "timeline": got[0]["timeline"],
-            "timeline_after_backward": got[0]["timeline_after_backward"],
-            "profile_bucket_mb": got[0]["profile_bucket_mb"],
-            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"],
-            "default_cap_bucket_tensor_bytes": got[0]["default_cap_bucket_tensor_bytes"]}
+    return {**got[0], "rows": rows}

@@ -153,13 +153,17 @@ def memory_now_mib() -> dict[str, float | None]:
     return out
 
 
-def _device_ids(device: torch.device):
-    return [device.index] if device.type == "cuda" else None
+def median(xs: Sequence[float] | None) -> float | None:
+    """The median of ``xs`` as a float (``None`` for an empty sequence or ``None``)."""
+    return float(statistics.median(xs)) if xs else None
 
 
-def median(xs: Sequence[float]) -> float:
-    """The median of ``xs`` as a float (``nan`` for an empty sequence)."""
-    return float(statistics.median(xs)) if xs else float("nan")
+def spread(times: Sequence[float], prefix: str) -> dict[str, float | None]:
+    """``{prefix}_median``, ``_mean``, ``_min`` and ``_max`` of ``times`` (``None`` when empty)."""
+    if not times:
+        return {f"{prefix}_{k}": None for k in ("median", "mean", "min", "max")}
+    return {f"{prefix}_median": median(times), f"{prefix}_mean": sum(times) / len(times),
+            f"{prefix}_min": min(times), f"{prefix}_max": max(times)}
 
 
 def build_bench_model(name: str, seed: int | None = 0) -> nn.Module:
@@ -188,7 +192,7 @@ def build_bench_model(name: str, seed: int | None = 0) -> nn.Module:
 def ddp_wrap(model: nn.Module, device: torch.device, **kwargs) -> nn.Module:
     """``DistributedDataParallel`` of ``model`` moved to ``device`` (``device_ids`` only on a GPU);
     ``kwargs`` go to DDP (``process_group``, ``bucket_cap_mb``, ``gradient_as_bucket_view``...)."""
-    return DDP(model.to(device), device_ids=_device_ids(device), **kwargs)
+    return DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
 
 def train_step(model: nn.Module, opt, x, y, sync: bool = True) -> None:
