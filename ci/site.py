@@ -1,28 +1,19 @@
 #!/usr/bin/env python3
 """The course site: Sphinx + myst-nb + sphinx-book-theme over the main job's executed notebooks.
 
-Build it after the main job (``python3 ci/run_notebooks.py --profile full``), from what that job
-wrote; nothing is executed again::
+Built from what ``python3 ci/run_notebooks.py --profile full`` wrote; nothing is executed again::
 
     python3 -m ci.site build/full              # -> build/site/index.html
     python3 -m ci.site --check build/site      # headless Chromium follows every internal link
 
-The build stages a Sphinx source folder (``build/site_src/``) laid out as the repository is, so
-the links the notebooks and docs already use resolve unchanged (``../docs/GLOSSARY.md#rank``,
-``03_distributed_sampler.ipynb``, ``../notebooks/04_mnist_single_dp_ddp.ipynb``):
-
-- ``README.md`` is the front page (``index.md``; links to ``README.md`` are pointed at it), with
-  the navigation appended: the lessons in path order (the executed notebooks sorted by name,
-  ``00`` .. ``07``), then every ``docs/*.md`` page;
-- ``notebooks/<stem>.ipynb``: each executed notebook, rendered from its stored outputs
-  (``nb_execution_mode = "off"``). Cells tagged ``check`` (a claim's proof, an exercise's check)
-  and ``solution`` also get myst-nb's ``hide-input`` tag: their code is collapsed behind a
-  "Show code cell source" toggle, their output (the check passing, a figure) stays shown. A
-  notebook that failed or was cut short in that run (papermill's ``exception`` flag, or a code
-  cell it never completed) gets a red "this lesson failed" box under its title;
-- the page's download button gives ``_sources/notebooks/<stem>.ipynb``: the executed notebook
-  with its outputs, less papermill's ``injected-parameters`` cell, so running it runs the
-  lesson's own defaults (README, "Which parameters you run").
+The staged source (``build/site_src/``) is laid out as the repository is, so the links the
+notebooks and docs use resolve unchanged. ``README.md`` is the front page (``index.md``), with
+the navigation appended: the lessons in the manifest's order, then every ``docs/*.md`` page.
+Each executed notebook is rendered from its stored outputs; cells tagged ``check`` or
+``solution`` get myst-nb's ``hide-input`` (code behind a toggle, output shown), and a notebook
+that failed or was cut short gets a red "this lesson failed" box under its title. The download
+button gives the executed notebook less papermill's ``injected-parameters`` cell, so running it
+runs the lesson's own defaults.
 
 Settings: ``ci/site_conf.py``. Exit codes: 0 built / every link and figure found; 1 the build
 failed or the check found problems (each printed on its own line); 2 bad invocation.
@@ -61,11 +52,6 @@ __all__ = ["build_site", "check_site", "lesson_failed", "count_figures", "main"]
 
 class SiteError(RuntimeError):
     """The site could not be built (nothing to build, Sphinx failed)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Build
-# --------------------------------------------------------------------------------------------
 
 
 def lesson_failed(nb) -> bool:
@@ -177,11 +163,6 @@ def build_site(executed: str | os.PathLike, out: str | os.PathLike | None = None
     return out / "index.html"
 
 
-# --------------------------------------------------------------------------------------------
-# Browser check
-# --------------------------------------------------------------------------------------------
-
-
 def find_chromium() -> str | None:
     """``$DDP_LAB_CHROMIUM``, else Debian's ``/usr/bin/chromium`` or one on PATH (the JupyterLab test uses it too)."""
     override = os.environ.get(CHROMIUM_ENV)
@@ -233,7 +214,6 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     report = {"pages": 0, "files": 0, "links": 0, "anchors": 0, "figures": {}, "checks_collapsed": 0,
               "search_hits": 0, "problems": []}
-    problems = report["problems"]
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
@@ -251,7 +231,6 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
     finally:
         server.shutdown()
         server.server_close()
-    report["problems"] = problems
     return report
 
 
@@ -302,15 +281,13 @@ def _page_facts(page, tries: int = 5) -> dict:
     """``_PAGE_FACTS`` on the page; retried once the page settles if it navigated meanwhile."""
     from playwright.sync_api import Error
 
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         try:
             return page.evaluate(_PAGE_FACTS)
         except Error:  # "Execution context was destroyed": the page navigated away meanwhile
-            if attempt == tries - 1:
-                raise
             page.wait_for_load_state("load")
             page.wait_for_timeout(200)
-    raise AssertionError("unreachable")
+    return page.evaluate(_PAGE_FACTS)
 
 
 def _check_anchors(facts: dict, report: dict) -> None:
@@ -344,11 +321,6 @@ def _check_search(page, base: str, word: str, report: dict) -> None:
     report["search_hits"] = page.locator("#search-results ul.search li").count()
     if not report["search_hits"]:
         report["problems"].append(f"search for {word!r} found nothing (search.html)")
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -210,20 +210,16 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     (:func:`_allreduce_after_backward_step`: ``timeline_after_backward``).
 
     Returns:
-        ``{"rows": [...], "timeline": [...] or None, "timeline_after_backward": [...] or None,
-        "profile_bucket_mb": [...] or None,
-        "default_cap_bucket_mb": [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``
-        (``profile_bucket_mb``: bucket sizes, MB, of the profiled model; ``default_cap_bucket_mb``
-        and ``..._tensor_bytes``: the layout when ``bucket_cap_mb`` is not passed at all, DDP's
-        default); rows: ``bucket_cap_mb``,
-        ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
-        all-reduce order), ``bucket_tensor_bytes`` (list per bucket of its tensors' bytes, in
-        bucket order), ``first_step_bucket_mb`` (the buckets of the first step, on DDP's initial
-        layout, MB), ``step_s_median``, ``step_s_mean``, ``step_s_min``, ``step_s_max`` (s),
-        ``timed_order`` (the label ``"cap/view"`` of every timed block, in the order run), ``rank``, ``world_size``,
-        ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
-        ``backward``, ``optimizer``, ``allreduce launched``, ``allreduce``, ``step``),
-        ``name``, ``thread``, ``start_ms``, ``dur_ms``, ``device``.
+        ``rows``: one per (cap, view): ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+        ``n_buckets``, ``bucket_mb`` (MB of each bucket, all-reduce order),
+        ``bucket_tensor_bytes`` (each bucket's tensors' bytes), ``first_step_bucket_mb`` (on
+        DDP's initial layout), ``step_s_median``/``_mean``/``_min``/``_max`` (s), ``timed_order``
+        (the ``"cap/view"`` label of every timed block, in order), ``rank``, ``world_size``,
+        ``threads_per_rank``, ``model``, ``n_params``; ``timeline`` and
+        ``timeline_after_backward`` (rank 0's, else ``None``; rows ``kind``, ``name``,
+        ``thread``, ``start_ms``, ``dur_ms``, ``device``), ``profile_bucket_mb`` (the profiled
+        model's buckets, MB), ``default_cap_bucket_mb`` and ``default_cap_bucket_tensor_bytes``
+        (the layout with ``bucket_cap_mb`` not passed: DDP's default).
     """
     if threads:
         torch.set_num_threads(int(threads))
@@ -301,14 +297,9 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
     alternation (``rounds`` blocks each; see :func:`bucket_worker`).
 
     Returns:
-        ``{"rows": [...], "timeline": [...], "timeline_after_backward": [...], "profile_bucket_mb": [...],
-        "default_cap_bucket_mb":
-        [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``: one row per (cap, view) with
-        ``step_ms`` (slowest rank's median step, ms),
-        ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed step on any rank, ms)
-        added to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB)
-        and the bucket sizes (MB, and each bucket's tensor bytes) with ``bucket_cap_mb`` left at
-        DDP's default.
+        rank 0's result of :func:`bucket_worker`, each row with ``step_ms`` (the slowest rank's
+        median step, ms) and ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed
+        step on any rank, ms) added.
     """
     got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
                  threads, 0, profile_cap_mb, 2, rounds, timeout=timeout)
