@@ -34,13 +34,13 @@ def _accuracy(model: nn.Module, batches: Iterable, device: torch.device) -> floa
 
 
 def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_train: int | None,
-                    n_test: int | None, batch_size: int, lr: float, seed: int, data_root: str | None,
+                    n_test: int | None, batch_size: int, lr: float, seed: int,
                     device: torch.device, evaluate: bool = True) -> dict[str, Any]:
     t_setup = time.perf_counter()
     if pipeline == "seed":
         # The seed recipe: a PIL image -> ToTensor -> Normalize for every item, collated by the
         # DataLoader (num_workers=0), the rank's share chosen by DistributedSampler.
-        train_ds, test_ds = mnist_datasets(data_root)
+        train_ds, test_ds = mnist_datasets()
         if n_train:
             train_ds = Subset(train_ds, range(n_train))
         if n_test:
@@ -53,8 +53,8 @@ def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_t
         # The project's path: the whole split as one float32 tensor, normalised once; each batch
         # is one index_select with the same sampler's indices (same order as the seed).
         # (index_select: the same rows as x[idx], with less per-call overhead than advanced indexing.)
-        xtr, ytr = load_mnist(train=True, root=data_root)
-        xte, yte = load_mnist(train=False, root=data_root)
+        xtr, ytr = load_mnist(train=True)
+        xte, yte = load_mnist(train=False)
         if n_train:
             xtr, ytr = xtr[:n_train], ytr[:n_train]
         if n_test:
@@ -98,8 +98,7 @@ def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_t
 
 def pipeline_worker(rank: int, world_size: int, n_train: int | None = None, n_test: int | None = None,
                     batch_size: int = 64, lr: float = 0.01, seed: int = 0, threads: int | None = 1,
-                    repeats: int = 1, data_root: str | None = None,
-                    warmup_samples: int = 1024) -> list[dict[str, Any]]:
+                    repeats: int = 1, warmup_samples: int = 1024) -> list[dict[str, Any]]:
     """One rank of the input-pipeline benchmark; run it with ``launch(pipeline_worker, ws, ...)``.
 
     For each repeat, wrapper and pipeline (``"seed"``: torchvision dataset with ``ToTensor`` +
@@ -111,21 +110,15 @@ def pipeline_worker(rank: int, world_size: int, n_train: int | None = None, n_te
     with an untimed pass over its first ``warmup_samples`` images (0: no warm-up), and the timed
     epochs alternate between the modes, repeat after repeat (seed, memory, seed, memory, ...).
 
-    Args:
-        n_train, n_test: use only the first ``n`` training / test images (``None`` or 0: all).
-        batch_size: samples per rank per step (the seed's 64).
-        threads: ``torch.set_num_threads`` in this rank (``None``: the launcher's choice).
-
-    Wrappers: with one rank the plain module (as a single process trains) and DDP with
-    ``world_size`` 1 (a round trip through the backend per step, nothing to all-reduce); with
-    more, DDP.
+    With one rank the wrappers are the plain module and DDP with ``world_size`` 1 (a round trip
+    through the backend per step, nothing to all-reduce); with more, DDP. ``n_train``,
+    ``n_test``: the first ``n`` images only (``None`` or 0: all); ``batch_size`` per rank.
 
     Returns:
-        one row per (repeat, wrapper, pipeline): ``pipeline``, ``wrapper``, ``repeat``,
-        ``rank``, ``world_size``, ``threads_per_rank``, ``steps``, ``samples`` (this rank's),
-        ``seconds`` (epoch loop, s), ``samples_per_s`` (this rank's), ``setup_seconds``
-        (dataset and model construction, s), ``final_loss``, ``test_accuracy`` (rank 0, in
-        [0, 1]; ``None`` on other ranks), ``timed_position`` (0, 1, ...: the order of the timed epochs).
+        one row per (repeat, wrapper, pipeline): ``pipeline``, ``wrapper``, ``repeat``, ``rank``,
+        ``world_size``, ``threads_per_rank``, ``steps``, ``samples``, ``seconds`` (epoch loop),
+        ``samples_per_s`` (this rank's), ``setup_seconds``, ``final_loss``, ``test_accuracy``
+        (rank 0; else ``None``), ``timed_position`` (the order of the timed epochs).
     """
     if threads:
         torch.set_num_threads(int(threads))
@@ -136,13 +129,13 @@ def pipeline_worker(rank: int, world_size: int, n_train: int | None = None, n_te
         for w in wrappers:
             for p in pipelines:
                 _pipeline_epoch(p, w, rank, world_size, n_warm, n_test or None, batch_size, lr, seed,
-                                data_root, device, evaluate=False)
+                                device, evaluate=False)
     rows = []
     for rep in range(repeats):
         for w in wrappers:
             for p in pipelines:
                 row = _pipeline_epoch(p, w, rank, world_size, n_train or None, n_test or None, batch_size,
-                                      lr, seed, data_root, device)
+                                      lr, seed, device)
                 row["repeat"] = rep
                 row["timed_position"] = len(rows)  # the order of the timed epochs in this rank
                 rows.append(row)
@@ -162,11 +155,10 @@ def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = No
 
     Returns:
         one row per (world size, repeat, wrapper, pipeline): ``pipeline``, ``wrapper``
-        (``"none"`` or ``"ddp"``), ``world_size``, ``repeat``, ``threads_per_rank``,
-        ``samples`` (all ranks), ``seconds`` (slowest rank's epoch, s), ``samples_per_s`` (all
-        ranks' samples / slowest rank's seconds), ``test_accuracy`` (in [0, 1]),
-        ``speedup_vs_seed`` (this pipeline's samples/s over the seed's, same world size, repeat
-        and wrapper), ``launch_seconds`` (the whole launch, s), ``timed_position`` (the order the epochs were timed in).
+        (``"none"`` or ``"ddp"``), ``world_size``, ``repeat``, ``threads_per_rank``, ``samples``
+        (all ranks), ``seconds`` (the slowest rank's epoch), ``samples_per_s``, ``test_accuracy``,
+        ``speedup_vs_seed`` (over the seed's samples/s, same world size, repeat and wrapper),
+        ``launch_seconds``, ``timed_position``.
 
     Raises:
         helpers.engine.WorkerError / LaunchTimeout: as :func:`helpers.engine.launch`.

@@ -58,7 +58,7 @@ def _block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.dev
 def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] = ((1, 1), (2, 1)),
                    models: Sequence[str] = ("linear", "cnn"), global_batch_sizes: Sequence[int] = (64, 256, 1024),
                    steps: int = 5, warmup: int = 3, rounds: int = 4, local_threads: Sequence[int] = (),
-                   seed: int = 0, lr: float = 0.01, data_root: str | None = None) -> list[dict[str, Any]]:
+                   seed: int = 0, lr: float = 0.01) -> list[dict[str, Any]]:
     """One rank of the scaling benchmark; run it with ``launch(scaling_worker, max_world_size, configs)``.
 
     Each rank loads MNIST into memory (its own copy). For every model and global batch size it
@@ -102,7 +102,7 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
                 raise ValueError(f"global_batch_size={gb} is not divisible by world_size={ws}")
     device = worker_device()
     rss_before = psutil.Process().memory_info().rss
-    x, y = load_mnist(train=True, root=data_root)
+    x, y = load_mnist(train=True)
     rss_growth_mib = (psutil.Process().memory_info().rss - rss_before) / MIB  # resident pages it now holds
     dataset_mib = (x.numel() * x.element_size() + y.numel() * y.element_size()) / MIB
     storage_mib = (x.untyped_storage().nbytes() + y.untyped_storage().nbytes()) / MIB  # what was allocated
@@ -171,22 +171,17 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
 
     Returns:
         one row per (mode, world size, threads, model, global batch): ``label``, ``mode``
-        (``"ddp"``, ``"single"``, ``"dp"``), ``world_size``, ``threads_per_rank``,
-        ``total_threads`` (``world_size * threads_per_rank``), ``oversubscribed`` (total threads >
-        logical CPUs), ``model``, ``global_batch_size``, ``step_ms`` (the slowest rank's **median**
-        step, ms), ``step_ms_mean``, ``step_ms_min``, ``step_ms_max`` (the spread: over the taking
-        part ranks, the largest of each rank's fastest and slowest timed step, ms),
-        ``samples_per_s`` (``global_batch_size / step_ms``), ``samples_per_s_min`` /
-        ``samples_per_s_max`` (from ``step_ms_max`` / ``step_ms_min``), ``solo_step_ms`` (one
-        rank's share with the machine to itself, ms; with one rank: ``nosync_step_ms``),
-        ``nosync_step_ms`` (median, ms, without the all-reduce), ``interference_ms``
-        (``nosync - solo``), ``comm_exposed_ms`` (``step_ms - nosync_step_ms``), ``speedup`` and
-        ``efficiency`` (against DDP with 1 rank and 1 thread, same model and batch; efficiency =
-        speedup / world_size), ``steps`` (per block), ``rounds``, ``timed_order`` (labels of the
-        timed blocks, in order), ``dp_device_ids``, ``peak_rss_mib_per_rank``,
-        ``dataset_mib_per_rank``, ``dataset_storage_mib_per_rank`` and
-        ``dataset_rss_growth_mib_per_rank`` (the smallest over the ranks: measured, MiB) and
-        ``launch_seconds`` (the one launch, s).
+        (``"ddp"``, ``"single"``, ``"dp"``), ``world_size``, ``threads_per_rank``, ``total_threads``,
+        ``oversubscribed`` (more threads than logical CPUs), ``model``, ``global_batch_size``,
+        ``step_ms`` (the slowest rank's **median** step), ``step_ms_mean``, ``step_ms_min``,
+        ``step_ms_max`` (over the taking-part ranks, the largest fastest and slowest step),
+        ``samples_per_s`` and its ``_min`` / ``_max``, ``solo_step_ms`` (one rank's share alone;
+        with one rank: ``nosync_step_ms``), ``nosync_step_ms`` (no all-reduce),
+        ``interference_ms`` (``nosync - solo``), ``comm_exposed_ms`` (``step - nosync``),
+        ``speedup`` and ``efficiency`` (``speedup / world_size``) against DDP with 1 rank and 1
+        thread, ``steps``, ``rounds``, ``timed_order``, ``dp_device_ids``,
+        ``peak_rss_mib_per_rank``, ``dataset_mib_per_rank``, ``dataset_storage_mib_per_rank``
+        and ``dataset_rss_growth_mib_per_rank`` (MiB), ``launch_seconds``. Times in ms.
 
     Raises:
         ValueError: a global batch size not divisible by a world size (before any launch).

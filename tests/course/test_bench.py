@@ -141,7 +141,7 @@ def test_models():
 
 @pytest.mark.slow(4)
 def test_mmap_path_gives_the_same_normalised_images():
-    imgs, labels = bench._mmap_split(False, None)
+    imgs, labels = bench._mmap_split(False)
     assert imgs.dtype == torch.uint8 and imgs.shape == (10000, 28, 28)
     x, y = load_mnist(train=False)
     got = imgs[:100].unsqueeze(1).float().mul_(1.0 / (255.0 * MNIST_STD)).sub_(MNIST_MEAN / MNIST_STD)
