@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     left = [c for c in leftover_children() if c.pid not in before]
     survivors = end_processes(left, 3.0)
     summary = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-               "host": platform.node(), "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+               "host": platform.node(),
+               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                "torch": torch.__version__, "cuda": torch.version.cuda,
                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
                "python": platform.python_version(), "seconds": round(time.monotonic() - t0, 1),
