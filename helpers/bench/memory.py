@@ -94,7 +94,5 @@ def bench_memory(world_sizes: Sequence[int] = (1, 2, 4), variants: Sequence[str]
         for v in variants:
             t0 = time.perf_counter()
             got = launch(memory_worker, ws, v, steps, backend="gloo", timeout=timeout)  # host memory: CPU
-            for r in got:
-                r["launch_seconds"] = time.perf_counter() - t0
-            rows += got
+            rows += [{**r, "launch_seconds": time.perf_counter() - t0} for r in got]
     return rows
