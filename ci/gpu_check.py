@@ -147,8 +147,9 @@ def check_notebooks(out_dir: Path, budget_s: float) -> str:
     return f"runner --profile gpu {' '.join(GPU_NOTEBOOKS)}: every notebook ok"
 
 
-#: Every ``**Claim (GPU):**`` of the lessons with its ``status`` in an executed folder (None: not run).
-gpu_claims = gpu_claim_status
+def gpu_claims(executed_dir: Path | None = None) -> list[dict]:
+    """Every ``**Claim (GPU):**`` of the lessons with its ``status`` in ``executed_dir`` (None: not run)."""
+    return gpu_claim_status(executed_dir)
 
 
 def claims_lines(rows: list[dict]) -> list[str]:

@@ -222,9 +222,8 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
                 page.set_default_timeout(timeout_ms)
                 # the site must stand alone: anything outside it (CDNs, pytorch.org) is refused at once
                 page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort())
-                ids = _crawl(page, base, report)
-                _check_anchors(ids, report)
-                _check_figures(site, base, ids, report)
+                facts = _crawl(page, base, report)
+                _check_figures(site, base, facts, report)
                 _check_search(page, base, search_for, report)
             finally:
                 browser.close()
@@ -235,10 +234,11 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
 
 
 def _crawl(page, base: str, report: dict) -> dict:
-    """Visit every page reachable from index.html; returns ``{page url: facts}`` (ids, images)."""
+    """Visit every page reachable from index.html, then check every ``#fragment`` linked to;
+    returns ``{page url: facts}`` (ids, images)."""
     facts: dict[str, dict] = {}
     queue, seen = [(base + "index.html", "(start)")], {base + "index.html"}
-    report["_wanted"] = []  # (page, fragment, linked from)
+    wanted = []  # (page, fragment, linked from)
     while queue:
         url, origin = queue.pop(0)
         path = urllib.parse.urlsplit(url).path
@@ -270,10 +270,15 @@ def _crawl(page, base: str, report: dict) -> dict:
             target, _, fragment = link.partition("#")
             target = target.split("?", 1)[0]
             if fragment:
-                report["_wanted"].append((target, urllib.parse.unquote(fragment), url[len(base):]))
+                wanted.append((target, urllib.parse.unquote(fragment), url[len(base):]))
             if target not in seen:
                 seen.add(target)
                 queue.append((target, url[len(base):]))
+    for target, fragment, origin in wanted:
+        report["anchors"] += 1
+        if target in facts and fragment not in facts[target]["ids"]:
+            report["problems"].append(f"missing anchor: #{fragment} on {target.rsplit('/', 1)[-1]} "
+                                      f"(linked from {origin})")
     return facts
 
 
@@ -288,14 +293,6 @@ def _page_facts(page, tries: int = 5) -> dict:
             page.wait_for_load_state("load")
             page.wait_for_timeout(200)
     return page.evaluate(_PAGE_FACTS)
-
-
-def _check_anchors(facts: dict, report: dict) -> None:
-    for target, fragment, origin in report.pop("_wanted"):
-        report["anchors"] += 1
-        if target in facts and fragment not in facts[target]["ids"]:
-            report["problems"].append(f"missing anchor: #{fragment} on {target.rsplit('/', 1)[-1]} "
-                                      f"(linked from {origin})")
 
 
 def _check_figures(site: Path, base: str, facts: dict, report: dict) -> None:

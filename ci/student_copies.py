@@ -121,10 +121,6 @@ def scoped_check(source: str) -> str:
     return f"{SCOPE_LINE.format(n=n)}\n{body}\n\n\ncheck_exercise_{n}()"
 
 
-def _where(part: str) -> str:
-    return f"exercise {part[2:]}" if part.startswith("ex") else f"§{part}"
-
-
 def workshop_stops(nb, stem: str) -> list[tuple[int, str]]:
     """``(index, text)``: the workshop's markdown before cell ``index`` of lesson ``stem``, where the
     path (the manifest's ``[[workshop]]``) skips a section or exercise and where it stops; none
@@ -152,8 +148,8 @@ def workshop_stops(nb, stem: str) -> list[tuple[int, str]]:
             if i > last:
                 return [*stops, (i, f"**Workshop: stop here**, {then}. The rest of this lesson is homework.")]
             resume = next(labels[j] for j in range(i, len(labels)) if labels[j] in wanted - {"summary"})
-            stops.append((i, f"**Workshop: skip to {_where(resume)}** below; the parts in "
-                             "between are homework."))
+            where = f"exercise {resume[2:]}" if resume.startswith("ex") else f"§{resume}"
+            stops.append((i, f"**Workshop: skip to {where}** below; the parts in between are homework."))
         skipping = lab not in wanted
     return [*stops, (len(labels), f"**Workshop: stop here**, {then}.")]
 

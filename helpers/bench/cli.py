@@ -120,34 +120,31 @@ def run_benchmarks(names: Sequence[str] = BENCHMARKS, profile: str = "full",
         ValueError: unknown benchmark or profile.
     """
     cfg_all = profile_config(profile)
-    for n in names:
-        if n not in BENCHMARKS:
-            raise ValueError(f"unknown benchmark {n!r}; choose from {BENCHMARKS}")
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS}")
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
     results = {}
     for name in names:
         machine = machine_info()
         t0 = time.perf_counter()
-        result = _run_one(name, cfg_all[name])
+        results[name] = result = _run_one(name, cfg_all[name])
         seconds = time.perf_counter() - t0
-        results[name] = result
         if verbose:
             import pandas as pd
 
             with pd.option_context("display.width", 200, "display.max_columns", 30,
                                    "display.float_format", "{:,.4g}".format):
                 for title, df in _tables(name, result):
-                    print(f"\n== {name}: {title}")
-                    print(df.to_string(index=False))
+                    print(f"\n== {name}: {title}\n{df.to_string(index=False)}")
             print(f"({name}: {seconds:.1f} s; load average before {machine['load_average']}, "
                   f"after {list(os.getloadavg())})")
-        if out is not None:
-            payload = {"benchmark": name, "profile": profile, "config": cfg_all[name], "machine_before": machine,
-                       "load_after": list(os.getloadavg()), "seconds": seconds, "result": result}
-            path = out / f"{name}.json"
-            path.write_text(json.dumps(payload, indent=1, default=str))
+        if out_dir is not None:
+            path = Path(out_dir) / f"{name}.json"
+            path.write_text(json.dumps({"benchmark": name, "profile": profile, "config": cfg_all[name],
+                                        "machine_before": machine, "load_after": list(os.getloadavg()),
+                                        "seconds": seconds, "result": result}, indent=1, default=str))
             if verbose:
                 print(f"wrote {path}")
     return results
@@ -162,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", choices=sorted(PROFILES), default="full", help="sizes (default: full)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for the JSON files (default: build/bench)")
     a = p.parse_args(argv)
-    for n in a.names:
-        if n not in BENCHMARKS:
-            p.error(f"unknown benchmark {n!r}; choose from {', '.join(BENCHMARKS)}")
+    unknown = [n for n in a.names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
     run_benchmarks(a.names or BENCHMARKS, a.profile, a.out)
     return 0
-
