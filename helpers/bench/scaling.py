@@ -65,31 +65,22 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
     sets up every mode, warms each up (``warmup`` untimed steps), then times ``rounds`` rounds;
     a round is one block of ``steps`` steps of every mode, in the same order:
 
-    * ``"ddp WxT"`` for each ``(W, T)`` in ``configs``: DDP on ranks ``0..W-1`` (a subgroup
-      when ``W < world_size``) with ``T`` torch threads each, ``global_batch // W`` images per
-      rank per step; ``"ddp WxT no_sync"`` (the same steps inside
-      ``ddp.no_sync()``: no gradient all-reduce, no waiting for the slowest rank) and, for
-      ``W > 1``, ``"ddp WxT solo"`` (one rank's share on rank 0 **alone**, a plain copy of the
-      model, while every other rank waits);
+    * ``"ddp WxT"`` for each ``(W, T)`` in ``configs`` (``W`` at most this launch's world size):
+      DDP on ranks ``0..W-1`` (a subgroup when ``W < world_size``), ``T`` torch threads each,
+      ``global_batch // W`` images per rank per step; ``"ddp WxT no_sync"``, the same steps in
+      ``ddp.no_sync()`` (no all-reduce, no wait for the slowest rank); for ``W > 1``,
+      ``"ddp WxT solo"``, one rank's share on rank 0 **alone** while the others wait;
     * ``"single T"`` and ``"dp T"`` for each ``T`` in ``local_threads``: the plain model and
       ``nn.DataParallel`` on rank 0 with the whole global batch.
 
-    Args:
-        configs: ``(world_size, threads_per_rank)`` pairs, each world size at most this launch's.
-        models: names for :func:`build_bench_model`.
-        global_batch_sizes: samples per optimizer step over all ranks; each must be divisible
-            by every configuration's world size.
-
     Returns:
-        the same list on every rank: one row per (model, global batch, mode): ``label``,
-        ``mode``, ``model``, ``global_batch_size``, ``rank``, ``world_size`` (the mode's),
-        ``member`` (this rank took part), ``threads_per_rank``, ``steps`` (per block),
-        ``rounds``, ``step_s_median``/``_mean``/``_min``/``_max`` (this rank's timed steps, s;
-        ``None`` where it did not take part), ``nosync_step_s_median``, ``solo_step_s_median``,
-        ``timed_order`` (the labels of every timed block of this model and batch, in the order
-        they ran), ``dp_device_ids``, ``peak_rss_mib``, ``dataset_mib`` (from the shapes),
-        ``dataset_storage_mib`` (the bytes of the tensors' storages), ``dataset_rss_growth_mib``
-        (how much this rank's RSS grew while it loaded the training set) (MiB).
+        the same list on every rank: one row per (model, global batch, mode): ``label``, ``mode``,
+        ``model``, ``global_batch_size``, ``rank``, ``world_size`` (the mode's), ``member``,
+        ``threads_per_rank``, ``steps``, ``rounds``, ``step_s_median``/``_mean``/``_min``/``_max``
+        (this rank's, s; ``None`` where it took no part), ``nosync_step_s_median``,
+        ``solo_step_s_median``, ``timed_order``, ``dp_device_ids``, ``peak_rss_mib``,
+        ``dataset_mib`` (from the shapes), ``dataset_storage_mib`` (allocated) and
+        ``dataset_rss_growth_mib`` (the RSS the load added), MiB.
 
     Raises:
         ValueError: a world size above this launch's, or a global batch size not divisible by one.
