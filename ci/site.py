@@ -108,11 +108,10 @@ def stage(executed: Path, src: Path, root: Path = ROOT) -> list[str]:
     The lessons are the executed notebooks of ``executed`` that the manifest lists, in its order.
     """
     order = manifest.stems(None, root / "notebooks" / manifest.MANIFEST.name)  # the course's order
-    lessons = sorted((p for p in executed.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
-    # a notebook left from an older run of a lesson since renamed or removed is no lesson
-    for stale in [p for p in lessons if p.stem not in order]:
-        print(f"site: {stale.name} left out: not in notebooks/lessons.toml (a notebook from an older run?)")
-    lessons = sorted((p for p in lessons if p.stem in order), key=lambda p: order.index(p.stem))
+    found = {p.stem: p for p in executed.glob("*.ipynb") if not p.name.startswith(".")}
+    for stale in sorted(set(found) - set(order)):  # from an older run of a lesson since renamed or removed
+        print(f"site: {stale}.ipynb left out: not in notebooks/lessons.toml (a notebook from an older run?)")
+    lessons = [found[stem] for stem in order if stem in found]
     if not lessons:
         raise SiteError(f"no executed notebooks (*.ipynb) in {executed}: run "
                         "`python3 ci/run_notebooks.py --profile full` first")
