@@ -89,39 +89,31 @@ def _allreduce_after_backward_step(ddp, opt, x, y, bucket_tensor_bytes: Sequence
 _COMM_MARKERS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
 
 
+def _lane(name: str) -> str | None:
+    """The timeline lane of a profiler event's name (``None``: not shown)."""
+    if name == "DistributedDataParallel.forward":
+        return "forward"
+    if name.startswith("autograd::engine::evaluate_function:"):
+        return "backward"
+    if name.startswith("Optimizer.step"):
+        return "optimizer"
+    if name == "c10d::allreduce_":
+        return "allreduce launched"
+    if any(m in name for m in _COMM_MARKERS):
+        return "allreduce"
+    return "step" if name.startswith(("ProfilerStep", "step ")) else None
+
+
 def _timeline_from_profile(prof) -> list[dict[str, Any]]:
     """Flatten profiler events into lanes: forward, backward ops, optimizer, all-reduce (launch
-    on the main thread; execution on the backend's threads or GPU streams)."""
-    rows = []
-    for e in prof.events():
-        name = e.name
-        kind = None
-        if name == "DistributedDataParallel.forward":
-            kind = "forward"
-        elif name.startswith("autograd::engine::evaluate_function:"):
-            kind = "backward"
-        elif name.startswith("Optimizer.step"):
-            kind = "optimizer"
-        elif name == "c10d::allreduce_":
-            kind = "allreduce launched"
-        elif any(m in name for m in _COMM_MARKERS):
-            kind = "allreduce"
-        elif name.startswith("ProfilerStep") or name.startswith("step "):
-            kind = "step"
-        if kind is None:
-            continue
-        start = e.time_range.start
-        rows.append({"kind": kind, "name": name, "thread": int(e.thread), "start_us": float(start),
-                     "dur_us": float(e.time_range.end - start),
-                     "device": "cuda" if getattr(e, "device_type", None) is not None
-                     and "CUDA" in str(e.device_type) else "cpu"})
-    if rows:
-        t0 = min(r["start_us"] for r in rows)
-        for r in rows:
-            r["start_ms"] = (r.pop("start_us") - t0) / 1e3
-            r["dur_ms"] = r.pop("dur_us") / 1e3
-    rows.sort(key=lambda r: r["start_ms"])
-    return rows
+    on the main thread; execution on the backend's threads or GPU streams); times in ms from the
+    first event shown."""
+    shown = [(kind, e) for e in prof.events() if (kind := _lane(e.name))]
+    t0 = min((e.time_range.start for _, e in shown), default=0)
+    rows = [{"kind": kind, "name": e.name, "thread": int(e.thread), "start_ms": (e.time_range.start - t0) / 1e3,
+             "dur_ms": (e.time_range.end - e.time_range.start) / 1e3,
+             "device": "cuda" if "CUDA" in str(getattr(e, "device_type", "")) else "cpu"} for kind, e in shown]
+    return sorted(rows, key=lambda r: r["start_ms"])
 
 
 def _union_ms(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
