@@ -226,7 +226,7 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
     def block(ddp, opt):
         def run(n=None):
-            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device, barrier=False)
+            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device)
         return run
 
     for cap, view in configs:
@@ -282,9 +282,8 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
 
 def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
-                  as_view: Sequence[bool] = (False, True), model: str = "mlp", steps: int = 10,
-                  warmup: int = 3, threads: int | None = 1, profile_cap_mb: float | None = 1.0,
-                  timeout: float = 900.0, rounds: int = 5) -> dict[str, Any]:
+                  as_view: Sequence[bool] = (False, True), steps: int = 10, warmup: int = 3,
+                  profile_cap_mb: float | None = 1.0, timeout: float = 900.0, rounds: int = 5) -> dict[str, Any]:
     """The bucket sweep in one launch of ``world_size`` ranks, configurations timed in
     alternation (``rounds`` blocks each; see :func:`bucket_worker`).
 
@@ -293,8 +292,8 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         median step, ms) and ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed
         step on any rank, ms) added.
     """
-    got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
-                 threads, 0, profile_cap_mb, 2, rounds, timeout=timeout)
+    got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), steps=steps, warmup=warmup,
+                 profile_cap_mb=profile_cap_mb, rounds=rounds, timeout=timeout)
     rows = []
     for i, r0 in enumerate(got[0]["rows"]):
         r = dict(r0)

@@ -16,7 +16,6 @@ from typing import Any
 
 import psutil
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -194,13 +193,9 @@ def train_step(model: nn.Module, opt, x, y, sync: bool = True) -> None:
     opt.step()
 
 
-def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = True,
-                 barrier: bool = True) -> list[float]:
+def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = True) -> list[float]:
     """Run ``steps`` training steps on ``batch(first)``, ``batch(first + 1)``, ...; return each
-    step's wall-clock seconds (GPU synced). ``barrier``: a ``dist.barrier()`` first, when a
-    process group exists."""
-    if barrier and dist.is_initialized():
-        dist.barrier()
+    step's wall-clock seconds (GPU synced)."""
     sync_device(device)
     times = []
     t = time.perf_counter()
@@ -227,7 +222,6 @@ def batch_fn(x: torch.Tensor, y: torch.Tensor, perm: torch.Tensor, global_batch:
         return x.index_select(0, idx), y.index_select(0, idx)
 
     return batch
-
 
 
 def run_interleaved(blocks: dict[str, Callable[..., list[float]] | None], rounds: int, warmup: int = 1,

@@ -142,9 +142,8 @@ def pipeline_worker(rank: int, world_size: int, n_train: int | None = None, n_te
     return rows
 
 
-def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = None,
-                   n_test: int | None = None, threads: int | None = 1, repeats: int = 1,
-                   batch_size: int = 64, lr: float = 0.01, seed: int = 0,
+def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = None, n_test: int | None = None,
+                   threads: int | None = 1, repeats: int = 1, seed: int = 0,
                    timeout: float = 900.0) -> list[dict[str, Any]]:
     """The seed recipe against the in-memory path, per world size (one launch per world size).
 
@@ -166,7 +165,7 @@ def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = No
     out = []
     for ws in world_sizes:
         t0 = time.perf_counter()
-        per_rank = launch(pipeline_worker, ws, n_train, n_test, batch_size, lr, seed, threads, repeats,
+        per_rank = launch(pipeline_worker, ws, n_train, n_test, seed=seed, threads=threads, repeats=repeats,
                           timeout=timeout)
         launch_s = time.perf_counter() - t0
         rows = {}

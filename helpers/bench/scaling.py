@@ -48,7 +48,7 @@ def _block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.dev
     def run(n: int | None = None) -> list[float]:
         n = steps if n is None else n
         with num_threads(threads):
-            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync, barrier=False)
+            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync)
         done[0] += n
         return times
 
