@@ -22,11 +22,9 @@ One module each, each with a ``bench_*`` function returning rows (plain dicts, f
 ``checks``    ``against_one_process`` and ``data_coverage`` beside the runs they compare.
 ``threads``   the threads each launcher leaves a rank (notebook 05a; not on the command line).
 
-``common`` holds the profiles, machine info, models and timing helpers (modes take turns:
-:func:`run_interleaved`), ``cli`` the command line. Timings are wall-clock
-(``time.perf_counter``, GPU synced); every JSON file records the machine and the load average
-before and after. Tests check the rows' structure, never a timing. Units: s, ms, samples/s,
-bytes, GB/s (1e9 bytes/s), MiB (2**20 bytes).
+``common`` holds the profiles, machine info, models and timing helpers, ``cli`` the command line.
+Timings are wall-clock, GPU synced; each JSON file records the machine and the load before and
+after. Tests check the rows' structure, never a timing.
 """
 
 from __future__ import annotations
