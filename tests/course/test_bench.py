@@ -50,20 +50,20 @@ def test_ring_model_values():
     assert ring_allreduce_seconds(1e9, 1024, 0.0, 1e10) == pytest.approx(2 * 1023 / 1024 * 0.1)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: algbw(1e6, 0.0), lambda: busbw_factor(0), lambda: busbw_factor(2.5),
-    lambda: ring_allreduce_seconds(1e9, 2, -1.0, 1e10), lambda: ring_allreduce_seconds(1e9, 2, 1e-5, 0.0),
-    lambda: fit_alpha_beta([1e6], [2], [1e-3]),  # one point
-    lambda: fit_alpha_beta([1e6, 2e6], [1, 1], [1e-3, 2e-3]),  # n = 1: no communication
-    lambda: fit_alpha_beta([1e6, 2e6], [2, 2], [1e-3]),  # lengths differ
-    lambda: fit_alpha_beta([1e6, 2e6], [2, 2], [1e-3, 0.0]),
-    lambda: predict_data_parallel([2], 0, 0.1, 1e-5, 1e10),
-    lambda: bench.profile_config("huge"), lambda: bench.build_bench_model("resnet"),
-    lambda: bench.run_interleaved({"A": lambda n=None: [1.0]}, rounds=0),
-])
-def test_bad_input_raises_value_error(call):
+@pytest.mark.parametrize("fn, args", [
+    (algbw, (1e6, 0.0)), (busbw_factor, (0,)), (busbw_factor, (2.5,)),
+    (ring_allreduce_seconds, (1e9, 2, -1.0, 1e10)), (ring_allreduce_seconds, (1e9, 2, 1e-5, 0.0)),
+    (fit_alpha_beta, ([1e6], [2], [1e-3])),  # one point
+    (fit_alpha_beta, ([1e6, 2e6], [1, 1], [1e-3, 2e-3])),  # n = 1: no communication
+    (fit_alpha_beta, ([1e6, 2e6], [2, 2], [1e-3])),  # lengths differ
+    (fit_alpha_beta, ([1e6, 2e6], [2, 2], [1e-3, 0.0])),
+    (predict_data_parallel, ([2], 0, 0.1, 1e-5, 1e10)),
+    (bench.profile_config, ("huge",)), (bench.build_bench_model, ("resnet",)),
+    (bench.run_interleaved, ({"A": lambda n=None: [1.0]}, 0)),  # rounds=0
+], ids=lambda v: getattr(v, "__name__", None))
+def test_bad_input_raises_value_error(fn, args):
     with pytest.raises(ValueError):
-        call()
+        fn(*args)
 
 
 @pytest.mark.parametrize("alpha, bw", [(20e-6, 1.2e9), (1e-6, 40e9), (300e-6, 5e8)])
