@@ -1,14 +1,10 @@
 """What the general checks of :mod:`helpers.checks` cost beside the runs they compare, on simulated
-ranks: :func:`~helpers.checks.against_one_process` on lesson 09's MLP
-(:func:`helpers.at_scale.global_batch_steps`) against the two runs alone (``world_size`` ranks and one
-process, nothing recorded), and :func:`~helpers.checks.data_coverage` on one epoch of a
-``DataLoader`` with a ``DistributedSampler`` against that run alone. Modes take turns
-(:func:`helpers.bench.common.run_interleaved`).
+ranks (``python -m helpers.bench checks``): :func:`~helpers.checks.against_one_process` on lesson 09's
+MLP against its two runs alone, and :func:`~helpers.checks.data_coverage` on one epoch of a
+``DataLoader`` with a ``DistributedSampler`` against that epoch alone. Modes take turns.
 
-    python -m helpers.bench checks
-
-Units: seconds (s); ``ratio`` is the check's seconds over its runs' seconds (medians); the target
-for ``against_one_process`` is :data:`TARGET`. Nothing is asserted about the times.
+Units: seconds (s); ``ratio``: the check's seconds over its runs' (medians), against :data:`TARGET`
+for ``against_one_process``. Nothing is asserted about the times.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.engine.launch`` (with
-its fork server running, and the first launch that starts it) against
-``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
-baseline) and warm ranks (``helpers.engine.warm_ranks``).
-
-Units: seconds (s).
+"""Launch overhead, seconds from a call to results for a trivial worker: ``helpers.engine.launch``
+(fork server running, or started by the call) against ``torch.multiprocessing.spawn`` (the
+tutorials' way, written out here as the baseline) and warm ranks. Units: seconds (s).
 """
 
 from __future__ import annotations

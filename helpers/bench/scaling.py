@@ -1,12 +1,9 @@
 """Scaling: training samples/s by world size, threads per rank, model and global batch (notebook 05a).
 
-Every mode runs in **one** launch of ``max(world_size)`` ranks and the modes are timed in
-alternation (:func:`helpers.bench.common.run_interleaved`): after a warm-up of every mode, round
-0 times a block of steps of each mode in turn, then round 1 the same, and so on, so a drift of
-the machine's load spreads over every mode instead of landing on one. A DDP configuration with
-``world_size`` ranks runs on the first ``world_size`` ranks through a process subgroup
-(``dist.new_group``) while the others wait at a barrier; a single process and
-``nn.DataParallel`` run on rank 0 alone.
+Every mode runs in **one** launch of ``max(world_size)`` ranks, the modes timed in alternation
+(:func:`helpers.bench.common.run_interleaved`). A DDP configuration with ``world_size`` ranks runs
+on the first ranks through a process subgroup (``dist.new_group``) while the others wait at a
+barrier; a single process and ``nn.DataParallel`` run on rank 0 alone.
 
 Units: seconds (s), milliseconds (ms), samples per second (samples/s), MiB (2**20 bytes).
 """
