@@ -14,8 +14,7 @@ everything else in the file is left as it is.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import runpy
 from pathlib import Path
 
 from ci import marked
@@ -28,22 +27,13 @@ END = "<!-- changes:end -->"
 
 
 def load_sources(path: Path = EDITS) -> tuple:
-    """``SOURCES`` of the edit-list module at ``path``.
+    """``SOURCES`` of the edit-list module at ``path`` (runpy keeps it in ``sys.modules`` while it
+    runs, where dataclasses look it up).
 
     Raises:
         OSError: the file cannot be read.
     """
-    name = "_tutorial_edits"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise OSError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(name, None)
-    return module.SOURCES
+    return runpy.run_path(str(path), run_name="_tutorial_edits")["SOURCES"]
 
 
 def code(text: str) -> str:

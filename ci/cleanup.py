@@ -43,9 +43,7 @@ def describe(p) -> str:
         cmd = " ".join(p.cmdline()) or p.name()
     except Exception:  # noqa: BLE001
         cmd = "?"
-    if len(cmd) > 120:
-        cmd = cmd[:117] + "..."
-    return f"pid {p.pid} ({cmd})"
+    return f"pid {p.pid} ({cmd if len(cmd) <= 120 else cmd[:117] + '...'})"
 
 
 def _reap_zombie_children() -> None:
@@ -111,7 +109,6 @@ class Watch:
     seen: dict = field(default_factory=dict)
     current_cell: int | None = None  # index (in the executed notebook) of a running cell
     last_cell_started: int | None = None
-    t_start: float = 0.0
     t_first_cell: float | None = None
     t_last_cell_done: float | None = None
     killed_on_abort: list[str] = field(default_factory=list)
@@ -119,7 +116,7 @@ class Watch:
     @classmethod
     def start(cls) -> "Watch":
         me = psutil.Process()
-        return cls(baseline={_proc_key(p) for p in descendants(me)}, t_start=time.monotonic())
+        return cls(baseline={_proc_key(p) for p in descendants(me)})
 
     def set_kernel(self, pid: int | None) -> None:
         if pid:
@@ -161,12 +158,7 @@ class Watch:
     def leftovers(self, grace: float) -> list:
         """Processes started during this notebook that are still running after ``grace``."""
         _reap_zombie_children()
-        me = psutil.Process()
-        candidates: dict = {}
-        for p in descendants(me):
-            key = _proc_key(p)
-            if key not in self.baseline:
-                candidates[key] = p
+        candidates = {k: p for p in descendants(psutil.Process()) if (k := _proc_key(p)) not in self.baseline}
         for key, p in self.seen.items():
             candidates.setdefault(key, p)
         if self.kernel is not None:

@@ -2,26 +2,18 @@
 
     python ci/gpu_check.py OUT_DIR
 
-Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the others):
+Runs, each as a check that is ``ok`` or ``failed`` (a failure does not stop the others): the
+runner's ``gpu`` profile on every notebook with a GPU branch (:data:`GPU_NOTEBOOKS`, executed
+under ``OUT_DIR/notebooks/gpu/``); ``launch`` with ``backend="nccl"``; real ``nn.DataParallel``
+over every visible GPU against one device; ``nn.SyncBatchNorm`` under nccl against
+``nn.BatchNorm1d`` on the CPU (one GPU: torch runs it as plain batch norm, which the summary
+says); warm ranks with nccl.
 
-1. the runner's ``gpu`` profile on every notebook with a GPU branch (01 real ``nn.DataParallel``,
-   04 real DP against DDP, 05a and 05b the benchmarks' CUDA device, 06b SyncBatchNorm on GPU, 07a and
-   07b the ``nccl`` rows), executed notebooks under ``OUT_DIR/notebooks/gpu/``;
-2. :func:`helpers.engine.launch` with ``backend="nccl"`` at ``world_size`` 1 (an all-reduce of a
-   CUDA tensor, checked);
-3. real ``nn.DataParallel`` over every visible GPU: gradients equal one device's;
-4. ``nn.SyncBatchNorm`` on GPU under nccl in a launch (one rank per GPU; with one GPU torch runs it
-   as plain batch norm, which the summary says), checked against ``nn.BatchNorm1d`` on the CPU;
-5. warm ranks with ``nccl`` (``helpers.engine.warm_ranks``).
-
-Writes ``OUT_DIR/summary.json``, ``OUT_DIR/summary.md`` (GPU name, torch and CUDA versions, each
-check with its seconds and error, and every ``**Claim (GPU):**`` of the lessons with its status:
-``proven on GPU``, ``not proven: ...`` (its check cell printed ``not proven here``, e.g. too few
-GPUs) or ``not run``; :func:`gpu_claims`, parsed from the notebooks by ``ci/gpu_claims.py``, the
-list ``tests/course/test_claims.py`` checks) and ``OUT_DIR/runner_table.txt``. Exit code 0 when every check
-is ok, 1 otherwise, 2 when the machine has no CUDA (refused before anything runs). Budget: the
-whole run is meant to finish in under 8 minutes on one GPU; the notebook run is cut at
-``--notebook-budget`` seconds. No process is left behind (checked at the end and reported).
+Writes ``OUT_DIR/summary.json`` and ``summary.md`` (GPU, torch, CUDA, each check with its
+seconds and error, every ``**Claim (GPU):**`` of the lessons with its status from
+``ci/gpu_claims.py``) and ``runner_table.txt``. Exit code 0 when every check is ok, 1 otherwise,
+2 without CUDA (refused before anything runs). Meant to finish in under 8 minutes on one GPU;
+the notebook run is cut at ``--notebook-budget`` seconds. No process is left behind (checked).
 """
 
 from __future__ import annotations
@@ -70,7 +62,7 @@ def no_cuda_message() -> str | None:
     return None
 
 
-# ---- the checks (functions defined here are sent to the ranks by value by launch) -------------
+# the checks (functions defined here are sent to the ranks by value by launch)
 
 def nccl_allreduce(rank, world_size):
     device = worker_device()
@@ -156,8 +148,7 @@ def check_notebooks(out_dir: Path, budget_s: float) -> str:
 
 
 def gpu_claims(executed_dir: Path | None = None) -> list[dict]:
-    """Every ``**Claim (GPU):**`` of the lessons (``lesson``, ``cell``, ``claim``: its first words)
-    with its ``status`` in the executed notebooks of ``executed_dir`` (None: ``not run``)."""
+    """Every ``**Claim (GPU):**`` of the lessons with its ``status`` in ``executed_dir`` (None: not run)."""
     return gpu_claim_status(executed_dir)
 
 
@@ -166,8 +157,6 @@ def claims_lines(rows: list[dict]) -> list[str]:
     return (["| lesson | GPU claim | status |", "| --- | --- | --- |"]
             + [f"| {r['lesson']} | {r['claim']} | {r['status']} |" for r in rows])
 
-
-# ---- driver ------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python ci/gpu_check.py", description=__doc__.splitlines()[0])
@@ -206,18 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU claim, {r['status']}: {r['lesson']}: {r['claim']}", flush=True)
     left = [c for c in leftover_children() if c.pid not in before]
     survivors = end_processes(left, 3.0)
-    summary = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "host": platform.node(),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
-        "python": platform.python_version(),
-        "seconds": round(time.monotonic() - t0, 1),
-        "processes_left": len(left), "processes_unkillable": len(survivors),
-        "checks": rows,
-        "gpu_claims": claims,
-    }
+    summary = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+               "host": platform.node(),
+               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+               "torch": torch.__version__, "cuda": torch.version.cuda,
+               "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+               "python": platform.python_version(), "seconds": round(time.monotonic() - t0, 1),
+               "processes_left": len(left), "processes_unkillable": len(survivors), "checks": rows,
+               "gpu_claims": claims}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# GPU check, {summary['date_utc']} UTC", "",
              f"GPUs: {', '.join(summary['gpus'])}; torch {summary['torch']}, CUDA {summary['cuda']}, "

@@ -111,13 +111,11 @@ def write_report(rows: list[dict], path: Path, total_s: float, argv: list[str]) 
         "| Python | torch | IPython | passed | failed | skipped | seconds | command |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        lines.append(f"| {r['python']} | {r['torch']} | {r['ipython']} | {r['passed']} | {r['failed']} | "
-                     f"{r['skipped']} | {r['seconds']:.0f} | `{r['command']}` |")
-    for r in rows:
-        if r["rc"] != 0:
-            lines += ["", f"Python {r['python']}: pytest exit {r['rc']}; failed: "
-                      + (", ".join(f"`{f}`" for f in r["failures"]) or "(no test report)")]
+    lines += [f"| {r['python']} | {r['torch']} | {r['ipython']} | {r['passed']} | {r['failed']} | "
+              f"{r['skipped']} | {r['seconds']:.0f} | `{r['command']}` |" for r in rows]
+    for r in (r for r in rows if r["rc"] != 0):
+        lines += ["", f"Python {r['python']}: pytest exit {r['rc']}; failed: "
+                  + (", ".join(f"`{f}`" for f in r["failures"]) or "(no test report)")]
     path.write_text("\n".join(lines) + "\n")
 
 

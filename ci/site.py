@@ -1,28 +1,19 @@
 #!/usr/bin/env python3
 """The course site: Sphinx + myst-nb + sphinx-book-theme over the main job's executed notebooks.
 
-Build it after the main job (``python3 ci/run_notebooks.py --profile full``), from what that job
-wrote; nothing is executed again::
+Built from what ``python3 ci/run_notebooks.py --profile full`` wrote; nothing is executed again::
 
     python3 -m ci.site build/full              # -> build/site/index.html
     python3 -m ci.site --check build/site      # headless Chromium follows every internal link
 
-The build stages a Sphinx source folder (``build/site_src/``) laid out as the repository is, so
-the links the notebooks and docs already use resolve unchanged (``../docs/GLOSSARY.md#rank``,
-``03_distributed_sampler.ipynb``, ``../notebooks/04_mnist_single_dp_ddp.ipynb``):
-
-- ``README.md`` is the front page (``index.md``; links to ``README.md`` are pointed at it), with
-  the navigation appended: the lessons in path order (the executed notebooks sorted by name,
-  ``00`` .. ``07``), then every ``docs/*.md`` page;
-- ``notebooks/<stem>.ipynb``: each executed notebook, rendered from its stored outputs
-  (``nb_execution_mode = "off"``). Cells tagged ``check`` (a claim's proof, an exercise's check)
-  and ``solution`` also get myst-nb's ``hide-input`` tag: their code is collapsed behind a
-  "Show code cell source" toggle, their output (the check passing, a figure) stays shown. A
-  notebook that failed or was cut short in that run (papermill's ``exception`` flag, or a code
-  cell it never completed) gets a red "this lesson failed" box under its title;
-- the page's download button gives ``_sources/notebooks/<stem>.ipynb``: the executed notebook
-  with its outputs, less papermill's ``injected-parameters`` cell, so running it runs the
-  lesson's own defaults (README, "Which parameters you run").
+The staged source (``build/site_src/``) is laid out as the repository is, so the links the
+notebooks and docs use resolve unchanged. ``README.md`` is the front page (``index.md``), with
+the navigation appended: the lessons in the manifest's order, then every ``docs/*.md`` page.
+Each executed notebook is rendered from its stored outputs; cells tagged ``check`` or
+``solution`` get myst-nb's ``hide-input`` (code behind a toggle, output shown), and a notebook
+that failed or was cut short gets a red "this lesson failed" box under its title. The download
+button gives the executed notebook less papermill's ``injected-parameters`` cell, so running it
+runs the lesson's own defaults.
 
 Settings: ``ci/site_conf.py``. Exit codes: 0 built / every link and figure found; 1 the build
 failed or the check found problems (each printed on its own line); 2 bad invocation.
@@ -61,11 +52,6 @@ __all__ = ["build_site", "check_site", "lesson_failed", "count_figures", "main"]
 
 class SiteError(RuntimeError):
     """The site could not be built (nothing to build, Sphinx failed)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Build
-# --------------------------------------------------------------------------------------------
 
 
 def lesson_failed(nb) -> bool:
@@ -122,11 +108,10 @@ def stage(executed: Path, src: Path, root: Path = ROOT) -> list[str]:
     The lessons are the executed notebooks of ``executed`` that the manifest lists, in its order.
     """
     order = manifest.stems(None, root / "notebooks" / manifest.MANIFEST.name)  # the course's order
-    lessons = sorted((p for p in executed.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
-    # a notebook left from an older run of a lesson since renamed or removed is no lesson
-    for stale in [p for p in lessons if p.stem not in order]:
-        print(f"site: {stale.name} left out: not in notebooks/lessons.toml (a notebook from an older run?)")
-    lessons = sorted((p for p in lessons if p.stem in order), key=lambda p: order.index(p.stem))
+    found = {p.stem: p for p in executed.glob("*.ipynb") if not p.name.startswith(".")}
+    for stale in sorted(set(found) - set(order)):  # from an older run of a lesson since renamed or removed
+        print(f"site: {stale}.ipynb left out: not in notebooks/lessons.toml (a notebook from an older run?)")
+    lessons = [found[stem] for stem in order if stem in found]
     if not lessons:
         raise SiteError(f"no executed notebooks (*.ipynb) in {executed}: run "
                         "`python3 ci/run_notebooks.py --profile full` first")
@@ -175,11 +160,6 @@ def build_site(executed: str | os.PathLike, out: str | os.PathLike | None = None
         nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
         nbformat.write(nb, str(out / "_sources" / "notebooks" / f"{stem}.ipynb"))
     return out / "index.html"
-
-
-# --------------------------------------------------------------------------------------------
-# Browser check
-# --------------------------------------------------------------------------------------------
 
 
 def find_chromium() -> str | None:
@@ -233,7 +213,6 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     report = {"pages": 0, "files": 0, "links": 0, "anchors": 0, "figures": {}, "checks_collapsed": 0,
               "search_hits": 0, "problems": []}
-    problems = report["problems"]
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
@@ -242,24 +221,23 @@ def check_site(site: str | os.PathLike, search_for: str = "glossary", timeout_ms
                 page.set_default_timeout(timeout_ms)
                 # the site must stand alone: anything outside it (CDNs, pytorch.org) is refused at once
                 page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort())
-                ids = _crawl(page, base, report)
-                _check_anchors(ids, report)
-                _check_figures(site, base, ids, report)
+                facts = _crawl(page, base, report)
+                _check_figures(site, base, facts, report)
                 _check_search(page, base, search_for, report)
             finally:
                 browser.close()
     finally:
         server.shutdown()
         server.server_close()
-    report["problems"] = problems
     return report
 
 
 def _crawl(page, base: str, report: dict) -> dict:
-    """Visit every page reachable from index.html; returns ``{page url: facts}`` (ids, images)."""
+    """Visit every page reachable from index.html, then check every ``#fragment`` linked to;
+    returns ``{page url: facts}`` (ids, images)."""
     facts: dict[str, dict] = {}
     queue, seen = [(base + "index.html", "(start)")], {base + "index.html"}
-    report["_wanted"] = []  # (page, fragment, linked from)
+    wanted = []  # (page, fragment, linked from)
     while queue:
         url, origin = queue.pop(0)
         path = urllib.parse.urlsplit(url).path
@@ -291,10 +269,15 @@ def _crawl(page, base: str, report: dict) -> dict:
             target, _, fragment = link.partition("#")
             target = target.split("?", 1)[0]
             if fragment:
-                report["_wanted"].append((target, urllib.parse.unquote(fragment), url[len(base):]))
+                wanted.append((target, urllib.parse.unquote(fragment), url[len(base):]))
             if target not in seen:
                 seen.add(target)
                 queue.append((target, url[len(base):]))
+    for target, fragment, origin in wanted:
+        report["anchors"] += 1
+        if target in facts and fragment not in facts[target]["ids"]:
+            report["problems"].append(f"missing anchor: #{fragment} on {target.rsplit('/', 1)[-1]} "
+                                      f"(linked from {origin})")
     return facts
 
 
@@ -302,23 +285,13 @@ def _page_facts(page, tries: int = 5) -> dict:
     """``_PAGE_FACTS`` on the page; retried once the page settles if it navigated meanwhile."""
     from playwright.sync_api import Error
 
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         try:
             return page.evaluate(_PAGE_FACTS)
         except Error:  # "Execution context was destroyed": the page navigated away meanwhile
-            if attempt == tries - 1:
-                raise
             page.wait_for_load_state("load")
             page.wait_for_timeout(200)
-    raise AssertionError("unreachable")
-
-
-def _check_anchors(facts: dict, report: dict) -> None:
-    for target, fragment, origin in report.pop("_wanted"):
-        report["anchors"] += 1
-        if target in facts and fragment not in facts[target]["ids"]:
-            report["problems"].append(f"missing anchor: #{fragment} on {target.rsplit('/', 1)[-1]} "
-                                      f"(linked from {origin})")
+    return page.evaluate(_PAGE_FACTS)
 
 
 def _check_figures(site: Path, base: str, facts: dict, report: dict) -> None:
@@ -344,11 +317,6 @@ def _check_search(page, base: str, word: str, report: dict) -> None:
     report["search_hits"] = page.locator("#search-results ul.search li").count()
     if not report["search_hits"]:
         report["problems"].append(f"search for {word!r} found nothing (search.html)")
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

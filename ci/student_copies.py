@@ -6,37 +6,22 @@ Usage (from the repository root)::
     python3 -m ci.student_copies                       # every lesson -> student/ (git-ignored)
     python3 -m ci.student_copies 04 06a --output-dir /tmp/workshop
 
-The lessons are the manifest's (``notebooks/lessons.toml``), in its order: a scratch
-notebook in ``notebooks/`` is never copied. Each lesson is written to
-``<output-dir>/notebooks/<stem>.ipynb`` by nbconvert's ``NotebookExporter`` with two of
-nbconvert's own preprocessors: ``TagRemovePreprocessor`` drops every cell tagged ``solution``
-and ``ClearOutputPreprocessor`` clears outputs and execution counts. Exercise cells (tag
-``exercise``) and the cells that check an answer (tag ``check``) stay. Two more changes keep the
-copies a student's own (:class:`StudentPreprocessor`): the check cell of an exercise runs its code
-inside a function, ``check_exercise_N()``, so the expected value it computes is never left in a
-kernel name a student could print (``expected_N``), and calls :func:`helpers.notebook.sealed_check`
-imported inside it, which hands ``check_answer`` only a digest of the rounded expected value, so a
-``check_answer`` redefined in a cell reads nothing; the jupytext pairing metadata is dropped, so
-saving a copy in JupyterLab writes no ``.py`` twin beside it. A lesson on the 3-hour workshop path
-(the manifest's ``[[workshop]]``, :mod:`ci.workshop`) gets a markdown cell tagged ``workshop`` where
-the room skips a part ("Workshop: skip to §3") and where it stops ("Workshop: stop here, continue
-at 01 §1"), from :func:`workshop_stops`.
+The lessons are the manifest's (``notebooks/lessons.toml``), in its order. Each is written to
+``<output-dir>/notebooks/<stem>.ipynb`` by nbconvert's ``NotebookExporter``:
+``TagRemovePreprocessor`` drops the cells tagged ``solution``, ``ClearOutputPreprocessor`` clears
+outputs; exercise and check cells stay. :class:`StudentPreprocessor` keeps the copy a student's
+own: an exercise's check runs inside ``check_exercise_N()`` with
+:func:`helpers.notebook.sealed_check` (a digest of the expected value; no ``expected_N`` left in
+the kernel), the jupytext pairing is dropped (a save writes no ``.py`` twin), and a lesson on the
+workshop path (the manifest's ``[[workshop]]``) gets cells tagged ``workshop`` where the room
+skips a part and where it stops (:func:`workshop_stops`).
 
-Next to them go what the lessons need to run and to link to, so the folder is the course
-without its solutions: the docs the lessons link to (``../docs/GLOSSARY.md`` ...) and the
-Markdown files those link to in turn (``README.md``, other docs), the
-``helpers`` and ``ci`` packages, MNIST (``data/``, the committed ``.gz`` files),
-``requirements.lock``, ``pyproject.toml``, ``jupyter_lab_config.json`` and its own ``README.md``
-(what a student does: install in a venv of the folder's own, run the preflight, open JupyterLab
-on the first lesson, the lessons in order), in place of the repository's README, which is about
-its tests and CI. The handout's ``pyproject.toml`` names the
-distribution :data:`HANDOUT_DIST`, not ``ddp-lab``: installed (``-e .``) into a Python that has the
-repository installed, it neither replaces the repository's install nor redirects its ``helpers`` and
-``ci`` (pip's ``__editable__.ddp_lab-...`` mapping is read first: site-packages' ``.pth`` files load
-in name order). The whole folder is also zipped, as ``<output-dir>/ddp-lab-student.zip``
-(one top folder, ``ddp-lab-student/``), for students to download and open directly. The default
-``student/`` sits inside the repository root, which the README's ``jupyter lab`` serves, so an
-instructor opens the copies there and their links work.
+Beside them: the docs the lessons link to and the Markdown those link to in turn, ``helpers``,
+MNIST (``data/``), ``requirements.lock``, ``pyproject.toml`` (named :data:`HANDOUT_DIST`, so an
+editable install of it leaves the repository's ``ddp-lab`` mapping alone),
+``jupyter_lab_config.json`` and a README for students (venv, preflight, JupyterLab, the lessons
+in order). The folder is also zipped as ``<output-dir>/ddp-lab-student.zip`` (one top folder).
+The default ``student/`` sits in the repository root, which the README's ``jupyter lab`` serves.
 
 Exit codes: 0 written; 2 an unknown notebook or one that is not a lesson (nothing written).
 """
@@ -136,10 +121,6 @@ def scoped_check(source: str) -> str:
     return f"{SCOPE_LINE.format(n=n)}\n{body}\n\n\ncheck_exercise_{n}()"
 
 
-def _where(part: str) -> str:
-    return f"exercise {part[2:]}" if part.startswith("ex") else f"§{part}"
-
-
 def workshop_stops(nb, stem: str) -> list[tuple[int, str]]:
     """``(index, text)``: the workshop's markdown before cell ``index`` of lesson ``stem``, where the
     path (the manifest's ``[[workshop]]``) skips a section or exercise and where it stops; none
@@ -167,8 +148,8 @@ def workshop_stops(nb, stem: str) -> list[tuple[int, str]]:
             if i > last:
                 return [*stops, (i, f"**Workshop: stop here**, {then}. The rest of this lesson is homework.")]
             resume = next(labels[j] for j in range(i, len(labels)) if labels[j] in wanted - {"summary"})
-            stops.append((i, f"**Workshop: skip to {_where(resume)}** below; the parts in "
-                             "between are homework."))
+            where = f"exercise {resume[2:]}" if resume.startswith("ex") else f"§{resume}"
+            stops.append((i, f"**Workshop: skip to {where}** below; the parts in between are homework."))
         skipping = lab not in wanted
     return [*stops, (len(labels), f"**Workshop: stop here**, {then}.")]
 
@@ -201,21 +182,6 @@ def student_exporter() -> NotebookExporter:
     return exporter
 
 
-def _chosen(names: Iterable[str] | None, lessons: list[str], notebooks_dir) -> list[Path]:
-    """The lessons to copy: all of ``lessons`` (stems, path order), or those ``names`` picks.
-
-    Raises:
-        ConfigError: a name matches no notebook, or a notebook that is not a lesson.
-    """
-    names = list(names or [])
-    paths = resolve_notebooks(names or lessons, notebooks_dir)
-    strays = [p.stem for p in paths if p.stem not in lessons]
-    if strays:
-        raise ConfigError(f"not a notebook of the course (notebooks/lessons.toml): {', '.join(strays)}; "
-                          f"the lessons: {', '.join(lessons)}")
-    return paths
-
-
 def _with_linked_docs(root: Path, linked: set[str]) -> set[str]:
     """``linked`` (paths relative to ``root``) that are files, plus every Markdown file of the
     repository that a copied Markdown file links to, and so on, so that the handout's docs hold no
@@ -245,7 +211,11 @@ def write_student_copies(names: Iterable[str] | None = None, output_dir: str | o
     :class:`ci.planning.ConfigError` for an unknown notebook, one that is not a lesson, or an
     output folder that cannot be one (before writing)."""
     lessons = list(lessons) if lessons is not None else manifest.stems(None)
-    paths = _chosen(names, lessons, notebooks_dir)
+    paths = resolve_notebooks(list(names or []) or lessons, notebooks_dir)
+    strays = [p.stem for p in paths if p.stem not in lessons]
+    if strays:
+        raise ConfigError(f"not a notebook of the course (notebooks/lessons.toml): {', '.join(strays)}; "
+                          f"the lessons: {', '.join(lessons)}")
     paths.sort(key=lambda p: lessons.index(p.stem))
     out = check_output_dir(output_dir)
     root = Path(repo_root)

@@ -65,15 +65,13 @@ def allreduce_worker(rank: int, world_size: int, sizes_bytes: Sequence[int], war
         sync_device(device)
         elapsed = time.perf_counter() - t0
         written1 = _bytes_written()
-        sent = (written1 - written0) / iters if written0 is not None and written1 is not None else -1.0
+        sent = (written1 - written0) / iters if None not in (written0, written1) else -1.0
         per_call = torch.tensor([elapsed / iters], dtype=torch.float64, device=device)
         dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
         sent_all = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world_size)]
         dist.all_gather(sent_all, torch.tensor([sent], dtype=torch.float64, device=device))
-        seconds = float(per_call.item())
-        size = t.numel() * t.element_size()
-        a = _algbw(size, seconds)
-        sent_bytes = [float(x.item()) for x in sent_all]
+        seconds, size = float(per_call.item()), t.numel() * t.element_size()
+        a, sent_bytes = _algbw(size, seconds), [float(x.item()) for x in sent_all]
         rows.append({"bytes": size, "world_size": world_size, "iters": iters, "seconds": seconds,
                      "algbw_GBps": a / 1e9, "busbw_GBps": _busbw(a, world_size) / 1e9,
                      "sent_bytes_per_call": None if device.type == "cuda" or min(sent_bytes) < 0 else sent_bytes,
@@ -126,9 +124,7 @@ def bench_allreduce(world_sizes: Sequence[int] = (2, 4), sizes_kib: Sequence[int
     sizes = [int(k) * KIB for k in sizes_kib]
     copy = memcpy_bandwidth(sizes, threads=threads)
     by_size = {r["bytes"]: r["copy_GBps"] for r in copy}
-    rows = []
-    for ws in world_sizes:
-        rows += launch(allreduce_worker, ws, sizes, threads=threads, timeout=timeout)[0]
+    rows = [r for ws in world_sizes for r in launch(allreduce_worker, ws, sizes, threads=threads, timeout=timeout)[0]]
     for r in rows:
         r["copy_GBps"] = by_size.get(r["bytes"])
         r["busbw_over_copy"] = r["busbw_GBps"] / r["copy_GBps"] if r["copy_GBps"] else None

@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from helpers.bench.common import (
     build_bench_model,
     ddp_wrap,
-    median,
     run_interleaved,
+    spread,
     sync_device,
     timed_steps,
     train_step,
@@ -58,12 +58,6 @@ def _bucket_layout_steps(model_name: str, seed: int, cap_mb: float | None, view:
     return steps
 
 
-def _bucket_layout(model_name: str, seed: int, cap_mb: float | None, view: bool, x, y, device) -> list[int]:
-    """Bucket sizes (bytes) DDP all-reduces per step with this cap, after DDP rebuilt its buckets
-    in the first step's gradient order (the second step of :func:`_bucket_layout_steps`)."""
-    return _bucket_layout_steps(model_name, seed, cap_mb, view, x, y, device)[1]["bytes"]
-
-
 def _allreduce_after_backward_step(ddp, opt, x, y, bucket_tensor_bytes: Sequence[Sequence[int]]) -> None:
     """One step **without overlap**, for comparison with DDP's: forward and backward inside
     ``ddp.no_sync()`` (no all-reduce during backward), then the same buckets (``bucket_tensor_bytes``,
@@ -95,39 +89,31 @@ def _allreduce_after_backward_step(ddp, opt, x, y, bucket_tensor_bytes: Sequence
 _COMM_MARKERS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
 
 
+def _lane(name: str) -> str | None:
+    """The timeline lane of a profiler event's name (``None``: not shown)."""
+    if name == "DistributedDataParallel.forward":
+        return "forward"
+    if name.startswith("autograd::engine::evaluate_function:"):
+        return "backward"
+    if name.startswith("Optimizer.step"):
+        return "optimizer"
+    if name == "c10d::allreduce_":
+        return "allreduce launched"
+    if any(m in name for m in _COMM_MARKERS):
+        return "allreduce"
+    return "step" if name.startswith(("ProfilerStep", "step ")) else None
+
+
 def _timeline_from_profile(prof) -> list[dict[str, Any]]:
     """Flatten profiler events into lanes: forward, backward ops, optimizer, all-reduce (launch
-    on the main thread; execution on the backend's threads or GPU streams)."""
-    rows = []
-    for e in prof.events():
-        name = e.name
-        kind = None
-        if name == "DistributedDataParallel.forward":
-            kind = "forward"
-        elif name.startswith("autograd::engine::evaluate_function:"):
-            kind = "backward"
-        elif name.startswith("Optimizer.step"):
-            kind = "optimizer"
-        elif name == "c10d::allreduce_":
-            kind = "allreduce launched"
-        elif any(m in name for m in _COMM_MARKERS):
-            kind = "allreduce"
-        elif name.startswith("ProfilerStep") or name.startswith("step "):
-            kind = "step"
-        if kind is None:
-            continue
-        start = e.time_range.start
-        rows.append({"kind": kind, "name": name, "thread": int(e.thread), "start_us": float(start),
-                     "dur_us": float(e.time_range.end - start),
-                     "device": "cuda" if getattr(e, "device_type", None) is not None
-                     and "CUDA" in str(e.device_type) else "cpu"})
-    if rows:
-        t0 = min(r["start_us"] for r in rows)
-        for r in rows:
-            r["start_ms"] = (r.pop("start_us") - t0) / 1e3
-            r["dur_ms"] = r.pop("dur_us") / 1e3
-    rows.sort(key=lambda r: r["start_ms"])
-    return rows
+    on the main thread; execution on the backend's threads or GPU streams); times in ms from the
+    first event shown."""
+    shown = [(kind, e) for e in prof.events() if (kind := _lane(e.name))]
+    t0 = min((e.time_range.start for _, e in shown), default=0)
+    rows = [{"kind": kind, "name": e.name, "thread": int(e.thread), "start_ms": (e.time_range.start - t0) / 1e3,
+             "dur_ms": (e.time_range.end - e.time_range.start) / 1e3,
+             "device": "cuda" if "CUDA" in str(getattr(e, "device_type", "")) else "cpu"} for kind, e in shown]
+    return sorted(rows, key=lambda r: r["start_ms"])
 
 
 def _union_ms(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
@@ -216,20 +202,16 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     (:func:`_allreduce_after_backward_step`: ``timeline_after_backward``).
 
     Returns:
-        ``{"rows": [...], "timeline": [...] or None, "timeline_after_backward": [...] or None,
-        "profile_bucket_mb": [...] or None,
-        "default_cap_bucket_mb": [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``
-        (``profile_bucket_mb``: bucket sizes, MB, of the profiled model; ``default_cap_bucket_mb``
-        and ``..._tensor_bytes``: the layout when ``bucket_cap_mb`` is not passed at all, DDP's
-        default); rows: ``bucket_cap_mb``,
-        ``gradient_as_bucket_view``, ``n_buckets``, ``bucket_mb`` (list, MB of each bucket in
-        all-reduce order), ``bucket_tensor_bytes`` (list per bucket of its tensors' bytes, in
-        bucket order), ``first_step_bucket_mb`` (the buckets of the first step, on DDP's initial
-        layout, MB), ``step_s_median``, ``step_s_mean``, ``step_s_min``, ``step_s_max`` (s),
-        ``timed_order`` (the label ``"cap/view"`` of every timed block, in the order run), ``rank``, ``world_size``,
-        ``threads_per_rank``, ``model``, ``n_params``; timeline rows: ``kind`` (``forward``,
-        ``backward``, ``optimizer``, ``allreduce launched``, ``allreduce``, ``step``),
-        ``name``, ``thread``, ``start_ms``, ``dur_ms``, ``device``.
+        ``rows``: one per (cap, view): ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+        ``n_buckets``, ``bucket_mb`` (MB of each bucket, all-reduce order),
+        ``bucket_tensor_bytes`` (each bucket's tensors' bytes), ``first_step_bucket_mb`` (on
+        DDP's initial layout), ``step_s_median``/``_mean``/``_min``/``_max`` (s), ``timed_order``
+        (the ``"cap/view"`` label of every timed block, in order), ``rank``, ``world_size``,
+        ``threads_per_rank``, ``model``, ``n_params``; ``timeline`` and
+        ``timeline_after_backward`` (rank 0's, else ``None``; rows ``kind``, ``name``,
+        ``thread``, ``start_ms``, ``dur_ms``, ``device``), ``profile_bucket_mb`` (the profiled
+        model's buckets, MB), ``default_cap_bucket_mb`` and ``default_cap_bucket_tensor_bytes``
+        (the layout with ``bucket_cap_mb`` not passed: DDP's default).
     """
     if threads:
         torch.set_num_threads(int(threads))
@@ -244,7 +226,7 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
     def block(ddp, opt):
         def run(n=None):
-            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device, barrier=False)
+            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device)
         return run
 
     for cap, view in configs:
@@ -259,8 +241,7 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
         first, rebuilt = layouts[label]
         rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "n_buckets": len(rebuilt["bytes"]),
                      "bucket_mb": [b / 1e6 for b in rebuilt["bytes"]], "bucket_tensor_bytes": rebuilt["tensor_bytes"],
-                     "first_step_bucket_mb": [b / 1e6 for b in first["bytes"]], "step_s_median": median(t),
-                     "step_s_mean": sum(t) / len(t), "step_s_min": min(t), "step_s_max": max(t),
+                     "first_step_bucket_mb": [b / 1e6 for b in first["bytes"]], **spread(t, "step_s"),
                      "timed_order": order, "rank": rank, "world_size": world_size,
                      "threads_per_rank": torch.get_num_threads(), "model": model, "n_params": n_params})
     blocks.clear()  # free the timed models before the profiled one
@@ -301,24 +282,18 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
 
 
 def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 25.0),
-                  as_view: Sequence[bool] = (False, True), model: str = "mlp", steps: int = 10,
-                  warmup: int = 3, threads: int | None = 1, profile_cap_mb: float | None = 1.0,
-                  timeout: float = 900.0, rounds: int = 5) -> dict[str, Any]:
+                  as_view: Sequence[bool] = (False, True), steps: int = 10, warmup: int = 3,
+                  profile_cap_mb: float | None = 1.0, timeout: float = 900.0, rounds: int = 5) -> dict[str, Any]:
     """The bucket sweep in one launch of ``world_size`` ranks, configurations timed in
     alternation (``rounds`` blocks each; see :func:`bucket_worker`).
 
     Returns:
-        ``{"rows": [...], "timeline": [...], "timeline_after_backward": [...], "profile_bucket_mb": [...],
-        "default_cap_bucket_mb":
-        [...], "default_cap_bucket_tensor_bytes": [[...], ...]}``: one row per (cap, view) with
-        ``step_ms`` (slowest rank's median step, ms),
-        ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed step on any rank, ms)
-        added to rank 0's row; the timeline from rank 0, the profiled model's bucket sizes (MB)
-        and the bucket sizes (MB, and each bucket's tensor bytes) with ``bucket_cap_mb`` left at
-        DDP's default.
+        rank 0's result of :func:`bucket_worker`, each row with ``step_ms`` (the slowest rank's
+        median step, ms) and ``step_ms_min`` / ``step_ms_max`` (the fastest and slowest timed
+        step on any rank, ms) added.
     """
-    got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), model, 64, steps, warmup,
-                 threads, 0, profile_cap_mb, 2, rounds, timeout=timeout)
+    got = launch(bucket_worker, world_size, list(bucket_caps_mb), list(as_view), steps=steps, warmup=warmup,
+                 profile_cap_mb=profile_cap_mb, rounds=rounds, timeout=timeout)
     rows = []
     for i, r0 in enumerate(got[0]["rows"]):
         r = dict(r0)
@@ -327,8 +302,4 @@ def bench_buckets(world_size: int = 2, bucket_caps_mb: Sequence[float] = (1.0, 2
         r["step_ms_max"] = max(g["rows"][i]["step_s_max"] for g in got) * 1e3
         r["rank"] = "all"
         rows.append(r)
-    return {"rows": rows, "timeline": got[0]["timeline"],
-            "timeline_after_backward": got[0]["timeline_after_backward"],
-            "profile_bucket_mb": got[0]["profile_bucket_mb"],
-            "default_cap_bucket_mb": got[0]["default_cap_bucket_mb"],
-            "default_cap_bucket_tensor_bytes": got[0]["default_cap_bucket_tensor_bytes"]}
+    return {**got[0], "rows": rows}

@@ -1,19 +1,14 @@
 """What the general checks of :mod:`helpers.checks` cost beside the runs they compare, on simulated
-ranks: :func:`~helpers.checks.against_one_process` on lesson 09's MLP
-(:func:`helpers.at_scale.global_batch_steps`) against the two runs alone (``world_size`` ranks and one
-process, nothing recorded), and :func:`~helpers.checks.data_coverage` on one epoch of a
-``DataLoader`` with a ``DistributedSampler`` against that run alone. Modes take turns
-(:func:`helpers.bench.common.run_interleaved`).
+ranks (``python -m helpers.bench checks``): :func:`~helpers.checks.against_one_process` on lesson 09's
+MLP against its two runs alone, and :func:`~helpers.checks.data_coverage` on one epoch of a
+``DataLoader`` with a ``DistributedSampler`` against that epoch alone. Modes take turns.
 
-    python -m helpers.bench checks
-
-Units: seconds (s); ``ratio`` is the check's seconds over its runs' seconds (medians); the target
-for ``against_one_process`` is :data:`TARGET`. Nothing is asserted about the times.
+Units: seconds (s); ``ratio``: the check's seconds over its runs' (medians), against :data:`TARGET`
+for ``against_one_process``. Nothing is asserted about the times.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -36,7 +31,7 @@ def bench_checks(world_size: int = 64, steps: int = 10, global_batch: int = 256,
     ``ratio``, ``target`` and ``largest_difference`` (the one-process comparison's; both ``None`` for
     data_coverage)."""
     from helpers.at_scale import global_batch_steps
-    from helpers.bench.common import run_interleaved
+    from helpers.bench.common import median, run_interleaved
     from helpers.checks import against_one_process, data_coverage
     from helpers.engine import simulate
 
@@ -60,8 +55,8 @@ def bench_checks(world_size: int = 64, steps: int = 10, global_batch: int = 256,
                                       ("data_coverage", "run", f"one epoch of {items} items", None)]:
         c, r = times[check], times[runs]
         rows.append({"check": check, "compares": what, "world_size": world_size,
-                     "check_s": statistics.median(c), "check_min_s": min(c), "check_max_s": max(c),
-                     "runs_s": statistics.median(r), "runs_min_s": min(r), "runs_max_s": max(r),
-                     "ratio": statistics.median(c) / statistics.median(r), "target": target,
+                     "check_s": median(c), "check_min_s": min(c), "check_max_s": max(c),
+                     "runs_s": median(r), "runs_min_s": min(r), "runs_max_s": max(r),
+                     "ratio": median(c) / median(r), "target": target,
                      "largest_difference": reports[-1].largest if target else None})
     return rows

@@ -5,18 +5,17 @@ Units: seconds (s), MiB (2**20 bytes), MB (1e6 bytes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import psutil
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,8 +37,8 @@ MLP_WIDTH = 512
 MLP_HIDDEN = 12
 MLP_PARAMS = 784 * MLP_WIDTH + MLP_WIDTH + (MLP_HIDDEN - 1) * (MLP_WIDTH * MLP_WIDTH + MLP_WIDTH) + MLP_WIDTH * 10 + 10
 
-#: Sizes of each benchmark per profile. ``smoke`` is what notebooks 05a and 05b run in CI (small, no
-#: timing claims); ``full`` is the real measurement (a few minutes on 2 CPU cores).
+#: Sizes of each benchmark per profile (keywords of its function): ``smoke`` is what 05a and 05b run
+#: in CI (small, no timing claims); ``full`` is the real measurement (minutes on 2 CPU cores).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {
         "pipeline": {"world_sizes": [1], "n_train": 1024, "n_test": 1000, "threads": 1, "repeats": 2},
@@ -91,26 +90,13 @@ def machine_info() -> dict[str, Any]:
     runnable processes averaged: above the core count the machine is busy), ``time`` (UTC).
     """
     cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
-    return {
-        "cpu_model": cpu,
-        "logical_cpus": os.cpu_count(),
-        "gpus": gpus,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # Linux: the model's name
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def sync_device(device: torch.device) -> None:
@@ -119,7 +105,7 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@contextmanager
+@contextlib.contextmanager
 def num_threads(n: int | None):
     """Temporarily ``torch.set_num_threads(n)`` in this process (``None``: leave as is)."""
     old = torch.get_num_threads()
@@ -153,13 +139,17 @@ def memory_now_mib() -> dict[str, float | None]:
     return out
 
 
-def _device_ids(device: torch.device):
-    return [device.index] if device.type == "cuda" else None
+def median(xs: Sequence[float] | None) -> float | None:
+    """The median of ``xs`` as a float (``None`` for an empty sequence or ``None``)."""
+    return float(statistics.median(xs)) if xs else None
 
 
-def median(xs: Sequence[float]) -> float:
-    """The median of ``xs`` as a float (``nan`` for an empty sequence)."""
-    return float(statistics.median(xs)) if xs else float("nan")
+def spread(times: Sequence[float], prefix: str) -> dict[str, float | None]:
+    """``{prefix}_median``, ``_mean``, ``_min`` and ``_max`` of ``times`` (``None`` when empty)."""
+    if not times:
+        return {f"{prefix}_{k}": None for k in ("median", "mean", "min", "max")}
+    return {f"{prefix}_median": median(times), f"{prefix}_mean": sum(times) / len(times),
+            f"{prefix}_min": min(times), f"{prefix}_max": max(times)}
 
 
 def build_bench_model(name: str, seed: int | None = 0) -> nn.Module:
@@ -188,7 +178,7 @@ def build_bench_model(name: str, seed: int | None = 0) -> nn.Module:
 def ddp_wrap(model: nn.Module, device: torch.device, **kwargs) -> nn.Module:
     """``DistributedDataParallel`` of ``model`` moved to ``device`` (``device_ids`` only on a GPU);
     ``kwargs`` go to DDP (``process_group``, ``bucket_cap_mb``, ``gradient_as_bucket_view``...)."""
-    return DDP(model.to(device), device_ids=_device_ids(device), **kwargs)
+    return DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
 
 def train_step(model: nn.Module, opt, x, y, sync: bool = True) -> None:
@@ -203,13 +193,9 @@ def train_step(model: nn.Module, opt, x, y, sync: bool = True) -> None:
     opt.step()
 
 
-def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = True,
-                 barrier: bool = True) -> list[float]:
+def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = True) -> list[float]:
     """Run ``steps`` training steps on ``batch(first)``, ``batch(first + 1)``, ...; return each
-    step's wall-clock seconds (GPU synced). ``barrier``: a ``dist.barrier()`` first, when a
-    process group exists."""
-    if barrier and dist.is_initialized():
-        dist.barrier()
+    step's wall-clock seconds (GPU synced)."""
     sync_device(device)
     times = []
     t = time.perf_counter()
@@ -238,27 +224,19 @@ def batch_fn(x: torch.Tensor, y: torch.Tensor, perm: torch.Tensor, global_batch:
     return batch
 
 
-
 def run_interleaved(blocks: dict[str, Callable[..., list[float]] | None], rounds: int, warmup: int = 1,
                     barrier: Callable[[], Any] | None = None) -> tuple[dict[str, list[float]], list[str]]:
-    """Time several modes in alternation: warm every mode up, then ``rounds`` rounds, each
-    running one timed block of every mode in the order of ``blocks`` (A B C A B C ..., never
-    all of A then all of B), so a drift of the machine (other load, clock speed, caches)
-    spreads over every mode instead of landing on one.
+    """Time several modes in alternation: warm every mode up (``warmup`` untimed steps each),
+    then ``rounds`` rounds of one timed block of every mode (A B C A B C ..., never all of A
+    first), so a drift of the machine (load, clock speed, caches) spreads over every mode.
 
-    Args:
-        blocks: label -> ``run(n=None)``, which runs one block of the mode (``n`` steps: the
-            warm-up's count; ``None``: the mode's own block length) and returns each step's
-            seconds; ``None`` where this process takes no part in the mode (a rank that waits).
-        rounds: timed blocks per mode (at least 1).
-        warmup: untimed steps per mode before round 0 (0: none).
-        barrier: called by every process before and after each block (``dist.barrier`` for
-            ranks), so that all of them are in the same block at the same time.
+    ``blocks``: label -> ``run(n=None)``, which runs one block (``n`` steps, or the mode's own
+    block length) and returns each step's seconds; ``None`` where this process takes no part (a
+    rank that waits). ``barrier``: called by every process before and after each block.
 
     Returns:
-        ``(times, order)``: ``times[label]``, every timed step's seconds of the modes this
-        process ran, and ``order``, the label of every timed block in the order it ran
-        (``len(blocks) * rounds`` labels; the same on every process).
+        ``(times, order)``: every timed step's seconds per label this process ran, and the label
+        of every timed block in the order run (the same on every process).
 
     Raises:
         ValueError: ``rounds < 1``.

@@ -1,9 +1,6 @@
-"""Launch overhead: seconds from a call to results for a trivial worker, ``helpers.engine.launch`` (with
-its fork server running, and the first launch that starts it) against
-``torch.multiprocessing.spawn`` (the tutorials' way, written out here on purpose as the
-baseline) and warm ranks (``helpers.engine.warm_ranks``).
-
-Units: seconds (s).
+"""Launch overhead, seconds from a call to results for a trivial worker: ``helpers.engine.launch``
+(fork server running, or started by the call) against ``torch.multiprocessing.spawn`` (the
+tutorials' way, written out here as the baseline) and warm ranks. Units: seconds (s).
 """
 
 from __future__ import annotations
@@ -54,12 +51,12 @@ def spawn_launch(fn, world_size: int, backend: str = "gloo") -> list:
     return [results[r] for r in range(world_size)]
 
 
-def import_torch_seconds() -> float:
-    """Seconds for a fresh Python interpreter to ``import torch`` and exit (a floor for any
-    launcher that starts new processes)."""
+def _timed(method: str, world_size: int, repeat: int, fn, *args, **kwargs) -> tuple[dict[str, Any], Any]:
+    """``(row, fn(*args, **kwargs))``: the row holds the seconds the call took."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return time.perf_counter() - t0
+    got = fn(*args, **kwargs)
+    return {"method": method, "world_size": world_size, "repeat": repeat,
+            "seconds": time.perf_counter() - t0}, got
 
 
 #: Method name of the launches that start the fork server first (:func:`bench_launch_overhead`).
@@ -83,23 +80,16 @@ def bench_launch_overhead(world_sizes: Sequence[int] = (2, 4), repeats: int = 3)
         one row per measurement: ``method``, ``world_size``, ``repeat``, ``seconds``.
     """
     rows = []
-    for rep in range(repeats):
-        rows.append({"method": "python -c 'import torch'", "world_size": 1, "repeat": rep,
-                     "seconds": import_torch_seconds()})
+    for rep in range(repeats):  # a fresh interpreter's import torch: the floor of a cold start
+        rows.append(_timed("python -c 'import torch'", 1, rep, subprocess.run,
+                           [sys.executable, "-c", "import torch"], check=True)[0])
         for ws in world_sizes:
-            for method in (LAUNCH_FIRST, "helpers.engine.launch"):
-                if method == LAUNCH_FIRST:
-                    stop_fork_server()
-                t0 = time.perf_counter()
-                got = launch(trivial_worker, ws)
-                rows.append({"method": method, "world_size": ws, "repeat": rep,
-                             "seconds": time.perf_counter() - t0})
+            stop_fork_server()  # the first launch in a kernel starts it
+            for method, fn in ((LAUNCH_FIRST, launch), ("helpers.engine.launch", launch),
+                               ("torch.multiprocessing.spawn", spawn_launch)):
+                row, got = _timed(method, ws, rep, fn, trivial_worker, ws)
                 assert got == list(range(ws)), got
-            t0 = time.perf_counter()
-            got = spawn_launch(trivial_worker, ws)
-            rows.append({"method": "torch.multiprocessing.spawn", "world_size": ws, "repeat": rep,
-                         "seconds": time.perf_counter() - t0})
-            assert got == list(range(ws)), got
+                rows.append(row)
     if 2 in world_sizes:  # side by side with the cold launches of 2 ranks above
         rows += bench_warm_ranks(2, repeats=max(10, repeats))
     return rows
@@ -122,26 +112,21 @@ def bench_warm_ranks(world_size: int = 2, repeats: int = 10) -> list[dict[str, A
     # python -X importtime), and every rank of every benchmark imports this package
     from helpers.engine import start_ranks
 
-    t0 = time.perf_counter()
-    ranks = start_ranks(world_size, activate=False)
-    rows = [{"method": WARM_START, "world_size": world_size, "repeat": 0, "seconds": time.perf_counter() - t0}]
+    row, ranks = _timed(WARM_START, world_size, 0, start_ranks, world_size, activate=False)
+    rows = [row]
     try:
         ranks.run(trivial_worker)
         for rep in range(repeats):
-            t0 = time.perf_counter()
-            got = ranks.run(trivial_worker)
-            rows.append({"method": WARM_RUN, "world_size": world_size, "repeat": rep,
-                         "seconds": time.perf_counter() - t0})
+            row, got = _timed(WARM_RUN, world_size, rep, ranks.run, trivial_worker)
             assert got == list(range(world_size)), got
+            rows.append(row)
     finally:
         ranks.stop()
-    t0 = time.perf_counter()
-    fresh = start_ranks(world_size, env={"DDP_LAB_BENCH_FRESH_ENGINES": "1"}, activate=False)
-    rows.append({"method": WARM_START_FRESH, "world_size": world_size, "repeat": 0,
-                 "seconds": time.perf_counter() - t0})
+    row, fresh = _timed(WARM_START_FRESH, world_size, 0, start_ranks, world_size,
+                        env={"DDP_LAB_BENCH_FRESH_ENGINES": "1"}, activate=False)
+    rows.append(row)
     try:
         assert fresh.run(trivial_worker) == list(range(world_size))
     finally:
         fresh.stop()
     return rows
-

@@ -20,10 +20,10 @@ from helpers.engine import launch
 from helpers.mnist_train import peak_rss_mib
 
 
-def _mmap_split(train: bool, root: str | None):
+def _mmap_split(train: bool):
     """uint8 images ``(N, 28, 28)`` and labels ``(N,)`` mapped copy-on-write from the raw IDX
     files: the pages are the page cache's, shared by every process that maps the file."""
-    raw = Path(ensure_mnist(root)) / "MNIST" / "raw"
+    raw = Path(ensure_mnist()) / "MNIST" / "raw"
     prefix = "train" if train else "t10k"
     n = MNIST_FILES[f"{prefix}-images-idx3-ubyte"].count
     imgs = np.memmap(raw / f"{prefix}-images-idx3-ubyte", dtype=np.uint8, mode="c", offset=16, shape=(n, 28, 28))
@@ -32,8 +32,7 @@ def _mmap_split(train: bool, root: str | None):
 
 
 def memory_worker(rank: int, world_size: int, variant: str = "private", steps: int = 100,
-                  batch_per_rank: int = 64, threads: int | None = 1, seed: int = 0,
-                  data_root: str | None = None) -> dict[str, Any]:
+                  batch_per_rank: int = 64, threads: int | None = 1, seed: int = 0) -> dict[str, Any]:
     """One rank of the memory benchmark: hold MNIST, train ``Linear(784, 10)`` for ``steps``.
 
     ``variant="private"``: the project's path, :func:`helpers.data.load_mnist` for train and
@@ -51,14 +50,14 @@ def memory_worker(rank: int, world_size: int, variant: str = "private", steps: i
     if threads:
         torch.set_num_threads(int(threads))
     if variant == "private":
-        xtr, ytr = load_mnist(train=True, root=data_root)
-        xte, yte = load_mnist(train=False, root=data_root)
+        xtr, ytr = load_mnist(train=True)
+        xte, yte = load_mnist(train=False)
 
         def get(idx):
             return xtr[idx], ytr[idx]
     elif variant == "mmap":
-        xtr, ytr = _mmap_split(True, data_root)
-        xte, yte = _mmap_split(False, data_root)
+        xtr, ytr = _mmap_split(True)
+        xte, yte = _mmap_split(False)
 
         def get(idx):
             x = xtr[idx].unsqueeze(1).float().mul_(1.0 / (255.0 * MNIST_STD)).sub_(MNIST_MEAN / MNIST_STD)
@@ -95,7 +94,5 @@ def bench_memory(world_sizes: Sequence[int] = (1, 2, 4), variants: Sequence[str]
         for v in variants:
             t0 = time.perf_counter()
             got = launch(memory_worker, ws, v, steps, backend="gloo", timeout=timeout)  # host memory: CPU
-            for r in got:
-                r["launch_seconds"] = time.perf_counter() - t0
-            rows += got
+            rows += [{**r, "launch_seconds": time.perf_counter() - t0} for r in got]
     return rows

@@ -33,23 +33,14 @@ def _accuracy(model: nn.Module, batches: Iterable, device: torch.device) -> floa
     return correct / max(total, 1)
 
 
-#: How the pipeline benchmark wraps the model: ``"ddp"`` (DistributedDataParallel, needed with
-#: more than one rank) or ``"none"`` (the plain module; only with one rank, where there is
-#: nothing to all-reduce and DDP only adds a round trip through the backend per step).
-WRAPPERS = ("ddp", "none")
-
-
 def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_train: int | None,
-                    n_test: int | None, batch_size: int, lr: float, seed: int, data_root: str | None,
+                    n_test: int | None, batch_size: int, lr: float, seed: int,
                     device: torch.device, evaluate: bool = True) -> dict[str, Any]:
-    if wrapper not in WRAPPERS or (wrapper == "none" and world_size > 1):
-        raise ValueError(f"wrapper must be 'ddp', or 'none' with world_size 1; got {wrapper!r} "
-                         f"with world_size {world_size}")
     t_setup = time.perf_counter()
     if pipeline == "seed":
         # The seed recipe: a PIL image -> ToTensor -> Normalize for every item, collated by the
         # DataLoader (num_workers=0), the rank's share chosen by DistributedSampler.
-        train_ds, test_ds = mnist_datasets(data_root)
+        train_ds, test_ds = mnist_datasets()
         if n_train:
             train_ds = Subset(train_ds, range(n_train))
         if n_test:
@@ -58,12 +49,12 @@ def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_t
         sampler.set_epoch(0)
         batches = DataLoader(train_ds, batch_size=batch_size, sampler=sampler)
         test_batches = lambda: DataLoader(test_ds, batch_size=1000)  # noqa: E731
-    elif pipeline == "memory":
+    else:
         # The project's path: the whole split as one float32 tensor, normalised once; each batch
         # is one index_select with the same sampler's indices (same order as the seed).
         # (index_select: the same rows as x[idx], with less per-call overhead than advanced indexing.)
-        xtr, ytr = load_mnist(train=True, root=data_root)
-        xte, yte = load_mnist(train=False, root=data_root)
+        xtr, ytr = load_mnist(train=True)
+        xte, yte = load_mnist(train=False)
         if n_train:
             xtr, ytr = xtr[:n_train], ytr[:n_train]
         if n_test:
@@ -75,10 +66,8 @@ def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_t
         order = torch.tensor(list(sampler), dtype=torch.int64, device=device)
         batches = ((xtr.index_select(0, i), ytr.index_select(0, i)) for i in order.split(batch_size))
         test_batches = lambda: zip(xte.split(1000), yte.split(1000))  # noqa: E731
-    else:
-        raise ValueError(f"pipeline must be 'seed' or 'memory', got {pipeline!r}")
     model = build_bench_model("linear", seed).to(device)
-    wrapped = ddp_wrap(model, device) if wrapper == "ddp" else model
+    wrapped = ddp_wrap(model, device) if wrapper == "ddp" else model  # "none": one rank, the plain module
     opt = torch.optim.SGD(wrapped.parameters(), lr=lr)
     setup_s = time.perf_counter() - t_setup
 
@@ -107,11 +96,9 @@ def _pipeline_epoch(pipeline: str, wrapper: str, rank: int, world_size: int, n_t
     }
 
 
-def pipeline_worker(rank: int, world_size: int, pipelines: Sequence[str] = ("seed", "memory"),
-                    n_train: int | None = None, n_test: int | None = None, batch_size: int = 64,
-                    lr: float = 0.01, seed: int = 0, threads: int | None = 1, repeats: int = 1,
-                    data_root: str | None = None, wrappers: Sequence[str] | None = None,
-                    warmup_samples: int = 1024) -> list[dict[str, Any]]:
+def pipeline_worker(rank: int, world_size: int, n_train: int | None = None, n_test: int | None = None,
+                    batch_size: int = 64, lr: float = 0.01, seed: int = 0, threads: int | None = 1,
+                    repeats: int = 1, warmup_samples: int = 1024) -> list[dict[str, Any]]:
     """One rank of the input-pipeline benchmark; run it with ``launch(pipeline_worker, ws, ...)``.
 
     For each repeat, wrapper and pipeline (``"seed"``: torchvision dataset with ``ToTensor`` +
@@ -123,49 +110,40 @@ def pipeline_worker(rank: int, world_size: int, pipelines: Sequence[str] = ("see
     with an untimed pass over its first ``warmup_samples`` images (0: no warm-up), and the timed
     epochs alternate between the modes, repeat after repeat (seed, memory, seed, memory, ...).
 
-    Args:
-        n_train, n_test: use only the first ``n`` training / test images (``None`` or 0: all).
-        batch_size: samples per rank per step (the seed's 64).
-        threads: ``torch.set_num_threads`` in this rank (``None``: the launcher's choice).
-        wrappers: from :data:`WRAPPERS`; default ``("none", "ddp")`` with one rank (the plain
-            module, as a single process trains, and DDP with ``world_size`` 1), ``("ddp",)``
-            with more.
+    With one rank the wrappers are the plain module and DDP with ``world_size`` 1 (a round trip
+    through the backend per step, nothing to all-reduce); with more, DDP. ``n_train``,
+    ``n_test``: the first ``n`` images only (``None`` or 0: all); ``batch_size`` per rank.
 
     Returns:
-        one row per (repeat, wrapper, pipeline): ``pipeline``, ``wrapper``, ``repeat``,
-        ``rank``, ``world_size``, ``threads_per_rank``, ``steps``, ``samples`` (this rank's),
-        ``seconds`` (epoch loop, s), ``samples_per_s`` (this rank's), ``setup_seconds``
-        (dataset and model construction, s), ``final_loss``, ``test_accuracy`` (rank 0, in
-        [0, 1]; ``None`` on other ranks), ``timed_position`` (0, 1, ...: the order of the timed epochs).
-
-    Raises:
-        ValueError: unknown pipeline or wrapper, or wrapper ``"none"`` with several ranks.
+        one row per (repeat, wrapper, pipeline): ``pipeline``, ``wrapper``, ``repeat``, ``rank``,
+        ``world_size``, ``threads_per_rank``, ``steps``, ``samples``, ``seconds`` (epoch loop),
+        ``samples_per_s`` (this rank's), ``setup_seconds``, ``final_loss``, ``test_accuracy``
+        (rank 0; else ``None``), ``timed_position`` (the order of the timed epochs).
     """
     if threads:
         torch.set_num_threads(int(threads))
     device = worker_device()
-    wrappers = tuple(wrappers) if wrappers else (("none", "ddp") if world_size == 1 else ("ddp",))
+    wrappers, pipelines = ("none", "ddp") if world_size == 1 else ("ddp",), ("seed", "memory")
     if warmup_samples:
         n_warm = min(warmup_samples, n_train) if n_train else warmup_samples
         for w in wrappers:
             for p in pipelines:
                 _pipeline_epoch(p, w, rank, world_size, n_warm, n_test or None, batch_size, lr, seed,
-                                data_root, device, evaluate=False)
+                                device, evaluate=False)
     rows = []
     for rep in range(repeats):
         for w in wrappers:
             for p in pipelines:
                 row = _pipeline_epoch(p, w, rank, world_size, n_train or None, n_test or None, batch_size,
-                                      lr, seed, data_root, device)
+                                      lr, seed, device)
                 row["repeat"] = rep
                 row["timed_position"] = len(rows)  # the order of the timed epochs in this rank
                 rows.append(row)
     return rows
 
 
-def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = None,
-                   n_test: int | None = None, threads: int | None = 1, repeats: int = 1,
-                   batch_size: int = 64, lr: float = 0.01, seed: int = 0,
+def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = None, n_test: int | None = None,
+                   threads: int | None = 1, repeats: int = 1, seed: int = 0,
                    timeout: float = 900.0) -> list[dict[str, Any]]:
     """The seed recipe against the in-memory path, per world size (one launch per world size).
 
@@ -176,11 +154,10 @@ def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = No
 
     Returns:
         one row per (world size, repeat, wrapper, pipeline): ``pipeline``, ``wrapper``
-        (``"none"`` or ``"ddp"``), ``world_size``, ``repeat``, ``threads_per_rank``,
-        ``samples`` (all ranks), ``seconds`` (slowest rank's epoch, s), ``samples_per_s`` (all
-        ranks' samples / slowest rank's seconds), ``test_accuracy`` (in [0, 1]),
-        ``speedup_vs_seed`` (this pipeline's samples/s over the seed's, same world size, repeat
-        and wrapper), ``launch_seconds`` (the whole launch, s), ``timed_position`` (the order the epochs were timed in).
+        (``"none"`` or ``"ddp"``), ``world_size``, ``repeat``, ``threads_per_rank``, ``samples``
+        (all ranks), ``seconds`` (the slowest rank's epoch), ``samples_per_s``, ``test_accuracy``,
+        ``speedup_vs_seed`` (over the seed's samples/s, same world size, repeat and wrapper),
+        ``launch_seconds``, ``timed_position``.
 
     Raises:
         helpers.engine.WorkerError / LaunchTimeout: as :func:`helpers.engine.launch`.
@@ -188,8 +165,8 @@ def bench_pipeline(world_sizes: Sequence[int] = (1, 2), n_train: int | None = No
     out = []
     for ws in world_sizes:
         t0 = time.perf_counter()
-        per_rank = launch(pipeline_worker, ws, ("seed", "memory"), n_train, n_test, batch_size, lr,
-                          seed, threads, repeats, timeout=timeout)
+        per_rank = launch(pipeline_worker, ws, n_train, n_test, seed=seed, threads=threads, repeats=repeats,
+                          timeout=timeout)
         launch_s = time.perf_counter() - t0
         rows = {}
         for i, r0 in enumerate(per_rank[0]):

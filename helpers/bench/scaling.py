@@ -1,12 +1,9 @@
 """Scaling: training samples/s by world size, threads per rank, model and global batch (notebook 05a).
 
-Every mode runs in **one** launch of ``max(world_size)`` ranks and the modes are timed in
-alternation (:func:`helpers.bench.common.run_interleaved`): after a warm-up of every mode, round
-0 times a block of steps of each mode in turn, then round 1 the same, and so on, so a drift of
-the machine's load spreads over every mode instead of landing on one. A DDP configuration with
-``world_size`` ranks runs on the first ``world_size`` ranks through a process subgroup
-(``dist.new_group``) while the others wait at a barrier; a single process and
-``nn.DataParallel`` run on rank 0 alone.
+Every mode runs in **one** launch of ``max(world_size)`` ranks, the modes timed in alternation
+(:func:`helpers.bench.common.run_interleaved`). A DDP configuration with ``world_size`` ranks runs
+on the first ranks through a process subgroup (``dist.new_group``) while the others wait at a
+barrier; a single process and ``nn.DataParallel`` run on rank 0 alone.
 
 Units: seconds (s), milliseconds (ms), samples per second (samples/s), MiB (2**20 bytes).
 """
@@ -31,19 +28,12 @@ from helpers.bench.common import (
     median,
     num_threads,
     run_interleaved,
+    spread,
     timed_steps,
 )
 from helpers.data import load_mnist
 from helpers.engine import launch, worker_device
 from helpers.mnist_train import peak_rss_mib
-
-#: The modes a scaling row can have: DDP over a (sub)group of ranks, one plain process, and
-#: ``nn.DataParallel`` (one process splitting each batch over the visible GPUs; none on a CPU).
-MODES = ("ddp", "single", "dp")
-
-
-def _local_modes(threads: Sequence[int]) -> list[tuple[str, int]]:
-    return [(mode, t) for mode in ("single", "dp") for t in sorted(set(int(x) for x in threads))]
 
 
 def _block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.device, threads: int | None,
@@ -55,68 +45,39 @@ def _block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.dev
     def run(n: int | None = None) -> list[float]:
         n = steps if n is None else n
         with num_threads(threads):
-            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync, barrier=False)
+            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync)
         done[0] += n
         return times
 
     return run
 
 
-def _local_model(mode: str, name: str, seed: int, device: torch.device) -> tuple[nn.Module, list[int] | None]:
-    model = build_bench_model(name, seed).to(device)
-    if mode == "single":
-        return model, None
-    dp = nn.DataParallel(model)
-    return dp, list(dp.device_ids)
-
-
-def _median_or_none(times: list[float] | None) -> float | None:
-    return median(times) if times else None
-
-
-def _stats(times: list[float], prefix: str) -> dict[str, float | None]:
-    if not times:
-        return {f"{prefix}_median": None, f"{prefix}_mean": None, f"{prefix}_min": None, f"{prefix}_max": None}
-    return {f"{prefix}_median": median(times), f"{prefix}_mean": sum(times) / len(times),
-            f"{prefix}_min": min(times), f"{prefix}_max": max(times)}
-
-
 def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] = ((1, 1), (2, 1)),
                    models: Sequence[str] = ("linear", "cnn"), global_batch_sizes: Sequence[int] = (64, 256, 1024),
                    steps: int = 5, warmup: int = 3, rounds: int = 4, local_threads: Sequence[int] = (),
-                   seed: int = 0, lr: float = 0.01, no_sync: bool = True,
-                   data_root: str | None = None) -> list[dict[str, Any]]:
+                   seed: int = 0, lr: float = 0.01) -> list[dict[str, Any]]:
     """One rank of the scaling benchmark; run it with ``launch(scaling_worker, max_world_size, configs)``.
 
     Each rank loads MNIST into memory (its own copy). For every model and global batch size it
     sets up every mode, warms each up (``warmup`` untimed steps), then times ``rounds`` rounds;
     a round is one block of ``steps`` steps of every mode, in the same order:
 
-    * ``"ddp WxT"`` for each ``(W, T)`` in ``configs``: DDP on ranks ``0..W-1`` (a subgroup
-      when ``W < world_size``) with ``T`` torch threads each, ``global_batch // W`` images per
-      rank per step; with ``no_sync`` also ``"ddp WxT no_sync"`` (the same steps inside
-      ``ddp.no_sync()``: no gradient all-reduce, no waiting for the slowest rank) and, for
-      ``W > 1``, ``"ddp WxT solo"`` (one rank's share on rank 0 **alone**, a plain copy of the
-      model, while every other rank waits);
+    * ``"ddp WxT"`` for each ``(W, T)`` in ``configs`` (``W`` at most this launch's world size):
+      DDP on ranks ``0..W-1`` (a subgroup when ``W < world_size``), ``T`` torch threads each,
+      ``global_batch // W`` images per rank per step; ``"ddp WxT no_sync"``, the same steps in
+      ``ddp.no_sync()`` (no all-reduce, no wait for the slowest rank); for ``W > 1``,
+      ``"ddp WxT solo"``, one rank's share on rank 0 **alone** while the others wait;
     * ``"single T"`` and ``"dp T"`` for each ``T`` in ``local_threads``: the plain model and
       ``nn.DataParallel`` on rank 0 with the whole global batch.
 
-    Args:
-        configs: ``(world_size, threads_per_rank)`` pairs, each world size at most this launch's.
-        models: names for :func:`build_bench_model`.
-        global_batch_sizes: samples per optimizer step over all ranks; each must be divisible
-            by every configuration's world size.
-
     Returns:
-        the same list on every rank: one row per (model, global batch, mode): ``label``,
-        ``mode``, ``model``, ``global_batch_size``, ``rank``, ``world_size`` (the mode's),
-        ``member`` (this rank took part), ``threads_per_rank``, ``steps`` (per block),
-        ``rounds``, ``step_s_median``/``_mean``/``_min``/``_max`` (this rank's timed steps, s;
-        ``None`` where it did not take part), ``nosync_step_s_median``, ``solo_step_s_median``,
-        ``timed_order`` (the labels of every timed block of this model and batch, in the order
-        they ran), ``dp_device_ids``, ``peak_rss_mib``, ``dataset_mib`` (from the shapes),
-        ``dataset_storage_mib`` (the bytes of the tensors' storages), ``dataset_rss_growth_mib``
-        (how much this rank's RSS grew while it loaded the training set) (MiB).
+        the same list on every rank: one row per (model, global batch, mode): ``label``, ``mode``,
+        ``model``, ``global_batch_size``, ``rank``, ``world_size`` (the mode's), ``member``,
+        ``threads_per_rank``, ``steps``, ``rounds``, ``step_s_median``/``_mean``/``_min``/``_max``
+        (this rank's, s; ``None`` where it took no part), ``nosync_step_s_median``,
+        ``solo_step_s_median``, ``timed_order``, ``dp_device_ids``, ``peak_rss_mib``,
+        ``dataset_mib`` (from the shapes), ``dataset_storage_mib`` (allocated) and
+        ``dataset_rss_growth_mib`` (the RSS the load added), MiB.
 
     Raises:
         ValueError: a world size above this launch's, or a global batch size not divisible by one.
@@ -129,7 +90,7 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
                 raise ValueError(f"global_batch_size={gb} is not divisible by world_size={ws}")
     device = worker_device()
     rss_before = psutil.Process().memory_info().rss
-    x, y = load_mnist(train=True, root=data_root)
+    x, y = load_mnist(train=True)
     rss_growth_mib = (psutil.Process().memory_info().rss - rss_before) / MIB  # resident pages it now holds
     dataset_mib = (x.numel() * x.element_size() + y.numel() * y.element_size()) / MIB
     storage_mib = (x.untyped_storage().nbytes() + y.untyped_storage().nbytes()) / MIB  # what was allocated
@@ -151,85 +112,40 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
                     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
                     batch = batch_fn(x, y, perm, gb, rank, ws)
                     blocks[label] = _block(ddp, opt, batch, steps, device, t)
-                    if no_sync:
-                        blocks[label + " no_sync"] = _block(ddp, opt, batch, steps, device, t, sync=False)
+                    blocks[label + " no_sync"] = _block(ddp, opt, batch, steps, device, t, sync=False)
                 else:
-                    blocks[label] = None
-                    if no_sync:
-                        blocks[label + " no_sync"] = None
-                if no_sync and ws > 1:
+                    blocks[label] = blocks[label + " no_sync"] = None
+                if ws > 1:  # one rank's share, on rank 0 alone
                     plain = build_bench_model(name, seed).to(device)
                     blocks[label + " solo"] = (_block(plain, torch.optim.SGD(plain.parameters(), lr=lr),
                                                       batch_fn(x, y, perm, gb, 0, ws), steps, device, t)
                                                if rank == 0 else None)
-            for mode, t in _local_modes(local_threads):
+            for mode, t in ((m, t) for m in ("single", "dp") for t in sorted(set(local_threads))):
                 label = f"{mode} {t}"
-                model, ids = _local_model(mode, name, seed, device) if rank == 0 else (None, None)
-                meta[label] = {"mode": mode, "world_size": 1, "threads": t, "member": rank == 0, "dp_device_ids": ids}
-                blocks[label] = (_block(model, torch.optim.SGD(model.parameters(), lr=lr),
-                                        batch_fn(x, y, perm, gb, 0, 1), steps, device, t) if rank == 0 else None)
+                meta[label] = {"mode": mode, "world_size": 1, "threads": t, "member": rank == 0}
+                blocks[label] = None
+                if rank == 0:  # the whole global batch in one process
+                    model = build_bench_model(name, seed).to(device)
+                    if mode == "dp":  # on a CPU: device_ids == [], it just calls the module
+                        model = nn.DataParallel(model)
+                        meta[label]["dp_device_ids"] = list(model.device_ids)
+                    blocks[label] = _block(model, torch.optim.SGD(model.parameters(), lr=lr),
+                                           batch_fn(x, y, perm, gb, 0, 1), steps, device, t)
             times, order = run_interleaved(blocks, rounds, warmup, barrier=dist.barrier)
             for label, m in meta.items():
                 rows.append({
                     "label": label, "mode": m["mode"], "model": name, "global_batch_size": gb, "rank": rank,
                     "world_size": m["world_size"], "member": m["member"], "threads_per_rank": m["threads"],
                     "device": str(device), "steps": steps, "rounds": rounds,
-                    **_stats(times.get(label, []), "step_s"),
-                    "nosync_step_s_median": _median_or_none(times.get(label + " no_sync")),
-                    "solo_step_s_median": _median_or_none(times.get(label + " solo")),
+                    **spread(times.get(label, []), "step_s"),
+                    "nosync_step_s_median": median(times.get(label + " no_sync")),
+                    "solo_step_s_median": median(times.get(label + " solo")),
                     "timed_order": order, "dp_device_ids": m.get("dp_device_ids"),
                 })
     peak = peak_rss_mib()
     for r in rows:
-        r["peak_rss_mib"] = peak
-        r["dataset_mib"] = dataset_mib
-        r["dataset_storage_mib"] = storage_mib
-        r["dataset_rss_growth_mib"] = rss_growth_mib
-    return rows
-
-
-def local_throughput(modes: str | Sequence[str] = ("single", "dp"), models: Sequence[str] = ("linear", "cnn"),
-                     global_batch_sizes: Sequence[int] = (64, 256, 1024), steps: int = 5, warmup: int = 3,
-                     rounds: int = 4, threads: int | Sequence[int] = 1, seed: int = 0, lr: float = 0.01,
-                     data_root: str | None = None) -> list[dict[str, Any]]:
-    """Samples/s of one process in *this* process (no launch): a plain model, or ``nn.DataParallel``.
-
-    ``"single"`` trains the plain model on ``cuda:0`` (or the CPU). ``"dp"`` wraps it in
-    ``nn.DataParallel``: with GPUs it scatters every batch over all visible GPUs; on a CPU-only
-    machine ``device_ids == []`` and DP simply calls the module, so it cannot run anything in
-    parallel (the row says ``dp_device_ids: []``). Every mode (and thread count) is warmed up,
-    then timed in alternation (:func:`run_interleaved`), ``steps`` steps per block.
-
-    Returns:
-        one row per (model, global batch, mode, threads), shaped like :func:`scaling_worker`'s.
-
-    Raises:
-        ValueError: a mode other than ``"single"`` or ``"dp"``.
-    """
-    modes = (modes,) if isinstance(modes, str) else tuple(modes)
-    bad = [m for m in modes if m not in ("single", "dp")]
-    if bad or not modes:
-        raise ValueError(f"modes must be 'single' and/or 'dp', got {modes!r}")
-    thread_list = [threads] if isinstance(threads, int) else list(threads)
-    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    x, y = load_mnist(train=True, root=data_root)
-    x, y = x.to(device), y.to(device)
-    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(device)
-    rows = []
-    for name in models:
-        for gb in global_batch_sizes:
-            blocks, ids = {}, {}
-            for mode, t in ((m, t) for m, t in _local_modes(thread_list) if m in modes):
-                model, ids[f"{mode} {t}"] = _local_model(mode, name, seed, device)
-                blocks[f"{mode} {t}"] = _block(model, torch.optim.SGD(model.parameters(), lr=lr),
-                                               batch_fn(x, y, perm, gb, 0, 1), steps, device, t)
-            times, order = run_interleaved(blocks, rounds, warmup)
-            for label, ts in times.items():
-                mode, t = label.split()
-                rows.append({"label": label, "mode": mode, "model": name, "global_batch_size": gb, "rank": 0,
-                             "world_size": 1, "member": True, "threads_per_rank": int(t), "device": str(device),
-                             "steps": steps, "rounds": rounds, **_stats(ts, "step_s"), "timed_order": order,
-                             "dp_device_ids": ids[label]})
+        r.update(peak_rss_mib=peak, dataset_mib=dataset_mib, dataset_storage_mib=storage_mib,
+                 dataset_rss_growth_mib=rss_growth_mib)
     return rows
 
 
@@ -243,22 +159,17 @@ def bench_scaling(configs: Sequence[Sequence[int]] = ((1, 1), (1, 2), (2, 1), (2
 
     Returns:
         one row per (mode, world size, threads, model, global batch): ``label``, ``mode``
-        (``"ddp"``, ``"single"``, ``"dp"``), ``world_size``, ``threads_per_rank``,
-        ``total_threads`` (``world_size * threads_per_rank``), ``oversubscribed`` (total threads >
-        logical CPUs), ``model``, ``global_batch_size``, ``step_ms`` (the slowest rank's **median**
-        step, ms), ``step_ms_mean``, ``step_ms_min``, ``step_ms_max`` (the spread: over the taking
-        part ranks, the largest of each rank's fastest and slowest timed step, ms),
-        ``samples_per_s`` (``global_batch_size / step_ms``), ``samples_per_s_min`` /
-        ``samples_per_s_max`` (from ``step_ms_max`` / ``step_ms_min``), ``solo_step_ms`` (one
-        rank's share with the machine to itself, ms; with one rank: ``nosync_step_ms``),
-        ``nosync_step_ms`` (median, ms, without the all-reduce), ``interference_ms``
-        (``nosync - solo``), ``comm_exposed_ms`` (``step_ms - nosync_step_ms``), ``speedup`` and
-        ``efficiency`` (against DDP with 1 rank and 1 thread, same model and batch; efficiency =
-        speedup / world_size), ``steps`` (per block), ``rounds``, ``timed_order`` (labels of the
-        timed blocks, in order), ``dp_device_ids``, ``peak_rss_mib_per_rank``,
-        ``dataset_mib_per_rank``, ``dataset_storage_mib_per_rank`` and
-        ``dataset_rss_growth_mib_per_rank`` (the smallest over the ranks: measured, MiB) and
-        ``launch_seconds`` (the one launch, s).
+        (``"ddp"``, ``"single"``, ``"dp"``), ``world_size``, ``threads_per_rank``, ``total_threads``,
+        ``oversubscribed`` (more threads than logical CPUs), ``model``, ``global_batch_size``,
+        ``step_ms`` (the slowest rank's **median** step), ``step_ms_mean``, ``step_ms_min``,
+        ``step_ms_max`` (over the taking-part ranks, the largest fastest and slowest step),
+        ``samples_per_s`` and its ``_min`` / ``_max``, ``solo_step_ms`` (one rank's share alone;
+        with one rank: ``nosync_step_ms``), ``nosync_step_ms`` (no all-reduce),
+        ``interference_ms`` (``nosync - solo``), ``comm_exposed_ms`` (``step - nosync``),
+        ``speedup`` and ``efficiency`` (``speedup / world_size``) against DDP with 1 rank and 1
+        thread, ``steps``, ``rounds``, ``timed_order``, ``dp_device_ids``,
+        ``peak_rss_mib_per_rank``, ``dataset_mib_per_rank``, ``dataset_storage_mib_per_rank``
+        and ``dataset_rss_growth_mib_per_rank`` (MiB), ``launch_seconds``. Times in ms.
 
     Raises:
         ValueError: a global batch size not divisible by a world size (before any launch).

@@ -92,10 +92,10 @@ def bench_threads_by_launcher(world_size: int = 2, timeout: float = 300.0) -> di
                                       logs_specs=DefaultLogsSpecs(log_dir=elastic_logs))
 
                 # elastic_launch installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in the calling
-                # process (a notebook kernel here); put the caller's back afterwards
+                # process (a notebook kernel here); put the caller's back afterwards (only the main
+                # thread can change them)
                 sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
-
-                in_main = threading.current_thread() is threading.main_thread()  # only there can handlers change
+                in_main = threading.current_thread() is threading.main_thread()
                 handlers = {sig: signal.getsignal(sig) for sig in sigs} if in_main else {}
                 try:
                     with QuietElastic():  # also puts back the TORCHELASTIC_SIGNALS_TO_HANDLE it sets in os.environ
@@ -134,18 +134,9 @@ def _start(cmd: list[str], env: dict[str, str], children: list[subprocess.Popen]
 
 
 def _finish(child: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
-    """Wait for a child of :func:`_start`, as ``subprocess.run(..., check=True)`` would.
-
-    Raises:
-        subprocess.TimeoutExpired: still running after ``timeout`` seconds (it is killed).
-        subprocess.CalledProcessError: it exited non-zero.
-    """
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        raise
+    """Wait for a child of :func:`_start`, as ``subprocess.run(..., check=True)`` would (one still
+    running after ``timeout`` raises ``TimeoutExpired``; the caller kills it)."""
+    out, err = child.communicate(timeout=timeout)
     if child.returncode:
         raise subprocess.CalledProcessError(child.returncode, child.args, out, err)
     return subprocess.CompletedProcess(child.args, child.returncode, out, err)

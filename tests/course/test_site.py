@@ -58,16 +58,11 @@ TWO = [
 
 
 def _notebook(path: Path, cells: list[tuple[str, str]]) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    for kind, source in cells:
-        if kind == "markdown":
-            nb.cells.append(nbformat.v4.new_markdown_cell(source))
-        else:
-            cell = nbformat.v4.new_code_cell(source)
-            if kind != "code":
-                cell.metadata["tags"] = [kind]
-            nb.cells.append(cell)
+    """A notebook of ``(kind, source)`` cells: ``markdown``, ``code``, or code tagged ``kind``."""
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_markdown_cell(source) if kind == "markdown" else nbformat.v4.new_code_cell(
+        source, metadata={"tags": [kind]} if kind != "code" else {}) for kind, source in cells]
     nbformat.write(nb, str(path))
     return path
 

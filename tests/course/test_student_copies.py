@@ -48,19 +48,6 @@ def test_default_folder_is_served_and_ignored():
     assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-def test_a_scratch_notebook_is_not_a_lesson(tmp_path, capsys):
-    nbs = tmp_path / "nbs"
-    nbs.mkdir()
-    for stem in ("01_t", "zz_scratch"):
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t")])
-        nbformat.write(nb, str(nbs / f"{stem}.ipynb"))
-    written = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=nbs, lessons=["01_t"])
-    assert [p.name for p in written] == ["01_t.ipynb"]
-    assert sorted(p.name for p in (tmp_path / "out" / "notebooks").iterdir()) == ["01_t.ipynb", "lessons.toml"]
-    with pytest.raises(student_copies.ConfigError, match="not a notebook of the course"):
-        student_copies.write_student_copies(["zz_scratch"], tmp_path / "out2", notebooks_dir=nbs, lessons=["01_t"])
-
-
 def test_handout_opens_on_its_own(handout, copies):
     """The links of the copies resolve inside the handout, it has what the lessons import and
     MNIST, says how to start, and the zip holds the same files, none a solution."""
@@ -77,8 +64,6 @@ def test_handout_opens_on_its_own(handout, copies):
         assert (handout / rel).is_file(), rel
     assert sorted(p.name for p in (handout / "data" / "MNIST" / "raw").iterdir()) == sorted(
         p.name for p in (ROOT / "data" / "MNIST" / "raw").glob("*.gz"))
-    text = (handout / "README.md").read_text()
-    assert f"notebooks/{LESSONS[0]}.ipynb" in text and "python3 -m helpers.doctor" in text and "data/" in text
     with zipfile.ZipFile(handout / f"{student_copies.ARCHIVE_NAME}.zip") as z:
         names = set(z.namelist())
     on_disk = {f"{student_copies.ARCHIVE_NAME}/{f.relative_to(handout).as_posix()}" for f in handout.rglob("*")
@@ -110,7 +95,7 @@ def test_copy_without_solutions_keeps_exercises_and_checks(copies, source):
             assert cell.outputs == [] and cell.execution_count is None
 
 
-def test_outputs_are_cleared_and_solutions_removed_from_an_executed_notebook(tmp_path):
+def test_outputs_are_cleared_and_solutions_removed_and_a_scratch_notebook_is_no_lesson(tmp_path):
     nb = nbformat.v4.new_notebook()
     exercise = nbformat.v4.new_code_cell("answer = None", metadata={"tags": ["exercise"]})
     solution = nbformat.v4.new_code_cell("answer = 42", metadata={"tags": ["solution"]})
@@ -118,13 +103,17 @@ def test_outputs_are_cleared_and_solutions_removed_from_an_executed_notebook(tmp
                                       execution_count=3,
                                       outputs=[nbformat.v4.new_output("stream", text="checked\n")])
     nb.cells = [nbformat.v4.new_markdown_cell("# t"), exercise, solution, check]
-    (tmp_path / "nbs").mkdir()
-    nbformat.write(nb, str(tmp_path / "nbs" / "01_t.ipynb"))
-    (written,) = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=tmp_path / "nbs",
-                                                     lessons=["01_t"])
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    nbformat.write(nb, str(nbs / "01_t.ipynb"))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nb.cells[0]]), str(nbs / "zz_scratch.ipynb"))
+    (written,) = student_copies.write_student_copies(None, tmp_path / "out", notebooks_dir=nbs, lessons=["01_t"])
+    assert sorted(p.name for p in (tmp_path / "out" / "notebooks").iterdir()) == ["01_t.ipynb", "lessons.toml"]
     copy = nbformat.read(str(written), as_version=4)
     assert [c.source for c in copy.cells] == ["# t", "answer = None", "assert answer == 42"]
     assert copy.cells[2].outputs == [] and copy.cells[2].execution_count is None
+    with pytest.raises(student_copies.ConfigError, match="not a notebook of the course"):
+        student_copies.write_student_copies(["zz_scratch"], tmp_path / "out2", notebooks_dir=nbs, lessons=["01_t"])
 
 
 def test_unknown_notebook_writes_nothing(tmp_path, capsys):
@@ -217,6 +206,7 @@ def test_the_handout_readme_says_what_a_student_does(handout):
     repository's tests or CI (the repository's README is not copied)."""
     text = (handout / "README.md").read_text(encoding="utf-8")
     assert "python3 -m helpers.doctor" in text and "python3 -m jupyter lab --config=jupyter_lab_config.json" in text
+    assert "MNIST (`data/`" in text
     assert [line.split("`")[1] for line in text.splitlines() if line[:1].isdigit()] == \
         [f"notebooks/{stem}.ipynb" for stem in LESSONS]
     for word in ("pytest", "ci/", ".ci", "CI", "test suite", "run_notebooks"):

@@ -1,14 +1,17 @@
 """ci/gpu_check.py refuses, with a clear message and before running anything, on a machine
 without CUDA (the GPU run itself is recorded in docs/GPU.md)."""
 
+import collections
 import subprocess
 import sys
 
+import nbformat
 import pytest
 import torch
 
 from _support import REPO_ROOT
 from ci import gpu_check
+from helpers import lessons as manifest
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -33,25 +36,16 @@ def test_usage_needs_an_output_folder(capsys):
 
 def _gpu_marks_by_lesson() -> dict[str, int]:
     """``**Claim (GPU):**`` labels per lesson, counted as plain text (not by ci/gpu_claims.py)."""
-    import nbformat
-
-    counts = {}
-    from helpers import lessons as manifest
-
-    for path in (REPO_ROOT / "notebooks" / f"{stem}.ipynb" for stem in manifest.stems(None)):
-        n = sum(c.source.count("**Claim (GPU):**") + c.source.count("**Claims (GPU):**")
-                for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "markdown")
-        if n:
-            counts[path.stem] = n
-    return counts
+    counts = {stem: sum(c.source.count("**Claim (GPU):**") + c.source.count("**Claims (GPU):**")
+                        for c in nbformat.read(str(REPO_ROOT / "notebooks" / f"{stem}.ipynb"), as_version=4).cells
+                        if c.cell_type == "markdown") for stem in manifest.stems(None)}
+    return {stem: n for stem, n in counts.items() if n}
 
 
 def test_the_summary_lists_every_gpu_claim_and_runs_its_lesson():
     # on CPU: parses the notebooks, runs nothing
     rows = gpu_check.gpu_claims()
-    listed = {}
-    for r in rows:
-        listed[r["lesson"]] = listed.get(r["lesson"], 0) + 1
+    listed = collections.Counter(r["lesson"] for r in rows)
     marked = _gpu_marks_by_lesson()
     assert marked, "the course marks no **Claim (GPU):**"
     assert listed == marked, f"gpu_check lists {listed}, the notebooks mark {marked}"
@@ -63,8 +57,6 @@ def test_the_summary_lists_every_gpu_claim_and_runs_its_lesson():
 
 
 def test_a_gpu_claim_that_printed_not_proven_is_not_proven(tmp_path):
-    import nbformat
-
     stem = "06b_state_across_ranks"
     nb = nbformat.read(str(REPO_ROOT / "notebooks" / f"{stem}.ipynb"), as_version=4)
     mine = [r for r in gpu_check.gpu_claims() if r["lesson"] == stem]
