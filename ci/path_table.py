@@ -134,7 +134,8 @@ def next_link(lesson: manifest.Lesson, lessons: list[manifest.Lesson]) -> str:
         _link(other) for other in same if other is not lesson) + "."
 
 
-def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson], notebooks: Path) -> list[tuple[Path, str, str]]:
+def lesson_texts(lesson: manifest.Lesson, lessons: list[manifest.Lesson],
+                 notebooks: Path) -> list[tuple[Path, str, str]]:
     """``(path, current, wanted)`` for ``<stem>.ipynb`` and its twin ``<stem>.py``: the opening
     block of the first cell and the "Next" block of the last cell rewritten.
 
