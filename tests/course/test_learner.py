@@ -17,7 +17,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
+import torch
 
 from _support import exercise_cells
 from ci import path_table
@@ -65,38 +67,37 @@ def parameters_index(nb) -> int:
     return marked[0]
 
 
-def glossary_anchors() -> set[str]:
-    text = GLOSSARY.read_text(encoding="utf-8")
-    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
-    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        anchors.add(slug)
-    return anchors
+def anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file: ``<a id=...>`` and GitHub's heading slugs."""
+    text = path.read_text(encoding="utf-8")
+    found = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return found
 
 
-# --------------------------------------------------------------------------------------------
-# Notebooks follow the recipe
-# --------------------------------------------------------------------------------------------
+# ---- notebooks follow the recipe -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_first_cell_links_to_glossary(stem):
+def test_glossary_links_and_prose_without_typed_times_or_machinery(stem):
+    """The first cell links to the glossary; every glossary anchor linked exists; no markdown cell
+    types a run time ("about 5–15 s") or names the machine's logistics ("2-core", "2 CPU cores",
+    "CI"): the one measured time is the generated opening block."""
     nb = read(stem)
     first = nb.cells[0]
     assert first.cell_type == "markdown", f"{stem}: the first cell must be markdown"
-    links = LINK.findall(first.source)
-    assert any(target == GLOSSARY_LINK for target, _ in links), (
+    assert any(target == GLOSSARY_LINK for target, _ in LINK.findall(first.source)), (
         f"{stem}: the first cell must link to the glossary: [glossary]({GLOSSARY_LINK})")
     assert (path_of(stem).parent / GLOSSARY_LINK).resolve() == GLOSSARY.resolve()
-
-
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_glossary_anchors_exist(stem):
-    anchors = glossary_anchors()
-    nb = read(stem)
+    known = anchors(GLOSSARY)
     bad = sorted({frag[1:] for c in nb.cells if c.cell_type == "markdown"
-                  for _, frag in LINK.findall(c.source) if frag and frag[1:] not in anchors})
+                  for _, frag in LINK.findall(c.source) if frag and frag[1:] not in known})
     assert not bad, f"{stem}: links to glossary anchors that docs/GLOSSARY.md does not define: {bad}"
+    found = machinery_in_prose(nb)
+    assert not found, (f"{stem}: typed times or machine logistics in the prose (cell, phrase): "
+                       f"{found}; say why a cell is slow without a number: the measured time is "
+                       "written by python3 -m ci.generate")
 
 
 @pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
@@ -172,16 +173,6 @@ def machinery_in_prose(nb) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("stem", LEARNER_NOTEBOOKS)
-def test_lesson_prose_has_no_typed_times_or_machinery(stem):
-    """No markdown cell types a run time ("about 5–15 s") or names the machine's logistics
-    ("2-core", "2 CPU cores", "CI"): the one measured time is the generated opening block."""
-    found = machinery_in_prose(read(stem))
-    assert not found, (f"{stem}: typed times or machine logistics in the prose (cell, phrase): {found}; "
-                       "say why a cell is slow without a number: the measured time is written by "
-                       "python3 -m ci.generate")
-
-
 def _wrong_parameter(stem: str) -> tuple[str, object]:
     """The lesson's first parameter and a value of the wrong type for it."""
     declared = rn.notebook_parameters(path_of(stem))
@@ -235,9 +226,7 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
     assert not outside, f"errors outside the check cells: {outside}"
 
 
-# --------------------------------------------------------------------------------------------
-# The exercise mechanism under papermill (a tiny notebook, no torch)
-# --------------------------------------------------------------------------------------------
+# ---- The exercise mechanism under papermill (a tiny notebook, no torch) --------------------
 
 
 @pytest.mark.slow(5)
@@ -276,15 +265,7 @@ def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
     assert "ex2: not answered yet" in joined, joined
 
 
-# --------------------------------------------------------------------------------------------
-# helpers.notebook
-# --------------------------------------------------------------------------------------------
-
-
-def type_error(**params) -> str:
-    with pytest.raises(TypeError) as info:
-        hn.check_parameters(**params)
-    return str(info.value)
+# ---- helpers.notebook ----------------------------------------------------------------------
 
 
 def test_check_parameters_accepts_right_types():
@@ -296,39 +277,25 @@ def test_check_parameters_accepts_right_types():
                         pair=([1, 2], tuple))  # JSON, papermill and -p carry a tuple as a list
 
 
-def test_check_parameters_float_for_int():
-    msg = type_error(world_size=(2.5, int))
-    assert "'world_size' must be an int" in msg and "2.5 (float)" in msg
-    assert "`world_size = 2`" in msg and "-p world_size 2" in msg
-
-
-def test_check_parameters_bool_is_not_int_nor_float():
-    msg = type_error(world_size=(True, int))
-    assert "'world_size' must be an int" in msg and "True (bool)" in msg and "bool, not a number" in msg
-    assert "'lr' must be a float" in type_error(lr=(False, float))
-
-
-def test_check_parameters_number_as_text():
-    msg = type_error(lr=("0.1", float))
-    assert "'lr' must be a float" in msg and "'0.1' (str)" in msg and "`lr = 0.1`" in msg and "-r" in msg
-
-
-def test_check_parameters_str_and_none():
-    msg = type_error(model=(3, str))
-    assert "'model' must be a str" in msg and '`model = "linear"`' in msg
-    msg = type_error(steps=(None, int))
-    assert "'steps' must be an int" in msg and "None (NoneType)" in msg
-    assert "must be an int or None" in type_error(steps=("x", (int, None)))
-
-
-def test_check_parameters_reports_every_wrong_parameter():
-    msg = type_error(a=(1.5, int), b=(2, int), c=("x", float))
-    assert msg.startswith("wrong parameter types:") and "'a'" in msg and "'c'" in msg and "'b'" not in msg
-
-
-def test_check_parameters_malformed_call():
-    assert "(value, type) pair" in type_error(world_size=2)
-    assert "must be a type" in type_error(world_size=(2, "int"))
+@pytest.mark.parametrize("params, says, not_said", [
+    ({"world_size": (2.5, int)}, ["'world_size' must be an int", "2.5 (float)", "`world_size = 2`",
+                                  "-p world_size 2"], []),  # float for int
+    ({"world_size": (True, int)}, ["'world_size' must be an int", "True (bool)", "bool, not a number"], []),
+    ({"lr": (False, float)}, ["'lr' must be a float"], []),
+    ({"lr": ("0.1", float)}, ["'lr' must be a float", "'0.1' (str)", "`lr = 0.1`", "-r"], []),
+    ({"model": (3, str)}, ["'model' must be a str", '`model = "linear"`'], []),
+    ({"steps": (None, int)}, ["'steps' must be an int", "None (NoneType)"], []),
+    ({"steps": ("x", (int, None))}, ["must be an int or None"], []),
+    ({"a": (1.5, int), "b": (2, int), "c": ("x", float)},  # every wrong parameter, in one message
+     ["wrong parameter types:", "'a'", "'c'"], ["'b'"]),
+    ({"world_size": 2}, ["(value, type) pair"], []),  # malformed calls
+    ({"world_size": (2, "int")}, ["must be a type"], []),
+])
+def test_check_parameters_says_what_is_wrong_and_how_to_pass_it(params, says, not_said):
+    with pytest.raises(TypeError) as info:
+        hn.check_parameters(**params)
+    msg = str(info.value)
+    assert all(w in msg for w in says) and not any(w in msg for w in not_said), msg
 
 
 def test_check_value():
@@ -361,30 +328,17 @@ def test_check_value():
     ({3, 1}, {1, 3}, "correct"),
     (object(), 15, "not yet: expected a number"),
     ("abc", 15, "not yet: expected a number"),
+    ([0.25, 0.25, 0.0], torch.tensor([0.25, 0.25, 0.0]), "correct\n"),  # tensors and arrays
+    (np.float64(15.0), torch.tensor(15.0), "correct\n"),
+    (torch.tensor(16.0), 15, "not yet"),
+    (25.17, 151 / 6, ("correct\n", {"rel_tol": 1e-3})),  # a tolerance, a hint
+    (25.17, 151 / 6, ("not yet:", {"hint": "average the two ranks"}, "Hint: average the two ranks\n")),
 ])
 def test_check_answer_for_the_learner(answer, expected, verdict, capsys):
-    hn.check_answer("ex1", answer, expected)  # never raises for the learner's value
+    verdict, options, end = (verdict, {}, "") if isinstance(verdict, str) else (*verdict, "")[:3]
+    hn.check_answer("ex1", answer, expected, **options)  # never raises for the learner's value
     out = capsys.readouterr().out
-    assert out.startswith(f"ex1: {verdict}"), out
-
-
-def test_check_answer_tensors_and_arrays(capsys):
-    import numpy as np
-    import torch
-
-    hn.check_answer("ex1", [0.25, 0.25, 0.0], torch.tensor([0.25, 0.25, 0.0]))
-    hn.check_answer("ex1", np.float64(15.0), torch.tensor(15.0))
-    hn.check_answer("ex1", torch.tensor(16.0), 15)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "ex1: correct" and lines[1] == "ex1: correct" and lines[2].startswith("ex1: not yet"), lines
-
-
-def test_check_answer_hint_and_tolerance(capsys):
-    hn.check_answer("ex3", 25.17, 151 / 6, rel_tol=1e-3)
-    hn.check_answer("ex3", 25.17, 151 / 6, hint="average the two ranks")
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "ex3: correct"
-    assert lines[1].startswith("ex3: not yet:") and lines[1].endswith("Hint: average the two ranks"), lines
+    assert out.startswith(f"ex1: {verdict}") and out.endswith(end), out
 
 
 def test_check_answer_strict(capsys):
@@ -486,30 +440,17 @@ def test_exercise_cells():
     assert cells[2].metadata["jupyter"]["source_hidden"] is True and cells[2].source.startswith("# Check: exercise 2\n")
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
-    with pytest.raises(ValueError, match="check cell must call"):
-        exercise_cells(1, "t", "task", "expected_1 = 1",
-                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
-    with pytest.raises(ValueError, match="must compute expected_1"):
-        exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
-                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
-    with pytest.raises(ValueError, match="solution must end with"):
-        exercise_cells(1, "t", "task", "expected_1 = 1\ncheck_answer(\"ex1\", answer_1, expected_1)",
-                          "check_answer(\"ex1\", solution_1, expected_1)")
+    check, solution = 'check_answer("ex1", answer_1, expected_1)', 'check_answer("ex1", solution_1, expected_1'
+    for match, c, sol in [("check cell must call", "expected_1 = 1", solution + ", strict=True)"),
+                          ("must compute expected_1", check, solution + ", strict=True)"),
+                          ("solution must end with", "expected_1 = 1\n" + check, solution + ")")]:
+        with pytest.raises(ValueError, match=match):
+            exercise_cells(1, "t", "task", c, sol)
 
 
-# --------------------------------------------------------------------------------------------
-# Links of the README and docs/
-# --------------------------------------------------------------------------------------------
+# ---- Links of the README and docs/ ---------------------------------------------------------
 
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
-
-
-def _anchors(path: Path) -> set[str]:
-    text = path.read_text(encoding="utf-8")
-    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
-    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
-        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
-    return anchors
 
 
 @pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
@@ -526,6 +467,6 @@ def test_readme_and_docs_links_resolve(doc):
         dest = (path.parent / file).resolve() if file else path
         if not dest.exists():
             bad.append(f"{target} (no such file)")
-        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{target} (no such anchor)")
     assert not bad, f"{doc}: broken links: {bad}"
