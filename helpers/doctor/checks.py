@@ -18,16 +18,8 @@ from helpers.checkout import mismatch
 
 if TYPE_CHECKING:
     from helpers.doctor.run import Doctor
-from helpers.doctor.common import (
-    EXPECTED,
-    REINSTALL,
-    TUTORIAL_PORTS,
-    WORLD_SIZE,
-    Failed,
-    _cmdline,
-    _error_line,
-    one_line,
-)
+from helpers.doctor import common
+from helpers.doctor.common import EXPECTED, REINSTALL, WORLD_SIZE, Failed, _error_line
 
 # ---- the checks ------------------------------------------------------------------------------
 
@@ -149,7 +141,7 @@ def check_mnist(doc: Doctor) -> str:
             raise Failed(f"{raw} is read-only: its .gz files must be decompressed there once",
                          f"make it writable (`chmod -R u+w {raw}`, or mount it read-write), or decompress them "
                          f"once as a user who can write there: `gunzip -k {raw}/*.gz`") from None
-        raise Failed(one_line(str(e).split(". ")[0]), one_line(str(e), 300)) from None
+        raise Failed(common.one_line(str(e).split(". ")[0]), common.one_line(str(e), 300)) from None
     import torchvision
 
     test = torchvision.datasets.MNIST(root=str(root), train=False, download=False)
@@ -191,12 +183,12 @@ def check_ports(doc: Doctor) -> str:
     doc.free_fixed_ports = [p for p in doc.ports if p not in held]
     if held:
         p = held[0]
-        what = TUTORIAL_PORTS.get(p, "a fixed MASTER_PORT")
+        what = common.TUTORIAL_PORTS.get(p, "a fixed MASTER_PORT")
         raise Failed(f"port {p} ({what}) is held by {_port_holder(p)}"
                      + (f"; also held: {', '.join(map(str, held[1:]))}" if held[1:] else ""),
                      f"stop that program, or set MASTER_PORT to another number in tutorial code (e.g. "
                      f"os.environ['MASTER_PORT'] = '{p + 1}'); launch and warm ranks pick free ports themselves")
-    names = ", ".join(f"{p} ({TUTORIAL_PORTS[p]})" if p in TUTORIAL_PORTS else str(p) for p in doc.ports)
+    names = ", ".join(f"{p} ({common.TUTORIAL_PORTS[p]})" if p in common.TUTORIAL_PORTS else str(p) for p in doc.ports)
     return f"free: {names}"
 
 
@@ -323,7 +315,7 @@ def check_warm_ranks(doc: Doctor) -> str:
             ranks.stop()
     _expect_allreduce(got)
     deadline = time.monotonic() + 10
-    while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(_cmdline(p))]) \
+    while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(common._cmdline(p))]) \
             and time.monotonic() < deadline:
         time.sleep(0.2)
     if left:
