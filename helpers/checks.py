@@ -1,18 +1,15 @@
-"""Two general checks of the learner's own, unchanged worker ``fn(rank, world_size, *args)``:
+"""Two checks of the learner's own, unchanged worker ``fn(rank, world_size, *args)``:
 
 - :func:`against_one_process`: do ``world_size`` ranks train what one process trains on the same
-  global batch? (Invariant 1: a scaled loss, per-rank statistics, a per-rank init, a loss mixing
-  local and global terms each make the runs part.)
+  global batch? (Invariant 1: a scaled loss, per-rank statistics or init, a loss mixing local and
+  global terms each make the runs part.)
 - :func:`data_coverage`: does each epoch read each item once, across all ranks? (Invariant 2: a
   sampler with the wrong rank or a per-rank seed, drop_last twice, a resume mid-epoch, sharding
   decided before the process group exists.)
 
-Both run ``fn`` on simulated ranks (:func:`helpers.engine.simulate`, the default) or on real gloo
-processes (:func:`helpers.engine.launch`, ``simulated=False``) and record from inside each rank with
-torch's global hooks, so the learner changes nothing: the optimizer step hooks
-(``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook``), the global module
-forward pre-hook (to name parameters by module path) and the ``DataLoader`` iterator's
-``_next_index`` (the indices a pass reads). The third invariant, every rank holds the same model, is
+Both run ``fn`` on simulated ranks (:func:`helpers.engine.simulate`, the default) or real gloo
+processes (``simulated=False``) and record inside each rank with torch's global hooks
+(:mod:`helpers.recorder`). The third invariant, one model on every rank, is
 :func:`helpers.replicas.assert_in_sync`.
 """
 
@@ -61,16 +58,9 @@ class _Short:
             return [f"{type(self).__name__}: {self}"]
 
 
-class _BadInput(_Short, ValueError):
-    """A check's arguments cannot work; raised before any rank runs."""
-
-
-class _NoSteps(_Short, RuntimeError):
-    """``fn`` took no ``torch.optim`` step at one rank: nothing to compare."""
-
-
-for _cls in (_BadInput, _NoSteps):  # shown as the builtin error each one is
-    _cls.__name__ = _cls.__qualname__ = _cls.__mro__[2].__name__
+#: bad arguments (raised before any rank runs), a worker that took no optimizer step: shown as the
+#: builtin errors they are
+_BadInput, _NoSteps = (type(base.__name__, (_Short, base), {}) for base in (ValueError, RuntimeError))
 
 
 class DivergedFromOneProcess(_Short, AssertionError):
@@ -110,9 +100,11 @@ def _steps(n: int) -> str:
     return f"{n} optimizer step{'s' * (n != 1)}"
 
 
-def _called(check: str, fn, world_size: int, args, options) -> None:
-    """Raise :class:`_BadInput` when ``fn(rank, world_size, *args, **options)`` cannot bind, naming
-    a check keyword (``steps``, ``timeout``...) that the check took as its own."""
+def _called(check: str, fn, world_size: int, least: int, args, options) -> None:
+    """Raise :class:`_BadInput` for a ``world_size`` under ``least``, or when ``fn(rank, world_size,
+    *args, **options)`` cannot bind, naming a check keyword (``steps``...) the check took as its own."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < least:
+        raise _BadInput(f"{check}: world_size must be an int >= {least}, got {world_size!r}.")
     try:
         inspect.signature(fn).bind(0, world_size, *args, **options)
     except ValueError:  # no signature to read (a builtin): let the ranks find out
@@ -213,13 +205,11 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
             numbers (dropout, augmentation, an unseeded init) that cannot match across world sizes.
         WorkerError, LaunchTimeout, LaunchError: as :func:`helpers.engine.launch` / ``simulate``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise _BadInput(f"world_size must be an int >= 2 to compare with one process, got {world_size!r}.")
+    _called("against_one_process", fn, world_size, 2, args, options)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise _BadInput(f"steps must be None or an int >= 1, got {steps!r}.")
     if not (rtol >= 0 and atol >= 0):
         raise _BadInput(f"rtol and atol must be >= 0, got rtol={rtol!r}, atol={atol!r}.")
-    _called("against_one_process", fn, world_size, args, options)
     try:
         runs = _run(fn, world_size, args, options, simulated, timeout)
     except Exception as e:
@@ -364,9 +354,7 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
         CoverageError: the first pass that reads an item never, or more than once, or ranks that read the
             same items; says what DistributedSampler's padding or drop_last explains.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise _BadInput(f"world_size must be an int >= 1, got {world_size!r}.")
-    _called("data_coverage", fn, world_size, args, options)
+    _called("data_coverage", fn, world_size, 1, args, options)
     runs = _run(fn, world_size, args, options, simulated, timeout)
     grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted, within)}
     for rank, run in enumerate(runs):
