@@ -1,22 +1,12 @@
 """ddp-lab helpers: everything the notebooks call, and every function DDP workers run. Two rooms.
 
 The engine (``helpers/engine/``, tests in ``tests/engine/``): the notebook-safe distributed runtime.
-Its learner's surface, what notebooks, course helpers and the learner's docs import
-(``tests/course/test_fence.py`` checks it)::
-
-    from helpers.engine import launch, worker_device   # fn(rank, world_size, ...) on N real ranks
-    import helpers.mp as mp                            # torch.multiprocessing's spawn/Process, notebook-safe
-    from helpers.engine import start_ranks             # warm ranks across cells (%%px)
-    from helpers.engine import simulate                # fn(rank, world_size, ...) on N simulated ranks (threads)
-    import helpers.engine.cluster as cluster           # notebook 07a: torchrun agents, two-node rehearsal
-
-``helpers.engine.__all__`` lists the surface; what only the benchmarks, the doctor, ``ci/`` and the
-tests need is behind ``helpers.engine.internal``.
-
+Notebooks, course helpers and the learner's docs import its surface only: ``helpers.engine.__all__``
+(its docstring shows it), ``helpers.mp``, ``helpers.engine.cluster``; the benchmarks, the doctor,
+``ci/`` and the tests may also use ``helpers.engine.internal`` (``tests/course/test_fence.py``).
 The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/``): the lessons'
-helpers (MNIST data and training, the sampler's tables, the cost model, the learner recipe in
-``notebook``, ...), the benchmarks and the preflight (``python3 -m helpers.doctor``).
-docs/ARCHITECTURE.md maps every module with its one job (a test keeps the map equal to the tree).
+helpers, the benchmarks and the preflight (``python3 -m helpers.doctor``). docs/ARCHITECTURE.md
+maps every module with its one job.
 
 ``import helpers`` imports only ``helpers.checkout`` (no torch), and raises
 :class:`helpers.checkout.CheckoutMismatch` in a working folder that belongs to another copy of the course.
