@@ -80,22 +80,15 @@ SCRATCH = {
 TRACEBACK = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
 # JavaScript run in the page; `window.jupyterapp` exists thanks to --LabApp.expose_app_in_browser.
-JS_KERNEL_STATUS = """(name) => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  if (!w || !w.context || !w.context.path.endsWith(name)) return null;
-  const s = w.sessionContext && w.sessionContext.session;
-  return s && s.kernel ? s.kernel.status : null;
-}"""
-JS_LANGUAGE_VERSION = """() => {
-  const w = window.jupyterapp.shell.currentWidget;
-  const info = w && w.context && w.context.model && w.context.model.getMetadata('language_info');
-  return info && info.version ? info.version : null;
-}"""
+#: The notebook shown now: its path, kernel status, language_info's version, code cells, cells
+#: executed, errors in the model, prompts showing [*]; null for another widget.
 JS_NOTEBOOK_STATE = """() => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   if (!w || !w.content || !w.content.model || !w.sessionContext) return null;
   const s = w.sessionContext.session, cells = w.content.model.cells;
-  const out = {kernel: s && s.kernel ? s.kernel.status : null, code_cells: 0, executed: 0,
+  const info = w.content.model.getMetadata('language_info');
+  const out = {path: w.context.path, kernel: s && s.kernel ? s.kernel.status : null,
+               language: info && info.version ? info.version : null, code_cells: 0, executed: 0,
                errors: [], running: 0};
   for (let i = 0; i < cells.length; i++) {
     const c = cells.get(i);
@@ -297,10 +290,10 @@ class LabServer:
             self._log.close()
 
 
-def _wait_kernel(page, name: str, status: str, timeout_s: float = 180) -> None:
-    """Wait until ``name`` is the current notebook and its kernel's status is ``status``."""
-    page.wait_for_function(f"(name) => ({JS_KERNEL_STATUS})(name) === {status!r}", arg=name,
-                           timeout=timeout_s * 1000)
+def _wait_idle(page, name: str) -> None:
+    """Wait until ``name`` is the current notebook and its kernel is idle."""
+    page.wait_for_function(f"(name) => {{ const s = ({JS_NOTEBOOK_STATE})(); return !!s && "
+                           "s.path.endsWith(name) && s.kernel === 'idle'; }", arg=name, timeout=180_000)
 
 
 def _current_panel(page):
@@ -340,7 +333,7 @@ def _run_scratch(page, server: LabServer, name: str, timeout_s: float) -> tuple[
     nbformat.write(nb, str(server.root / name))
     page.evaluate("async (path) => { await window.jupyterapp.commands.execute("
                   "'docmanager:open', {path}); }", name)
-    _wait_kernel(page, name, "idle")
+    _wait_idle(page, name)
     return _run_all(page, timeout_s, server), _current_panel(page)
 
 
@@ -372,12 +365,13 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                 console_errors: list[str] = []
                 page.on("pageerror", lambda exc: console_errors.append(str(exc)))
                 page.goto(f"{server.base}/lab/tree/{NB_PATH}?reset&token={server.token}")
-                _wait_kernel(page, NB_NAME, "idle")
+                _wait_idle(page, NB_NAME)
                 timings["notebook open, kernel idle"] = time.monotonic() - t0
 
                 # opened and saved, the lesson is byte-identical: JupyterLab's kernel
                 # language_info (with this machine's Python version) does not reach the file
-                page.wait_for_function(JS_LANGUAGE_VERSION, timeout=60_000)
+                page.wait_for_function(f"() => {{ const s = ({JS_NOTEBOOK_STATE})(); return s && s.language; }}",
+                                       timeout=60_000)
                 mtime = copy.stat().st_mtime_ns
                 page.evaluate("async () => { await window.jupyterapp.commands.execute("
                               "'docmanager:save'); }")

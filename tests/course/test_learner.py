@@ -42,9 +42,8 @@ LINK = re.compile(r"\]\((\.\./docs/GLOSSARY\.md)(#[^)\s]*)?\)")
 # Typed run-time estimates ("about 4–15 s", "takes about 1–3 min", "~50 s") and machine
 # logistics ("2-core", "2 CPU cores", "CI") have no place in lesson prose: the measured time
 # is the opening block python3 -m ci.generate writes (left out of this check).
-TYPED_TIME = re.compile(r"\babout [\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b"
-                        r"|\btakes? (about |roughly |around )?[\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b"
-                        r"|~ ?[\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b", re.I)
+TYPED_TIME = re.compile(r"(\babout |\btakes? (about |roughly |around )?|~ ?)[\d.,–-]+ ?"
+                        r"(s|ms|sec|seconds?|min|minutes?)\b", re.I)
 LOGISTICS = re.compile(r"\b\d+[ -](CPU[ -])?cores?\b|\bCPU cores\b", re.I)
 CI_WORD = re.compile(r"\bCI\b")  # case-sensitive: "ci/run_notebooks.py" is a path, not CI
 
@@ -59,12 +58,6 @@ def read(stem: str):
 
 def tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
-
-
-def parameters_index(nb) -> int:
-    marked = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
-    assert len(marked) == 1, f"cells tagged 'parameters': {marked}, expected exactly one"
-    return marked[0]
 
 
 def anchors(path: Path) -> set[str]:
@@ -104,7 +97,9 @@ def test_glossary_links_and_prose_without_typed_times_or_machinery(stem):
 def test_parameters_checked_in_next_cell(stem):
     """The cell right after the parameters cell calls check_parameters with every parameter."""
     nb = read(stem)
-    i = parameters_index(nb)
+    marked = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
+    assert len(marked) == 1, f"{stem}: cells tagged 'parameters': {marked}, expected exactly one"
+    i = marked[0]
     assert i + 1 < len(nb.cells), f"{stem}: nothing after the parameters cell"
     cell = nb.cells[i + 1]
     assert cell.cell_type == "code", f"{stem}: the cell after the parameters cell must be code"
