@@ -168,6 +168,21 @@ def machinery_in_prose(nb) -> list[tuple[int, str]]:
     return found
 
 
+def run_papermill(tmp_path, cells, cwd, **options):
+    """Run ``cells`` as a notebook with papermill (the runner's IPC kernels), which must raise;
+    ``(PapermillExecutionError, the executed notebook's code cells)``."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), str(src))
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(cwd), progress_bar=False,
+                                   kernel_manager_class=IPCKernelManager, **options)
+    return info.value, [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]
+
+
 def _wrong_parameter(stem: str) -> tuple[str, object]:
     """The lesson's first parameter and a value of the wrong type for it."""
     declared = rn.notebook_parameters(path_of(stem))
@@ -184,9 +199,7 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
     papermill run (one kernel, not one per lesson): ``%reset -f``, the lesson's code cells up to the
     one after papermill's injected parameters (``parameterize_notebook``, as ``execute_notebook``
     injects them), that cell tagged ``raises-exception`` so the run goes on to the next lesson."""
-    import papermill
-    from nbformat.v4 import new_code_cell, new_notebook
-    from papermill.exceptions import PapermillExecutionError
+    from nbformat.v4 import new_code_cell
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
@@ -201,13 +214,8 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
         cells.append(new_code_cell("%reset -f"))
         heads[stem] = (name, bad, len(cells), len(cells) + injected + 1, len(cells) + len(head))
         cells += head
-    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src, out = tmp_path / "heads.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), str(src))
-    with pytest.raises(PapermillExecutionError):  # nbclient runs past raises-exception cells; papermill then raises
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(NOTEBOOKS_DIR),
-                                   progress_bar=False, execution_timeout=120, kernel_manager_class=IPCKernelManager)
-    code = [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]  # papermill adds markdown
+    # nbclient runs past raises-exception cells; papermill then raises
+    _, code = run_papermill(tmp_path, cells, NOTEBOOKS_DIR, execution_timeout=120)
     errors = {i: o for i, c in enumerate(code) for o in c.get("outputs", []) if o.get("output_type") == "error"}
     for stem, (name, bad, start, check, end) in heads.items():
         failed = sorted(i for i in errors if start <= i < end)
@@ -227,9 +235,7 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
 @pytest.mark.slow(5)
 @pytest.mark.timeout(120)
 def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
-    import papermill
-    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-    from papermill.exceptions import PapermillExecutionError
+    from nbformat.v4 import new_code_cell, new_markdown_cell
 
     cells = [
         new_markdown_cell("# tiny"),
@@ -243,18 +249,9 @@ def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
                            "solution_2 = 9\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)"),
     ]
     cells[4].source = "answer_1 = 10  # a learner's wrong answer"
-    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb = new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
-    src, out = tmp_path / "tiny.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nb, str(src))
-    with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False, cwd=str(tmp_path),
-                                   kernel_manager_class=IPCKernelManager)
-    assert info.value.ename == "AssertionError" and "ex2" in info.value.evalue, info.value.evalue
-    executed = nbformat.read(str(out), as_version=4)
-    text = {i: "".join(o.get("text", "") for o in c.get("outputs", [])) for i, c in enumerate(executed.cells)
-            if c.cell_type == "code"}
-    joined = "\n".join(text.values())
+    error, code = run_papermill(tmp_path, cells, tmp_path)
+    assert error.ename == "AssertionError" and "ex2" in error.evalue, error.evalue
+    joined = "\n".join("".join(o.get("text", "") for o in c.get("outputs", [])) for c in code)
     assert "ex1: not yet: 10 is too large." in joined, joined  # the learner's check printed, did not raise
     assert "ex1: solution checked" in joined, joined
     assert "ex2: not answered yet" in joined, joined
