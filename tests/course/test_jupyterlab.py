@@ -1,22 +1,16 @@
 """Notebook 01 in a real JupyterLab, driven through its UI by headless Chromium (Playwright).
 
 As a learner: ``jupyter lab --config=jupyter_lab_config.json notebooks/<lesson>`` from the
-course's root (so it serves ``notebooks/`` and ``docs/``), open ``01_gradients_dp_vs_ddp.ipynb``,
-Run > Run All Cells, wait. Checked: opened and saved, the lesson and its ``.py`` twin are
-byte-identical (``helpers.jupyter_hooks.pre_save`` keeps the kernel's ``language_info`` out);
-every code cell ran; a figure (an ``<img>``) and the workers' ``[rank 0]`` / ``[rank 1]`` output
-are rendered; no error output (in the model or as a rendered traceback); a glossary link of the
-first cell opens the glossary (no 404). Then, in the same page, a scratch notebook that raises
-(the detectors must catch it) and one with warm ranks and a ``%%px`` cell (both ranks' output,
-``[stdout:0]`` / ``[stdout:1]``); each notebook's checks look only inside its own panel. It
-shuts the server down through its REST API and checks that no process it started is left.
-Screenshots: ``build/jupyterlab_nb01.png``, ``_nb01_ranks.png``, ``_px.png``.
-
-The browser runs notebook 01 with :data:`BROWSER_PARAMETERS`, injected into a temporary copy as
-papermill does, parameters no other CI run uses (checked). JupyterLab serves a temporary copy of
-``notebooks/`` and ``docs/`` with temporary settings, workspaces, runtime and config folders, on
-127.0.0.1, a free port and a random token. Chromium: docs/TESTING.md (``DDP_LAB_CHROMIUM``;
-mandatory where ``CI`` is set, else skipped when missing; ``DDP_LAB_SKIP_BROWSER=1``).
+course's root, open ``01_gradients_dp_vs_ddp.ipynb``, Run > Run All Cells. Checked: opened and
+saved, the lesson and its twin keep their bytes (``helpers.jupyter_hooks.pre_save``); every code
+cell ran; a figure and the workers' ``[rank 0]`` / ``[rank 1]`` output are rendered; no error
+output; a glossary link opens the glossary. Then, in the same page, a scratch notebook that
+raises (the detectors must catch it) and one whose ``%%px`` cell shows ``[stdout:0]`` /
+``[stdout:1]``. The server is shut down through its REST API; no process it started is left.
+Screenshots in ``build/jupyterlab_*.png``. Notebook 01 runs with :data:`BROWSER_PARAMETERS`,
+injected as papermill does, which no other CI run uses (checked). JupyterLab serves temporary
+copies of ``notebooks/`` and ``docs/``, with temporary settings, on 127.0.0.1, a free port and a
+random token. Chromium: docs/TESTING.md (mandatory where ``CI`` is set, else skipped if missing).
 """
 
 from __future__ import annotations
