@@ -246,20 +246,22 @@ def _helper_failure(e: BaseException, what: str) -> Failed:
                   f"{REINSTALL}, rerun; if it persists, send this output to the instructor")
 
 
-def _expect_allreduce(got) -> None:
-    """Raise :class:`Failed` unless ``got`` is the 2-rank all-reduce's :data:`EXPECTED`."""
+def _allreduce_by(what: str, call) -> list:
+    """``call()``, a 2-rank all-reduce through ``what``; :class:`Failed` unless it gives :data:`EXPECTED`."""
+    try:
+        got = call()
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, what) from None
     if got != EXPECTED:
         raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    return got
 
 
 def check_launch(doc: Doctor) -> str:
     from helpers.engine import launch
 
-    try:
-        got = launch(_allreduce, WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("launch"))
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "launch") from None
-    _expect_allreduce(got)
+    got = _allreduce_by("launch", lambda: launch(_allreduce, WORLD_SIZE, backend="gloo",
+                                                 timeout=doc.inner_timeout("launch")))
     return f"2-rank gloo all_reduce through helpers.engine.launch: {got}"
 
 
@@ -292,28 +294,26 @@ def check_mp(doc: Doctor) -> str:
 
     fixed = [p for p in doc.free_fixed_ports if port_is_free(p)]
     port, note = (fixed[0], "") if fixed else (free_port(), " (a free port: the fixed ones are held)")
-    try:
-        got = mp.spawn(_tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE,
-                       timeout=doc.inner_timeout("mp"))
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "helpers.mp.spawn") from None
-    _expect_allreduce(got)
+    got = _allreduce_by("helpers.mp.spawn", lambda: mp.spawn(
+        _tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE, timeout=doc.inner_timeout("mp")))
     return f"the DDP tutorial's setup() through helpers.mp.spawn, MASTER_PORT {port}{note}: {got}"
 
 
 def check_warm_ranks(doc: Doctor) -> str:
     from helpers.engine import leftover_children, start_ranks
 
-    ranks = None
+    started = []
+
+    def call():
+        started.append(start_ranks(WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("warm ranks"),
+                                   activate=False))
+        return started[0].run(_allreduce)
+
     try:
-        ranks = start_ranks(WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("warm ranks"), activate=False)
-        got = ranks.run(_allreduce)
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "warm ranks") from None
+        got = _allreduce_by("warm ranks", call)
     finally:
-        if ranks is not None:
+        for ranks in started:
             ranks.stop()
-    _expect_allreduce(got)
     deadline = time.monotonic() + 10
     while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(common._cmdline(p))]) \
             and time.monotonic() < deadline:
