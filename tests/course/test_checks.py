@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset, random_split
 
+import _support
 from helpers.checks import CoverageError, DivergedFromOneProcess, RandomnessDiffers, against_one_process, data_coverage
 
 pytestmark = pytest.mark.timeout(300)
@@ -316,15 +317,12 @@ def test_coverage_counts_each_pass_of_persistent_workers_apart():
 
 @pytest.mark.slow
 def test_check_errors_in_a_kernel_are_the_cell_and_the_message():
-    """The checks' own errors, in a real IPython kernel: the learner's cell and the message, no
-    frame of helpers/ (IPython's _render_traceback_ hook); a worker keyword named like one of the
-    check's is refused before anything runs, saying which."""
+    """In a real IPython kernel the checks' own errors show the cell and the message, no frame of
+    helpers/; a worker keyword the check takes as its own is refused before anything runs."""
     import re
     import uuid
 
-    from _support import Kernel
-
-    k = Kernel(uuid.uuid4().hex)
+    k = _support.Kernel(uuid.uuid4().hex)
     try:
         k.cell("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
                "from helpers.checks import against_one_process, data_coverage\n"
