@@ -58,9 +58,10 @@ class _Short:
             return [f"{type(self).__name__}: {self}"]
 
 
-#: bad arguments (raised before any rank runs), a worker that took no optimizer step: shown as the
-#: builtin errors they are
-_BadInput, _NoSteps = (type(base.__name__, (_Short, base), {}) for base in (ValueError, RuntimeError))
+#: bad arguments (raised before any rank runs), a worker that took no optimizer step: named in
+#: IPython as the builtin errors they are (``__qualname__`` stays, for pickle)
+_BadInput, _NoSteps = (type(base.__name__, (_Short, base), {"__qualname__": name})
+                       for base, name in ((ValueError, "_BadInput"), (RuntimeError, "_NoSteps")))
 
 
 class DivergedFromOneProcess(_Short, AssertionError):
