@@ -53,7 +53,8 @@ class _Short:
                 tb = tb.tb_next
             for t in reversed(kept):
                 tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
-            return get_ipython().InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=1)
+            shown = get_ipython().InteractiveTB  # IPython's formatter, its tb_offset skips run_code
+            return shown.structured_traceback(type(self), self, tb, tb_offset=1)
         except Exception:  # noqa: BLE001 - IPython would print our failure instead of the error
             return [f"{type(self).__name__}: {self}"]
 
@@ -102,8 +103,8 @@ def _steps(n: int) -> str:
 
 
 def _called(check: str, fn, world_size: int, least: int, args, options) -> None:
-    """Raise :class:`_BadInput` for a ``world_size`` under ``least``, or when ``fn(rank, world_size,
-    *args, **options)`` cannot bind, naming a check keyword (``steps``...) the check took as its own."""
+    """Raise :class:`_BadInput` for a ``world_size`` under ``least``, or when ``fn(rank,
+    world_size, *args, **options)`` cannot bind, naming a keyword the check took as its own."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < least:
         raise _BadInput(f"{check}: world_size must be an int >= {least}, got {world_size!r}.")
     try:
@@ -113,9 +114,9 @@ def _called(check: str, fn, world_size: int, least: int, args, options) -> None:
     except TypeError as e:
         own = [k for k, p in inspect.signature(globals()[check]).parameters.items()
                if p.kind == p.KEYWORD_ONLY and f"'{k}'" in str(e)]
-        raise _BadInput(f"{check} calls fn(rank, world_size, *args, **kwargs), which fn cannot take: {e}."
-                        + (f" {own[0]}= is {check}'s own keyword: pass fn's {own[0]} positionally, after "
-                           "world_size." if own else "")) from None
+        clash = f" {own[0]}= is {check}'s own keyword: pass fn's {own[0]} positionally." if own else ""
+        raise _BadInput(f"{check} calls fn(rank, world_size, *args, **kwargs), which fn cannot "
+                        f"take: {e}.{clash}") from None
 
 
 def _fmt(values) -> str:
@@ -246,8 +247,8 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
             f"torch.Generator of your own, and turn dropout and augmentation off (p=0 or model.eval()).")
     if k is None:
         raise DivergedFromOneProcess(
-            f"{world_size} ranks took {_fmt(counts)} optimizer step{'s' * (counts != [1])}, one process "
-            f"took {_steps(len(ref) - 1)}. "
+            f"{world_size} ranks took {_fmt(counts)} optimizer step{'s' * (counts != [1])}, "
+            f"one process took {_steps(len(ref) - 1)}. "
             f"Per-rank step counts must equal the one-process count. {CONVENTION}")
     raise DivergedFromOneProcess(_diverged(world_size, k, name, bad, rtol, atol))
 

@@ -184,8 +184,9 @@ class _Records:
         return out
 
     def new_pass(self, source, it, dataset, facts, check=None) -> None:
-        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``
-        (or recorded in ``check``); a ``Subset`` (``random_split``'s parts) counts as the dataset it reads from."""
+        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator
+        ``it`` (or recorded in ``check``); a ``Subset`` (``random_split``'s parts) counts as the
+        dataset it reads from."""
         dataset, within = _base(dataset)
         number = next((i for i, d in enumerate(self.datasets) if d() is dataset), len(self.datasets))
         try:

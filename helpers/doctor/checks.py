@@ -188,7 +188,8 @@ def check_ports(doc: Doctor) -> str:
                      + (f"; also held: {', '.join(map(str, held[1:]))}" if held[1:] else ""),
                      f"stop that program, or set MASTER_PORT to another number in tutorial code (e.g. "
                      f"os.environ['MASTER_PORT'] = '{p + 1}'); launch and warm ranks pick free ports themselves")
-    names = ", ".join(f"{p} ({common.TUTORIAL_PORTS[p]})" if p in common.TUTORIAL_PORTS else str(p) for p in doc.ports)
+    known = common.TUTORIAL_PORTS
+    names = ", ".join(f"{p} ({known[p]})" if p in known else str(p) for p in doc.ports)
     return f"free: {names}"
 
 
@@ -247,7 +248,7 @@ def _helper_failure(e: BaseException, what: str) -> Failed:
 
 
 def _allreduce_by(what: str, call) -> list:
-    """``call()``, a 2-rank all-reduce through ``what``; :class:`Failed` unless it gives :data:`EXPECTED`."""
+    """``call()``, a 2-rank all-reduce through ``what``; :class:`Failed` unless :data:`EXPECTED`."""
     try:
         got = call()
     except Exception as e:  # noqa: BLE001
@@ -294,8 +295,9 @@ def check_mp(doc: Doctor) -> str:
 
     fixed = [p for p in doc.free_fixed_ports if port_is_free(p)]
     port, note = (fixed[0], "") if fixed else (free_port(), " (a free port: the fixed ones are held)")
+    timeout = doc.inner_timeout("mp")
     got = _allreduce_by("helpers.mp.spawn", lambda: mp.spawn(
-        _tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE, timeout=doc.inner_timeout("mp")))
+        _tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE, timeout=timeout))
     return f"the DDP tutorial's setup() through helpers.mp.spawn, MASTER_PORT {port}{note}: {got}"
 
 
@@ -305,8 +307,8 @@ def check_warm_ranks(doc: Doctor) -> str:
     started = []
 
     def call():
-        started.append(start_ranks(WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("warm ranks"),
-                                   activate=False))
+        timeout = doc.inner_timeout("warm ranks")
+        started.append(start_ranks(WORLD_SIZE, backend="gloo", timeout=timeout, activate=False))
         return started[0].run(_allreduce)
 
     try:

@@ -152,7 +152,8 @@ def test_step_counts_and_loops_without_optimizer():
         against_one_process(given_loop, 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 2"):
         against_one_process(ddp_loop, 1)
-    assert ": 1 optimizer step, " in repr(against_one_process(ddp_loop, 2, steps=1))  # the check's steps
+    # steps= is the check's: the first step compared, and "1 optimizer step" in the singular
+    assert ": 1 optimizer step, " in repr(against_one_process(ddp_loop, 2, steps=1))
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks  # nothing left installed

@@ -11,7 +11,7 @@ from helpers.dataparallel import scatter_chunk_sizes
     (64, 2, [32, 32]),
     (7, 2, [4, 3]),                 # ceil(7 / 2) = 4, then the rest
     (2, 2, [1, 1]),                 # notebook 01's toy batch (world_size rows) on 2 GPUs
-    (64, 8, [8] * 8),               # the old rule, len(calls) == min(n_gpus, batch), holds to 8 GPUs
+    (64, 8, [8] * 8),               # the old rule, len(calls) == min(n_gpus, batch), holds to 8
     (64, 9, [8] * 8),               # ceil(64 / 9) = 8: 8 chunks, the ninth GPU idle: not min(9, 64)
     (10, 9, [2, 2, 2, 2, 2]),       # 5 replicas on 9 GPUs: not min(9, 10) = 9
     (2, 9, [1, 1]),                 # a batch smaller than the GPU count: one replica per item

@@ -287,7 +287,8 @@ class LabServer:
 def _wait_idle(page, name: str) -> None:
     """Wait until ``name`` is the current notebook and its kernel is idle."""
     page.wait_for_function(f"(name) => {{ const s = ({JS_NOTEBOOK_STATE})(); return !!s && "
-                           "s.path.endsWith(name) && s.kernel === 'idle'; }", arg=name, timeout=180_000)
+                           "s.path.endsWith(name) && s.kernel === 'idle'; }", arg=name,
+                           timeout=180_000)
 
 
 def _current_panel(page):
@@ -364,8 +365,8 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
 
                 # opened and saved, the lesson is byte-identical: JupyterLab's kernel
                 # language_info (with this machine's Python version) does not reach the file
-                page.wait_for_function(f"() => {{ const s = ({JS_NOTEBOOK_STATE})(); return s && s.language; }}",
-                                       timeout=60_000)
+                page.wait_for_function(f"() => {{ const s = ({JS_NOTEBOOK_STATE})();"
+                                       " return s && s.language; }", timeout=60_000)
                 mtime = copy.stat().st_mtime_ns
                 page.evaluate("async () => { await window.jupyterapp.commands.execute("
                               "'docmanager:save'); }")
@@ -374,7 +375,7 @@ def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
                     after = path.read_bytes()
                     diff = difflib.unified_diff(before.decode().splitlines(True),
                                                 after.decode().splitlines(True), n=1)
-                    assert after == before, f"saving {path.name} changed it:\n" + "".join(diff)[:3000]
+                    assert after == before, f"saving {path.name} changed it:\n{''.join(diff)[:3000]}"
 
                 t_run = time.monotonic()
                 state = _run_all(page, RUN_ALL_TIMEOUT_S, server)

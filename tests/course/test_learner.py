@@ -176,11 +176,14 @@ def run_papermill(tmp_path, cells, cwd, **options):
 
     kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), str(src))
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
+    nbformat.write(nb, str(src))
     with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(cwd), progress_bar=False,
-                                   kernel_manager_class=IPCKernelManager, **options)
-    return info.value, [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(cwd),
+                                   progress_bar=False, kernel_manager_class=IPCKernelManager,
+                                   **options)
+    out = nbformat.read(str(out), as_version=4)
+    return info.value, [c for c in out.cells if c.cell_type == "code"]
 
 
 def _wrong_parameter(stem: str) -> tuple[str, object]:
@@ -272,7 +275,8 @@ def test_check_parameters_accepts_right_types():
 @pytest.mark.parametrize("params, says, not_said", [
     ({"world_size": (2.5, int)}, ["'world_size' must be an int", "2.5 (float)", "`world_size = 2`",
                                   "-p world_size 2"], []),  # float for int
-    ({"world_size": (True, int)}, ["'world_size' must be an int", "True (bool)", "bool, not a number"], []),
+    ({"world_size": (True, int)}, ["'world_size' must be an int", "True (bool)",
+                                   "bool, not a number"], []),
     ({"lr": (False, float)}, ["'lr' must be a float"], []),
     ({"lr": ("0.1", float)}, ["'lr' must be a float", "'0.1' (str)", "`lr = 0.1`", "-r"], []),
     ({"model": (3, str)}, ["'model' must be a str", '`model = "linear"`'], []),
@@ -324,7 +328,8 @@ def test_check_value():
     (np.float64(15.0), torch.tensor(15.0), "correct\n"),
     (torch.tensor(16.0), 15, "not yet"),
     (25.17, 151 / 6, ("correct\n", {"rel_tol": 1e-3})),  # a tolerance, a hint
-    (25.17, 151 / 6, ("not yet:", {"hint": "average the two ranks"}, "Hint: average the two ranks\n")),
+    (25.17, 151 / 6, ("not yet:", {"hint": "average the two ranks"},
+                      "Hint: average the two ranks\n")),
 ])
 def test_check_answer_for_the_learner(answer, expected, verdict, capsys):
     verdict, options, end = (verdict, {}, "") if isinstance(verdict, str) else (*verdict, "")[:3]
@@ -432,7 +437,8 @@ def test_exercise_cells():
     assert cells[2].metadata["jupyter"]["source_hidden"] is True and cells[2].source.startswith("# Check: exercise 2\n")
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
-    check, solution = 'check_answer("ex1", answer_1, expected_1)', 'check_answer("ex1", solution_1, expected_1'
+    check = 'check_answer("ex1", answer_1, expected_1)'
+    solution = 'check_answer("ex1", solution_1, expected_1'
     for match, c, sol in [("check cell must call", "expected_1 = 1", solution + ", strict=True)"),
                           ("must compute expected_1", check, solution + ", strict=True)"),
                           ("solution must end with", "expected_1 = 1\n" + check, solution + ")")]:
