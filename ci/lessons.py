@@ -180,9 +180,9 @@ def _first_cell(ls):
         yield 0, f"make the first cell markdown with a link [glossary]({GLOSSARY_LINK})"
 
 
-def glossary_anchors() -> set[str]:
-    """The anchors of docs/GLOSSARY.md: ``<a id=...>`` and GitHub's heading slugs."""
-    text = (ROOT / "docs" / "GLOSSARY.md").read_text(encoding="utf-8")
+def glossary_anchors(path: Path = ROOT / "docs" / "GLOSSARY.md") -> set[str]:
+    """The anchors of a Markdown file (docs/GLOSSARY.md): ``<a id=...>`` and GitHub's heading slugs."""
+    text = path.read_text(encoding="utf-8")
     slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
              for h in re.findall(r"^#+\s+(.+?)\s*$", text, re.M)}
     return set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text)) | slugs

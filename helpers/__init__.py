@@ -1,14 +1,12 @@
 """ddp-lab helpers: everything the notebooks call, and every function DDP workers run. Two rooms.
 
 The engine (``helpers/engine/``, tests in ``tests/engine/``): the notebook-safe distributed runtime.
-Its learner's surface, what notebooks, course helpers and the learner's docs import, is in
-:mod:`helpers.engine`'s docstring (``tests/course/test_fence.py`` checks it); what only the
-benchmarks, the doctor, ``ci/`` and the tests need is behind ``helpers.engine.internal``.
-
+Notebooks, course helpers and the learner's docs import its surface only: ``helpers.engine.__all__``
+(its docstring shows it), ``helpers.mp``, ``helpers.engine.cluster``; the benchmarks, the doctor,
+``ci/`` and the tests may also use ``helpers.engine.internal`` (``tests/course/test_fence.py``).
 The course (``helpers/*.py``, ``bench/``, ``doctor/``; tests in ``tests/course/``): the lessons'
-helpers (MNIST data and training, the sampler's tables, the cost model, the learner recipe in
-``notebook``, ...), the benchmarks and the preflight (``python3 -m helpers.doctor``).
-docs/ARCHITECTURE.md maps every module with its one job (a test keeps the map equal to the tree).
+helpers, the benchmarks and the preflight (``python3 -m helpers.doctor``). docs/ARCHITECTURE.md
+maps every module with its one job.
 
 ``import helpers`` imports only ``helpers.checkout`` (no torch), and raises
 :class:`helpers.checkout.CheckoutMismatch` in a working folder that belongs to another copy of the course.

@@ -1,19 +1,13 @@
 """One copy of the course, one install: which copy's ``helpers`` and ``ci`` a process runs.
 
-``pip install -e .`` maps the top-level names ``helpers`` and ``ci`` to one folder per Python. A
-second copy of the course (another clone, a worktree, the handout) used with the same Python would
-run the first copy's code in its own folder, silently. So:
-
-- ``import helpers`` raises :class:`CheckoutMismatch` when the working folder is inside a copy of the
-  course and the ``helpers`` being imported belongs to another copy (a JupyterLab kernel started in
-  one copy's ``notebooks/`` while the Python has the other installed). A copy written inside another
-  (the handout's default ``student/`` in the repository) may use the outer copy's code.
-- The runner (``ci/run_notebooks.py``) imports its own copy's ``ci`` and ``helpers`` and puts its
-  copy first on its kernels' ``PYTHONPATH`` (:func:`pythonpath_first`).
-
-A copy is recognised by its files: a ``pyproject.toml`` whose project ``name`` is one of
-:data:`PROJECT_NAMES` next to a ``helpers/`` folder. Standard library only (a few ``stat`` calls at
-``import helpers``).
+``pip install -e .`` maps ``helpers`` and ``ci`` to one folder per Python: a second copy (another
+clone, a worktree, the handout) used with the same Python would silently run the first copy's
+code. So ``import helpers`` raises :class:`CheckoutMismatch` when the working folder is inside a
+copy of the course and the ``helpers`` imported belongs to another (a copy written inside
+another, the handout's default ``student/``, may use the outer copy's code); the runner puts its
+own copy first on its kernels' ``PYTHONPATH`` (:func:`pythonpath_first`). A copy is a folder
+with ``helpers/`` and a ``pyproject.toml`` whose project ``name`` is in :data:`PROJECT_NAMES`.
+Standard library only (a few ``stat`` calls at ``import helpers``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
-"""Two general checks of the learner's own, unchanged worker ``fn(rank, world_size, *args)``:
+"""Two checks of the learner's own, unchanged worker ``fn(rank, world_size, *args)``:
 
 - :func:`against_one_process`: do ``world_size`` ranks train what one process trains on the same
-  global batch? (Invariant 1: a scaled loss, per-rank statistics, a per-rank init, a loss mixing
-  local and global terms each make the runs part.)
+  global batch? (Invariant 1: a scaled loss, per-rank statistics or init, a loss mixing local and
+  global terms each make the runs part.)
 - :func:`data_coverage`: does each epoch read each item once, across all ranks? (Invariant 2: a
   sampler with the wrong rank or a per-rank seed, drop_last twice, a resume mid-epoch, sharding
   decided before the process group exists.)
 
-Both run ``fn`` on simulated ranks (:func:`helpers.engine.simulate`, the default) or on real gloo
-processes (:func:`helpers.engine.launch`, ``simulated=False``) and record from inside each rank with
-torch's global hooks, so the learner changes nothing: the optimizer step hooks
-(``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook``), the global module
-forward pre-hook (to name parameters by module path) and the ``DataLoader`` iterator's
-``_next_index`` (the indices a pass reads). The third invariant, every rank holds the same model, is
+Both run ``fn`` on simulated ranks (:func:`helpers.engine.simulate`, the default) or real gloo
+processes (``simulated=False``) and record inside each rank with torch's global hooks
+(:mod:`helpers.recorder`). The third invariant, one model on every rank, is
 :func:`helpers.replicas.assert_in_sync`.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,19 +35,47 @@ ATOL = 1e-6
 CONVENTION = ("Convention: one global batch. Each of the N ranks trains on global batch / N items, "
               "the one-process run on the whole global batch, in the same order.")
 _SHOWN = 8  # items, ranks, names listed in a message before "and N more"
+_HELPERS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-class DivergedFromOneProcess(AssertionError):
+class _Short:
+    """Mixin: in IPython, the traceback without the frames of ``helpers/`` (IPython's
+    ``_render_traceback_`` hook, as the engine's errors): the learner's cell, then the message."""
+
+    def _render_traceback_(self) -> list[str]:
+        try:
+            from IPython import get_ipython
+
+            tb, kept = self.__traceback__, []
+            while tb is not None:
+                if not tb.tb_frame.f_code.co_filename.startswith(_HELPERS):
+                    kept.append(tb)
+                tb = tb.tb_next
+            for t in reversed(kept):
+                tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
+            shown = get_ipython().InteractiveTB  # IPython's formatter, its tb_offset skips run_code
+            return shown.structured_traceback(type(self), self, tb, tb_offset=1)
+        except Exception:  # noqa: BLE001 - IPython would print our failure instead of the error
+            return [f"{type(self).__name__}: {self}"]
+
+
+#: bad arguments (raised before any rank runs), a worker that took no optimizer step: named in
+#: IPython as the builtin errors they are (``__qualname__`` stays, for pickle)
+_BadInput, _NoSteps = (type(base.__name__, (_Short, base), {"__qualname__": name})
+                       for base, name in ((ValueError, "_BadInput"), (RuntimeError, "_NoSteps")))
+
+
+class DivergedFromOneProcess(_Short, AssertionError):
     """The ``world_size``-rank run left the one-process run: names the first step, the parameter by
     module path, the ranks, both values and the tolerance."""
 
 
-class RandomnessDiffers(AssertionError):
+class RandomnessDiffers(_Short, AssertionError):
     """The one-process run does not repeat itself: a step draws from the default random generators
     (dropout, random augmentation, an unseeded init), so the two runs cannot be compared."""
 
 
-class CoverageError(AssertionError):
+class CoverageError(_Short, AssertionError):
     """A pass of the ranks' loaders did not read each item exactly once across the ranks."""
 
 
@@ -66,8 +94,29 @@ class OneProcessReport:
     results: list = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
-        return (f"<{self.world_size} ranks = one process: {self.steps} optimizer steps, {self.parameters} parameters "
+        return (f"<{self.world_size} ranks = one process: {_steps(self.steps)}, {self.parameters} parameters "
                 f"compared, largest difference {self.largest:.3g} (tolerance rtol={self.rtol:g}, atol={self.atol:g})>")
+
+
+def _steps(n: int) -> str:
+    return f"{n} optimizer step{'s' * (n != 1)}"
+
+
+def _called(check: str, fn, world_size: int, least: int, args, options) -> None:
+    """Raise :class:`_BadInput` for a ``world_size`` under ``least``, or when ``fn(rank,
+    world_size, *args, **options)`` cannot bind, naming a keyword the check took as its own."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < least:
+        raise _BadInput(f"{check}: world_size must be an int >= {least}, got {world_size!r}.")
+    try:
+        inspect.signature(fn).bind(0, world_size, *args, **options)
+    except ValueError:  # no signature to read (a builtin): let the ranks find out
+        return
+    except TypeError as e:
+        own = [k for k, p in inspect.signature(globals()[check]).parameters.items()
+               if p.kind == p.KEYWORD_ONLY and f"'{k}'" in str(e)]
+        clash = f" {own[0]}= is {check}'s own keyword: pass fn's {own[0]} positionally." if own else ""
+        raise _BadInput(f"{check} calls fn(rank, world_size, *args, **kwargs), which fn cannot "
+                        f"take: {e}.{clash}") from None
 
 
 def _fmt(values) -> str:
@@ -139,7 +188,8 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     Args:
         fn: the worker, as for :func:`helpers.engine.launch` / :func:`helpers.engine.simulate`.
         world_size: ranks of the run compared with one process.
-        *args, **options: passed to ``fn`` after ``rank, world_size``.
+        *args, **options: passed to ``fn`` after ``rank, world_size``; the keywords below are the
+            check's own: pass a worker argument of such a name positionally.
         simulated: ``True``: simulated ranks (threads); ``False``: real gloo processes.
         steps: compare only the first ``steps`` optimizer steps (``None``: all of them).
         rtol, atol: the tolerance above.
@@ -149,6 +199,7 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
         OneProcessReport: steps compared, parameters, the largest difference.
 
     Raises:
+        ValueError: bad arguments, or ``fn`` cannot take them; before anything runs.
         DivergedFromOneProcess: the first step where a parameter differs beyond the tolerance on
             some rank (or where the step counts or parameter names differ), with both values.
         RuntimeError: ``fn`` took no ``torch.optim`` optimizer step at one rank.
@@ -156,12 +207,11 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
             numbers (dropout, augmentation, an unseeded init) that cannot match across world sizes.
         WorkerError, LaunchTimeout, LaunchError: as :func:`helpers.engine.launch` / ``simulate``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an int >= 2 to compare with one process, got {world_size!r}.")
+    _called("against_one_process", fn, world_size, 2, args, options)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be None or an int >= 1, got {steps!r}.")
+        raise _BadInput(f"steps must be None or an int >= 1, got {steps!r}.")
     if not (rtol >= 0 and atol >= 0):
-        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol!r}, atol={atol!r}.")
+        raise _BadInput(f"rtol and atol must be >= 0, got rtol={rtol!r}, atol={atol!r}.")
     try:
         runs = _run(fn, world_size, args, options, simulated, timeout)
     except Exception as e:
@@ -180,7 +230,7 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     count_differs = steps is None and (counts != [len(ref) - 1]) or (
         steps is not None and min(len(ref) - 1, steps) > min(counts + [steps]))
     if not ref:
-        raise RuntimeError("fn took no optimizer step at one rank: nothing to compare. The check sees the steps of "
+        raise _NoSteps("fn took no optimizer step at one rank: nothing to compare. The check sees the steps of "
                            "torch.optim optimizers, not an update written by hand (p -= lr * p.grad).")
     if k is None and not count_differs:
         n = len(ref) - 1 if steps is None else min(len(ref) - 1, steps)
@@ -197,7 +247,8 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
             f"torch.Generator of your own, and turn dropout and augmentation off (p=0 or model.eval()).")
     if k is None:
         raise DivergedFromOneProcess(
-            f"{world_size} ranks took {_fmt(counts)} optimizer steps, one process took {len(ref) - 1}. "
+            f"{world_size} ranks took {_fmt(counts)} optimizer step{'s' * (counts != [1])}, "
+            f"one process took {_steps(len(ref) - 1)}. "
             f"Per-rank step counts must equal the one-process count. {CONVENTION}")
     raise DivergedFromOneProcess(_diverged(world_size, k, name, bad, rtol, atol))
 
@@ -289,7 +340,8 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
     (rows of the batch's tensors) and checks that no two ranks yield the same sample.
 
     Args:
-        fn, world_size, *args, **options: as for :func:`helpers.engine.simulate` / ``launch``.
+        fn, world_size, *args, **options: as for :func:`helpers.engine.simulate` / ``launch``; the
+            keywords below are the check's own: pass a worker argument of such a name positionally.
         simulated: ``True``: simulated ranks; ``False``: real gloo processes.
         strict: also raise for what ``DistributedSampler``'s padding (items read twice) or its
             ``drop_last=True`` (fewer than ``world_size`` items left out) explains; by default those are
@@ -300,11 +352,11 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
         CoverageReport: items read per rank, per loader and pass.
 
     Raises:
+        ValueError: bad arguments, or ``fn`` cannot take them; before anything runs.
         CoverageError: the first pass that reads an item never, or more than once, or ranks that read the
             same items; says what DistributedSampler's padding or drop_last explains.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}.")
+    _called("data_coverage", fn, world_size, 1, args, options)
     runs = _run(fn, world_size, args, options, simulated, timeout)
     grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted, within)}
     for rank, run in enumerate(runs):

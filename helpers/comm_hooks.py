@@ -24,16 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
-
-__all__ = [
-    "HOOKS",
-    "HookSpec",
-    "DEFAULT_SPECS",
-    "gradient_shapes",
-    "powersgd_compresses",
-    "expected_bytes_per_step",
-]
+__all__ = ["HOOKS", "HookSpec", "powersgd_compresses", "expected_bytes_per_step"]
 
 #: Hook names :class:`HookSpec` accepts.
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
@@ -74,16 +65,6 @@ class HookSpec:
     def label(self) -> str:
         return {"allreduce": "fp32 all-reduce (no compression)", "fp16": "fp16 compression",
                 "bf16": "bf16 compression"}.get(self.name, f"PowerSGD rank {self.rank}")
-
-
-#: The comparison of notebook 07b: no compression, fp16, bf16, PowerSGD rank 1 and 4.
-DEFAULT_SPECS = (HookSpec("allreduce"), HookSpec("fp16"), HookSpec("bf16"),
-                 HookSpec("powersgd", rank=1), HookSpec("powersgd", rank=4))
-
-
-def gradient_shapes(model: torch.nn.Module) -> list[tuple[int, ...]]:
-    """Shapes of the gradients DDP communicates (parameters with ``requires_grad``)."""
-    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
 
 
 def powersgd_compresses(shape: Sequence[int], rank: int, min_compression_rate: float = 2.0) -> bool:

@@ -12,14 +12,10 @@ from traitlets import CaselessStrEnum, default
 from helpers.engine.internal import socket_dir
 
 #: How kernels started here talk to their client: Unix domain sockets (``ipc``) where the OS has
-#: them, TCP on Windows. jupyter_client's TCP default picks five free ports (bind to port 0,
-#: close), writes them into the connection file and starts the kernel, which binds them seconds
-#: later; a port taken meanwhile by another process kills the kernel at start ("Kernel died before
-#: replying to kernel_info", ``ZMQError: Address already in use``). That is "the classic timing
-#: issue inherent in Jupyter kernel startup" (https://github.com/jupyter/jupyter_client/issues/154),
-#: and the test suite hit it once (2026-12-01), with dozens of processes opening connections at
-#: once. An ``ipc`` kernel's sockets are files with a name of its own (:func:`ipc_kernel_manager`):
-#: nothing to race for.
+#: them, TCP on Windows. jupyter_client's TCP default picks five free ports that the kernel binds
+#: seconds later; one taken meanwhile kills the kernel at start ("the classic timing issue
+#: inherent in Jupyter kernel startup", https://github.com/jupyter/jupyter_client/issues/154; the
+#: suite hit it once). An ``ipc`` kernel's socket files have a name of its own: nothing to race for.
 KERNEL_TRANSPORT = "tcp" if sys.platform == "win32" else "ipc"
 
 
@@ -27,15 +23,11 @@ def ipc_kernel_manager(base: type) -> type:
     """``base`` (jupyter_client's ``KernelManager`` or ``AsyncKernelManager``) with ``transport``
     :data:`KERNEL_TRANSPORT` and, for ``ipc``, socket files of its own.
 
-    jupyter_client names ``ipc`` sockets after the connection file, but it reads ``ip`` before it
-    creates that file (``ConnectionFileMixin.write_connection_file``), so without one given the
-    sockets are ``kernel-ipc-1`` ... ``-5`` in the kernel's working directory: shared by every
-    kernel started there (seen: two papermill kernels in ``notebooks/`` read each other's
-    messages, "Invalid Signature"), and left in the folder. Here they are
-    ``<tempdir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel; jupyter_client
-    removes them when the kernel is cleaned up (``cleanup_ipc_files``). ``<tempdir>`` is
-    :func:`helpers.engine.socket_folder.socket_dir`'s: the temp directory, or ``/tmp`` where ``TMPDIR`` is too
-    long for a socket path.
+    jupyter_client reads ``ip`` before it writes the connection file, so by default every kernel
+    started in a folder shares the sockets ``kernel-ipc-1`` ... ``-5`` there (seen: two papermill
+    kernels read each other's messages, "Invalid Signature"). Here they are
+    ``<socket_dir>/kernel-<12 random hex digits>-ipc-<n>``, one name per kernel, removed with the
+    kernel (``cleanup_ipc_files``); ``socket_dir`` is the engine's, short enough for a socket path.
     """
 
     class Manager(base):

@@ -20,14 +20,9 @@ from typing import Any
 __all__ = ["committed_form", "pre_save"]
 
 #: What ipykernel reports as ``language_info``, less ``version``: the committed form.
-LANGUAGE_INFO = {
-    "codemirror_mode": {"name": "ipython", "version": 3},
-    "file_extension": ".py",
-    "mimetype": "text/x-python",
-    "name": "python",
-    "nbconvert_exporter": "python",
-    "pygments_lexer": "ipython3",
-}
+LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                 "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                 "pygments_lexer": "ipython3"}
 _JUPYTEXT_VERSION = re.compile(r"^#\s+jupytext_version: .*$", re.M)
 
 

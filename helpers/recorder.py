@@ -99,24 +99,13 @@ def _loader_iter(self):
     return it
 
 
-class _SamplerPass:
+def _sampler_pass(it, check: dict):
     """A DistributedSampler iterated outside a DataLoader (``list(sampler)``, indexing in-memory
     tensors): one pass, recorded as it is consumed."""
-
-    def __init__(self, it):
-        self._it, self._check = it, {"read": []}
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            i = next(self._it)
-        except StopIteration:
-            self._check["done"] = True
-            raise
-        self._check["read"].append(i)
-        return i
+    for i in it:
+        check["read"].append(i)
+        yield i
+    check["done"] = True
 
 
 def _sampler_iter(self):
@@ -124,9 +113,9 @@ def _sampler_iter(self):
     rec = _rec()
     if rec is None or sys._getframe(1).f_code.co_filename.startswith(_TORCH_DATA):  # a DataLoader's own
         return it
-    it = _SamplerPass(it)
-    rec.new_pass(self, it, self.dataset, _sampler_facts(self, False))
-    return it
+    check = {"read": []}
+    rec.new_pass(self, None, self.dataset, _sampler_facts(self, False), check)
+    return _sampler_pass(it, check)
 
 
 _ORIGINAL_SAMPLER_ITER = tud.DistributedSampler.__iter__
@@ -194,9 +183,10 @@ class _Records:
                 out[name] = _value(p, distinct)
         return out
 
-    def new_pass(self, source, it, dataset, facts) -> None:
-        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator ``it``;
-        a ``Subset`` (``random_split``'s parts) counts as the dataset it reads from."""
+    def new_pass(self, source, it, dataset, facts, check=None) -> None:
+        """A pass of ``source`` (a DataLoader or a DistributedSampler) over ``dataset`` by iterator
+        ``it`` (or recorded in ``check``); a ``Subset`` (``random_split``'s parts) counts as the
+        dataset it reads from."""
         dataset, within = _base(dataset)
         number = next((i for i, d in enumerate(self.datasets) if d() is dataset), len(self.datasets))
         try:
@@ -213,7 +203,8 @@ class _Records:
                 digests.extend(_digests(batch, source.batch_size is None))
                 return batch
             it._next_data = counted
-        self.passes.append((number, facts, it.__dict__.setdefault("_check", {"read": []}),
+        check = check if check is not None else it.__dict__.setdefault("_check", {"read": []})
+        self.passes.append((number, facts, check,
                             None if iterable else len(dataset), digests, within))
 
     def result(self, fn_result) -> dict:

@@ -6,24 +6,20 @@ spirit of ``accelerate test`` and ``python -m torch.utils.collect_env``, but it 
 notebooks run, through the project's own helpers:
 
 ========== =====================================================================================
-python     this Python is in the supported range (``requires-python``); where ``helpers`` is from: a kernel
-           started in ``notebooks/`` (as JupyterLab starts one) finds this copy's, not another's
+python     in ``requires-python``; a kernel started in ``notebooks/`` finds this copy's ``helpers``
 torch      ``import torch``; versions; gloo / nccl available; GPUs
-MNIST      :func:`helpers.data.ensure_mnist` (four files, SHA-256 verified, decompressed so that
-           ``torchvision.datasets.MNIST(root, download=True)`` needs no network); torchvision reads them
-ports      the fixed ``MASTER_PORT`` of tutorial code (12355: the DDP tutorial; 29500: torchrun's
-           default, dist_tuto) is free (``launch`` and warm ranks pick free ports themselves)
+MNIST      :func:`helpers.data.ensure_mnist` (SHA-256 verified, decompressed); torchvision reads it
+ports      the tutorials' fixed ``MASTER_PORT`` (12355: the DDP tutorial; 29500: torchrun) is free
+memory     enough free memory for one lesson's kernel and ranks
 launch     a 2-rank gloo ``all_reduce`` through :func:`helpers.engine.launch`
-mp         the DDP tutorial's form (``MASTER_ADDR``/``MASTER_PORT`` set in the rank, its own
-           ``init_process_group``) through :func:`helpers.mp.spawn`
+mp         the DDP tutorial's ``setup()`` in the rank, through :func:`helpers.mp.spawn`
+simulate   an ``all_reduce`` on 64 simulated ranks (:func:`helpers.engine.simulate`)
 warm ranks :func:`helpers.engine.start_ranks` (2 ranks), an ``all_reduce``, ``stop``, nothing left
-JupyterLab ``jupyterlab`` importable
+JupyterLab importable, and ``python3 -m jupyter lab`` starts this Python's
 kernel     the notebooks' ``python3`` kernel (ipykernel) starts and imports torch and helpers
 cell code  a function defined in a kernel cell (``__main__``) runs on 2 ranks through ``launch``
-DataLoader a cell-defined ``Dataset`` with ``DataLoader(num_workers=2, persistent_workers=True)``
-           inside 2 ranks: every index once per epoch, two epochs
-shm        ``/dev/shm`` (where DataLoader workers pass their batches) holds at least 256 MiB:
-           Docker's 64 MiB default fails, with the fix (``--shm-size=1g`` or ``--ipc=host``)
+DataLoader a cell-defined ``Dataset``, ``num_workers=2``, in 2 ranks: every index once per epoch
+shm        ``/dev/shm`` holds at least 256 MiB (Docker's 64 MiB default fails: ``--shm-size=1g``)
 ========== =====================================================================================
 
 Every check is bounded: past its time limit the doctor interrupts it (SIGINT, which the helpers

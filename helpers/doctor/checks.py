@@ -18,16 +18,8 @@ from helpers.checkout import mismatch
 
 if TYPE_CHECKING:
     from helpers.doctor.run import Doctor
-from helpers.doctor.common import (
-    EXPECTED,
-    REINSTALL,
-    TUTORIAL_PORTS,
-    WORLD_SIZE,
-    Failed,
-    _cmdline,
-    _error_line,
-    one_line,
-)
+from helpers.doctor import common
+from helpers.doctor.common import EXPECTED, REINSTALL, WORLD_SIZE, Failed, _error_line
 
 # ---- the checks ------------------------------------------------------------------------------
 
@@ -149,7 +141,7 @@ def check_mnist(doc: Doctor) -> str:
             raise Failed(f"{raw} is read-only: its .gz files must be decompressed there once",
                          f"make it writable (`chmod -R u+w {raw}`, or mount it read-write), or decompress them "
                          f"once as a user who can write there: `gunzip -k {raw}/*.gz`") from None
-        raise Failed(one_line(str(e).split(". ")[0]), one_line(str(e), 300)) from None
+        raise Failed(common.one_line(str(e).split(". ")[0]), common.one_line(str(e), 300)) from None
     import torchvision
 
     test = torchvision.datasets.MNIST(root=str(root), train=False, download=False)
@@ -191,12 +183,13 @@ def check_ports(doc: Doctor) -> str:
     doc.free_fixed_ports = [p for p in doc.ports if p not in held]
     if held:
         p = held[0]
-        what = TUTORIAL_PORTS.get(p, "a fixed MASTER_PORT")
+        what = common.TUTORIAL_PORTS.get(p, "a fixed MASTER_PORT")
         raise Failed(f"port {p} ({what}) is held by {_port_holder(p)}"
                      + (f"; also held: {', '.join(map(str, held[1:]))}" if held[1:] else ""),
                      f"stop that program, or set MASTER_PORT to another number in tutorial code (e.g. "
                      f"os.environ['MASTER_PORT'] = '{p + 1}'); launch and warm ranks pick free ports themselves")
-    names = ", ".join(f"{p} ({TUTORIAL_PORTS[p]})" if p in TUTORIAL_PORTS else str(p) for p in doc.ports)
+    known = common.TUTORIAL_PORTS
+    names = ", ".join(f"{p} ({known[p]})" if p in known else str(p) for p in doc.ports)
     return f"free: {names}"
 
 
@@ -254,20 +247,22 @@ def _helper_failure(e: BaseException, what: str) -> Failed:
                   f"{REINSTALL}, rerun; if it persists, send this output to the instructor")
 
 
-def _expect_allreduce(got) -> None:
-    """Raise :class:`Failed` unless ``got`` is the 2-rank all-reduce's :data:`EXPECTED`."""
+def _allreduce_by(what: str, call) -> list:
+    """``call()``, a 2-rank all-reduce through ``what``; :class:`Failed` unless :data:`EXPECTED`."""
+    try:
+        got = call()
+    except Exception as e:  # noqa: BLE001
+        raise _helper_failure(e, what) from None
     if got != EXPECTED:
         raise Failed(f"all_reduce gave {got}, expected {EXPECTED}", f"{REINSTALL}, rerun")
+    return got
 
 
 def check_launch(doc: Doctor) -> str:
     from helpers.engine import launch
 
-    try:
-        got = launch(_allreduce, WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("launch"))
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "launch") from None
-    _expect_allreduce(got)
+    got = _allreduce_by("launch", lambda: launch(_allreduce, WORLD_SIZE, backend="gloo",
+                                                 timeout=doc.inner_timeout("launch")))
     return f"2-rank gloo all_reduce through helpers.engine.launch: {got}"
 
 
@@ -300,30 +295,29 @@ def check_mp(doc: Doctor) -> str:
 
     fixed = [p for p in doc.free_fixed_ports if port_is_free(p)]
     port, note = (fixed[0], "") if fixed else (free_port(), " (a free port: the fixed ones are held)")
-    try:
-        got = mp.spawn(_tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE,
-                       timeout=doc.inner_timeout("mp"))
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "helpers.mp.spawn") from None
-    _expect_allreduce(got)
+    timeout = doc.inner_timeout("mp")
+    got = _allreduce_by("helpers.mp.spawn", lambda: mp.spawn(
+        _tutorial_worker, args=(WORLD_SIZE, port), nprocs=WORLD_SIZE, timeout=timeout))
     return f"the DDP tutorial's setup() through helpers.mp.spawn, MASTER_PORT {port}{note}: {got}"
 
 
 def check_warm_ranks(doc: Doctor) -> str:
     from helpers.engine import leftover_children, start_ranks
 
-    ranks = None
+    started = []
+
+    def call():
+        timeout = doc.inner_timeout("warm ranks")
+        started.append(start_ranks(WORLD_SIZE, backend="gloo", timeout=timeout, activate=False))
+        return started[0].run(_allreduce)
+
     try:
-        ranks = start_ranks(WORLD_SIZE, backend="gloo", timeout=doc.inner_timeout("warm ranks"), activate=False)
-        got = ranks.run(_allreduce)
-    except Exception as e:  # noqa: BLE001
-        raise _helper_failure(e, "warm ranks") from None
+        got = _allreduce_by("warm ranks", call)
     finally:
-        if ranks is not None:
+        for ranks in started:
             ranks.stop()
-    _expect_allreduce(got)
     deadline = time.monotonic() + 10
-    while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(_cmdline(p))]) \
+    while (left := [p for p in leftover_children() if "ipyparallel" in " ".join(common._cmdline(p))]) \
             and time.monotonic() < deadline:
         time.sleep(0.2)
     if left:

@@ -155,10 +155,9 @@ class DoctorKernel:
 
 
 def _result_line(text: str, key: str) -> str | None:
-    for line in text.splitlines():
-        if line.startswith(key + " "):
-            return line[len(key) + 1:]
-    return None
+    """The rest of the first line of ``text`` that starts with ``key`` and a space."""
+    m = re.search(rf"^{key} (.*)$", text, re.M)
+    return m.group(1) if m else None
 
 
 def _cell_error(content: dict) -> str:

@@ -15,43 +15,24 @@ import warnings
 from collections.abc import Callable
 
 from helpers import REPO_ROOT
-from helpers.doctor.checks import (
-    check_launch,
-    check_memory,
-    check_mnist,
-    check_mp,
-    check_ports,
-    check_python,
-    check_shm,
-    check_simulate,
-    check_torch,
-    check_warm_ranks,
-)
-from helpers.doctor.common import (
-    _INTERRUPT_GRACE_S,
-    REINSTALL,
-    TUTORIAL_PORTS,
-    Check,
-    Failed,
-    _error_line,
-)
-from helpers.doctor.kernel import DoctorKernel, check_cell_code, check_dataloader, check_jupyterlab, check_kernel
+from helpers.doctor import checks, kernel
+from helpers.doctor.common import _INTERRUPT_GRACE_S, REINSTALL, TUTORIAL_PORTS, Check, Failed, _error_line
 
 CHECKS = [
-    Check("python", check_python, 10),
-    Check("torch", check_torch, 120, fix=REINSTALL),
-    Check("MNIST", check_mnist, 180, needs=("torch",)),
-    Check("ports", check_ports, 20),
-    Check("memory", check_memory, 10),
-    Check("launch", check_launch, 180, needs=("torch",)),
-    Check("mp", check_mp, 180, needs=("torch",)),
-    Check("simulate", check_simulate, 120, needs=("torch",)),
-    Check("warm ranks", check_warm_ranks, 300, needs=("torch",)),
-    Check("JupyterLab", check_jupyterlab, 60),
-    Check("kernel", check_kernel, 180),
-    Check("cell code", check_cell_code, 240, needs=("torch", "kernel")),
-    Check("DataLoader", check_dataloader, 240, needs=("torch", "kernel")),
-    Check("shm", check_shm, 10),
+    Check("python", checks.check_python, 10),
+    Check("torch", checks.check_torch, 120, fix=REINSTALL),
+    Check("MNIST", checks.check_mnist, 180, needs=("torch",)),
+    Check("ports", checks.check_ports, 20),
+    Check("memory", checks.check_memory, 10),
+    Check("launch", checks.check_launch, 180, needs=("torch",)),
+    Check("mp", checks.check_mp, 180, needs=("torch",)),
+    Check("simulate", checks.check_simulate, 120, needs=("torch",)),
+    Check("warm ranks", checks.check_warm_ranks, 300, needs=("torch",)),
+    Check("JupyterLab", kernel.check_jupyterlab, 60),
+    Check("kernel", kernel.check_kernel, 180),
+    Check("cell code", kernel.check_cell_code, 240, needs=("torch", "kernel")),
+    Check("DataLoader", kernel.check_dataloader, 240, needs=("torch", "kernel")),
+    Check("shm", checks.check_shm, 10),
 ]
 _BY_KEY = {c.name.lower().replace(" ", ""): c for c in CHECKS}
 
@@ -95,7 +76,7 @@ class Doctor:
         self.ports = ports
         self.free_fixed_ports = list(ports)
         self.out = out or sys.stdout
-        self.kernel: DoctorKernel | None = None
+        self.kernel: kernel.DoctorKernel | None = None
         self.current: Check | None = None
         self.results: dict[str, tuple[bool, str, str]] = {}
         selected = [c for c in CHECKS if only is None or c.name.lower().replace(" ", "") in only]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset, random_split
 
+import _support
 from helpers.checks import CoverageError, DivergedFromOneProcess, RandomnessDiffers, against_one_process, data_coverage
 
 pytestmark = pytest.mark.timeout(300)
@@ -151,6 +152,8 @@ def test_step_counts_and_loops_without_optimizer():
         against_one_process(given_loop, 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 2"):
         against_one_process(ddp_loop, 1)
+    # steps= is the check's: the first step compared, and "1 optimizer step" in the singular
+    assert ": 1 optimizer step, " in repr(against_one_process(ddp_loop, 2, steps=1))
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks  # nothing left installed
@@ -310,3 +313,30 @@ def persistent_loop(rank, world_size, n=20, epochs=3):
 def test_coverage_counts_each_pass_of_persistent_workers_apart():
     report = data_coverage(persistent_loop, 2, simulated=False)  # worker processes: real ranks
     assert [p[:3] for p in report.passes] == [(0, e, {0: 10, 1: 10}) for e in range(3)] and not report.notes
+
+
+@pytest.mark.slow
+def test_check_errors_in_a_kernel_are_the_cell_and_the_message():
+    """In a real IPython kernel the checks' own errors show the cell and the message, no frame of
+    helpers/; a worker keyword the check takes as its own is refused before anything runs."""
+    import re
+    import uuid
+
+    k = _support.Kernel(uuid.uuid4().hex)
+    try:
+        k.cell("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+               "from helpers.checks import against_one_process, data_coverage\n"
+               "def read_all(rank, world_size, steps=1):\n"
+               "    for _ in DataLoader(TensorDataset(torch.arange(4)), batch_size=2): pass\n"
+               "def stepper(rank, world_size, steps): pass\n")
+        for call, ename, says in [
+                ("data_coverage(read_all, 2)", "CoverageError", "Read more than once: 4 item(s)"),
+                ("against_one_process(read_all, 1)", "ValueError", "world_size must be an int >= 2"),
+                ("against_one_process(stepper, 2, steps=3)", "ValueError", "steps= is against_one_"
+                 "process's own keyword: pass fn's steps positionally")]:
+            reply, _ = k.cell(call)
+            text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", "\n".join(reply["traceback"]))
+            assert reply["ename"] == ename and says in text and call in text, text
+            assert "helpers/" not in text and len(text.splitlines()) <= 12, text
+    finally:
+        k.close()

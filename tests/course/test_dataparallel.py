@@ -11,7 +11,8 @@ from helpers.dataparallel import scatter_chunk_sizes
     (64, 2, [32, 32]),
     (7, 2, [4, 3]),                 # ceil(7 / 2) = 4, then the rest
     (2, 2, [1, 1]),                 # notebook 01's toy batch (world_size rows) on 2 GPUs
-    (64, 9, [8, 8, 8, 8, 8, 8, 8, 8]),  # ceil(64 / 9) = 8: 8 chunks, the ninth GPU idle
+    (64, 8, [8] * 8),               # the old rule, len(calls) == min(n_gpus, batch), holds to 8
+    (64, 9, [8] * 8),               # ceil(64 / 9) = 8: 8 chunks, the ninth GPU idle: not min(9, 64)
     (10, 9, [2, 2, 2, 2, 2]),       # 5 replicas on 9 GPUs: not min(9, 10) = 9
     (2, 9, [1, 1]),                 # a batch smaller than the GPU count: one replica per item
 ])
@@ -19,12 +20,6 @@ def test_chunk_sizes_worked_by_hand(batch_size, n_gpus, expected):
     sizes = scatter_chunk_sizes(batch_size, n_gpus)
     assert sizes == expected
     assert sum(sizes) == batch_size and len(sizes) <= n_gpus
-
-
-def test_the_old_rule_is_wrong_from_nine_gpus():
-    # notebook 04 used to assert len(calls) == min(n_gpus, global_batch_size)
-    assert len(scatter_chunk_sizes(64, 8)) == min(8, 64)
-    assert len(scatter_chunk_sizes(64, 9)) != min(9, 64)
 
 
 @pytest.mark.parametrize("batch_size, n_gpus", [(0, 2), (4, 0)])

@@ -13,11 +13,14 @@ from fractions import Fraction
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
+import torch
 
 from _support import exercise_cells
 from ci import run_notebooks as rn
 from ci.cleanup import IPCKernelManager
+from ci.lessons import glossary_anchors
 from helpers import lessons as manifest
 from helpers import notebook as hn
 
@@ -32,6 +35,24 @@ def path_of(stem: str) -> Path:
 
 def tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
+
+
+def run_papermill(tmp_path, cells, cwd, **options):
+    """Run ``cells`` as a notebook with papermill (the runner's IPC kernels), which must raise;
+    ``(PapermillExecutionError, the executed notebook's code cells)``."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
+    nbformat.write(nb, str(src))
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(cwd),
+                                   progress_bar=False, kernel_manager_class=IPCKernelManager,
+                                   **options)
+    out = nbformat.read(str(out), as_version=4)
+    return info.value, [c for c in out.cells if c.cell_type == "code"]
 
 
 def _wrong_parameter(stem: str) -> tuple[str, object]:
@@ -50,9 +71,7 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
     papermill run (one kernel, not one per lesson): ``%reset -f``, the lesson's code cells up to the
     one after papermill's injected parameters (``parameterize_notebook``, as ``execute_notebook``
     injects them), that cell tagged ``raises-exception`` so the run goes on to the next lesson."""
-    import papermill
-    from nbformat.v4 import new_code_cell, new_notebook
-    from papermill.exceptions import PapermillExecutionError
+    from nbformat.v4 import new_code_cell
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
@@ -67,13 +86,8 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
         cells.append(new_code_cell("%reset -f"))
         heads[stem] = (name, bad, len(cells), len(cells) + injected + 1, len(cells) + len(head))
         cells += head
-    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src, out = tmp_path / "heads.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), str(src))
-    with pytest.raises(PapermillExecutionError):  # nbclient runs past raises-exception cells; papermill then raises
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", cwd=str(NOTEBOOKS_DIR),
-                                   progress_bar=False, execution_timeout=120, kernel_manager_class=IPCKernelManager)
-    code = [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]  # papermill adds markdown
+    # nbclient runs past raises-exception cells; papermill then raises
+    _, code = run_papermill(tmp_path, cells, NOTEBOOKS_DIR, execution_timeout=120)
     errors = {i: o for i, c in enumerate(code) for o in c.get("outputs", []) if o.get("output_type") == "error"}
     for stem, (name, bad, start, check, end) in heads.items():
         failed = sorted(i for i in errors if start <= i < end)
@@ -87,17 +101,13 @@ def test_wrong_parameter_type_fails_in_the_check_cell(tmp_path):
     assert not outside, f"errors outside the check cells: {outside}"
 
 
-# --------------------------------------------------------------------------------------------
-# The exercise mechanism under papermill (a tiny notebook, no torch)
-# --------------------------------------------------------------------------------------------
+# ---- The exercise mechanism under papermill (a tiny notebook, no torch) --------------------
 
 
 @pytest.mark.slow(5)
 @pytest.mark.timeout(120)
 def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
-    import papermill
-    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-    from papermill.exceptions import PapermillExecutionError
+    from nbformat.v4 import new_code_cell, new_markdown_cell
 
     cells = [
         new_markdown_cell("# tiny"),
@@ -111,32 +121,15 @@ def test_wrong_solution_fails_the_run_but_a_wrong_answer_does_not(tmp_path):
                            "solution_2 = 9\ncheck_answer(\"ex2\", solution_2, expected_2, strict=True)"),
     ]
     cells[4].source = "answer_1 = 10  # a learner's wrong answer"
-    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb = new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
-    src, out = tmp_path / "tiny.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nb, str(src))
-    with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False, cwd=str(tmp_path),
-                                   kernel_manager_class=IPCKernelManager)
-    assert info.value.ename == "AssertionError" and "ex2" in info.value.evalue, info.value.evalue
-    executed = nbformat.read(str(out), as_version=4)
-    text = {i: "".join(o.get("text", "") for o in c.get("outputs", [])) for i, c in enumerate(executed.cells)
-            if c.cell_type == "code"}
-    joined = "\n".join(text.values())
+    error, code = run_papermill(tmp_path, cells, tmp_path)
+    assert error.ename == "AssertionError" and "ex2" in error.evalue, error.evalue
+    joined = "\n".join("".join(o.get("text", "") for o in c.get("outputs", [])) for c in code)
     assert "ex1: not yet: 10 is too large." in joined, joined  # the learner's check printed, did not raise
     assert "ex1: solution checked" in joined, joined
     assert "ex2: not answered yet" in joined, joined
 
 
-# --------------------------------------------------------------------------------------------
-# helpers.notebook
-# --------------------------------------------------------------------------------------------
-
-
-def type_error(**params) -> str:
-    with pytest.raises(TypeError) as info:
-        hn.check_parameters(**params)
-    return str(info.value)
+# ---- helpers.notebook ----------------------------------------------------------------------
 
 
 def test_check_parameters_accepts_right_types():
@@ -148,39 +141,26 @@ def test_check_parameters_accepts_right_types():
                         pair=([1, 2], tuple))  # JSON, papermill and -p carry a tuple as a list
 
 
-def test_check_parameters_float_for_int():
-    msg = type_error(world_size=(2.5, int))
-    assert "'world_size' must be an int" in msg and "2.5 (float)" in msg
-    assert "`world_size = 2`" in msg and "-p world_size 2" in msg
-
-
-def test_check_parameters_bool_is_not_int_nor_float():
-    msg = type_error(world_size=(True, int))
-    assert "'world_size' must be an int" in msg and "True (bool)" in msg and "bool, not a number" in msg
-    assert "'lr' must be a float" in type_error(lr=(False, float))
-
-
-def test_check_parameters_number_as_text():
-    msg = type_error(lr=("0.1", float))
-    assert "'lr' must be a float" in msg and "'0.1' (str)" in msg and "`lr = 0.1`" in msg and "-r" in msg
-
-
-def test_check_parameters_str_and_none():
-    msg = type_error(model=(3, str))
-    assert "'model' must be a str" in msg and '`model = "linear"`' in msg
-    msg = type_error(steps=(None, int))
-    assert "'steps' must be an int" in msg and "None (NoneType)" in msg
-    assert "must be an int or None" in type_error(steps=("x", (int, None)))
-
-
-def test_check_parameters_reports_every_wrong_parameter():
-    msg = type_error(a=(1.5, int), b=(2, int), c=("x", float))
-    assert msg.startswith("wrong parameter types:") and "'a'" in msg and "'c'" in msg and "'b'" not in msg
-
-
-def test_check_parameters_malformed_call():
-    assert "(value, type) pair" in type_error(world_size=2)
-    assert "must be a type" in type_error(world_size=(2, "int"))
+@pytest.mark.parametrize("params, says, not_said", [
+    ({"world_size": (2.5, int)}, ["'world_size' must be an int", "2.5 (float)", "`world_size = 2`",
+                                  "-p world_size 2"], []),  # float for int
+    ({"world_size": (True, int)}, ["'world_size' must be an int", "True (bool)",
+                                   "bool, not a number"], []),
+    ({"lr": (False, float)}, ["'lr' must be a float"], []),
+    ({"lr": ("0.1", float)}, ["'lr' must be a float", "'0.1' (str)", "`lr = 0.1`", "-r"], []),
+    ({"model": (3, str)}, ["'model' must be a str", '`model = "linear"`'], []),
+    ({"steps": (None, int)}, ["'steps' must be an int", "None (NoneType)"], []),
+    ({"steps": ("x", (int, None))}, ["must be an int or None"], []),
+    ({"a": (1.5, int), "b": (2, int), "c": ("x", float)},  # every wrong parameter, in one message
+     ["wrong parameter types:", "'a'", "'c'"], ["'b'"]),
+    ({"world_size": 2}, ["(value, type) pair"], []),  # malformed calls
+    ({"world_size": (2, "int")}, ["must be a type"], []),
+])
+def test_check_parameters_says_what_is_wrong_and_how_to_pass_it(params, says, not_said):
+    with pytest.raises(TypeError) as info:
+        hn.check_parameters(**params)
+    msg = str(info.value)
+    assert all(w in msg for w in says) and not any(w in msg for w in not_said), msg
 
 
 def test_check_value():
@@ -213,30 +193,18 @@ def test_check_value():
     ({3, 1}, {1, 3}, "correct"),
     (object(), 15, "not yet: expected a number"),
     ("abc", 15, "not yet: expected a number"),
+    ([0.25, 0.25, 0.0], torch.tensor([0.25, 0.25, 0.0]), "correct\n"),  # tensors and arrays
+    (np.float64(15.0), torch.tensor(15.0), "correct\n"),
+    (torch.tensor(16.0), 15, "not yet"),
+    (25.17, 151 / 6, ("correct\n", {"rel_tol": 1e-3})),  # a tolerance, a hint
+    (25.17, 151 / 6, ("not yet:", {"hint": "average the two ranks"},
+                      "Hint: average the two ranks\n")),
 ])
 def test_check_answer_for_the_learner(answer, expected, verdict, capsys):
-    hn.check_answer("ex1", answer, expected)  # never raises for the learner's value
+    verdict, options, end = (verdict, {}, "") if isinstance(verdict, str) else (*verdict, "")[:3]
+    hn.check_answer("ex1", answer, expected, **options)  # never raises for the learner's value
     out = capsys.readouterr().out
-    assert out.startswith(f"ex1: {verdict}"), out
-
-
-def test_check_answer_tensors_and_arrays(capsys):
-    import numpy as np
-    import torch
-
-    hn.check_answer("ex1", [0.25, 0.25, 0.0], torch.tensor([0.25, 0.25, 0.0]))
-    hn.check_answer("ex1", np.float64(15.0), torch.tensor(15.0))
-    hn.check_answer("ex1", torch.tensor(16.0), 15)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "ex1: correct" and lines[1] == "ex1: correct" and lines[2].startswith("ex1: not yet"), lines
-
-
-def test_check_answer_hint_and_tolerance(capsys):
-    hn.check_answer("ex3", 25.17, 151 / 6, rel_tol=1e-3)
-    hn.check_answer("ex3", 25.17, 151 / 6, hint="average the two ranks")
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "ex3: correct"
-    assert lines[1].startswith("ex3: not yet:") and lines[1].endswith("Hint: average the two ranks"), lines
+    assert out.startswith(f"ex1: {verdict}") and out.endswith(end), out
 
 
 def test_check_answer_strict(capsys):
@@ -338,30 +306,18 @@ def test_exercise_cells():
     assert cells[2].metadata["jupyter"]["source_hidden"] is True and cells[2].source.startswith("# Check: exercise 2\n")
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
-    with pytest.raises(ValueError, match="check cell must call"):
-        exercise_cells(1, "t", "task", "expected_1 = 1",
-                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
-    with pytest.raises(ValueError, match="must compute expected_1"):
-        exercise_cells(1, "t", "task", "check_answer(\"ex1\", answer_1, expected_1)",
-                          "check_answer(\"ex1\", solution_1, expected_1, strict=True)")
-    with pytest.raises(ValueError, match="solution must end with"):
-        exercise_cells(1, "t", "task", "expected_1 = 1\ncheck_answer(\"ex1\", answer_1, expected_1)",
-                          "check_answer(\"ex1\", solution_1, expected_1)")
+    check = 'check_answer("ex1", answer_1, expected_1)'
+    solution = 'check_answer("ex1", solution_1, expected_1'
+    for match, c, sol in [("check cell must call", "expected_1 = 1", solution + ", strict=True)"),
+                          ("must compute expected_1", check, solution + ", strict=True)"),
+                          ("solution must end with", "expected_1 = 1\n" + check, solution + ")")]:
+        with pytest.raises(ValueError, match=match):
+            exercise_cells(1, "t", "task", c, sol)
 
 
-# --------------------------------------------------------------------------------------------
-# Links of the README and docs/
-# --------------------------------------------------------------------------------------------
+# ---- Links of the README and docs/ ---------------------------------------------------------
 
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
-
-
-def _anchors(path: Path) -> set[str]:
-    text = path.read_text(encoding="utf-8")
-    anchors = set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', text))
-    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):  # GitHub's heading slugs
-        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
-    return anchors
 
 
 @pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
@@ -378,6 +334,6 @@ def test_readme_and_docs_links_resolve(doc):
         dest = (path.parent / file).resolve() if file else path
         if not dest.exists():
             bad.append(f"{target} (no such file)")
-        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+        elif anchor and dest.suffix == ".md" and anchor not in glossary_anchors(dest):
             bad.append(f"{target} (no such anchor)")
     assert not bad, f"{doc}: broken links: {bad}"

@@ -6,6 +6,7 @@ machine, and a fix line, never a traceback, for each failure injected here for r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -44,8 +45,27 @@ def report(run: subprocess.CompletedProcess) -> str:
     return f"exit {run.returncode}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr[-3000:]}"
 
 
-def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
+def failed(run: subprocess.CompletedProcess, name: str) -> tuple[str, str]:
+    """``(detail, fix)`` of check ``name``, which must have failed, in a run that exits 1 with no
+    traceback."""
+    status, detail, fix = table(run.stdout).get(name, ("missing", "", ""))
+    assert run.returncode == 1 and status == "FAIL", report(run)
     assert "Traceback" not in run.stdout + run.stderr, report(run)
+    return detail, fix
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str):
+    """A real tmpfs of ``size`` mounted at ``path`` (skips the test where mounting needs root)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (root and CAP_SYS_ADMIN needed): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +80,7 @@ def test_doctor_exits_0_here(full_run):
     assert set(rows) == {c.name for c in CHECKS}, report(full_run)
     assert full_run.returncode == 0 and all(r[0] == "ok" for r in rows.values()), report(full_run)
     assert "this machine can run every notebook" in full_run.stdout
-    assert_no_traceback(full_run)
+    assert "Traceback" not in full_run.stdout + full_run.stderr, report(full_run)
     for word in ("platform", "CPU cores", "GiB memory"):
         assert word in full_run.stdout
     assert "gloo yes" in rows["torch"][1] and "nccl" in rows["torch"][1]
@@ -68,13 +88,11 @@ def test_doctor_exits_0_here(full_run):
 
 def test_no_mnist_gives_the_fix(tmp_path):
     run = doctor("--data-root", str(tmp_path), "--only", "mnist")
-    assert run.returncode == 1, report(run)
-    status, detail, fix = table(run.stdout)["MNIST"]
-    assert status == "FAIL" and "4 of 4 MNIST files missing" in detail and str(tmp_path) in detail, report(run)
+    detail, fix = failed(run, "MNIST")
+    assert "4 of 4 MNIST files missing" in detail and str(tmp_path) in detail, report(run)
     # a root of one's own: the fix is to copy the files there (git checkout restores only the repository's)
     assert "does not exist" in detail, report(run)
     assert f"copy the repository's data/MNIST/raw/*.gz into {tmp_path}" in fix, report(run)
-    assert_no_traceback(run)
     assert list(tmp_path.iterdir()) == []  # nothing written where nothing can be made
 
 
@@ -84,14 +102,12 @@ def test_held_port_is_reported_with_its_holder():
         held.listen()
         port = held.getsockname()[1]
         run = doctor("--port", str(port), "--only", "ports,mp")
-    assert run.returncode == 1, report(run)
-    rows = table(run.stdout)
-    status, detail, fix = rows["ports"]
-    assert status == "FAIL" and f"port {port}" in detail and f"pid {os.getpid()}" in detail, report(run)
+    detail, fix = failed(run, "ports")
+    assert f"port {port}" in detail and f"pid {os.getpid()}" in detail, report(run)
     assert "MASTER_PORT" in fix, report(run)
     # the mp check still runs the tutorial's code, on a free port instead
-    assert rows["mp"][0] == "ok" and "a free port" in rows["mp"][1], report(run)
-    assert_no_traceback(run)
+    mp = table(run.stdout)["mp"]
+    assert mp[0] == "ok" and "a free port" in mp[1], report(run)
 
 
 def test_broken_torch_gives_fix_lines_not_a_traceback(tmp_path):
@@ -99,16 +115,14 @@ def test_broken_torch_gives_fix_lines_not_a_traceback(tmp_path):
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text('raise ImportError("a broken torch, for the doctor test")\n')
     run = doctor(pythonpath_first=str(fake))
-    assert run.returncode == 1, report(run)
+    detail, fix = failed(run, "torch")
+    assert "a broken torch" in detail and "pip install -r requirements.lock" in fix, report(run)
     rows = table(run.stdout)
-    status, detail, fix = rows["torch"]
-    assert status == "FAIL" and "a broken torch" in detail and "pip install -r requirements.lock" in fix, report(run)
     for name in TORCH_NEEDED:
         assert rows[name][0] == "FAIL" and "needs torch" in rows[name][1] and rows[name][2], report(run)
     # the kernel inherits the broken torch: its line says so, with a fix
     assert rows["kernel"][0] == "FAIL" and "a broken torch" in rows["kernel"][1] and rows["kernel"][2], report(run)
     assert rows["python"][0] == rows["ports"][0] == rows["JupyterLab"][0] == "ok", report(run)
-    assert_no_traceback(run)
 
 
 @pytest.mark.parametrize("ignores_sigint", [False, True], ids=["interrupted", "ignores-interrupt"])
@@ -122,14 +136,12 @@ def test_a_hanging_check_is_cut_at_its_time_limit(tmp_path, ignores_sigint):
         + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignores_sigint else "")
         + "time.sleep(600)\n")
     run = doctor("--only", "jupyterlab,ports", "--time-limit", "3", pythonpath_first=str(fake))
-    assert run.returncode == 1, report(run)
-    status, detail, fix = table(run.stdout)["JupyterLab"]
-    assert status == "FAIL" and fix, report(run)
+    detail, fix = failed(run, "JupyterLab")
+    assert fix, report(run)
     if ignores_sigint:
         assert "the doctor stopped here" in detail and "checks FAILED" not in run.stdout, report(run)
     else:  # the doctor goes on to its summary
         assert "no answer within 3 s" in detail and "1 of 2 checks FAILED" in run.stdout, report(run)
-    assert_no_traceback(run)
 
 
 @pytest.mark.parametrize("first_lines", ["#!{python}", "#!/usr/bin/env {name}",
@@ -175,46 +187,28 @@ def test_memory_check_reads_free_memory_and_says_what_to_close(monkeypatch):
 def test_small_shm_gives_the_docker_fix(tmp_path):
     """A real 64 MiB tmpfs, Docker's default /dev/shm, where DataLoader workers pass their batches:
     the shm check fails with the fix; the machine's own /dev/shm passes in test_doctor_exits_0_here."""
-    small = tmp_path / "shm"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root and CAP_SYS_ADMIN needed): {mounted.stderr.strip()}")
-    try:
-        run = doctor("--shm", str(small), "--only", "shm")
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
-    assert run.returncode == 1, report(run)
-    status, detail, fix = table(run.stdout)["shm"]
-    assert status == "FAIL" and f"{small}: 64 MiB" in detail and "DataLoader workers" in detail, report(run)
-    assert "--shm-size=1g" in fix and "--ipc=host" in fix, report(run)
-    assert_no_traceback(run)
+    with tmpfs(tmp_path / "shm", "64m") as small:
+        detail, fix = failed(doctor("--shm", str(small), "--only", "shm"), "shm")
+    assert f"{small}: 64 MiB" in detail and "DataLoader workers" in detail, detail
+    assert "--shm-size=1g" in fix and "--ipc=host" in fix, fix
 
 
 def test_bad_port_refused_before_any_check():
     run = doctor("--port", "70000")
     assert run.returncode == 2 and "from 1 to 65535" in run.stderr and "'70000'" in run.stderr, report(run)
     assert "pip install" not in run.stdout + run.stderr and not table(run.stdout), report(run)
-    assert_no_traceback(run)
+    assert "Traceback" not in run.stdout + run.stderr, report(run)
 
 
 def test_read_only_data_root_gives_a_fix_that_is_not_the_error(tmp_path):
     """The .gz files in a read-only folder (a read-only mount: root writes through chmod)."""
-    root = tmp_path / "ro"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(root)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    try:
+    with tmpfs(tmp_path / "ro", "30m") as root:
         raw = root / "MNIST" / "raw"
         raw.mkdir(parents=True)
         for gz in (REPO_ROOT / "data" / "MNIST" / "raw").glob("*.gz"):
             (raw / gz.name).write_bytes(gz.read_bytes())
         subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
-        run = doctor("--data-root", str(root), "--only", "mnist")
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=True)
-    status, detail, fix = table(run.stdout)["MNIST"]
-    assert run.returncode == 1 and status == "FAIL" and f"{raw} is read-only" in detail, report(run)
-    assert f"chmod -R u+w {raw}" in fix and f"gunzip -k {raw}/*.gz" in fix and "Errno" not in fix, report(run)
-    assert_no_traceback(run)
+        detail, fix = failed(doctor("--data-root", str(root), "--only", "mnist"), "MNIST")
+    assert f"{raw} is read-only" in detail, detail
+    assert f"chmod -R u+w {raw}" in fix and f"gunzip -k {raw}/*.gz" in fix, fix
+    assert "Errno" not in fix, fix
