@@ -27,6 +27,14 @@ MAX_RANKS_PER_CPU = 8
 MIN_FREE_TEMP = 1 << 20
 
 
+class DefaultTimeout(float):
+    """A call's default ``timeout`` (seconds; shown as a float): a timeout's message says it was the
+    default and how to lift it."""
+
+    def __repr__(self) -> str:
+        return repr(float(self))
+
+
 def temp_folder_full() -> str | None:
     """What to do when the temp folder (``TMPDIR``) has less than :data:`MIN_FREE_TEMP` bytes free, else ``None``."""
     folder = tempfile.gettempdir()

@@ -79,6 +79,7 @@ from helpers.engine.errors import (
 from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file, socket_folder
 from helpers.engine.inputs import (
     MAX_RANKS_PER_CPU,
+    DefaultTimeout,
     check_callable,
     check_timeout,
     check_world_size,
@@ -114,16 +115,8 @@ _VANISH_GRACE_S = 1.0  # a rank gone without a result for this long is reported 
 STARTUP_S = 120.0
 
 
-class _DefaultTimeout(float):
-    """:func:`launch`'s default ``timeout`` (a float, shown as one): a timeout's message says it was
-    the default and how to lift it."""
-
-    def __repr__(self) -> str:
-        return repr(float(self))
-
-
 #: :func:`launch`'s default ``timeout``, in seconds.
-DEFAULT_TIMEOUT_S = _DefaultTimeout(300.0)
+DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 
 
 def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
@@ -175,9 +168,9 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
     Worker stdout and stderr appear in the caller's streams line by line, prefixed ``[rank r]``.
     Calls from several threads of one process run one after another.
     """
-    default = isinstance(timeout, _DefaultTimeout)
+    default = isinstance(timeout, DefaultTimeout)
     world_size, backend, payload = _validate(fn, world_size, args, kwargs, backend, timeout)
-    return _run(payload, world_size, backend, None if timeout is None else float(timeout), style="launch",
+    return run_ranks(payload, world_size, backend, None if timeout is None else float(timeout), style="launch",
                 default=default)
 
 
@@ -188,7 +181,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
 _ONE_AT_A_TIME = threading.Lock()
 
 
-def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str,
+def run_ranks(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str,
          what: str = "launch", default: bool = False) -> list:
     """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
     their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``). ``what`` names

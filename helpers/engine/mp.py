@@ -64,7 +64,7 @@ from helpers.engine.launcher import (
     LaunchError,
     LaunchTimeout,
     WorkerError,
-    _run,
+    run_ranks,
 )
 
 __all__ = ["Process", "get_context", "get_start_method", "set_start_method", "spawn"]
@@ -139,7 +139,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     check_timeout(timeout)
     call = serialise_call(fn, args, {})
     payload = cloudpickle.dumps((_spawn_entry, (_caller_env(), call), {}))
-    return _run(payload, nprocs, None, timeout, style="spawn", what="spawn")
+    return run_ranks(payload, nprocs, None, timeout, style="spawn", what="spawn")
 
 
 # ---- Process: dist_tuto's loop ------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _run_pending(timeout: float | None) -> None:
         check_timeout(timeout)
         n = check_world_size(len(batch), "the number of started processes")
         payload = cloudpickle.dumps((_process_entry, ([p._env for p in batch], [p._call for p in batch]), {}))
-        outcome = _run(payload, n, None, timeout, style="spawn", what="Process.join")
+        outcome = run_ranks(payload, n, None, timeout, style="spawn", what="Process.join")
     except WorkerError as e:
         for i, p in enumerate(batch):
             ended = i != e.rank and e.other_ranks.get(i, "ended by the launcher") == "ended by the launcher"

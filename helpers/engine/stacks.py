@@ -219,7 +219,7 @@ def state(dump: str) -> tuple[str, str]:
     if dump == STOPPED:
         return "stopped", ""
     own, call = stuck_frames(dump)
-    if not own and any(f.name == "_wait_turn" and "simulated" in os.path.basename(f.file)
+    if not own and any(f.name == "wait" and os.path.basename(f.file) == "simulated.py"
                    for t in _threads(dump) for f in t):
         return "turn", ""
     if not call:
