@@ -41,7 +41,7 @@ import cloudpickle
 
 from helpers.engine.errors import LaunchError
 
-__all__ = ["dumps", "serialise_call"]
+__all__ = ["dumps", "serialise_call", "unsendable"]
 
 _DYNAMIC = "<dynamic-code>"  # what cloudpickle names the file of every code object it sends
 
@@ -194,6 +194,13 @@ def _named_values(fn: Any, args: tuple, kwargs: dict):
     yield from refs(fn, "fn", 0)
 
 
+def unsendable(where: str, value: Any):
+    """``(where, kind, item)`` for ``value`` and each item inside it that :func:`_kind_of` knows cannot be sent."""
+    for inner_where, inner in _walk(where, value):
+        if kind := _kind_of(inner):
+            yield inner_where, kind, inner
+
+
 def _walk(where: str, value: Any, depth: int = 0):
     """``value`` and the items of the lists, tuples, sets and dicts inside it (two levels)."""
     yield where, value
@@ -227,10 +234,8 @@ def serialise_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
     fn_name = getattr(fn, "__qualname__", type(fn).__name__)
     named = list(_named_values(fn, args, kwargs))
     for where, value in named:
-        for inner_where, inner in _walk(where, value):
-            kind = _kind_of(inner)
-            if kind:
-                raise _refuse(inner_where, kind, fn_name)
+        for inner_where, kind, _ in unsendable(where, value):
+            raise _refuse(inner_where, kind, fn_name)
     try:
         return dumps((fn, args, kwargs))
     except Exception as e:  # noqa: BLE001 - find which named value is the culprit

@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from helpers.engine.hints import HINTS, hint_for
 from helpers.engine.start_method import install_spawn_hint
-from helpers.engine.tracebacks import Frame, _ipython, format_frames, own_frames, parse_frames
+from helpers.engine.tracebacks import Frame, format_frames, ipython, own_frames, parse_frames
 
 __all__ = ["HINTS", "RESTART_NOTE", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "NoRanks",
            "OversubscriptionWarning", "RanksStopped", "RanksTimeout", "Readable", "SimulationUnavailable",
@@ -48,7 +48,7 @@ class Readable:
         """The lines IPython shows instead of its traceback (IPython's hook). Never raises."""
         name = type(self).__name__
         try:
-            shell = _ipython()
+            shell = ipython()
             red, normal = ("\x1b[0;31m", "\x1b[0m") if shell is not None and str(
                 getattr(shell, "colors", "nocolor")).lower() != "nocolor" else ("", "")
             caller = own_frames([Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
@@ -206,9 +206,9 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
         self.in_startup = list(in_startup)
         self.default = default
         self.what = what
-        from helpers.engine.stacks import _spans, ranks_phrase, timeout_advice  # stacks imports this module
+        from helpers.engine.stacks import ranks_phrase, spans, timeout_advice  # stacks imports this module
 
-        listed = self.ranks_not_finished if len(self.ranks_not_finished) <= 8 else _spans(self.ranks_not_finished)
+        listed = self.ranks_not_finished if len(self.ranks_not_finished) <= 8 else spans(self.ranks_not_finished)
 
         lift = (f"raise the timeout ({what}'s default timeout={timeout:g} s; pass timeout=None for no limit)"
                 if default else "pass a larger timeout, or timeout=None for no limit")

@@ -34,10 +34,10 @@ import time
 import psutil
 
 from helpers.engine.run_dir import read_markers
-from helpers.engine.tracebacks import Frame, _is_hidden, format_frames
+from helpers.engine.tracebacks import Frame, format_frames, is_hidden
 
 __all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_unfinished", "px_cell_name", "ranks_phrase",
-           "register", "registered", "state", "stuck_frames", "summary", "timeout_advice"]
+           "register", "registered", "spans", "state", "stuck_frames", "summary", "timeout_advice"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -191,7 +191,7 @@ def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     main = next((t for t in threads if any(map(_is_entry, t))), threads[0] if threads else [])
     start = max((i + 1 for i, f in enumerate(main) if _is_entry(f)), default=0)
     frames = main[start:]
-    own = [i for i, f in enumerate(frames) if not _is_hidden(f.file)]
+    own = [i for i, f in enumerate(frames) if not is_hidden(f.file)]
     below = frames[own[-1] + 1:] if own else frames
     call = next((f for f in below if f.name not in _PASS_ON and not f.name.startswith("_")), None)
     return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
@@ -382,13 +382,13 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
 def ranks_phrase(ranks: list[int], verb: bool = True) -> str:
     """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``); four or
     more consecutive ranks read as a span: ``"ranks 1-63"``."""
-    names = _spans(ranks)
+    names = spans(ranks)
     if not verb:
         return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
     return f"Rank {names} was" if len(ranks) == 1 else f"Ranks {names} were"
 
 
-def _spans(ranks: list[int]) -> str:
+def spans(ranks: list[int]) -> str:
     """``"0, 2, 5-9"``: ``ranks`` with each run of four or more consecutive ranks as a span."""
     parts, run = [], []
     for r in [*ranks, None]:

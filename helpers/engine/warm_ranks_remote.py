@@ -133,11 +133,10 @@ def check_result(rank: int, result) -> None:
     aside: those pickle), before ipyparallel's pickler fails on it with a bare TypeError."""
     import cloudpickle
 
-    from helpers.engine.by_value import _kind_of, _walk
+    from helpers.engine.by_value import unsendable
 
-    for where, value in _walk("the result", result):
-        kind = _kind_of(value)
-        if kind is None or "tensor" in kind or "nn.Module" in kind:
+    for where, kind, value in unsendable("the result", result):
+        if "tensor" in kind or "nn.Module" in kind:
             continue
         try:
             cloudpickle.dumps(value)
