@@ -59,8 +59,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
-import logging.handlers
 import re
 import sys
 import time
@@ -69,13 +67,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
 from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
 from helpers.engine.inputs import check_timeout, check_world_size
 from helpers.engine.launcher import LaunchError, WorkerError, resolve_backend
-from helpers.engine.warm_ranks_start_stop import _GROUP_MARGIN_S, RanksStartStop
+from helpers.engine.warm_ranks_start_stop import RankProcesses
 
 RanksTimeout = remote.RanksTimeout  # raised by run and %%px past their timeout
 
@@ -85,6 +84,7 @@ _POLL_S = 0.05  # how often a wait checks the ranks (seconds)
 _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
+_PX_CELLS_KEPT = 200  # %%px cells remembered for where-stuck reports (their code, by file name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,48 +158,64 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-class WarmRanks(RanksStartStop):
+class WarmRanks:
     """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
 
-    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
-    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (rank process
-    ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
-    all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
-    after a fault), ``startup_seconds`` (the last start: processes, torch import, group) and
-    ``startup_phases`` (``{"ipyparallel engines": s, "torch and group": s}``: controller and
-    ipyparallel engines up, then each rank importing torch and joining the group), ``start_attempts``
-    (tries the last start took, see :func:`start_ranks`), ``regroups`` (default groups made again after
-    user code destroyed one).
+    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout`` (seconds),
+    ``stopped``, ``restarts`` (fresh ranks started after a fault), ``regroups`` (default groups made
+    again after user code destroyed one), and ``procs`` (:class:`RankProcesses`); of these, ``devices``
+    (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (in rank order), ``client`` and ``view``
+    (ipyparallel ``Client`` and ``DirectView`` over all ranks, in rank order), ``start_attempts``.
     """
 
+    pids = property(lambda self: self.procs.pids)
+    devices = property(lambda self: self.procs.devices)
+    client = property(lambda self: self.procs.client)
+    view = property(lambda self: self.procs.view)
+    start_attempts = property(lambda self: self.procs.start_attempts)
+
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
-        self.world_size = world_size
-        self.backend = backend
-        self.timeout = timeout
-        self.env = env
-        self._activate_magics = activate
-        self._key = key
-        self.cluster = self.client = self.view = None
-        self.pids: list[int] = []
-        self.devices: list[str] = []
-        self.stopped = False
-        self.restarts = 0
-        self.startup_seconds = None
-        self.startup_phases: dict[str, float] = {}
-        self._profile_dir = None
-        self._watchdog = None
+        self.world_size, self.backend, self.timeout = world_size, backend, timeout
+        self.procs = RankProcesses(world_size, backend, timeout, env)
+        self._activate_magics, self._key = activate, key
+        self.stopped = self._restart_pending = False
+        self.restarts = self.regroups = 0
         self._ipp_px = None
-        self._restart_pending = False
-        self._started: list = []  # the process trees as they were once started
-        self.start_attempts = 0
-        self.regroups = 0
-        self._ipp_log: logging.Logger | None = None
-        self._ipp_held: logging.handlers.BufferingHandler | None = None
+        self.px_cells: dict[str, tuple[str, str, int]] = {}  # %%px cells' code by file name (_note_cell)
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
                  else f"pids {self.pids}")
         return f"<WarmRanks world_size={self.world_size} backend={self.backend!r} timeout={self.timeout:g} s, {state}>"
+
+    def _start(self) -> None:
+        try:
+            self.procs.start()
+        except BaseException:
+            self.stopped = True
+            raise
+        if self._activate_magics:
+            self._activate()
+
+    def stop(self) -> None:
+        """Stop the ranks: kill their processes, the controller and the watchdog. Safe to call twice."""
+        if not self.stopped:
+            self.stopped = True
+            self.procs.shutdown()
+
+    def restart(self) -> None:
+        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
+
+        After a fault the ranks are ended at once and this runs by itself before the next
+        ``run`` or ``%%px`` cell."""
+        self.procs.shutdown()
+        self.stopped = self._restart_pending = False
+        self.restarts += 1
+        self._start()
+
+    def dead_ranks(self) -> dict[int, str]:
+        """``{rank: description}`` of ranks whose process is gone (killed, exited)."""
+        return self.procs.dead_ranks()
 
     def _activate(self) -> None:
         from IPython import get_ipython
@@ -220,7 +236,7 @@ class WarmRanks(RanksStartStop):
         if self._restart_pending:
             # a notice, not an error: stdout (stderr shows as a red box in a notebook)
             print(f"(starting fresh warm ranks after the last fault: about "
-                  f"{self.startup_seconds or 0:.0f} s)", flush=True)
+                  f"{self.procs.startup_seconds or 0:.0f} s)", flush=True)
             self.restart()
             return
         dead = self.dead_ranks()
@@ -240,9 +256,36 @@ class WarmRanks(RanksStartStop):
     def _restart_with(self, error: BaseException) -> BaseException:
         """End the ranks now (no half-dead group survives) and start fresh ones on the next call
         (``run``, ``%%px``), so the fault is reported at once; return ``error`` to raise."""
-        self._shutdown()
+        self.procs.shutdown()
         self._restart_pending = True
         return error
+
+    def _note_cell(self, code: str) -> None:
+        """Remember a ``%%px`` cell's code under the file name its frames carry on the ranks
+        (:func:`helpers.engine.stacks.px_cell_name`): ``Cell In[n]`` (the kernel's count, lines counted
+        from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
+        from IPython import get_ipython
+
+        try:
+            shell = get_ipython()
+            # stored before it runs, at its count (IPython 9 adds 1 to execution_count before, 8 after)
+            hist = shell.history_manager.input_hist_raw if shell is not None else [""]
+            magic, _, body = hist[-1].partition("\n")
+            if magic.startswith("%%px") and body.rstrip() == code.rstrip():
+                cell = (f"Cell In[{len(hist) - 1}]", code, 1)
+            else:
+                cell = ("%%px code", code, 0)
+            name = stacks.px_cell_name(code)
+        except Exception:  # noqa: BLE001 - only a report's labels: never in the way of the cell
+            return
+        self.px_cells.pop(name, None)
+        self.px_cells[name] = cell
+        while len(self.px_cells) > _PX_CELLS_KEPT:
+            del self.px_cells[next(iter(self.px_cells))]
+
+    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str, int]]]:
+        """``(stacks, cells)`` for a timed-out or interrupted call, before the ranks are ended."""
+        return self.procs.stacks_of(ranks), dict(self.px_cells)
 
     # -- waiting for the ranks -----------------------------------------------------------------
 
@@ -336,10 +379,11 @@ class WarmRanks(RanksStartStop):
         ``dist.destroy_process_group()``, e.g. a tutorial's ``cleanup()``), make a new one on the same
         ranks (names on them are kept) and say so on stderr; if that fails, fresh ranks start on the
         next call. ``has_group``: each rank's ``dist.is_initialized()``, asked now if not given."""
-        deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
+        deadline = time.monotonic() + self.procs.group_timeout
         if has_group is None:
             try:
-                has_group = self._await(self.view.apply_async(remote.has_group), "the ranks' group check", deadline)
+                has_group = self.procs.wait_for(self.view.apply_async(remote.has_group), "the ranks' group check",
+                                                deadline)
             except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
                 self._restart_with(None)
                 return
@@ -347,8 +391,8 @@ class WarmRanks(RanksStartStop):
         if not lost:
             return
         try:
-            self._await(self.view.apply_async(remote.leave_group), "the ranks leaving the old group", deadline)
-            self._join_group(deadline)
+            self.procs.wait_for(self.view.apply_async(remote.leave_group), "the ranks leaving the old group", deadline)
+            self.procs.join_group(deadline)
             self.regroups += 1
             outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
                        "old group (a DDP model)")
