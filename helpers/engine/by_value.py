@@ -1,26 +1,14 @@
 """What may be sent to the ranks, and the refusal that names the variable when it may not.
 
-:func:`helpers.engine.launch` (and :mod:`helpers.mp`, :mod:`helpers.engine.warm_ranks`) send
-``fn, args, kwargs`` to other processes with ``cloudpickle`` (the library Dask, Ray and
-ipyparallel use for this):
+``launch``, :mod:`helpers.mp` and warm ranks send ``fn, args, kwargs`` with ``cloudpickle``: what is
+defined in ``__main__`` (a cell), in a function, and lambdas go *by value* (with the cell code and
+values they use); what importable modules define goes *by reference*, as ``pickle`` sends it.
 
-- functions and classes defined in ``__main__`` (a notebook cell, an interactive session),
-  inside another function, and lambdas go *by value*: their code, and the cell-defined
-  functions, classes and values they use, travel with them;
-- functions and classes of importable modules (``helpers``, ``torch``, a test module) go *by
-  reference*, as plain ``pickle`` sends them: the rank imports them by name.
-
-Before pickling, :func:`serialise_call` walks everything a learner named (each argument, the
-globals and closure variables of every by-value function, the attributes of cell-defined
-classes, two levels into lists, tuples, sets and dicts) and refuses, naming the variable, what
-belongs to one process: an open file, a lock, a socket, a generator, a CUDA tensor (or a module
-with CUDA parameters). Anything else that does not pickle is refused the same way.
-
-Code sent by value keeps its file name and, for a notebook cell (whose source exists only in
-the kernel's ``linecache``), its source lines: cloudpickle renames every such file
-``<dynamic-code>``, so a rank's traceback would show ``File "<dynamic-code>", line 3, in work``
-without the line. With :func:`dumps` it shows the cell's file and ``return 1/0``, and the
-kernel names the cell (``Cell In[3]``) when it shows the error.
+Before pickling, :func:`serialise_call` walks what the learner named (arguments, globals and closure
+variables of by-value functions, attributes of cell classes, two levels into containers) and refuses,
+naming the variable, what belongs to one process: an open file, a lock, a socket, a generator, a CUDA
+tensor; anything else that does not pickle likewise. Code sent by value keeps its file name and a
+cell's source lines (cloudpickle would name it ``<dynamic-code>``), so a rank's traceback shows the line.
 
 Reference: https://github.com/cloudpipe/cloudpickle (``_should_pickle_by_reference``).
 """

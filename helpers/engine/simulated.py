@@ -514,27 +514,17 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
 
 def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
              output: str | None = None, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks: threads of this
-    process, each with its own default process group on torch's threaded backend.
-
-    Collectives, ``DistributedDataParallel`` and ``fully_shard`` give every rank the values real ranks
-    would get. Time does not: the ranks share one process and run one at a time (a rank gives its
-    turn up while it waits in a collective). Each rank starts with freshly seeded random generators,
-    as a new process does, and keeps its own: ``torch.manual_seed(rank)`` in ``fn`` gives what rank
-    ``rank`` of a real job gets.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at a
+    time); ``fn``'s results in rank order. Values are a real job's (``torch.manual_seed(rank)`` too);
+    time is not.
 
     Args:
         fn: the worker, as for :func:`helpers.engine.launch`; nothing is pickled (same process).
         world_size: number of ranks, 1 to :data:`MAX_SIMULATED_RANKS`.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: treat them
-            as read-only).
-        timeout: seconds ``fn`` may run, counted from when every rank has its process group
-            (``None``: no limit; default 300 s).
-        output: ``"all"``: every line a rank prints, prefixed ``[rank r]``; ``"summary"``: rank 0's
-            lines and a count of the others'; ``None``: ``"all"`` below :data:`SUMMARY_FROM` ranks.
-
-    Returns:
-        list: ``fn``'s return value on each rank, in rank order.
+        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: read-only).
+        timeout: seconds ``fn`` may run once every rank has its group (``None``: no limit; default 300 s).
+        output: ``"all"`` (every rank's lines, ``[rank r]``), ``"summary"`` (rank 0's and a count) or
+            ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
 
     Raises:
         SimulationUnavailable: this torch lacks the private pieces (before any thread starts).
