@@ -33,11 +33,8 @@ __all__ = ["HINTS", "RESTART_NOTE", "LaunchError", "LaunchInterrupted", "LaunchT
 
 
 class Readable:
-    """Mixin for the project's exceptions: in IPython/Jupyter, :meth:`_render_traceback_` replaces
-    IPython's traceback (dozens of lines of helpers' frames) with a few lines: the caller's own
-    frames (the cell), ``Type: message`` and, for a :class:`WorkerError`, the failing rank's own
-    frames and what to do. IPython calls the hook when it shows the exception; a script prints
-    Python's traceback and ``str(e)`` as usual."""
+    """Mixin: in IPython, :meth:`_render_traceback_` shows a few lines instead of dozens of helpers'
+    frames: the cell's frames, ``Type: message``, a failing rank's own frames, what to do."""
 
     def _rendered_message(self, shell) -> str:
         return str(self)

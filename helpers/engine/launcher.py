@@ -314,16 +314,8 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
 def _vanished_ranks(run_dir: str) -> list[int]:
     """Ranks whose process is gone without a done or error marker (``os._exit(0)``: the agent waits forever)."""
     finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
-    gone = []
-    for rank, info in read_markers(run_dir, "pid").items():
-        if rank not in finished:
-            try:
-                if psutil.Process(info["pid"]).status() != psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.Error:
-                pass
-            gone.append(rank)
-    return gone
+    return [r for r, info in read_markers(run_dir, "pid").items()
+            if r not in finished and not procs.is_live(info["pid"])]
 
 
 def _worker_processes(run_dir: str):

@@ -296,11 +296,7 @@ class _Context:
 
 
 def get_context(method: str | None = None) -> _Context:
-    """A context with ``Process`` (``mp.get_context("spawn").Process(...)``).
-
-    Raises:
-        LaunchError: ``"fork"`` or an unknown method.
-    """
+    """A context with ``Process`` (``mp.get_context("spawn").Process(...)``); LaunchError for ``"fork"``."""
     return _Context(_check_start_method(method or get_start_method(), "method"))
 
 

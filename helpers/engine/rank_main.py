@@ -43,11 +43,7 @@ __all__ = ["worker_device", "worker_entry"]
 
 
 def worker_device():
-    """The device this rank should use: ``cuda:<local_rank>`` under nccl, else ``cpu``.
-
-    Returns:
-        torch.device
-    """
+    """The ``torch.device`` this rank should use: ``cuda:<local_rank>`` under nccl, else ``cpu``."""
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
@@ -116,11 +112,8 @@ def _parent_of(pid: int) -> int | None:
 
 
 def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None:
-    """Return once every rank has written its ``done`` marker (or any rank its ``error`` marker).
-
-    Uses the run's marker files, not a collective, so it never pairs with a collective a rank's
-    own code left unmatched. A rank that never finishes is ended by the launcher's timeout.
-    """
+    """Return once every rank wrote its ``done`` marker (or any its ``error`` one). Not a collective: it
+    never pairs with one a rank's code left unmatched (a hang would read "Connection closed by peer")."""
     while True:
         if all(os.path.exists(os.path.join(run_dir, f"done.{r}")) for r in range(world_size)):
             return
@@ -147,9 +140,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
     _die_with_parent(parent_pid, launcher_pid)
     close_inherited_pipe()
     fresh_random_state()  # not the fork server's generators: each rank draws its own numbers
-    # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
-    # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
-    # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)
+    # the platform's default, as a torchrun rank has (a DataLoader's fork needs no pickled Dataset)
     multiprocessing.set_start_method(None, force=True)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -162,9 +153,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
             torch.set_num_threads(threads)
         fn, args, kwargs = cloudpickle.loads(payload)
         if style == "spawn":
-            # the agent's variables (AGENT_ENV), which torch.multiprocessing.spawn does not give: code
-            # that calls init_process_group itself with its own MASTER_PORT (the DDP tutorial's setup)
-            # must not find the agent's store (TORCHELASTIC_USE_AGENT_STORE makes env:// connect to it)
+            # torch.multiprocessing.spawn gives none of the agent's variables: env:// would join its store
             for name in AGENT_ENV:
                 os.environ.pop(name, None)
             for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
@@ -189,10 +178,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
         write_marker(run_dir, "done", rank, {"time": time.time()})
         if dist.is_initialized():
             if style != "spawn":
-                # no rank tears the group down while another is still in a collective. Not a
-                # dist.barrier(): that would pair with a collective the user's code left unmatched
-                # on another rank (`if rank == 0: dist.barrier()`) and turn a hang into a
-                # misleading "Connection closed by peer"; the launcher's timeout names the rank.
+                # no rank tears the group down while another is in a collective (markers, not a barrier)
                 _wait_for_peers(run_dir, world_size)
             dist.destroy_process_group()
     except BaseException as e:
@@ -206,10 +192,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
         sys.stdout.flush()
         sys.stderr.flush()
         if isinstance(e, Exception):
-            # reported above (the launcher reads the marker): exit 1 instead of raising on, since
-            # torch.multiprocessing's wrapper would pickle the traceback into a
-            # pytorch-errorfile-*.pickle in the launcher's temp directory that nobody removes
-            # (torch/multiprocessing/spawn.py, _wrap; ProcessContext.join reads it, keeps it)
+            # reported in the marker; raising on would leave a pytorch-errorfile-*.pickle (spawn.py, _wrap)
             raise SystemExit(1) from None
         raise
     sys.stdout.flush()

@@ -130,11 +130,8 @@ class CappedLines:
 
 
 class Relay:
-    """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
-    caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``, each rank's lines in the order it wrote them, capped by :class:`CappedLines` (the
-    whole stream then moves to ``ddp-lab-output-*-rank<r>.<stream>.log`` in the temp directory when
-    the launch ends)."""
+    """Copies each rank's ``output/<rank>/std{out,err}.log`` into the caller's ``sys.stdout``/``sys.stderr``
+    as ``[rank r]`` lines, in order, capped by :class:`CappedLines` (the whole stream kept in a temp file)."""
 
     _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
 

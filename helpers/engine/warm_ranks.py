@@ -174,10 +174,8 @@ class WarmRanks:
             self.procs.shutdown()
 
     def restart(self) -> None:
-        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
-
-        After a fault the ranks are ended at once and this runs by itself before the next
-        ``run`` or ``%%px`` cell."""
+        """Stop the ranks and start fresh ones, same settings (names on them are lost); after a fault it
+        runs by itself before the next call."""
         self.procs.shutdown()
         self.stopped = self._restart_pending = False
         self.restarts += 1
@@ -421,11 +419,8 @@ class WarmRanks:
             self._raise_for(ar, errors, fault, "push")
 
     def pull(self, name: str, timeout: float | None = None) -> list:
-        """Every rank's value of the variable ``name`` (defined by ``%%px`` cells or :meth:`push`), in rank order.
-
-        Raises:
-            WorkerError: a rank has no such name (NameError), or as :meth:`run`.
-        """
+        """Every rank's value of the variable ``name`` (from ``%%px`` cells or :meth:`push`), in rank order.
+        Raises WorkerError: a rank has no such name (NameError), or as :meth:`run`."""
         if not isinstance(name, str) or not name.isidentifier():
             raise LaunchError(f"pull takes one variable name, e.g. ranks.pull('loss'); got {name!r:.200}.")
         self._check_alive("pull")

@@ -100,8 +100,7 @@ class RankProcesses:
         """One try at starting the controller, the ranks' ipyparallel engines and the group. Every wait
         watches the processes and the controller's output (:meth:`wait_for`): a port taken or a process
         gone ends it at once."""
-        # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
-        # while starting (a try that lost a port is retried without a word), then to stderr
+        # ipyparallel's reports held back while starting (a lost port is retried silently), then to stderr
         self.ipp_log = logging.Logger("helpers.engine.warm_ranks ipyparallel", logging.WARNING)
         self.ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
         self.ipp_log.addHandler(self.ipp_held)
@@ -287,13 +286,5 @@ class RankProcesses:
 
     def dead_ranks(self) -> dict[int, str]:
         """``{rank: description}`` of ranks whose process is gone (killed, exited)."""
-        dead = {}
-        for rank, pid in enumerate(self.pids):
-            try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.Error:
-                pass
-            dead[rank] = remote.exit_description(self.cluster, pid)
-        return dead
+        return {r: remote.exit_description(self.cluster, pid)
+                for r, pid in enumerate(self.pids) if not is_live(pid)}

@@ -217,11 +217,8 @@ def _read_log(folder: str, node: int, stream: str) -> str:
 
 
 def read_rank_outputs(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every ``rank<R>.json`` an entry module wrote with ``--output DIR``, in rank order.
-
-    Raises:
-        FileNotFoundError: if the folder holds no rank output (the job failed before writing).
-    """
+    """Every ``rank<R>.json`` an entry module wrote with ``--output DIR``, in rank order; FileNotFoundError
+    if there is none (the job failed before writing)."""
     paths = sorted(Path(output_dir).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     if not paths:
         raise FileNotFoundError(f"no rank*.json in {output_dir}: the job wrote no results (see its output)")
