@@ -261,6 +261,12 @@ def _run_pending(timeout: float | None) -> None:
 
 
 @atexit.register
+def _warn_never_joined() -> None:
+    if _pending:
+        print(f"helpers.mp: {len(_pending)} process(es) started but never joined did not run; "
+              "they run together at the first join(): call p.join() for each", file=sys.stderr)
+
+
 def set_start_method(method: str, force: bool = False) -> None:
     """Accepted as in ``torch.multiprocessing``: ``"spawn"`` or ``"forkserver"`` (the ranks come
     from :mod:`helpers.engine.fork_server` either way); may be called again (no ``RuntimeError``).
