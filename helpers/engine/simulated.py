@@ -71,8 +71,7 @@ _leftovers: list[threading.Thread] = []  # rank threads a past run could not end
 _local = threading.local()  # in a rank thread: .rank, .run, .holding (it has the turn), .in_collective
 
 
-def _run_of_thread():
-    """The run this thread is a rank of, or ``None`` (the caller's thread, any other)."""
+def _run_of_thread():  # the run this thread is a rank of, or None
     return getattr(_local, "run", None)
 
 
@@ -166,8 +165,7 @@ def _turn_given():
 
 
 class CollectiveMismatch(RuntimeError):
-    """Simulated ranks called different collectives, or one with tensors of different shapes, at the
-    same point of a process group's sequence (real ranks would hang there, or fail inside gloo)."""
+    """Simulated ranks called different collectives (or shapes) at the same point of a group's sequence."""
 
 
 class _Calls:
@@ -392,8 +390,7 @@ class _Run:
 
 
 class _RankStream:
-    """Stands in for ``sys.stdout`` or ``sys.stderr`` during a run: what a rank thread of ``run`` writes
-    is kept per rank until the caller relays it; what any other thread writes goes straight through."""
+    """``sys.stdout``/``sys.stderr`` during a run: a rank thread's text is kept per rank for the relay."""
 
     def __init__(self, stream, name: str, run: _Run):
         self.stream, self.name, self.run = stream, name, run
@@ -582,7 +579,6 @@ def _note_leftovers() -> None:
                          "end when that call returns. " + _STUCK_ADVICE + "\n")
 
 
-#: what to do about rank threads that cannot be stopped
 _STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
                  "helpers.engine.launch, whose ranks are processes that can be ended.")
 
