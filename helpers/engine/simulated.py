@@ -75,6 +75,10 @@ def _run_of_thread():  # the run this thread is a rank of, or None
     return getattr(_local, "run", None)
 
 
+def _rank_of_thread() -> int | None:
+    return getattr(_local, "rank", None)
+
+
 # ---- in the rank threads: turns and per-rank state ----------------------------------------------
 
 class Stopped(BaseException):
@@ -103,7 +107,8 @@ def _set_random_state(state) -> None:
 
 class Turns:
     """One rank runs at a time, in the order the ranks asked (at the start: rank order), each with its
-    own random state from turn to turn. The whole interface supervision has to the rank threads."""
+    own random state from turn to turn. The whole interface supervision has to the rank threads:
+    :meth:`enter`, :meth:`wait`, :meth:`give`, :meth:`leave`, :meth:`stop`."""
 
     def __init__(self, world_size: int):
         self.lock = threading.Lock()
@@ -120,6 +125,14 @@ class Turns:
             self.queued.discard(self.holder)
             self.events[self.holder].set()
 
+    def enter(self, rank: int, run) -> None:
+        """This thread becomes rank ``rank`` of ``run``, without the turn."""
+        _local.rank, _local.run, _local.holding = rank, run, False
+
+    def leave(self) -> None:
+        """This thread is no rank any more."""
+        _local.run = _local.rank = None
+
     def wait(self, rank: int) -> None:
         """Block until ``rank`` has the turn, its random state back; :class:`Stopped` once the run ended."""
         with self.lock:
@@ -135,7 +148,9 @@ class Turns:
         _local.holding = True
 
     def give(self, rank: int) -> None:
-        """``rank`` gives its turn to the next rank waiting, keeping its random state."""
+        """``rank`` gives its turn (if it has it) to the next rank waiting, keeping its random state."""
+        if not getattr(_local, "holding", False):
+            return
         _local.holding = False
         self.states[rank] = _random_state()
         with self.lock:
@@ -153,7 +168,7 @@ class Turns:
 @contextlib.contextmanager
 def _turn_given():
     """In a rank thread that has the turn: give it up for the block (a wait for the other ranks)."""
-    run, rank = _run_of_thread(), getattr(_local, "rank", None)
+    run, rank = _run_of_thread(), _rank_of_thread()
     if run is None or not getattr(_local, "holding", False):
         yield
         return
@@ -396,7 +411,7 @@ class _RankStream:
         self.stream, self.name, self.run = stream, name, run
 
     def write(self, text: str) -> int:
-        rank = getattr(_local, "rank", None)
+        rank = _rank_of_thread()
         if rank is None or _run_of_thread() is not self.run:
             return self.stream.write(text)
         with self.run.lock:
@@ -404,7 +419,7 @@ class _RankStream:
         return len(text)
 
     def flush(self) -> None:
-        if getattr(_local, "rank", None) is None:
+        if _rank_of_thread() is None:
             self.stream.flush()
 
     def __getattr__(self, name):
@@ -413,7 +428,7 @@ class _RankStream:
 
 def _run_rank(run: _Run, rank: int) -> None:
     """A rank thread: its default group, its turn, ``fn``; what happened goes to ``run``."""
-    _local.rank, _local.run, _local.holding = rank, run, False
+    run.turns.enter(rank, run)
     try:
         try:
             dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
@@ -427,15 +442,14 @@ def _run_rank(run: _Run, rank: int) -> None:
                 print(note, file=sys.stderr)
         finally:
             run.phase[rank] = "after"
-            if _local.holding:
-                run.turns.give(rank)
+            run.turns.give(rank)
     except BaseException as e:  # noqa: BLE001 - handed to the caller
         run.error(rank, e)
     finally:
         with contextlib.suppress(BaseException):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        _local.run = _local.rank = None
+        run.turns.leave()
         run.phase[rank] = "ended"
         run.changed.set()
 
@@ -531,7 +545,7 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
         LaunchInterrupted: the caller was interrupted; the ranks were ended.
     """
     default = isinstance(timeout, DefaultTimeout)
-    if getattr(_local, "rank", None) is not None:
+    if _rank_of_thread() is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
     if not 1 <= (as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")

@@ -222,16 +222,14 @@ class WarmRanks:
                            + remote.RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:
-        """End the ranks now (no half-dead group survives) and start fresh ones on the next call
-        (``run``, ``%%px``), so the fault is reported at once; return ``error`` to raise."""
+        """End the ranks now (no half-dead group) and start fresh ones on the next call; ``error``, to raise."""
         self.procs.shutdown()
         self._restart_pending = True
         return error
 
     def _note_cell(self, code: str) -> None:
-        """Remember a ``%%px`` cell's code under the file name its frames carry on the ranks
-        (:func:`helpers.engine.stacks.px_cell_name`): ``Cell In[n]`` (the kernel's count, lines counted
-        from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
+        """Remember a ``%%px`` cell's code under its frames' file name (:func:`~helpers.engine.stacks.px_cell_name`),
+        labelled ``Cell In[n]`` when it is the running notebook cell's body, else ``%%px code``."""
         from IPython import get_ipython
 
         try:
@@ -338,9 +336,8 @@ class WarmRanks:
                             else None)
 
     def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
-        """If a rank has no default group after a call (``dist.destroy_process_group()``), make a new one on
-        the same ranks and say so on stderr (failing that: fresh ranks next call). ``has_group``: each
-        rank's ``dist.is_initialized()``, asked now if ``None``."""
+        """A rank left without a default group (``has_group``: each rank's ``dist.is_initialized()``, asked if
+        ``None``) gets a new one on the same ranks, said on stderr (failing that: fresh ranks next call)."""
         deadline = time.monotonic() + self.procs.group_timeout
         if has_group is None:
             try:

@@ -118,8 +118,9 @@ class RankProcesses:
         self.cluster.start_cluster_sync(n=self.world_size)
         self.client = self.cluster.connect_client_sync()
         # interactive=False: no progress bar in the cell
-        self.wait_for(self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
-                                                 block=False), "the ranks registering", deadline)
+        engines = self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
+                                               block=False)
+        self.wait_for(engines, "the ranks registering", deadline)
         ids = sorted(self.client.ids)
         assert ids == list(range(self.world_size)), f"ipyparallel engine ids {ids}"
         self.view = self.client[ids]
@@ -128,30 +129,25 @@ class RankProcesses:
         self.started = self.processes()
         self.join_group(deadline)
         self.wait_for(self.view.apply_async(remote.register_stacks, self.profile_dir), "the ranks' stack dumps",
-                    deadline)
+                      deadline)
         for r in ids:
             self.wait_for(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
-                        "setting rank and world_size", deadline)
+                          "setting rank and world_size", deadline)
         self.wait_for(self.view.execute(remote.PRELUDE, block=False), "the prelude (import torch)", deadline)
 
     def join_group(self, deadline: float) -> None:
         """Every rank joins a new default group, through a TCPStore rank 0 opens on port 0."""
         group_timeout = self.group_timeout
         port = self.wait_for(self.client[0].apply_async(remote.open_store, self.world_size, group_timeout),
-                           "rank 0 opening the group's store", deadline)
+                             "rank 0 opening the group's store", deadline)
         joins = [self.client[r].apply_async(remote.join_group, r, self.world_size, self.backend, port, group_timeout,
                                             threads_per_rank(self.world_size))
                  for r in range(self.world_size)]
         self.devices = [self.wait_for(j, "the ranks joining the process group", deadline) for j in joins]
 
     def wait_for(self, waiting, what: str, deadline: float):
-        """The result of ``waiting`` (an ipyparallel AsyncResult or a Future), checking every
-        :data:`_START_POLL_S` that no port was taken and the controller and rank processes still run.
-
-        Raises:
-            RuntimeError: a port was taken, or the controller or a rank process exited.
-            TimeoutError: not done by ``deadline`` (``time.monotonic()``).
-        """
+        """The result of ``waiting`` (an AsyncResult or a Future), checking every :data:`_START_POLL_S` s
+        that no port was taken and no process exited (else RuntimeError); TimeoutError past ``deadline``."""
         while True:
             if isinstance(waiting, ipp.AsyncResult):
                 if waiting.wait(_START_POLL_S):
@@ -170,8 +166,7 @@ class RankProcesses:
                 raise TimeoutError(f"{what} took longer than {_START_TIMEOUT_S:g} s")
 
     def _release_ipp_log(self, show: bool) -> None:
-        """Send what ipyparallel logged during the start to stderr (``show``) or drop it; from now
-        on its reports go to stderr directly."""
+        """What ipyparallel logged during the start to stderr (``show``) or dropped; then straight to stderr."""
         held = self.ipp_held
         if self.ipp_log is None or held is None:
             return
@@ -194,8 +189,7 @@ class RankProcesses:
         return launchers
 
     def _port_taken(self) -> str | None:
-        """The address (``tcp://127.0.0.1:PORT``) the controller or a rank's ipyparallel engine could not bind because
-        another process had taken it, read from their output files; ``None`` if none."""
+        """The address (``tcp://127.0.0.1:PORT``) a process of the start could not bind (its output), or ``None``."""
         for launcher in self._launchers():
             m = remote.PORT_TAKEN.search(_output_of(launcher))
             if m:
@@ -221,13 +215,11 @@ class RankProcesses:
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
     def _launched(self) -> list:
-        """The controller's and every rank's process as ipyparallel's launchers started them
-        (psutil.Process; none once stopped)."""
+        """The controller's and every rank's process as ipyparallel's launchers started them."""
         return [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
 
     def _marked(self) -> list:
-        """This process's descendants that ipyparallel started for this set of ranks: their
-        environment names its profile folder (``IPP_PROFILE_DIR``, ipyparallel's launchers set it)."""
+        """This process's descendants whose ``IPP_PROFILE_DIR`` is this set's profile folder."""
         found = []
         if not self.profile_dir:
             return found
