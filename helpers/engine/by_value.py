@@ -1,26 +1,14 @@
 """What may be sent to the ranks, and the refusal that names the variable when it may not.
 
-:func:`helpers.engine.launch` (and :mod:`helpers.mp`, :mod:`helpers.engine.warm_ranks`) send
-``fn, args, kwargs`` to other processes with ``cloudpickle`` (the library Dask, Ray and
-ipyparallel use for this):
+``launch``, :mod:`helpers.mp` and warm ranks send ``fn, args, kwargs`` with ``cloudpickle``: what is
+defined in ``__main__`` (a cell), in a function, and lambdas go *by value* (with the cell code and
+values they use); what importable modules define goes *by reference*, as ``pickle`` sends it.
 
-- functions and classes defined in ``__main__`` (a notebook cell, an interactive session),
-  inside another function, and lambdas go *by value*: their code, and the cell-defined
-  functions, classes and values they use, travel with them;
-- functions and classes of importable modules (``helpers``, ``torch``, a test module) go *by
-  reference*, as plain ``pickle`` sends them: the rank imports them by name.
-
-Before pickling, :func:`serialise_call` walks everything a learner named (each argument, the
-globals and closure variables of every by-value function, the attributes of cell-defined
-classes, two levels into lists, tuples, sets and dicts) and refuses, naming the variable, what
-belongs to one process: an open file, a lock, a socket, a generator, a CUDA tensor (or a module
-with CUDA parameters). Anything else that does not pickle is refused the same way.
-
-Code sent by value keeps its file name and, for a notebook cell (whose source exists only in
-the kernel's ``linecache``), its source lines: cloudpickle renames every such file
-``<dynamic-code>``, so a rank's traceback would show ``File "<dynamic-code>", line 3, in work``
-without the line. With :func:`dumps` it shows the cell's file and ``return 1/0``, and the
-kernel names the cell (``Cell In[3]``) when it shows the error.
+Before pickling, :func:`serialise_call` walks what the learner named (arguments, globals and closure
+variables of by-value functions, attributes of cell classes, two levels into containers) and refuses,
+naming the variable, what belongs to one process: an open file, a lock, a socket, a generator, a CUDA
+tensor; anything else that does not pickle likewise. Code sent by value keeps its file name and a
+cell's source lines (cloudpickle would name it ``<dynamic-code>``), so a rank's traceback shows the line.
 
 Reference: https://github.com/cloudpipe/cloudpickle (``_should_pickle_by_reference``).
 """
@@ -41,7 +29,7 @@ import cloudpickle
 
 from helpers.engine.errors import LaunchError
 
-__all__ = ["dumps", "serialise_call"]
+__all__ = ["dumps", "serialise_call", "unsendable"]
 
 _DYNAMIC = "<dynamic-code>"  # what cloudpickle names the file of every code object it sends
 
@@ -194,6 +182,13 @@ def _named_values(fn: Any, args: tuple, kwargs: dict):
     yield from refs(fn, "fn", 0)
 
 
+def unsendable(where: str, value: Any):
+    """``(where, kind, item)`` for ``value`` and each item inside it that :func:`_kind_of` knows cannot be sent."""
+    for inner_where, inner in _walk(where, value):
+        if kind := _kind_of(inner):
+            yield inner_where, kind, inner
+
+
 def _walk(where: str, value: Any, depth: int = 0):
     """``value`` and the items of the lists, tuples, sets and dicts inside it (two levels)."""
     yield where, value
@@ -227,10 +222,8 @@ def serialise_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
     fn_name = getattr(fn, "__qualname__", type(fn).__name__)
     named = list(_named_values(fn, args, kwargs))
     for where, value in named:
-        for inner_where, inner in _walk(where, value):
-            kind = _kind_of(inner)
-            if kind:
-                raise _refuse(inner_where, kind, fn_name)
+        for inner_where, kind, _ in unsendable(where, value):
+            raise _refuse(inner_where, kind, fn_name)
     try:
         return dumps((fn, args, kwargs))
     except Exception as e:  # noqa: BLE001 - find which named value is the culprit

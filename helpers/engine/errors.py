@@ -13,10 +13,8 @@
 - :data:`HINTS` (in :mod:`helpers.engine.hints`): the one table of (pattern, what to do) that adds a
   hint to a rank's error.
 
-Every exception of the engine is defined here; learners import them from :mod:`helpers.engine`. In IPython/Jupyter they
-show as a few lines (IPython's ``_render_traceback_`` hook, see :class:`Readable`): the cell's own
-frames, the message, the failing rank's own frames (the learner's code; the frames of helpers,
-torch, multiprocessing and other installed libraries are hidden) and what to do.
+In IPython they show as a few lines (``_render_traceback_``, :class:`Readable`): the cell's frames,
+the message, the failing rank's own frames (helpers, torch and other libraries hidden), what to do.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from helpers.engine.hints import HINTS, hint_for
 from helpers.engine.start_method import install_spawn_hint
-from helpers.engine.tracebacks import Frame, _ipython, format_frames, own_frames, parse_frames
+from helpers.engine.tracebacks import Frame, format_frames, ipython, own_frames, parse_frames
 
 __all__ = ["HINTS", "RESTART_NOTE", "LaunchError", "LaunchInterrupted", "LaunchTimeout", "NoRanks",
            "OversubscriptionWarning", "RanksStopped", "RanksTimeout", "Readable", "SimulationUnavailable",
@@ -35,11 +33,8 @@ __all__ = ["HINTS", "RESTART_NOTE", "LaunchError", "LaunchInterrupted", "LaunchT
 
 
 class Readable:
-    """Mixin for the project's exceptions: in IPython/Jupyter, :meth:`_render_traceback_` replaces
-    IPython's traceback (dozens of lines of helpers' frames) with a few lines: the caller's own
-    frames (the cell), ``Type: message`` and, for a :class:`WorkerError`, the failing rank's own
-    frames and what to do. IPython calls the hook when it shows the exception; a script prints
-    Python's traceback and ``str(e)`` as usual."""
+    """Mixin: in IPython, :meth:`_render_traceback_` shows a few lines instead of dozens of helpers'
+    frames: the cell's frames, ``Type: message``, a failing rank's own frames, what to do."""
 
     def _rendered_message(self, shell) -> str:
         return str(self)
@@ -48,7 +43,7 @@ class Readable:
         """The lines IPython shows instead of its traceback (IPython's hook). Never raises."""
         name = type(self).__name__
         try:
-            shell = _ipython()
+            shell = ipython()
             red, normal = ("\x1b[0;31m", "\x1b[0m") if shell is not None and str(
                 getattr(shell, "colors", "nocolor")).lower() != "nocolor" else ("", "")
             caller = own_frames([Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
@@ -111,22 +106,15 @@ class LaunchError(Readable, ValueError):
 
 
 class WorkerError(Readable, RuntimeError):
-    """A worker raised, exited without a result, or was killed.
-
-    ``str(e)`` is short: which rank failed with what, that rank's own frames (the learner's code:
-    the frames of helpers, torch, multiprocessing and other installed libraries left out), the
-    other ranks in one line, and what to do where :data:`HINTS` knows. The whole traceback is in
-    ``e.traceback``.
+    """A worker raised, exited without a result, or was killed. ``str(e)``: the rank, the error, its own
+    frames, the other ranks in one line, what to do (:data:`HINTS`).
 
     Attributes:
         rank: the rank that failed first (the root cause).
-        exc_type: the original exception's type name (e.g. ``"ZeroDivisionError"``), or a
-            description such as ``"killed by SIGKILL"``.
-        message: the original exception's message.
-        traceback: the worker's formatted traceback, complete (``""`` if the worker died without one).
+        exc_type: the original type name (``"ZeroDivisionError"``), or e.g. ``"killed by SIGKILL"``.
+        message, traceback: the original message; the whole traceback (``""`` if none).
         other_ranks: ``{rank: summary}`` of the other ranks that failed or were ended.
-        notes: what the launcher adds (e.g. that the fork server died), one line each.
-        hint: what to do, from :data:`HINTS` worded for ``caller`` (``"launch"``, ``"simulate"``), or ``None``.
+        notes: lines the launcher adds; hint: from :data:`HINTS` worded for ``caller``, or ``None``.
     """
 
     def __init__(self, rank: int, exc_type: str, message: str, tb: str, other_ranks: dict | None = None,
@@ -175,25 +163,15 @@ class WorkerError(Readable, RuntimeError):
 
 
 class LaunchTimeout(_Stuck, Readable, TimeoutError):
-    """The launch ran past its ``timeout``; every worker was ended.
-
-    ``str(e)`` says when the clock started (once every rank was running your function; how long
-    start-up took before that), which unfinished rank was still in its own code (sleeping or
-    computing) and which was waiting in a collective, what to do (only when every unfinished rank
-    waits in a collective does it point at mismatched collectives), then, a few lines each, where
-    each was stuck in your code and in which library call (e.g. ``torch.distributed.all_reduce``).
+    """The launch ran past its ``timeout``; every worker was ended. ``str(e)``: when the clock started,
+    which rank was in its own code and which waited in a collective, what to do, where each was stuck.
 
     Attributes:
-        timeout: the limit in seconds.
-        ranks_not_finished: ranks whose ``fn`` had not returned when time ran out.
-        stacks: ``{rank: Python stack dump}`` (faulthandler's, every thread) of those ranks, taken
-            before they were ended; ``{}`` where none came.
-        startup_s: seconds from the call until every rank was running your function (until the
-            timeout if they never all did); ``None`` where not measured.
-        in_startup: ranks that had not reached your function when time ran out: start-up (new
-            processes, imports, unpickling, the process group) took the time; ``[]`` otherwise.
-        default: ``True`` when ``timeout`` was the function's default (the message says how to lift it).
-        what: the call that timed out (``"launch"``, ``"spawn"``, ``"Process.join"``).
+        timeout: the limit in seconds; ranks_not_finished: ranks whose ``fn`` had not returned.
+        stacks: ``{rank: faulthandler dump}`` of those, taken before they were ended (``{}``: none came).
+        startup_s: seconds until every rank ran your function (``None``: not measured).
+        in_startup: ranks that never reached your function (start-up took the time).
+        default: ``timeout`` was the default; what: ``"launch"``, ``"spawn"``, ``"Process.join"`` ...
     """
 
     def __init__(self, timeout: float, ranks_not_finished: list[int], stacks: dict[int, str] | None = None,
@@ -206,9 +184,9 @@ class LaunchTimeout(_Stuck, Readable, TimeoutError):
         self.in_startup = list(in_startup)
         self.default = default
         self.what = what
-        from helpers.engine.stacks import _spans, ranks_phrase, timeout_advice  # stacks imports this module
+        from helpers.engine.stacks import ranks_phrase, spans, timeout_advice  # stacks imports this module
 
-        listed = self.ranks_not_finished if len(self.ranks_not_finished) <= 8 else _spans(self.ranks_not_finished)
+        listed = self.ranks_not_finished if len(self.ranks_not_finished) <= 8 else spans(self.ranks_not_finished)
 
         lift = (f"raise the timeout ({what}'s default timeout={timeout:g} s; pass timeout=None for no limit)"
                 if default else "pass a larger timeout, or timeout=None for no limit")
@@ -243,15 +221,8 @@ class NoRanks(Readable, RuntimeError):
 
 
 class RanksTimeout(LaunchTimeout):
-    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the next call).
-
-    Attributes:
-        timeout: the limit in seconds.
-        ranks_not_finished: ranks that had not finished when time ran out.
-        stacks: ``{rank: Python stack dump}`` of those ranks, taken before they were ended (``str(e)``
-            says where each was stuck, as :class:`LaunchTimeout` does); ``{}`` where none came.
-        cells: ``{file name: (label, code, lines above it)}`` of ``%%px`` cells, for the lines of their frames.
-    """
+    """A ``run`` or ``%%px`` cell ran past its ``timeout``; the ranks were ended (fresh ones start on the
+    next call). As :class:`LaunchTimeout`, and ``cells``: ``{file name: (label, code, lines above)}``."""
 
     def __init__(self, timeout: float, ranks_not_finished: list[int], what: str = "run",
                  stacks: dict[int, str] | None = None, cells: dict[str, tuple[str, str, int]] | None = None):
@@ -288,24 +259,11 @@ def _is_secondary(err: dict) -> bool:
 
 def worker_error(error: BaseException, errors: dict[int, dict], started: set[int], done: set[int],
                  world_size: int) -> BaseException:
-    """Turn what the ranks left behind into one :class:`WorkerError` naming the root-cause rank.
-
-    Args:
-        error: what the elastic agent raised (a ``ChildFailedError`` lists the ranks it saw die).
-        errors: ``{rank: error marker}`` the ranks wrote (``type``, ``message``, ``traceback``,
-            ``time``: seconds since the epoch).
-        started: ranks that wrote their pid marker (``fn`` was reached).
-        done: ranks that wrote their done marker (``fn`` returned).
-        world_size: number of ranks.
-
-    Root cause, in order: the earliest error a rank raised itself; else a rank the agent saw die
-    (signal or exit code) without raising; else a started rank that vanished without a word
-    while others lost their connection to it; else the earliest secondary error.
-
-    Returns:
-        the exception for the caller to raise: a :class:`WorkerError`, or ``error`` itself when
-        no rank left a word and the agent names none.
-    """
+    """One :class:`WorkerError` naming the root-cause rank (or ``error`` itself, when no rank left a word
+    and the agent names none), from the agent's ``error`` (a ``ChildFailedError`` lists the ranks it
+    saw die), the ranks' ``errors`` markers (``{rank: {type, message, traceback, time}}``) and the
+    ``started``/``done`` rank sets. Root cause, in order: the earliest error a rank raised itself; a
+    rank the agent saw die; a started rank that vanished while others lost it; the earliest secondary."""
     failures = error.failures if isinstance(error, ChildFailedError) else {}
     primary = [e for e in errors.values() if not _is_secondary(e)]
     silent_dead = {r: f for r, f in failures.items() if r not in errors}

@@ -1,66 +1,32 @@
-"""The fork server :func:`helpers.engine.launch` starts its ranks from: ``import torch`` once per
-kernel, not once per rank per launch.
+"""The fork server :func:`helpers.engine.launch` forks its ranks from: ``import torch`` once per kernel,
+not once per rank per launch.
 
-``import torch`` takes seconds, and a ``spawn``-ed rank pays it every time. Python's third start
-method, **forkserver**, pays it once: the first launch starts a *server* process, a fresh
-interpreter started like ``spawn`` (``python -c 'from multiprocessing.forkserver import main;
-...'``), which imports the modules in :data:`PRELOAD` (torch, and what DDP imports on first use)
-and waits. Each rank is then a
-``fork`` of that server, not of the kernel: it has torch already imported, but none of the
-kernel's state (no notebook variables, no CUDA context, none of the kernel's threads), so what
-``spawn`` protects against still cannot happen, and a cell's functions still travel by value
-with cloudpickle. Python's docs (https://docs.python.org/3/library/multiprocessing.html,
-"Contexts and start methods"): "The fork server process is single threaded unless system
-libraries or preloaded imports spawn threads as a side-effect so it is generally safe for it to
-use os.fork(). No unnecessary resources are inherited." (numpy, which torch imports, starts
-its OpenBLAS thread pool; OpenBLAS shuts it down around a fork with ``pthread_atfork``, as it
-does for every ``fork``-based DataLoader worker.) PyTorch's docs name ``spawn`` or
-``forkserver`` as the start methods that can use CUDA in subprocesses
+Python's **forkserver** start method starts a *server* (a fresh interpreter, as ``spawn`` starts) that
+imports :data:`PRELOAD` and waits; each rank is a ``fork`` of it, not of the kernel: torch imported,
+none of the kernel's state (variables, CUDA context, threads). Python's docs ("Contexts and start
+methods"): "The fork server process is single threaded unless system libraries or preloaded imports
+spawn threads ... so it is generally safe for it to use os.fork()" (OpenBLAS's pool stops around a
+fork with ``pthread_atfork``). PyTorch names ``spawn`` or ``forkserver`` for CUDA in subprocesses
 (https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing).
 
-What this module adds to Python's fork server (``multiprocessing.forkserver``):
+What this module adds to ``multiprocessing.forkserver``:
 
-- **the caller's environment, now**: a forked rank inherits the server's environment, i.e. the
-  caller's at the moment the server started. If ``os.environ`` has changed since (a cell set
-  ``TORCH_DISTRIBUTED_DEBUG`` or ``OMP_NUM_THREADS``), :func:`fork_server` stops the server and
-  starts a new one with the environment of now (a fresh ``import torch`` for that launch), so a
-  rank always sees what a ``spawn``-ed rank would see. Variables in :data:`VOLATILE_ENV` do
-  not count as a change, nor do those in :data:`AGENT_ENV`, which every rank gets anew.
-- **a socket path that fits**: Python binds the server's Unix socket at
-  ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``; where ``TMPDIR`` is too long for a socket path
-  (Python 3.10 to 3.12 fail with ``OSError: AF_UNIX path too long``), :func:`fork_server` puts it
-  in a folder that fits (:func:`helpers.engine.socket_folder.socket_dir`), as CPython 3.14 does itself.
-- **a session (so a Unix process group) of its own**: ipykernel answers a shutdown request by
-  signalling every child in its Unix process group until none is left, zombies included
-  (``_progressively_terminate_all_children`` in ipykernel/kernelbase.py, about 29 s of
-  back-offs); a server it SIGTERMed stayed a zombie and multiprocessing's resource tracker
-  ignores SIGTERM, so a kernel that had launched did not exit by itself, jupyter_client SIGTERMed
-  it after 2.5 s, and its atexit hooks never ran (its ``pymp-*`` folder stayed in the temp
-  directory). :func:`fork_server` starts the server, and the resource tracker if none runs yet,
-  in a new session. The ranks forked from the server are in its group too: "interrupt kernel"
-  reaches them through :func:`helpers.engine.launch`, which ends them when the caller gets
-  ``KeyboardInterrupt``; a signal to the caller's process group (a terminal's Ctrl-C, a
-  ``killpg``) no longer reaches the server itself.
-- **its lifetime**: the server is a child of the caller and lives as long as the caller does
-  (a kernel, a script): when the caller exits normally, an ``atexit`` hook SIGKILLs and reaps it
-  (on its own the server exits on end-of-file from its parent's pipe, but only after tearing
-  torch down: seconds after the caller, on a busy machine, and a notebook runner counts it as
-  left behind); when the caller is killed (SIGKILL, also to its whole process group) the server
-  exits by itself, those seconds later (Python's server watches a pipe from its parent), and the
-  ranks forked from it then die by their parent-death signal.
-  It is the one long-lived process a launch leaves, like ``multiprocessing``'s resource
-  tracker; :func:`stop_fork_server` ends it now.
+- **the caller's environment, now**: when ``os.environ`` changed since the server started (a cell
+  set ``OMP_NUM_THREADS``), :func:`fork_server` starts a new one, so a rank sees what a ``spawn``-ed
+  rank would; :data:`VOLATILE_ENV` and :data:`AGENT_ENV` do not count.
+- **a socket path that fits**: where ``TMPDIR`` is too long for a Unix socket (Python 3.10-3.12:
+  ``AF_UNIX path too long``), the socket goes in :func:`helpers.engine.socket_folder.socket_dir`.
+- **a session of its own** (server and resource tracker): ipykernel's shutdown signals every child
+  of its process group, zombies included (``_progressively_terminate_all_children``), and the
+  kernel never exited by itself; "interrupt kernel" still reaches the ranks through ``launch``.
+- **its lifetime**: an ``atexit`` hook SIGKILLs and reaps the server (on its own it exits seconds
+  later, after tearing torch down); a killed caller's server exits by its parent pipe and the
+  ranks by their parent-death signal. :func:`stop_fork_server` ends it now.
+- **a main script without a file** (``python3 - <<EOF``: ``__main__.__file__`` is ``"<stdin>"``, and
+  each rank re-ran it and died, ``FileNotFoundError``): :func:`main_without_file` leaves it out.
 
-- **a main script without a file**: for a script piped on stdin (``python3 - <<EOF``),
-  ``__main__.__file__`` is ``"<stdin>"``, and Python's preparation data asks every new process to
-  re-run that "file" as ``__mp_main__`` (``init_main_from_path``): each rank died with
-  ``FileNotFoundError: '<cwd>/<stdin>'``. :func:`main_without_file` leaves that request out when
-  the path does not exist (functions of ``__main__`` go by value with cloudpickle anyway).
-  ``python3 -c`` has no ``__file__`` and needs nothing.
-
-Where ``forkserver`` is not available (Windows) or this Python's ``ForkServer`` cannot be
-stopped (a private method, ``ForkServer._stop``, present since Python 3.8), :func:`start_method`
-is ``"spawn"`` and every rank imports torch itself.
+Where ``forkserver`` is missing (Windows) or ``ForkServer._stop`` is (private, since 3.8),
+:func:`start_method` is ``"spawn"`` and every rank imports torch itself.
 """
 
 from __future__ import annotations
@@ -83,25 +49,17 @@ __all__ = ["AGENT_ENV", "PRELOAD", "VOLATILE_ENV", "close_inherited_pipe", "envi
            "fork_server_pid", "fresh_random_state", "main_without_file", "socket_folder", "start_method",
            "stop_fork_server"]
 
-#: Modules the server imports once, so that forked ranks have them. ``torch``: seconds.
-#: ``torch._dynamo``: the first ``DistributedDataParallel(...)`` in a process imports it (with
-#: sympy), 2.4-2.7 s per rank on a 2-core machine (measured: ``DDP(nn.Linear(2, 2))`` in a fresh
-#: process with a gloo group, 2.67 s; 0.003 s with it preloaded). ``torchvision`` (the MNIST
-#: data): 0.15 s once ``torch._dynamo`` is loaded. Only third-party libraries: this project's own
-#: modules are imported by each rank, so an edit to ``helpers`` is seen by the next launch.
+#: Modules the server imports once. ``torch._dynamo``: the first ``DDP(...)`` in a process imports it,
+#: 2.67 s per rank on 2 cores (0.003 s preloaded). Only third-party libraries: an edit to ``helpers``
+#: is seen by the next launch.
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchvision", "cloudpickle", "psutil")
 
-#: Environment variables that change by themselves between calls (pytest sets the current test
-#: name): a change in these is not "another environment" (see :func:`environment`).
+#: Variables that change by themselves between calls (pytest's test name): no change of environment.
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
-#: The variables the elastic agent sets in every worker (``RANK``, ..., ``MASTER_ADDR``,
-#: ``MASTER_PORT``). No rank reads the server's values of these: a launch's rank gets the agent's
-#: (elastic's ``_wrap`` updates ``os.environ`` after the fork), :mod:`helpers.mp` clears them in
-#: the rank and sets the caller's values of the moment of the call, and a warm rank's engine gets
-#: the caller's whole environment of now (:mod:`helpers.engine.warm_ranks_forked`). So a change in
-#: these alone keeps the server: the tutorials' cell that sets ``MASTER_ADDR``/``MASTER_PORT``
-#: before ``spawn`` costs no fresh ``import torch``.
+#: The variables the elastic agent sets in every rank: no rank reads the server's values (the agent,
+#: :mod:`helpers.mp` and warm ranks set them after the fork), so a change in these keeps the server
+#: (a tutorial's ``MASTER_PORT`` cell costs no fresh ``import torch``).
 AGENT_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
              "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 
@@ -118,16 +76,9 @@ def start_method() -> str:
 
 
 def environment(ignore: frozenset | tuple = ()) -> tuple:
-    """``os.environ`` as a sorted tuple of ``(name, value)``, without :data:`VOLATILE_ENV` (and the
-    names in ``ignore``): what "the same environment" means for :func:`helpers.engine.start_ranks`;
-    the fork server ignores :data:`AGENT_ENV` too.
-
-    Also without ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's own default: ``import
-    torch._dynamo`` (which ``DistributedDataParallel(...)`` triggers) writes that into
-    ``os.environ`` (``torch/_inductor/runtime/cache_dir_utils.py``, ``cache_dir()``), and a fresh
-    process computes the same value itself, so it is no change (seen in notebooks 01 and 06a: one
-    more server, a fresh ``import torch``, per kernel).
-    """
+    """``os.environ`` as a sorted tuple of ``(name, value)`` without :data:`VOLATILE_ENV`, ``ignore``, and
+    ``TORCHINDUCTOR_CACHE_DIR`` when it holds torch's default (``import torch._dynamo`` writes it,
+    ``cache_dir_utils.cache_dir()``; a fresh process computes the same): "the same environment"."""
     env = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV and k not in ignore}
     cache = sys.modules.get("torch._inductor.runtime.cache_dir_utils")  # loaded by whoever set the variable
     if cache is not None and env.get("TORCHINDUCTOR_CACHE_DIR") == os.path.abspath(cache.default_cache_dir()):
@@ -164,9 +115,7 @@ def _socket_folder_that_fits() -> None:
 
 
 def socket_folder() -> str | None:
-    """The folder of the server's socket (``pymp-*``, made now if need be; see
-    :func:`_socket_folder_that_fits`), which a launch's reaper removes if this process is killed;
-    ``None`` where the ranks are spawned."""
+    """The server's socket folder (``pymp-*``, made now if need be), for a launch's reaper; ``None`` under spawn."""
     if start_method() != "forkserver":
         return None
     with _lock:
@@ -175,16 +124,9 @@ def socket_folder() -> str | None:
 
 
 def _no_tracker_in_our_process_group() -> None:
-    """Stop ``multiprocessing``'s resource tracker if it runs in this process's Unix process group,
-    so that the server's start brings a new one up in a session of its own
-    (:func:`_in_a_session_of_their_own`).
-
-    A tracker started before the first launch by other code (plain ``torch.multiprocessing.spawn``
-    in a cell, a ``multiprocessing.Queue``) is in the kernel's group: ipykernel's shutdown signals it
-    (it ignores SIGTERM), the kernel does not exit by itself, jupyter_client SIGTERMs it and its exit
-    hooks never run, so its ``pymp-*`` folder, the server's socket folder, stayed in the temp
-    directory. The stopped tracker cleans up what was registered with it, as at any exit.
-    """
+    """Stop ``multiprocessing``'s resource tracker if it runs in this process's Unix process group (started
+    by other code, e.g. a ``multiprocessing.Queue``): ipykernel's shutdown signals it and it ignores
+    SIGTERM. The server's start brings a new one up in a session of its own; the stopped one cleans up."""
     from multiprocessing import resource_tracker
 
     tracker = resource_tracker._resource_tracker
@@ -200,18 +142,14 @@ def _no_tracker_in_our_process_group() -> None:
         tracker._stop()
 
 
-#: pid -> the Popen of each process started by :func:`_in_a_session_of_their_own`, kept so that
-#: subprocess never reaps them (multiprocessing waits for them) until :func:`_reaped` says so.
+#: pid -> Popen of what :func:`_in_a_session_of_their_own` started (multiprocessing reaps them: :func:`_reaped`).
 _STARTED: dict[int, subprocess.Popen] = {}
 
 
 @contextlib.contextmanager
 def _in_a_session_of_their_own():
-    """While the block runs, the processes ``multiprocessing`` starts with ``util.spawnv_passfds``
-    (the fork server, the resource tracker) start in a new session, hence a new Unix process group:
-    ``subprocess.Popen`` with the same executable, arguments and passed descriptors, and
-    ``start_new_session=True``. Used around ``forkserver.ensure_running``, under ``_lock`` (a
-    process another thread starts with ``util.spawnv_passfds`` meanwhile gets the same)."""
+    """For the block, what ``multiprocessing`` starts with ``util.spawnv_passfds`` (the fork server, the
+    resource tracker) starts in a new session: ``subprocess.Popen(..., start_new_session=True)``."""
     if os.name != "posix":
         yield
         return
@@ -231,9 +169,7 @@ def _in_a_session_of_their_own():
 
 
 def _reaped(pid: int, exit_code: int) -> None:
-    """``pid`` was reaped by ``os.waitpid`` (ours or multiprocessing's): give its Popen, if any,
-    the exit code, so that it neither warns at exit that it is still running nor waits for a pid
-    the system may have given to another process."""
+    """``pid`` was reaped: its Popen gets the exit code (no warning at exit, no wait on a reused pid)."""
     proc = _STARTED.pop(pid, None)
     if proc is not None and proc.returncode is None:
         proc.returncode = exit_code
@@ -266,10 +202,8 @@ def fork_server_pid() -> int | None:
 
 @contextlib.contextmanager
 def main_without_file():
-    """While the block runs, the processes ``multiprocessing`` starts (forkserver or spawn) are not
-    asked to re-run a main script that has no file (``init_main_from_path`` of ``<stdin>``, which
-    fails in every one of them); a real file is re-run as before. Used around a launch, which runs
-    one at a time per process."""
+    """For the block, processes ``multiprocessing`` starts are not asked to re-run a main script that has
+    no file (``init_main_from_path`` of ``<stdin>``); a real file is re-run as before."""
     original = spawn.get_preparation_data
 
     def get_preparation_data(name):
@@ -287,11 +221,9 @@ def main_without_file():
 
 
 class fork_server:
-    """Context manager for one launch: ``with fork_server() as pid:`` starts (or restarts, after
-    an environment change) the server and gives its pid, the parent of the ranks forked while
-    the block runs; :func:`stop_fork_server` refuses during the block. ``pid`` is ``None`` when
-    the launch must use ``spawn`` (:func:`start_method` says so). Used by
-    :func:`helpers.engine.launch`, which runs one launch at a time per process.
+    """``with fork_server() as pid:`` starts the server (again, after an environment change) for one
+    launch and gives its pid, the ranks' parent (``None`` under ``spawn``); :func:`stop_fork_server`
+    refuses during the block.
 
     Raises:
         OSError: the server could not be started.
@@ -333,12 +265,9 @@ _owner: tuple[int, int] | None = None  # (this process's pid, the pid of the ser
 
 
 def _end_at_exit() -> None:
-    """At this process's normal exit: SIGKILL the fork server this process started and reap it,
-    before multiprocessing's own exit hook removes the server's socket folder (``atexit`` runs
-    hooks last-registered first; ``multiprocessing.util`` registered its hook on import, before
-    this module's). A no-op in a process that did not start the running server (a rank, a plain
-    ``os.fork`` child) and while a ``multiprocessing`` child of this process still runs (its exit
-    hook joins it, and the server then exits by itself on end-of-file, as without this hook)."""
+    """At a normal exit: SIGKILL and reap the server this process started, before multiprocessing's
+    exit hook (registered earlier, so run later) removes its socket folder. A no-op in a process that
+    did not start it (a rank) and while a ``multiprocessing`` child still runs (its exit hook joins it)."""
     if _owner is None or _owner[0] != os.getpid() or _running_pid() != _owner[1]:
         return
     if multiprocessing.active_children():
@@ -362,10 +291,8 @@ def _stop_unlocked(exit_code: int = 0) -> None:
 
 
 def close_inherited_pipe() -> None:
-    """In a rank forked from the server: close the rank's copy of the pipe the server watches
-    (every process forked from it gets one). Otherwise the server would not notice its parent's
-    death while a rank lives, and the rank, whose parent-death signal watches the server, would
-    not die either. A no-op in a ``spawn``-ed rank."""
+    """In a rank forked from the server: close its copy of the pipe the server watches, or the server
+    would outlive its parent while a rank lives (and the rank, watching the server, too)."""
     server = forkserver._forkserver
     fd = getattr(server, "_forkserver_alive_fd", None)
     if fd is not None:
@@ -375,19 +302,9 @@ def close_inherited_pipe() -> None:
 
 
 def fresh_random_state() -> None:
-    """In a process forked from the server: seed the random generators it copied, as a fresh
-    interpreter seeds them.
-
-    A forked child inherits the server's generator states, so without this every rank of every
-    launch (and every warm rank of every start) would draw the same numbers. A process started by
-    ``torch.multiprocessing.spawn`` or torchrun seeds torch's CPU generator and numpy's global
-    ``RandomState`` from the operating system; so does this (``torch.default_generator.seed()``,
-    ``numpy.random.seed()``). Python's ``random`` reseeds itself after every fork
-    (``os.register_at_fork`` in ``random.py``); it is seeded here again all the same. CUDA's
-    generators are left alone: the server never initialises CUDA, so a rank creates them, freshly
-    seeded, on first use. ``torch.manual_seed(s)`` in the rank's code then gives exactly what it
-    gives under torchrun.
-    """
+    """In a process forked from the server: seed the generators it copied (torch's CPU one, numpy's,
+    ``random``) from the OS, as a fresh interpreter does; else every rank would draw the same numbers.
+    CUDA's are made, fresh, on first use (the server never initialises CUDA)."""
     import random
 
     random.seed()

@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from helpers.engine.errors import LaunchError, OversubscriptionWarning
-from helpers.engine.tracebacks import _HELPERS_DIR
+from helpers.engine.tracebacks import HELPERS_DIR
 
 #: ``world_size`` above ``MAX_RANKS_PER_CPU * os.cpu_count()`` is refused; above the CPU count
 #: it is allowed with an :class:`OversubscriptionWarning` (ranks share cores: correct results,
@@ -25,6 +25,14 @@ MAX_RANKS_PER_CPU = 8
 #: The least free space (bytes) a launch needs in the temp folder: its run folder (each rank's output, markers,
 #: stacks) and torch's error files are written there.
 MIN_FREE_TEMP = 1 << 20
+
+
+class DefaultTimeout(float):
+    """A call's default ``timeout`` (seconds; shown as a float): a timeout's message says it was the
+    default and how to lift it."""
+
+    def __repr__(self) -> str:
+        return repr(float(self))
 
 
 def temp_folder_full() -> str | None:
@@ -77,7 +85,7 @@ def check_world_size(world_size: Any, name: str = "world_size") -> int:
 def _first_frame_outside_helpers() -> int:
     """``warnings.warn``'s ``stacklevel`` that names the caller's own line (a cell), not ours."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_HELPERS_DIR + os.sep):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(HELPERS_DIR + os.sep):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -1,54 +1,20 @@
-"""The notebook-safe DDP launcher: the one way the notebooks start distributed workers.
+"""The notebook-safe DDP launcher: ``launch(fn, world_size, ...)``, the one way the notebooks start ranks.
 
-``launch(fn, world_size, ...)`` starts ``world_size`` fresh processes, initialises the default
-process group in each, calls ``fn(rank, world_size, *args, **kwargs)`` and returns the list of
-return values in rank order. It is built on torch's elastic agent (the engine behind
-``torchrun``, ``torch.distributed.launcher.api.elastic_launch``), which picks a free port through
-a c10d rendezvous, sets the same environment variables torchrun sets (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts the workers, here forked from
-:mod:`helpers.engine.fork_server`'s server (``spawn`` where that is unavailable), never from the caller
-(a forked child of a process that has touched CUDA fails with "Cannot re-initialize CUDA in
-forked subprocess"). On top of it this module adds what a notebook needs:
+Built on torch's elastic agent (``torchrun``'s engine, ``elastic_launch``): a c10d rendezvous picks a
+free port, each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) and is forked from :mod:`helpers.engine.fork_server`'s server
+(``spawn`` where that is unavailable), never from the caller (a fork of a process that touched CUDA
+fails). On top of it, what a notebook needs: cell-defined code sent by value with cloudpickle
+(:mod:`~helpers.engine.by_value`), what cannot be sent refused before any process starts, output
+relayed as ``[rank r]`` lines (:mod:`~helpers.engine.rank_output`), a rank's error re-raised within
+seconds (:mod:`~helpers.engine.errors`), a ``timeout`` that says where each rank was
+(:mod:`~helpers.engine.stacks`), and no process left behind, even when the caller is SIGKILLed
+(``PR_SET_PDEATHSIG`` in :mod:`~helpers.engine.rank_main`, the reaper of :mod:`~helpers.engine.run_dir`).
+The agent runs in a helper thread, so the kernel's signal handlers stay untouched.
 
-- code written in a notebook cell runs: ``fn``, its arguments, and the functions, lambdas,
-  closures and classes (an ``nn.Module`` subclass, a ``Dataset``) it uses that are defined in
-  ``__main__`` (a cell, an interactive session) are sent to the ranks *by value* with
-  ``cloudpickle`` (the library Dask, Ray and ipyparallel use for this); functions and classes of
-  importable modules (``helpers``, ``torch``) go by reference, as plain ``pickle`` sends them;
-- what cannot be sent to another process (an open file, a lock, a socket, a generator, a CUDA
-  tensor) is refused before any process starts, naming the variable that holds it;
-- worker stdout/stderr relayed into the calling cell line by line, prefixed ``[rank r]``;
-- a worker error re-raised in the caller within seconds as :class:`WorkerError`, naming the
-  rank, the original exception type and message, and the worker's traceback;
-- ``timeout`` bounding the run of ``fn``, counted from when every rank is running it (start-up, slow
-  on a loaded machine, has its own allowance, :data:`STARTUP_S`; gloo's default collective timeout
-  is 30 minutes), and a timeout that says which rank was still in its own code and which waited in
-  a collective;
-- no worker process left behind on success, error, timeout or KeyboardInterrupt ("interrupt
-  kernel"), and the kernel's own signal handlers left untouched (the agent runs in a helper
-  thread, so torchelastic never installs its SIGINT/SIGTERM handlers in the kernel); on Linux
-  each rank also asks the kernel for a parent-death signal (``PR_SET_PDEATHSIG``), so the ranks
-  die with the launching process even when it is SIGKILLed (the out-of-memory killer), and a
-  reaper removes the launch's temp folder then too;
-- bad input refused before any process starts, with a message saying what to do.
-
-The same worker function, once moved into a module, runs unchanged under ``torchrun``: see
-:func:`main_from_env`. :mod:`helpers.mp` runs code written for ``torch.multiprocessing.spawn``
-(the official DDP tutorial's) on the same machinery.
-
-``launch()`` reads as validate -> configure -> supervise -> raise. The parts it is built from:
-
-- :mod:`helpers.engine.errors`: the exceptions, and the rule naming the root-cause rank;
-- :mod:`helpers.engine.by_value`: what may be sent (by value or by reference), the refusal walk;
-- :mod:`helpers.engine.rank_main`: what runs inside each rank (parent-death signal, process group,
-  ``fn``, markers), and :func:`worker_device`;
-- :mod:`helpers.engine.run_dir`: the run folder the launcher and its ranks share, removed even if it is SIGKILLed;
-- :mod:`helpers.engine.rank_output`: each rank's stdout/stderr captured there and relayed as ``[rank r]`` lines;
-- :mod:`helpers.engine.stacks`: where each rank is stuck on a timeout or an interrupt (faulthandler);
-- :mod:`helpers.engine.processes`: free ports, ending process trees, the backend rule, the torchrun entry.
-
-Introduced in notebook 01. Reference: https://pytorch.org/docs/stable/elastic/run.html,
-``torch/distributed/launcher/api.py`` and https://github.com/cloudpipe/cloudpickle.
+``launch()`` reads as validate -> configure -> supervise -> raise; :func:`run_ranks` is shared with
+:mod:`helpers.mp`. The same worker runs unchanged under ``torchrun`` (:func:`main_from_env`).
+Reference: https://pytorch.org/docs/stable/elastic/run.html and ``torch/distributed/launcher/api.py``.
 """
 
 from __future__ import annotations
@@ -79,6 +45,7 @@ from helpers.engine.errors import (
 from helpers.engine.fork_server import fork_server, fork_server_pid, main_without_file, socket_folder
 from helpers.engine.inputs import (
     MAX_RANKS_PER_CPU,
+    DefaultTimeout,
     check_callable,
     check_timeout,
     check_world_size,
@@ -114,85 +81,56 @@ _VANISH_GRACE_S = 1.0  # a rank gone without a result for this long is reported 
 STARTUP_S = 120.0
 
 
-class _DefaultTimeout(float):
-    """:func:`launch`'s default ``timeout`` (a float, shown as one): a timeout's message says it was
-    the default and how to lift it."""
-
-    def __repr__(self) -> str:
-        return repr(float(self))
-
-
 #: :func:`launch`'s default ``timeout``, in seconds.
-DEFAULT_TIMEOUT_S = _DefaultTimeout(300.0)
+DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 
 
 def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
            timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` new processes.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` new processes; their results.
 
-    Each process gets the environment torchrun gives (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``), a default process group already initialised with
-    ``backend`` (destroyed after ``fn`` returns), and, unless ``OMP_NUM_THREADS`` is set,
-    ``torch.set_num_threads(max(1, os.cpu_count() // world_size))`` so ranks do not fight over
-    cores. Use :func:`worker_device` inside ``fn`` for the rank's device.
+    Each rank gets torchrun's environment, a default process group on ``backend`` (destroyed after
+    ``fn``) and, unless ``OMP_NUM_THREADS`` is set, :func:`threads_per_rank` CPU threads. Its stdout
+    and stderr appear in the caller's as ``[rank r]`` lines. Calls from several threads run in turn.
 
     Args:
-        fn: any callable: a function of a module (``helpers``, ``torch``: sent by reference, the
-            worker imports it) or a function, lambda, closure or callable object defined in a
-            notebook cell (sent by value with cloudpickle, together with the cell-defined
-            functions, classes and values it uses).
-        world_size: number of processes (ranks), a positive int.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size``; sent with cloudpickle.
-            Tensors must be on the CPU.
-        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None``: nccl when CUDA has at
-            least ``world_size`` GPUs, else gloo.
-        timeout: seconds ``fn`` may run, counted from when every rank is running it (``None``: no
-            limit; the default is 300 s, and its message says so). Start-up before that may take
-            ``max(timeout, STARTUP_S)`` seconds. The default group's own timeout (each collective,
-            its rendezvous) is ``2 * max(timeout, STARTUP_S)``: longer, so that a rank waiting in a
-            collective is still there when the launch times out and says where each rank was.
+        fn: a function of a module (sent by reference) or one defined in a cell (a lambda, closure or
+            callable object too: sent by value with cloudpickle, with the cell code it uses).
+        world_size: number of ranks, a positive int.
+        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (cloudpickle; CPU tensors).
+        backend: ``"gloo"``, ``"nccl"`` or ``None`` (:func:`resolve_backend`).
+        timeout: seconds ``fn`` may run once every rank runs it (``None``: no limit; default 300 s).
+            Start-up may take ``max(timeout, STARTUP_S)``; the group's own timeout is twice that, so a
+            rank waiting in a collective is still there to say where it was.
 
     Returns:
-        list: ``fn``'s return value on each rank, in rank order (``results[r]`` from rank ``r``).
+        list: ``results[r]`` is rank ``r``'s return value.
 
     Raises:
-        LaunchError: a full temp folder (``TMPDIR``: before any process starts, or once it filled up
-            during the launch), or bad input, before any process starts: ``world_size`` not a positive int or
-            far above the core count, an unknown backend, ``nccl`` without one GPU per rank, a
-            bad ``timeout``, ``fn`` not callable, or something that cannot be sent to another
-            process (an open file, a lock, a socket, a generator, a CUDA tensor, anything
-            unpicklable) in an argument, a global ``fn`` uses or a closure variable; the message
-            names the variable and says what to do instead.
-        WorkerError: a rank raised, exited without returning, or was killed; the other ranks
-            are ended. Names the rank and carries its traceback.
-        LaunchTimeout: ``fn`` ran past ``timeout`` (or start-up past its allowance: the message says
-            so, with the seconds); names the ranks that had not finished, which was still in its own
-            code and which waited in a collective, and where each was stuck in your code (``e.stacks``:
-            each rank's full Python stack).
-        LaunchInterrupted: (a ``KeyboardInterrupt``) the caller was interrupted; every worker was
-            ended first; shows where each unfinished rank was, as ``LaunchTimeout`` does.
-
-    Worker stdout and stderr appear in the caller's streams line by line, prefixed ``[rank r]``.
-    Calls from several threads of one process run one after another.
+        LaunchError: before any process starts: bad input (the message says what to do), something
+            that cannot be sent (an open file, a lock, a socket, a generator, a CUDA tensor; the
+            variable named), or a full temp folder (also once it filled up during the launch).
+        WorkerError: a rank raised, exited without returning or was killed; the others were ended.
+        LaunchTimeout: past ``timeout`` (or start-up past its allowance); where each rank was
+            (``e.stacks``: each rank's Python stack).
+        LaunchInterrupted: the caller was interrupted; every rank was ended; where each was.
     """
-    default = isinstance(timeout, _DefaultTimeout)
+    default = isinstance(timeout, DefaultTimeout)
     world_size, backend, payload = _validate(fn, world_size, args, kwargs, backend, timeout)
-    return _run(payload, world_size, backend, None if timeout is None else float(timeout), style="launch",
-                default=default)
+    return run_ranks(payload, world_size, backend, None if timeout is None else float(timeout), style="launch",
+                     default=default)
 
 
-#: One launch at a time per process: a launch ends whatever ``multiprocessing`` processes below
-#: the caller appeared during it (a rank that died before writing its pid file included), so a
-#: second launch from another thread would lose its ranks. Launches from several threads of one
-#: process therefore run one after another (each one's ``timeout`` counts from its own ranks' start).
+#: One launch at a time: a launch ends the ``multiprocessing`` processes that appeared below the caller
+#: during it, so a second launch from another thread would lose its ranks.
 _ONE_AT_A_TIME = threading.Lock()
 
 
-def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str,
-         what: str = "launch", default: bool = False) -> list:
-    """Configure, supervise, raise: start the ranks in a fresh run folder, watch them, and return
-    their results or raise (shared with :func:`helpers.mp.spawn`, ``style="spawn"``). ``what`` names
-    the call in a timeout's message; ``default``: ``timeout`` is that call's default."""
+def run_ranks(payload: bytes, world_size: int, backend: str | None, timeout: float | None, style: str,
+              what: str = "launch", default: bool = False) -> list:
+    """Start the ranks in a fresh run folder, supervise them, return their results or raise (also
+    :mod:`helpers.mp`'s, ``style="spawn"``). ``what`` names the call in a timeout's message;
+    ``default``: ``timeout`` is that call's default."""
     threads = threads_per_rank(world_size)
     if full := temp_folder_full():
         raise LaunchError(full)
@@ -225,8 +163,7 @@ def _run(payload: bytes, world_size: int, backend: str | None, timeout: float | 
 
 
 def _group_timeout(timeout: float | None) -> float | None:
-    """The default process group's timeout for a launch's ``timeout`` (seconds): longer than start-up and
-    ``fn`` together may take, so the group never times out a rank before the launcher asks for its stack."""
+    """The default group's timeout (seconds): longer than start-up and ``fn`` together may take."""
     return None if timeout is None else 2 * max(timeout, STARTUP_S)
 
 
@@ -242,9 +179,7 @@ def _validate(fn, world_size, args, kwargs, backend, timeout) -> tuple[int, str,
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str:
-    """Choose or check the process-group backend (the rule lives in :func:`helpers.engine.resolve_backend`).
-
-    ``None`` gives ``"nccl"`` when CUDA has at least ``world_size`` GPUs, else ``"gloo"`` (CPU).
+    """``backend``, checked; ``None`` gives ``"nccl"`` when CUDA has ``world_size`` GPUs, else ``"gloo"``.
 
     Raises:
         LaunchError: unknown backend, or ``"nccl"`` without one GPU per rank.
@@ -261,37 +196,30 @@ def threads_per_rank(world_size: int) -> int:
 # ---- configure: the elastic agent -----------------------------------------
 
 def _configure(world_size: int, run_dir: str, timeout: float | None, start_method: str):
-    """The elastic agent's configuration: one node, a fresh port, no restarts, ranks started
-    with ``start_method`` (``"forkserver"``, see :mod:`helpers.engine.fork_server`, or ``"spawn"``)."""
+    """The elastic agent's configuration: one node, no restarts, ``start_method`` ``"forkserver"`` or ``"spawn"``."""
     return elastic_api.LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world_size,
         run_id=f"ddp-lab-{uuid.uuid4().hex[:12]}",
-        # the agent's rendezvous in a file of the private run folder: its TCPStore would listen on
-        # every interface; rank 0 opens the group's store on 127.0.0.1 (QuietElastic, rank_main)
+        # the rendezvous in a file of the run folder: a TCPStore would listen on every interface
         rdzv_backend="c10d",
         rdzv_endpoint=os.path.join(run_dir, "rendezvous"),
         rdzv_configs={"timeout": int(min(max(timeout, STARTUP_S) if timeout else 900, 900)) + 1, "store_type": "file"},
         local_addr="127.0.0.1",
         max_restarts=0,
         monitor_interval=_POLL_S,
-        start_method=start_method,  # never fork: see the module docstring
-        # no redirects: each rank captures its own stdout/stderr (helpers.engine.rank_output.capture_output),
-        # since the agent's redirect is a no-op on macOS and Windows; log_dir keeps its error.json
-        # files in the run folder
+        start_method=start_method,
+        # no redirects (a no-op on macOS and Windows): each rank captures its own output (rank_output)
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE),
         shutdown_timeout=int(_KILL_GRACE_S),
     )
 
 
 class QuietElastic:
-    """Silence torchelastic's and torch.multiprocessing's own logging during a launch (we raise
-    our own, clearer errors); set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torchrun's switch: no
-    agent store listening on every interface; rank 0 opens the group's store, on loopback) and
-    put back both it and the ``TORCHELASTIC_SIGNALS_TO_HANDLE`` that ``elastic_launch`` writes into
-    the caller's ``os.environ`` (a changed environment would make the next launch start a fresh
-    fork server, see :func:`helpers.engine.fork_server.environment`)."""
+    """torchelastic's and torch.multiprocessing's logging silenced for the block (we raise clearer
+    errors); ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (no agent store on every interface), and the
+    ``os.environ`` names ``elastic_launch`` writes put back (a changed one restarts the fork server)."""
 
     NAMES = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
@@ -318,29 +246,16 @@ class QuietElastic:
 # ---- supervise: relay output, watch the clock and the ranks, end them ------------------------
 
 def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, before: set[int]):
-    """Run the elastic agent in a helper thread, relay output, watch the clock and the ranks.
-
-    Under ``spawn`` the agent thread is the one that starts the workers, so it is also the parent
-    thread their ``PR_SET_PDEATHSIG`` watches: it must outlive them. It does: after the agent
-    returns every worker has exited, and on a timeout, a vanished rank or an interrupt the
-    workers are ended before the thread is joined. (Under the fork server their parent is the
-    server.)
-
-    ``timeout`` counts from when every rank has its ``started`` marker (it is running ``fn``);
-    before that, start-up may take ``max(timeout, STARTUP_S)`` seconds.
+    """Run the elastic agent in a helper thread (under ``spawn`` the parent thread the ranks'
+    ``PR_SET_PDEATHSIG`` watches: it outlives them), relay output, watch the clock and the ranks.
 
     Returns:
-        ``(outcome, reason)``: outcome holds ``"results"`` or ``"error"`` from the agent, and
-        ``"startup_s"``: seconds until every rank was running ``fn`` (until now if they never all
-        did), and ``"in_startup"``: the ranks not yet running it when start-up ran past its
-        allowance; reason is ``None`` or why the workers were ended here: ``("timeout",)``,
-        ``("interrupt",)``, ``("vanished", rank)``.
+        ``(outcome, reason)``: outcome holds the agent's ``"results"`` or ``"error"``, ``"startup_s"``
+        (until every rank ran ``fn``), ``"in_startup"`` (ranks not yet running it when start-up ran
+        out), ``"stacks"``; reason: ``None``, ``("timeout",)``, ``("interrupt",)``, ``("vanished", rank)``.
     """
     outcome: dict[str, Any] = {}
-    # The agent thread sets `finished` when it ends; the caller waits on it, never on
-    # Thread.join: in Python 3.11 a KeyboardInterrupt that lands in join() marks the thread as
-    # stopped while it still runs (threading._wait_for_tstate_lock releases the thread's own
-    # lock), so a later join() returned at once and torchelastic logged into the next cell.
+    # never Thread.join: in Python 3.11 a KeyboardInterrupt in join() marks the thread stopped while it runs
     finished = threading.Event()
 
     def agent() -> None:
@@ -374,9 +289,7 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
                 reason = ("timeout",)
                 outcome["in_startup"] = sorted(set(range(world_size)) - set(read_markers(run_dir, "started")))
                 break
-            # A rank gone without a marker: a non-zero exit or a signal is reported by the agent
-            # within a monitor interval; exit code 0 never is, so after a grace period we report
-            # it ourselves.
+            # the agent reports a non-zero exit or a signal, never an exit with code 0: we do
             gone = set(_vanished_ranks(run_dir))
             vanished = {r: vanished.get(r, time.monotonic()) for r in gone}
             late = sorted(r for r, t0 in vanished.items() if time.monotonic() - t0 > _VANISH_GRACE_S)
@@ -399,26 +312,14 @@ def _supervise(config, entry_args: tuple, run_dir: str, timeout: float | None, b
 
 
 def _vanished_ranks(run_dir: str) -> list[int]:
-    """Ranks whose process is gone without a done or error marker (e.g. after ``os._exit(0)``).
-
-    The elastic agent waits forever for such a rank's return value, so the caller must notice.
-    """
+    """Ranks whose process is gone without a done or error marker (``os._exit(0)``: the agent waits forever)."""
     finished = set(read_markers(run_dir, "done")) | set(read_markers(run_dir, "error"))
-    gone = []
-    for rank, info in read_markers(run_dir, "pid").items():
-        if rank not in finished:
-            try:
-                if psutil.Process(info["pid"]).status() != psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.Error:
-                pass
-            gone.append(rank)
-    return gone
+    return [r for r, info in read_markers(run_dir, "pid").items()
+            if r not in finished and not procs.is_live(info["pid"])]
 
 
 def _worker_processes(run_dir: str):
-    """The live worker processes and anything they started (in their sessions, even re-parented: a
-    ``subprocess``, a ``fork``), found through their pid files."""
+    """``(rank, psutil.Process)`` of the live ranks and what they started (in their sessions, even re-parented)."""
     pids = read_markers(run_dir, "pid")
     found = [(-1, p) for p in procs.in_sessions({info["pid"] for info in pids.values()})]
     for rank, info in pids.items():
@@ -432,8 +333,7 @@ def _worker_processes(run_dir: str):
 
 
 def _spawned_since(before: set[int]):
-    """Processes started by ``multiprocessing`` below this one since ``before`` (a pid set),
-    except the resource tracker (one per caller process, shared by all launches)."""
+    """``multiprocessing`` processes below this one not in ``before`` (pids), the resource tracker aside."""
     found = []
     for p in psutil.Process().children(recursive=True):
         if p.pid in before:

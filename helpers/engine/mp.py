@@ -1,48 +1,24 @@
 """A notebook-safe drop-in for ``torch.multiprocessing``'s process starting: ``import helpers.mp as mp``.
 
-Code written for ``torch.multiprocessing.spawn``, such as the official PyTorch DDP tutorial's
-(https://pytorch.org/tutorials/intermediate/ddp_tutorial.html)::
+Code written for ``torch.multiprocessing.spawn``, such as the official DDP tutorial's
+(https://pytorch.org/tutorials/intermediate/ddp_tutorial.html), fails in a notebook: a cell's
+function cannot be imported by a spawned process ("Can't get attribute 'demo_basic' on <module
+'__main__'>"). With ``import helpers.mp as mp`` it runs (on CPU without the tutorial's CUDA lines,
+docs/OWN_CODE.md lists them): ``fn`` goes by value with cloudpickle, and the ranks are started,
+supervised and ended by :mod:`helpers.engine.launcher`'s machinery (forked from the fork server,
+never from the kernel): ``[rank r]`` output, :class:`~helpers.engine.WorkerError` naming a failing
+rank, nothing left behind. :func:`spawn` and :meth:`Process.join` wait as long as the processes run,
+as torch's do; an optional ``timeout`` raises :class:`~helpers.engine.LaunchTimeout`.
 
-    def setup(rank, world_size):
-        os.environ["MASTER_ADDR"] = "localhost"
-        os.environ["MASTER_PORT"] = "12355"
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+Covered (what tutorials use): :func:`spawn`, :class:`Process` (``start``/``join``, dist_tuto's loop),
+:func:`set_start_method`, :func:`get_start_method`, :func:`get_context`. Any other name (``Queue``,
+``Pool``, ...) raises ``AttributeError`` with the one-line rewrite.
 
-    mp.spawn(demo_basic, args=(world_size,), nprocs=world_size, join=True)
-
-fails in a notebook with ``torch.multiprocessing``: a function defined in a cell cannot be
-imported by a spawned process ("Can't get attribute 'demo_basic' on <module '__main__'>").
-With ``import helpers.mp as mp`` instead of ``import torch.multiprocessing as mp`` it runs
-(on CPU with the tutorial's CUDA lines removed too: docs/OWN_CODE.md's "Code from tutorials" lists
-them): ``fn`` and what it uses are sent by value with cloudpickle, and the ranks are started,
-supervised and ended by :mod:`helpers.engine.launcher`'s machinery (torch's elastic agent; ranks forked
-from :mod:`helpers.engine.fork_server`'s server, never from the kernel, which is what ``spawn``
-guarantees, without every rank importing torch), so worker output appears in the cell prefixed
-``[rank r]``, a failing rank raises :class:`~helpers.engine.WorkerError` naming it, and no process is
-left behind. Like torch's, :func:`spawn` and :meth:`Process.join` wait as long as the processes run;
-an optional ``timeout`` raises :class:`~helpers.engine.LaunchTimeout`.
-
-What it covers of ``torch.multiprocessing`` (the subset tutorials use): :func:`spawn`,
-:class:`Process` with ``start``/``join`` (the loop of
-https://pytorch.org/tutorials/intermediate/dist_tuto.html), :func:`set_start_method`,
-:func:`get_start_method` and :func:`get_context`. Any other name (``Queue``, ``Pool``,
-``cpu_count``, ...) raises ``AttributeError`` with the one-line rewrite.
-
-Unlike :func:`helpers.engine.launch`, no process group is initialised for ``fn`` (the code does it
-itself, as it would under ``torch.multiprocessing.spawn``), and the worker's environment has none
-of the agent's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``TORCHELASTIC_*``): with ``TORCHELASTIC_USE_AGENT_STORE`` set, ``init_process_group``'s env://
-rendezvous would connect to the agent's store instead of creating its own on the code's
-``MASTER_PORT``. Those the *caller* had set in ``os.environ`` when it called :func:`spawn` (or
-:meth:`Process.start`) are put back, as ``torch.multiprocessing.spawn`` passes the parent's
-environment on: a script that sets ``MASTER_ADDR``/``MASTER_PORT`` before ``mp.spawn`` and calls
-``init_process_group("gloo", rank=rank, world_size=world_size)`` in the worker works.
-
-A fixed ``MASTER_PORT`` (the tutorial's ``"12355"``) works for runs one after another (the
-group's store is closed when the code destroys its group or, at the latest, when its process
-ends, and the port is reusable at once); two such runs *at the same time* on one machine collide,
-exactly as they would with ``torch.multiprocessing.spawn``. :func:`helpers.engine.launch`
-chooses a free port for every launch instead.
+Unlike ``launch``, no process group is made for ``fn`` (the code makes its own), and the agent's
+variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_*``: ``init_process_group`` would join the agent's
+store) are cleared in the rank; those the caller had set at :func:`spawn` are put back, as
+``torch.multiprocessing.spawn`` passes them on. A fixed ``MASTER_PORT`` works for runs one after
+another; two at the same time collide, as under torch (``launch`` picks a free port each time).
 """
 
 from __future__ import annotations
@@ -64,7 +40,7 @@ from helpers.engine.launcher import (
     LaunchError,
     LaunchTimeout,
     WorkerError,
-    _run,
+    run_ranks,
 )
 
 __all__ = ["Process", "get_context", "get_start_method", "set_start_method", "spawn"]
@@ -99,28 +75,14 @@ def _spawn_entry(rank: int, env: dict, call: bytes):
 def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
           start_method: str = "spawn", *, timeout: float | None = None) -> list:
     """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, each in a new process, like
-    ``torch.multiprocessing.spawn``; cell-defined ``fn`` allowed.
-
-    Args:
-        fn: the function each process calls as ``fn(i, *args)``, ``i`` being the process index
-            (the rank, in the DDP tutorial). May be defined in a notebook cell.
-        args: extra positional arguments for ``fn`` (a tuple); sent with cloudpickle.
-        nprocs: number of processes, a positive int.
-        join: must be ``True`` (the call returns when every process has finished).
-        daemon: accepted for compatibility; the processes are always ended with the call.
-        start_method: ``"spawn"`` or ``"forkserver"``; either way the ranks are forked from
-            :mod:`helpers.engine.fork_server`'s server (never from the kernel).
-        timeout: ``None`` (the default): no limit, as ``torch.multiprocessing.spawn`` (which has no
-            ``timeout``); else seconds ``fn`` may run, counted from when every process is running it.
-
-    Returns:
-        list: ``fn``'s return value in each process, in index order (``torch.multiprocessing.spawn``
-        returns ``None``; the values are an addition).
+    ``torch.multiprocessing.spawn`` (``fn`` may be a cell's); ``fn``'s return values in index order
+    (torch's returns ``None``). ``join`` must be ``True``; ``daemon`` is accepted and ignored;
+    ``start_method`` ``"spawn"`` or ``"forkserver"`` (either way forked from the fork server);
+    ``timeout``: ``None`` (no limit, as torch's) or seconds once every process runs ``fn``.
 
     Raises:
-        LaunchError: bad input, before any process starts: ``join=False``, a ``start_method``
-            other than ``"spawn"`` or ``"forkserver"``, a bad ``nprocs`` or ``timeout``, ``args`` not a tuple, or
-            something in ``fn``/``args`` that cannot be sent to another process.
+        LaunchError: bad input, before any process starts (``join=False``, ``start_method``, ``nprocs``,
+            ``timeout``, ``args`` not a tuple) or something in ``fn``/``args`` that cannot be sent.
         WorkerError: a process raised, exited or was killed; the others are ended.
         LaunchTimeout: ``fn`` ran longer than ``timeout`` (only when one is given).
     """
@@ -139,7 +101,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     check_timeout(timeout)
     call = serialise_call(fn, args, {})
     payload = cloudpickle.dumps((_spawn_entry, (_caller_env(), call), {}))
-    return _run(payload, nprocs, None, timeout, style="spawn", what="spawn")
+    return run_ranks(payload, nprocs, None, timeout, style="spawn", what="spawn")
 
 
 # ---- Process: dist_tuto's loop ------------------------------------------------------------------
@@ -170,24 +132,15 @@ def _no_target():
 
 
 class Process:
-    """``torch.multiprocessing.Process`` (``multiprocessing.Process``) for notebook-defined
-    targets: ``p = mp.Process(target=fn, args=(...)); p.start(); ...; p.join()``.
+    """``multiprocessing.Process`` for notebook-defined targets (or a subclass's ``run()``):
+    ``p = mp.Process(target=fn, args=(...)); p.start(); ...; p.join()``.
 
-    ``start()`` checks that ``target`` and its arguments can be sent to another process (by value
-    with cloudpickle, as :func:`spawn` does) and queues the process; the first ``join()`` (or
-    ``is_alive()``) runs *every* process started and not yet run, together, as the ranks of one
-    launch, so processes that rendezvous with each other (dist_tuto's ``init_process`` on
-    ``MASTER_ADDR``/``MASTER_PORT``) run at the same time. A subclass that overrides ``run()``
-    works too. After the run, ``exitcode`` is 0 (``n`` for ``sys.exit(n)``) and ``pid`` the pid the
-    process had.
-
-    Differences from ``multiprocessing``: nothing runs between ``start()`` and the first
-    ``join()``; a process that raises makes that ``join()`` raise
-    :class:`~helpers.engine.WorkerError` naming it (instead of printing and setting ``exitcode``
-    1) and ends the others of its batch (their ``exitcode``: ``-15``); ``join(timeout)`` bounds
-    the whole batch (:class:`~helpers.engine.LaunchTimeout`, nothing left running, where
-    ``multiprocessing`` would return with the processes still running); ``join()`` waits as long
-    as they run, as ``multiprocessing``'s does.
+    ``start()`` checks what would be sent and queues the process; the first ``join()`` (or
+    ``is_alive()``) runs every queued process together, as the ranks of one launch, so processes
+    that rendezvous (dist_tuto's ``init_process``) meet. Then ``exitcode`` (``n`` for
+    ``sys.exit(n)``) and ``pid``. Unlike ``multiprocessing``: nothing runs before that ``join()``;
+    a process that raises makes it raise :class:`~helpers.engine.WorkerError` and ends the others
+    (``exitcode`` ``-15``); ``join(timeout)`` bounds the batch and leaves nothing running.
     """
 
     def __init__(self, group=None, target: Callable | None = None, name: str | None = None,
@@ -211,12 +164,8 @@ class Process:
             self._target(*self._args, **self._kwargs)
 
     def start(self) -> None:
-        """Queue the process for the first ``join()``.
-
-        Raises:
-            LaunchError: started twice, ``target`` not callable, or something in it or its
-                arguments cannot be sent to another process (named).
-        """
+        """Queue the process for the first ``join()``. Raises LaunchError: started twice, ``target`` not
+        callable, or something it needs cannot be sent (named)."""
         if self._state != "initial":
             raise LaunchError(f"{self.name} was already started: a process can be started once")
         if type(self).run is Process.run:
@@ -231,11 +180,7 @@ class Process:
         self._state = "started"
 
     def join(self, timeout: float | None = None) -> None:
-        """Run every started process not yet run (this one among them) and wait for them.
-
-        Args:
-            timeout: seconds for that run, counted from when every process of it is running
-                (``None``, the default: no limit, as ``multiprocessing``'s ``join()``).
+        """Run every queued process (this one among them) and wait; ``timeout``: seconds once all run.
 
         Raises:
             LaunchError: the process was never started.
@@ -294,7 +239,7 @@ def _run_pending(timeout: float | None) -> None:
         check_timeout(timeout)
         n = check_world_size(len(batch), "the number of started processes")
         payload = cloudpickle.dumps((_process_entry, ([p._env for p in batch], [p._call for p in batch]), {}))
-        outcome = _run(payload, n, None, timeout, style="spawn", what="Process.join")
+        outcome = run_ranks(payload, n, None, timeout, style="spawn", what="Process.join")
     except WorkerError as e:
         for i, p in enumerate(batch):
             ended = i != e.rank and e.other_ranks.get(i, "ended by the launcher") == "ended by the launcher"
@@ -357,11 +302,7 @@ class _Context:
 
 
 def get_context(method: str | None = None) -> _Context:
-    """A context with ``Process`` (``mp.get_context("spawn").Process(...)``).
-
-    Raises:
-        LaunchError: ``"fork"`` or an unknown method.
-    """
+    """A context with ``Process`` (``mp.get_context("spawn").Process(...)``); LaunchError for ``"fork"``."""
     return _Context(_check_start_method(method or get_start_method(), "method"))
 
 

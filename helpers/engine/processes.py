@@ -1,10 +1,6 @@
 """Process plumbing, in one place: free ports, ending a process tree, the backend rule, and the
 torchrun entry point.
 
-Everything in the project that needs one of these calls this module: :mod:`helpers.engine.launcher` and
-:mod:`helpers.engine.rank_main` (and :mod:`helpers.mp` through them), :mod:`helpers.engine.warm_ranks`,
-:mod:`helpers.engine.cluster`, :mod:`helpers.bench`, ``ci/cleanup.py``, ``ci/gpu_check.py`` and the tests.
-
 - :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
   loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``);
   :func:`tcp_store` / :func:`listen_on_loopback`: a rank's store and gloo on loopback only.
@@ -57,27 +53,16 @@ BACKENDS = ("gloo", "nccl")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now: bind port 0, read the port the OS chose,
-    release it. Another process could take it before it is used (rare); whoever then listens on
-    it fails loudly. Prefer letting the listener bind port 0 itself where it can (``launch`` does).
-
-    Returns:
-        int: the port number.
-    """
+    """A TCP port free on ``host`` now (bind port 0, release it; another process may take it before
+    use). Prefer letting the listener bind port 0 itself where it can (``launch`` does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def loopback_interface(system: str | None = None) -> str:
-    """The name of the loopback interface (the one holding ``127.0.0.1``) on ``system``
-    (``platform.system()``; default: this machine's): ``"lo0"`` on macOS and the BSDs, ``"lo"``
-    on Linux (and elsewhere). What ``GLOO_SOCKET_IFNAME`` must name for a job on ``127.0.0.1``:
-    gloo fails on a name the machine does not have.
-
-    Returns:
-        str: an interface name.
-    """
+    """The loopback interface's name on ``system`` (default: this machine's): ``"lo0"`` on macOS and the
+    BSDs, else ``"lo"``; what ``GLOO_SOCKET_IFNAME`` names for a job on ``127.0.0.1``."""
     system = platform.system() if system is None else system
     return "lo0" if system in ("Darwin", "FreeBSD", "OpenBSD", "NetBSD") else "lo"
 
@@ -124,15 +109,8 @@ def _process(proc: int | psutil.Process) -> psutil.Process:
 
 
 def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
-    """Every descendant of ``proc`` (children, their children, ...), read now.
-
-    Args:
-        proc: a pid, or a ``psutil.Process`` (then a pid reused by another process since that
-            object was made counts as gone: psutil compares start times).
-
-    Returns:
-        ``psutil.Process`` objects; ``[]`` if the process no longer exists or cannot be read.
-    """
+    """Every descendant of ``proc`` (a pid or a ``psutil.Process``: a reused pid counts as gone), read now;
+    ``[]`` if it no longer exists or cannot be read."""
     try:
         return _process(proc).children(recursive=True)
     except psutil.Error:
@@ -140,14 +118,8 @@ def descendants(proc: int | psutil.Process) -> list[psutil.Process]:
 
 
 def leftover_children() -> list[psutil.Process]:
-    """This process's descendants, except the two that live exactly as long as it does by
-    design: ``multiprocessing``'s resource tracker and the fork server :func:`helpers.engine.launch`
-    forks its ranks from (:mod:`helpers.engine.fork_server`; the ranks forked from it do count). What a
-    check for "no process left behind" after a launch looks at.
-
-    Returns:
-        ``psutil.Process`` objects, read now.
-    """
+    """This process's descendants, less the two that live as long as it does by design (the resource
+    tracker, the fork server): what "no process left behind" checks."""
     server = fork_server_pid()
     found = []
     for p in psutil.Process().children(recursive=True):
@@ -194,20 +166,9 @@ def _wait(procs: list, timeout: float) -> list:
 
 def end_processes(procs: Iterable[psutil.Process], grace_s: float = 3.0, *, terminate: bool = True,
                   timeout: float | None = None) -> list[psutil.Process]:
-    """End processes: SIGTERM each (unless ``terminate=False``), wait up to ``grace_s`` seconds,
-    SIGKILL the rest in the order given (parents before children, if so given), wait again.
-
-    psutil checks each process's start time, so a recycled pid is never signalled.
-
-    Args:
-        procs: ``psutil.Process`` objects (e.g. ``psutil.Process(pid).children(recursive=True)``).
-        grace_s: seconds between SIGTERM and SIGKILL.
-        terminate: ``False`` sends SIGKILL at once.
-        timeout: seconds to wait after SIGKILL (default ``grace_s``).
-
-    Returns:
-        the processes still running after all that (normally none).
-    """
+    """SIGTERM each of ``procs`` (``terminate=False``: SIGKILL at once), wait ``grace_s`` seconds, SIGKILL
+    the rest in the order given, wait ``timeout`` (default ``grace_s``); the processes still running
+    (normally none). psutil checks start times: a recycled pid is never signalled."""
     alive = [p for p in procs if is_live(p)]
     if terminate:
         for p in alive:
@@ -234,13 +195,10 @@ def default_backend(ranks_per_node: int) -> str:
 
 
 def resolve_backend(backend: str | None, world_size: int, error: type[Exception] = ValueError) -> str:
-    """Choose or check the process-group backend for ``world_size`` ranks on this machine.
-
-    ``None`` gives :func:`default_backend`; a name is checked.
+    """``backend`` checked for ``world_size`` ranks here (``None``: :func:`default_backend`).
 
     Raises:
-        error (``ValueError`` unless given, :class:`helpers.engine.LaunchError` from ``launch``):
-            unknown backend, or ``"nccl"`` without one GPU per rank.
+        error (``ValueError`` unless given): unknown backend, or ``"nccl"`` without one GPU per rank.
     """
     if backend is None:
         return default_backend(world_size)
@@ -257,13 +215,8 @@ def resolve_backend(backend: str | None, world_size: int, error: type[Exception]
 
 
 def init_process_group_from_env(backend: str | None = None, timeout_s: float | None = None) -> str:
-    """Initialise the default process group from ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``
-    (set by torchrun or the elastic agent). ``backend=None`` applies :func:`default_backend` to the
-    ranks of this node (``LOCAL_WORLD_SIZE``); under nccl the rank's GPU is ``cuda:<LOCAL_RANK>``.
-
-    Returns:
-        str: the backend used.
-    """
+    """Initialise the default group from torchrun's environment; the backend used. ``None``:
+    :func:`default_backend` for ``LOCAL_WORLD_SIZE`` ranks; under nccl the GPU is ``cuda:<LOCAL_RANK>``."""
     import torch
     import torch.distributed as dist
 
@@ -279,18 +232,9 @@ def init_process_group_from_env(backend: str | None = None, timeout_s: float | N
 
 
 def main_from_env(fn: Callable, *args, backend: str | None = None, **kwargs):
-    """Run ``fn(rank, world_size, *args, **kwargs)`` in a process started by ``torchrun``.
-
-    Reads ``RANK`` and ``WORLD_SIZE`` set by torchrun, initialises the default process group
-    (``backend=None``: nccl with a GPU per local rank, else gloo), calls ``fn`` and destroys the
-    group. This is how a worker written for :func:`helpers.engine.launch` runs unchanged on a
-    cluster::
-
-        torchrun --standalone --nproc-per-node=2 -m helpers.some_module
-
-    Returns:
-        whatever ``fn`` returns on this rank.
-    """
+    """``fn(rank, world_size, *args, **kwargs)``'s result in a process started by ``torchrun``, inside a
+    default group made from its environment: a ``launch`` worker unchanged on a cluster
+    (``torchrun --standalone --nproc-per-node=2 -m helpers.some_module``)."""
     import torch.distributed as dist
 
     init_process_group_from_env(backend, None)

@@ -1,26 +1,16 @@
-"""What runs inside each rank that :func:`helpers.engine.launch` starts.
+"""What runs inside each rank that :func:`helpers.engine.launch` starts: :func:`worker_entry`, which
 
-The elastic agent starts ``world_size`` processes (forked from :mod:`helpers.engine.fork_server`'s
-server, or with ``spawn``); each imports this module and runs :func:`worker_entry`, which
-
-1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
-   fork server, which exits with the launching process, or the launcher itself under ``spawn``),
-   so no rank outlives a launcher killed by SIGKILL or the out-of-memory killer (its run folder
-   is then removed by :func:`helpers.engine.run_dir.run_folder`'s reaper), and starts a session
-   whose processes the launcher ends with the launch; closes its copy of the fork
-   server's pipe (:func:`helpers.engine.fork_server.close_inherited_pipe`); seeds torch, numpy
-   and ``random`` afresh (:func:`helpers.engine.fork_server.fresh_random_state`); points its stdout and
-   stderr at its files in the run folder (:func:`helpers.engine.rank_output.capture_output`);
-   puts its store and gloo on loopback (:func:`helpers.engine.processes.listen_on_loopback`);
-2. registers its stack dump on SIGUSR1 (:func:`helpers.engine.stacks.register`, read by the
-   launcher on a timeout or an interrupt), writes its ``pid`` marker, sets its thread count,
-   unpickles ``fn, args, kwargs``;
-3. initialises the default process group (:func:`helpers.engine.processes.init_process_group_from_env`),
-   writes its ``started`` marker (the launcher's ``timeout`` counts from when every rank has one),
+1. asks Linux to SIGKILL the rank when its parent dies (``PR_SET_PDEATHSIG``: a launcher killed by
+   SIGKILL or the OOM killer leaves no rank; the reaper removes its run folder) and starts a
+   session the launcher ends; closes its copy of the fork server's pipe; seeds its generators
+   afresh; captures its stdout and stderr (:mod:`~helpers.engine.rank_output`); keeps its store and
+   gloo on loopback (:func:`~helpers.engine.processes.listen_on_loopback`);
+2. registers its stack dump on SIGUSR1 (:mod:`~helpers.engine.stacks`), writes its ``pid`` marker,
+   sets its thread count, unpickles ``fn, args, kwargs``;
+3. joins the default group, writes its ``started`` marker (``timeout`` counts from all of them) and
    calls ``fn(rank, world_size, *args, **kwargs)``;
-4. writes its ``done`` marker (or its ``error`` marker with the traceback), waits for its peers'
-   markers, destroys the group and hands the cloudpickled result back to the agent; rank 0 first
-   prints :func:`alone_note`'s note to its stderr (relayed to the cell) where it applies.
+4. writes its ``done`` (or ``error``) marker, waits for its peers' markers, destroys the group and
+   hands the cloudpickled result to the agent; rank 0 prints :func:`alone_note` where it applies.
 
 :func:`worker_device` is what ``fn`` calls to find its device.
 """
@@ -53,28 +43,17 @@ __all__ = ["worker_device", "worker_entry"]
 
 
 def worker_device():
-    """The device this rank should use: ``cuda:<local_rank>`` under nccl, else ``cpu``.
-
-    Returns:
-        torch.device
-    """
+    """The ``torch.device`` this rank should use: ``cuda:<local_rank>`` under nccl, else ``cpu``."""
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
 
 
 def alone_note(world_size: int, caller: str = "launch") -> str | None:
-    """A note for the cell when a rank's code ran as a job of its own although ``caller`` (``"launch"``,
-    ``"simulate"``) started ``world_size`` > 1 ranks, else ``None``:
-
-    - Hugging Face accelerate's ``Accelerator`` (or ``PartialState``) treats the rank as a whole job
-      (``DistributedType.NO``): with no GPU it uses the ranks' group only when told the job is on CPU
-      (``ACCELERATE_USE_CPU``, which ``accelerate launch --cpu`` sets, or ``Accelerator(cpu=True)``;
-      accelerate/state.py, ``PartialState._prepare_backend``), and under simulate never (it reads
-      ``RANK`` from ``os.environ``, which threads share);
-    - the rank's default process group has 1 rank: its code, or a framework it uses (Lightning Fabric with
-      ``devices=1``), set up a group of its own in place of the ranks' one.
-    """
+    """A note for the cell when a rank's code ran as a job of its own although ``caller`` started
+    ``world_size`` > 1 ranks, else ``None``: accelerate's ``DistributedType.NO`` (with no GPU it uses the
+    group only with ``ACCELERATE_USE_CPU``, accelerate/state.py ``_prepare_backend``; under simulate
+    never: it reads ``RANK`` from ``os.environ``), or a default group of 1 rank (e.g. Fabric ``devices=1``)."""
     if world_size < 2:
         return None
     state = sys.modules.get("accelerate.state")
@@ -105,22 +84,11 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _die_with_parent(parent_pid: int, launcher_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent (``parent_pid``) dies, then close the race,
-    and start a session of its own.
-
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that created this process exits. Under the fork
-    server that is the server's only thread, which lives until the launching process exits; under
-    ``spawn`` it is the launcher's agent thread (which starts the workers through torch's
-    ``start_processes``), which lives until every worker has ended. So only the death of the
-    launching process itself triggers it. If the parent already died before this call,
-    ``getppid()`` no longer names it: exit at once. A rank the fork server forked after the
-    launcher (``launcher_pid``) died (its request was in flight) SIGKILLs the server, so it forks no
-    more, and itself, before it touches the run folder.
-    Elsewhere than Linux the signal is not asked for (the launcher's own clean-up still applies).
-
-    The session (``os.setsid``): whatever the rank starts (a ``subprocess``, a ``fork``) stays in it,
-    even once re-parented, and the launcher ends the session's processes with the launch.
-    """
+    """Linux only: SIGKILL this process when its parent (``parent_pid``) dies (``PR_SET_PDEATHSIG`` fires
+    when the creating *thread* exits: the fork server's only one, or the launcher's agent thread, which
+    outlives the ranks), exiting at once if it already did; a rank forked after the launcher
+    (``launcher_pid``) died SIGKILLs the server and itself. Then a session of its own (``os.setsid``),
+    which keeps what the rank starts, even re-parented, for the launcher to end."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -144,11 +112,8 @@ def _parent_of(pid: int) -> int | None:
 
 
 def _wait_for_peers(run_dir: str, world_size: int, poll_s: float = 0.01) -> None:
-    """Return once every rank has written its ``done`` marker (or any rank its ``error`` marker).
-
-    Uses the run's marker files, not a collective, so it never pairs with a collective a rank's
-    own code left unmatched. A rank that never finishes is ended by the launcher's timeout.
-    """
+    """Return once every rank wrote its ``done`` marker (or any its ``error`` one). Not a collective: it
+    never pairs with one a rank's code left unmatched (a hang would read "Connection closed by peer")."""
     while True:
         if all(os.path.exists(os.path.join(run_dir, f"done.{r}")) for r in range(world_size)):
             return
@@ -175,9 +140,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
     _die_with_parent(parent_pid, launcher_pid)
     close_inherited_pipe()
     fresh_random_state()  # not the fork server's generators: each rank draws its own numbers
-    # a forkserver (or spawn) child has its parent's start method forced on it (BaseProcess._bootstrap);
-    # a torchrun rank has the platform's default (Linux before 3.14: fork), which a DataLoader's
-    # workers use: fork needs no pickling of a cell-defined Dataset and passes no fds (too many fds)
+    # the platform's default, as a torchrun rank has (a DataLoader's fork needs no pickled Dataset)
     multiprocessing.set_start_method(None, force=True)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -190,9 +153,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
             torch.set_num_threads(threads)
         fn, args, kwargs = cloudpickle.loads(payload)
         if style == "spawn":
-            # the agent's variables (AGENT_ENV), which torch.multiprocessing.spawn does not give: code
-            # that calls init_process_group itself with its own MASTER_PORT (the DDP tutorial's setup)
-            # must not find the agent's store (TORCHELASTIC_USE_AGENT_STORE makes env:// connect to it)
+            # torch.multiprocessing.spawn gives none of the agent's variables: env:// would join its store
             for name in AGENT_ENV:
                 os.environ.pop(name, None)
             for name in [n for n in os.environ if n.startswith("TORCHELASTIC_")]:
@@ -217,10 +178,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
         write_marker(run_dir, "done", rank, {"time": time.time()})
         if dist.is_initialized():
             if style != "spawn":
-                # no rank tears the group down while another is still in a collective. Not a
-                # dist.barrier(): that would pair with a collective the user's code left unmatched
-                # on another rank (`if rank == 0: dist.barrier()`) and turn a hang into a
-                # misleading "Connection closed by peer"; the launcher's timeout names the rank.
+                # no rank tears the group down while another is in a collective (markers, not a barrier)
                 _wait_for_peers(run_dir, world_size)
             dist.destroy_process_group()
     except BaseException as e:
@@ -234,10 +192,7 @@ def worker_entry(payload: bytes, run_dir: str, parent_pid: int, launcher_pid: in
         sys.stdout.flush()
         sys.stderr.flush()
         if isinstance(e, Exception):
-            # reported above (the launcher reads the marker): exit 1 instead of raising on, since
-            # torch.multiprocessing's wrapper would pickle the traceback into a
-            # pytorch-errorfile-*.pickle in the launcher's temp directory that nobody removes
-            # (torch/multiprocessing/spawn.py, _wrap; ProcessContext.join reads it, keeps it)
+            # reported in the marker; raising on would leave a pytorch-errorfile-*.pickle (spawn.py, _wrap)
             raise SystemExit(1) from None
         raise
     sys.stdout.flush()

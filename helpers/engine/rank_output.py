@@ -27,20 +27,10 @@ _STREAMS = ((1, "stdout"), (2, "stderr"))
 
 
 def capture_output(run_dir: str, rank: int) -> None:
-    """In a rank, first thing: point file descriptors 1 and 2 at ``run_dir/output/<rank>/stdout.log``
-    and ``stderr.log`` (``os.dup2``), which :class:`Relay` copies to the launcher, and make Python's
-    ``sys.stdout``/``sys.stderr`` line-buffered.
-
-    At the descriptor level, so what C code writes (gloo's warnings) and what a subprocess of the
-    rank writes (a DataLoader worker, ``os.system``) is captured too, not only ``print``. Done here,
-    not by torch's elastic agent (``redirects=`` in its ``LogsSpecs``): the agent's redirect is a
-    null context on macOS and Windows (``get_std_cm`` in
-    ``torch/distributed/elastic/multiprocessing/api.py``: ``if IS_WINDOWS or IS_MACOS ...: return
-    nullcontext()``), where rank output would otherwise never reach the cell. What is still
-    buffered when the rank's process ends normally (a last line without a newline, C stdio
-    buffers) is flushed by a ``multiprocessing`` finaliser; a rank killed by a signal loses only
-    what was not yet written out (with line buffering: at most its unfinished last line).
-    """
+    """In a rank, first thing: file descriptors 1 and 2 to ``run_dir/output/<rank>/stdout.log`` and
+    ``stderr.log`` (``os.dup2``: C code's and subprocesses' output too), which :class:`Relay` copies to
+    the launcher; ``sys.stdout``/``sys.stderr`` line-buffered, flushed at exit by a finaliser. Not the
+    agent's ``redirects=``: a null context on macOS and Windows (``get_std_cm`` in elastic's ``api.py``)."""
     folder = os.path.join(run_dir, OUTPUT_DIR, str(rank))
     os.makedirs(folder, exist_ok=True)
     _flush_all()
@@ -140,11 +130,8 @@ class CappedLines:
 
 
 class Relay:
-    """Copies each rank's ``output/<rank>/std{out,err}.log`` (:func:`capture_output`) into the
-    caller's streams line by line, prefixed ``[rank r]``: stdout to ``sys.stdout``, stderr to
-    ``sys.stderr``, each rank's lines in the order it wrote them, capped by :class:`CappedLines` (the
-    whole stream then moves to ``ddp-lab-output-*-rank<r>.<stream>.log`` in the temp directory when
-    the launch ends)."""
+    """Copies each rank's ``output/<rank>/std{out,err}.log`` into the caller's ``sys.stdout``/``sys.stderr``
+    as ``[rank r]`` lines, in order, capped by :class:`CappedLines` (the whole stream kept in a temp file)."""
 
     _pattern = re.compile(r"(\d+)/(stdout|stderr)\.log$")
 

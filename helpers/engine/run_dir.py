@@ -1,25 +1,19 @@
 """The run folder one launch shares with its ranks: its markers, and the reaper that removes it.
 
-:func:`helpers.engine.launch` makes a fresh folder ``ddp-lab-launch-*`` in the temp directory
-for each launch. The ranks and the launcher talk through it with small JSON marker files, each
-written atomically (a temp file, then ``os.replace``):
+Each launch makes a fresh ``ddp-lab-launch-*`` in the temp directory; the ranks and the launcher talk
+through JSON markers, each written atomically (a temp file, then ``os.replace``):
 
 - ``pid.<rank>``: ``{"pid": int}``, written when the rank starts (before ``fn``);
 - ``done.<rank>``: ``{"time": float}`` (seconds since the epoch), when ``fn`` returned;
 - ``error.<rank>``: ``{"rank", "type", "message", "traceback", "time"}``, when ``fn`` raised;
 
-and each rank points its own stdout and stderr (file descriptors 1 and 2) at
-``output/<rank>/std{out,err}.log`` (:mod:`helpers.engine.rank_output`), which its ``Relay`` copies into the
-caller's streams line by line. (torch's elastic agent writes its ``error.json`` files under ``logs/``.)
+and ``output/<rank>/std{out,err}.log`` (:mod:`helpers.engine.rank_output`); the agent's ``logs/``.
 
-:func:`run_folder` removes the folder when the launch ends, and, through a tiny reaper process
-(``sh`` blocked reading a pipe only the launcher holds open), also when the launcher itself is
-SIGKILLed (the out-of-memory killer): the kernel closes the pipe, the reaper reads end-of-file
-and deletes the folder and the other paths it was given (the fork server's socket folder,
-``pymp-*``), four times over 2 s, so a rank forked late cannot leave it re-created. A launch that
-ends normally sends ``.`` first: the reaper exits at once. Whoever ends a launcher's process tree
-from outside (the notebook runner after a cell timeout) must leave the reaper alone
-(:func:`is_reaper`): it exits by itself once the launcher is gone; killed first, it leaves the folder.
+:func:`run_folder` removes the folder when the launch ends, and, through a reaper (``sh`` reading a
+pipe only the launcher holds), when the launcher is SIGKILLed: at end-of-file it deletes the folder
+and the paths it was given (``pymp-*``), four times over 2 s (a late rank cannot re-create it). A
+normal end sends ``.``: it exits at once. Whoever ends a launcher's tree from outside must spare it
+(:func:`is_reaper`): it exits by itself once the launcher is gone.
 """
 
 from __future__ import annotations

@@ -1,45 +1,38 @@
 """Simulated ranks: ``fn(rank, world_size, ...)`` on threads of this process, for cluster-sized worlds.
 
 ``simulate(fn, world_size, *args)`` has :func:`helpers.engine.launch`'s shape, but its ranks are
-threads of the calling process, not processes. Each thread has its own default process group on
-torch's threaded backend (``torch.testing._internal.distributed.multi_threaded_pg``, the machinery of
-torch's own ``spawn_threads_and_init_comms`` tests): ``dist.all_reduce``, ``DistributedDataParallel``
-and ``fully_shard`` run unchanged and give every rank the values real ranks get, at 64 or 256 ranks
-on a laptop. Time, the network and real parallelism are not simulated: one process, one GIL.
+threads, each with its own default group on torch's threaded backend (``multi_threaded_pg``, the
+machinery of torch's ``spawn_threads_and_init_comms`` tests): ``dist.all_reduce``, DDP and
+``fully_shard`` give every rank the values real ranks get, at 64 or 256 ranks on a laptop. Time, the
+network and real parallelism are not simulated: one process, one GIL.
 
-What it adds to torch's threaded world, so that it behaves like ``launch``:
+Two halves, one interface between them (:class:`Turns`: ``wait``, ``give``, ``stop``):
 
-- one rank runs at a time (:class:`_Turns`); a rank gives up its turn only while it waits in a
-  collective. Each rank keeps its own random state across turns (torch's CPU generator, Python's
-  ``random``, numpy's), seeded fresh at its start as a new process is: ``torch.manual_seed(rank)`` in
-  ``fn`` gives what a real rank gets, with no race on the one generator threads share. The caller's
-  random state is put back afterwards;
-- a rank that raises ends the run: the others are freed from their collectives
-  (``ProcessLocalGroup.exception_handle``) and :class:`~helpers.engine.errors.WorkerError` names the
-  rank that failed first;
-- ``timeout`` and an interrupt ("interrupt kernel") end the run too, with where each unfinished rank
-  was in the learner's code (threads' stacks are read in-process, :func:`sys._current_frames`, and
-  summarised by :mod:`helpers.engine.stacks`);
-- output each rank prints comes back line by line prefixed ``[rank r]``; from :data:`SUMMARY_FROM`
-  ranks on, by default, only rank 0's lines and a count of the others';
-- in a rank thread, ``dist.new_group(backend=...)`` gets the simulated backend (a gloo group would wait for
-  peers that are threads) and ``os._exit`` raises (it would end the caller's process);
-- a rank thread that cannot be stopped (a lock, C code) is named, and never blocks the next call;
-- afterwards, whatever happened: the threaded world uninstalled, autograd multithreading back on,
-  torch's thread isolation off, no rank thread left, the next call fine;
-- the private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
+- in the rank threads, turns and per-rank state: one rank runs at a time and gives its turn up only
+  while it waits in a collective (after checking every rank makes the same call, :class:`CollectiveMismatch`);
+  each rank keeps its own random state (torch's CPU generator, ``random``, numpy's), seeded fresh
+  at its start as a new process's is; ``dist.new_group(backend=...)`` gets the simulated backend (a
+  gloo group would wait for peers that are threads), ``os._exit`` and ``DataLoader`` workers raise;
+- supervision, in the caller: output relayed as ``[rank r]`` lines (from :data:`SUMMARY_FROM` ranks
+  on, rank 0's and a count); the first error (:class:`~helpers.engine.errors.WorkerError`),
+  ``timeout`` and an interrupt end the run, with each unfinished rank's stack
+  (:func:`sys._current_frames`, summarised by :mod:`helpers.engine.stacks`); a thread that cannot be
+  stopped is named and never blocks the next call; afterwards the threaded world is uninstalled,
+  autograd multithreading, thread isolation and the caller's random state are put back.
 
-Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py`` and
-``spawn_threads_and_init_comms`` in ``torch/testing/_internal/common_distributed.py``.
+The private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
+Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
 import inspect
 import os
+import random
 import sys
 import threading
 import time
@@ -52,21 +45,9 @@ import torch.distributed as dist
 import torch.utils.data.dataloader
 
 from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
-from helpers.engine.inputs import as_int, check_callable, check_timeout
-from helpers.engine.launcher import _DefaultTimeout
+from helpers.engine.inputs import DefaultTimeout, as_int, check_callable, check_timeout
 from helpers.engine.rank_main import alone_note
 from helpers.engine.rank_output import CappedLines
-from helpers.engine.simulated_parts import (
-    _calls,
-    _gives_turn,
-    _local,
-    _random_state,
-    _RankStream,
-    _set_random_state,
-    _Stopped,
-    _turn_given,
-    _Turns,
-)
 
 __all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
 
@@ -77,7 +58,7 @@ SUMMARY_FROM = 64
 #: The largest ``world_size`` :func:`simulate` accepts (one thread per rank).
 MAX_SIMULATED_RANKS = 1024
 #: :func:`simulate`'s default ``timeout`` (seconds).
-DEFAULT_TIMEOUT_S = _DefaultTimeout(300.0)
+DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 BACKEND = "simulated"  # the name dist.get_backend() gives inside a simulated rank
 
 _POLL_S = 0.05  # how often the caller relays output and checks the ranks (seconds)
@@ -85,12 +66,177 @@ _END_GRACE_S = 2.0  # after the ranks are told to end: how long before a running
 _LEFTOVER_S = 30.0  # ... and how long the caller waits for every rank thread to end (seconds)
 _STARTUP_S = 120.0  # the ranks' process groups may take max(timeout, this) seconds to form
 
-
 _ONE_AT_A_TIME = threading.Lock()
 _leftovers: list[threading.Thread] = []  # rank threads a past run could not end in time
+_local = threading.local()  # in a rank thread: .rank, .run, .holding (it has the turn), .in_collective
 
 
-# ---- the private pieces: checked before any thread starts --------------------------------------
+def _run_of_thread():  # the run this thread is a rank of, or None
+    return getattr(_local, "run", None)
+
+
+def _rank_of_thread() -> int | None:
+    return getattr(_local, "rank", None)
+
+
+# ---- in the rank threads: turns and per-rank state ----------------------------------------------
+
+class Stopped(BaseException):
+    """Raised in a rank thread the simulation ends (a peer failed, a timeout, an interrupt)."""
+
+
+def _random_state():
+    np = sys.modules.get("numpy")
+    return torch.default_generator.get_state(), random.getstate(), np.random.get_state() if np else None
+
+
+def _set_random_state(state) -> None:
+    """Put ``state`` back (:func:`_random_state`); ``None``: what a new process starts with, seeded by the OS."""
+    np = sys.modules.get("numpy")
+    if state is None:
+        torch.default_generator.seed()
+        random.seed()
+        if np is not None:
+            np.random.seed()
+        return
+    torch.default_generator.set_state(state[0])
+    random.setstate(state[1])
+    if np is not None and state[2] is not None:
+        np.random.set_state(state[2])
+
+
+class Turns:
+    """One rank runs at a time, in the order the ranks asked (at the start: rank order), each with its
+    own random state from turn to turn. The whole interface supervision has to the rank threads:
+    :meth:`enter`, :meth:`wait`, :meth:`give`, :meth:`leave`, :meth:`stop`."""
+
+    def __init__(self, world_size: int):
+        self.lock = threading.Lock()
+        self.events = [threading.Event() for _ in range(world_size)]
+        self.queue = collections.deque(range(world_size))  # ranks waiting for a turn, first first
+        self.queued = set(self.queue)
+        self.holder: int | None = None
+        self.stopped = False
+        self.states: dict[int, Any] = {}
+
+    def _hand_on(self) -> None:  # under self.lock
+        if self.holder is None and self.queue and not self.stopped:
+            self.holder = self.queue.popleft()
+            self.queued.discard(self.holder)
+            self.events[self.holder].set()
+
+    def enter(self, rank: int, run) -> None:
+        """This thread becomes rank ``rank`` of ``run``, without the turn."""
+        _local.rank, _local.run, _local.holding = rank, run, False
+
+    def leave(self) -> None:
+        """This thread is no rank any more."""
+        _local.run = _local.rank = None
+
+    def wait(self, rank: int) -> None:
+        """Block until ``rank`` has the turn, its random state back; :class:`Stopped` once the run ended."""
+        with self.lock:
+            if rank not in self.queued and self.holder != rank:
+                self.queue.append(rank)
+                self.queued.add(rank)
+            self._hand_on()
+        self.events[rank].wait()
+        self.events[rank].clear()
+        if self.stopped:
+            raise Stopped("the simulation ended this rank")
+        _set_random_state(self.states.get(rank))
+        _local.holding = True
+
+    def give(self, rank: int) -> None:
+        """``rank`` gives its turn (if it has it) to the next rank waiting, keeping its random state."""
+        if not getattr(_local, "holding", False):
+            return
+        _local.holding = False
+        self.states[rank] = _random_state()
+        with self.lock:
+            self.holder = None
+            self._hand_on()
+
+    def stop(self) -> None:
+        """Free every rank: each waiting one raises :class:`Stopped`."""
+        with self.lock:
+            self.stopped = True
+            for event in self.events:
+                event.set()
+
+
+@contextlib.contextmanager
+def _turn_given():
+    """In a rank thread that has the turn: give it up for the block (a wait for the other ranks)."""
+    run, rank = _run_of_thread(), _rank_of_thread()
+    if run is None or not getattr(_local, "holding", False):
+        yield
+        return
+    run.turns.give(rank)
+    try:
+        yield
+    finally:
+        run.turns.wait(rank)
+
+
+class CollectiveMismatch(RuntimeError):
+    """Simulated ranks called different collectives (or shapes) at the same point of a group's sequence."""
+
+
+class _Calls:
+    """The collectives each rank has called on each process group, in order: the n-th call of every
+    rank must be the same operation, and an all-reduce or broadcast gets tensors of the same shape."""
+
+    SAME_SHAPES = ("allreduce", "allreduce_coalesced", "broadcast")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.seen: dict[tuple[str, int], tuple[int, str, int]] = {}  # (group, n) -> (rank, signature, ranks in)
+        self.counts: dict[tuple[str, int], int] = {}  # (group, rank) -> calls so far
+
+    def check(self, group: str, rank: int, world_size: int, name: str, args) -> None:
+        """Record ``rank``'s next call on ``group``; raise :class:`CollectiveMismatch` if an earlier
+        rank's call at the same point differs."""
+        signature = name
+        if name in self.SAME_SHAPES:
+            tensors = args[0] if args and isinstance(args[0], (list, tuple)) else []
+            shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
+            signature = f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
+        with self.lock:
+            n = self.counts[(group, rank)] = self.counts.get((group, rank), 0) + 1
+            other, expected, arrived = self.seen.get((group, n), (rank, signature, 0))
+            if signature == expected:
+                if arrived + 1 == world_size:
+                    self.seen.pop((group, n), None)
+                else:
+                    self.seen[(group, n)] = (other, expected, arrived + 1)
+                return
+        raise CollectiveMismatch(
+            f"ranks called different collectives at the same point (call {n} on this process group): "
+            f"rank {other} called {expected}, rank {rank} called {signature}. Every rank must call the same "
+            "collectives in the same order, with tensors of the same shape: look for a collective inside "
+            "`if rank == ...:`, or a loop that runs a different number of times on some rank.")
+
+
+def _gives_turn(method):
+    """A process group's collective that gives the rank's turn up while it waits for the others, after
+    checking that every rank makes the same call at this point (:class:`_Calls`)."""
+    @functools.wraps(method)
+    def collective(self, *args, **kwargs):
+        if getattr(_local, "in_collective", False):  # barrier() calls allreduce(): one call
+            return method(self, *args, **kwargs)
+        if (run := _run_of_thread()) is not None:
+            run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
+        _local.in_collective = True
+        try:
+            with _turn_given():
+                return method(self, *args, **kwargs)
+        finally:
+            _local.in_collective = False
+    return collective
+
+
+# ---- the threaded world: torch's private pieces, and what a simulation patches ------------------
 
 def _unavailable(what: str) -> SimulationUnavailable:
     return SimulationUnavailable(
@@ -102,8 +248,8 @@ def _unavailable(what: str) -> SimulationUnavailable:
 
 @functools.lru_cache(maxsize=1)
 def _pieces():
-    """``(ProcessLocalGroup, install, uninstall, set_isolation, store_barrier, group class)`` or raise
-    :class:`SimulationUnavailable` naming what is missing."""
+    """``(ProcessLocalGroup, install, uninstall, set_isolation)``, the simulated backend registered;
+    raises :class:`SimulationUnavailable` naming what is missing."""
     try:
         from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
@@ -137,13 +283,72 @@ def _pieces():
     return plg, mtpg._install_threaded_pg, mtpg._uninstall_threaded_pg, c10d._set_thread_isolation_mode
 
 
-# ---- one run ------------------------------------------------------------------------------------
+_NEW_GROUP, _EXIT = dist.distributed_c10d.new_group, os._exit
+_WORKERS_ITER = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+_WORKERS_INIT = _WORKERS_ITER.__init__
+
+
+@contextlib.contextmanager
+def _threaded_world():
+    """torch's threaded world installed for the block, everything it changes put back after."""
+    plg, install, uninstall, isolation = _pieces()
+    plg.reset()
+    caller_random, excepthook = _random_state(), sys.excepthook  # init_process_group prefixes the hook "[rankN]"
+    install()
+    isolation(True)
+    dist.new_group = dist.distributed_c10d.new_group = _new_group
+    os._exit = _exit
+    _WORKERS_ITER.__init__ = _no_worker_processes
+    try:
+        yield
+    finally:
+        dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
+        os._exit = _EXIT
+        _WORKERS_ITER.__init__ = _WORKERS_INIT
+        isolation(False)
+        uninstall()
+        _set_random_state(caller_random)
+        sys.excepthook = excepthook
+
+
+def _no_worker_processes(self, loader):
+    """A ``DataLoader`` with ``num_workers > 0`` in a rank thread: forking workers from a process whose
+    other threads hold locks can deadlock them, so it is refused at once."""
+    if _run_of_thread() is None:
+        return _WORKERS_INIT(self, loader)
+    self._shutdown = True  # its __del__ then has no workers to end (and no AttributeError to print)
+    raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
+                       "would be forked from a process of many threads, which can deadlock. Use num_workers=0 "
+                       "under simulate, or real ranks: helpers.engine.launch")
+
+
+def _exit(status):
+    """``os._exit`` in a rank thread would end the caller's whole process, every rank with it: it raises."""
+    if _run_of_thread() is None:
+        _EXIT(status)
+    raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
+                     "shares it), so simulate refused it; return from your function instead, or run code that "
+                     "must exit the process with helpers.engine.launch")
+
+
+def _new_group(*args, **kwargs):
+    """``dist.new_group`` in a rank thread drops ``backend=`` and ``pg_options``: a real group (a gloo
+    one, as Lightning's ``rank_zero_first`` barrier makes) would wait forever for peers that are threads."""
+    if _run_of_thread() is not None:
+        bound = inspect.signature(_NEW_GROUP).bind(*args, **kwargs)
+        bound.arguments.pop("backend", None)
+        bound.arguments.pop("pg_options", None)
+        args, kwargs = bound.args, bound.kwargs
+    return _NEW_GROUP(*args, **kwargs)
+
+
+# ---- supervision: in the caller ------------------------------------------------------------------
 
 class _Run:
     def __init__(self, fn, world_size, args, kwargs, group_timeout, summary):
         self.fn, self.world_size, self.args, self.kwargs = fn, world_size, args, kwargs
         self.group_timeout, self.summary = group_timeout, summary
-        self.turns = _Turns(world_size)
+        self.turns, self.calls = Turns(world_size), _Calls()
         self.store = dist.HashStore()
         self.lock = threading.Lock()
         self.results: dict[int, Any] = {}
@@ -151,7 +356,7 @@ class _Run:
         self.phase = dict.fromkeys(range(world_size), "start")  # start, ready, fn, after, ended
         self.stopping = False
         self.changed = threading.Event()
-        self.pending: dict[tuple[int, str], str] = {}
+        self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
         self.hidden_lines = 0
         self.hidden_ranks: set[int] = set()
         self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
@@ -180,7 +385,7 @@ class _Run:
             self.capped[key].end()
 
     def error(self, rank: int, e: BaseException) -> None:
-        secondary = self.stopping and isinstance(e, (SystemExit, _Stopped))
+        secondary = self.stopping and isinstance(e, (SystemExit, Stopped))
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         with self.lock:
             self.errors[rank] = {"rank": rank, "type": type(e).__name__, "message": str(e), "traceback": tb,
@@ -199,34 +404,52 @@ class _Run:
         self.changed.set()
 
 
+class _RankStream:
+    """``sys.stdout``/``sys.stderr`` during a run: a rank thread's text is kept per rank for the relay."""
+
+    def __init__(self, stream, name: str, run: _Run):
+        self.stream, self.name, self.run = stream, name, run
+
+    def write(self, text: str) -> int:
+        rank = _rank_of_thread()
+        if rank is None or _run_of_thread() is not self.run:
+            return self.stream.write(text)
+        with self.run.lock:
+            self.run.pending[(rank, self.name)] = self.run.pending.get((rank, self.name), "") + text
+        return len(text)
+
+    def flush(self) -> None:
+        if _rank_of_thread() is None:
+            self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def _run_rank(run: _Run, rank: int) -> None:
     """A rank thread: its default group, its turn, ``fn``; what happened goes to ``run``."""
-    _local.rank, _local.run, _local.holding = rank, run, False
+    run.turns.enter(rank, run)
     try:
         try:
             dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
                                     timeout=run.group_timeout)
             run.phase[rank] = "ready"
             run.changed.set()
-            run.turns._wait_turn(rank)
-            _local.holding = True
+            run.turns.wait(rank)
             run.phase[rank] = "fn"
             run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
             if rank == 0 and (note := alone_note(run.world_size, "simulate")):
                 print(note, file=sys.stderr)
-            run.phase[rank] = "after"
         finally:
             run.phase[rank] = "after"
-            if _local.holding:
-                _local.holding = False
-                run.turns.give(rank)
+            run.turns.give(rank)
     except BaseException as e:  # noqa: BLE001 - handed to the caller
         run.error(rank, e)
     finally:
         with contextlib.suppress(BaseException):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        _local.run = _local.rank = None
+        run.turns.leave()
         run.phase[rank] = "ended"
         run.changed.set()
 
@@ -241,13 +464,9 @@ def _stack_text(thread: threading.Thread) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise :class:`_Stopped` in ``thread`` at its next Python line (a loop in the rank's own code)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Stopped))
-
-
 def _end(run: _Run) -> list[int]:
-    """Stop every rank and wait for their threads; returns the ranks whose thread still runs."""
+    """Stop every rank and wait for their threads (a rank still in ``fn`` after :data:`_END_GRACE_S` gets
+    :class:`Stopped` raised at its next Python line); returns the ranks whose thread still runs."""
     run.stop()
     start = time.monotonic()
     interrupted = False
@@ -257,77 +476,13 @@ def _end(run: _Run) -> list[int]:
                 interrupted = True
                 for rank, t in enumerate(run.threads):
                     if t.is_alive() and run.phase[rank] == "fn":
-                        _interrupt(t)
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Stopped))
             time.sleep(_POLL_S)
     except KeyboardInterrupt:  # a second interrupt: stop waiting
         pass
     alive = [r for r, t in enumerate(run.threads) if t.is_alive()]
     _leftovers.extend(run.threads[r] for r in alive)
     return alive
-
-
-@contextlib.contextmanager
-def _threaded_world():
-    """torch's threaded world installed for the block, everything it changes put back after; ``dist.new_group``
-    patched to :func:`_new_group`."""
-    plg, install, uninstall, isolation = _pieces()
-    plg.reset()
-    _calls.reset()
-    caller_random, excepthook = _random_state(), sys.excepthook  # init_process_group prefixes the hook "[rankN]"
-    install()
-    isolation(True)
-    dist.new_group = dist.distributed_c10d.new_group = functools.partial(_new_group, _NEW_GROUP)
-    os._exit = functools.partial(_exit, _EXIT)
-    _WORKERS_ITER.__init__ = _no_worker_processes
-    try:
-        yield
-    finally:
-        dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
-        os._exit = _EXIT
-        _WORKERS_ITER.__init__ = _WORKERS_INIT
-        isolation(False)
-        uninstall()
-        _set_random_state(caller_random)
-        sys.excepthook = excepthook
-
-
-_NEW_GROUP, _EXIT = dist.distributed_c10d.new_group, os._exit
-_WORKERS_ITER = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
-_WORKERS_INIT = _WORKERS_ITER.__init__
-
-
-def _no_worker_processes(self, loader):
-    """A ``DataLoader`` with ``num_workers > 0`` iterated during a simulation: forking worker processes from
-    a process whose other threads hold locks can deadlock the workers (and the run), so in a rank thread it
-    is refused at once."""
-    if getattr(_local, "run", None) is None:
-        return _WORKERS_INIT(self, loader)
-    self._shutdown = True  # its __del__ then has no workers to end (and no AttributeError to print)
-    raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
-                       "would be forked from a process of many threads, which can deadlock. Use num_workers=0 "
-                       "under simulate, or real ranks: helpers.engine.launch")
-
-
-def _exit(exit, status):
-    """``os._exit`` during a simulation: in a rank thread it would end the caller's whole process (the kernel),
-    every rank with it, so it raises instead."""
-    if getattr(_local, "run", None) is None:
-        exit(status)
-    raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
-                     "shares it), so simulate refused it; return from your function instead, or run code that "
-                     "must exit the process with helpers.engine.launch")
-
-
-def _new_group(new_group, *args, **kwargs):
-    """``dist.new_group`` during a simulation: in a rank thread, any ``backend=`` (and its ``pg_options``) is
-    dropped, so the group gets the ranks' simulated backend. A real one (a gloo group, as Lightning's
-    ``rank_zero_first`` barrier makes) would wait forever for peers that are threads waiting for their turn."""
-    if getattr(_local, "run", None) is not None:
-        bound = inspect.signature(new_group).bind(*args, **kwargs)
-        bound.arguments.pop("backend", None)
-        bound.arguments.pop("pg_options", None)
-        args, kwargs = bound.args, bound.kwargs
-    return new_group(*args, **kwargs)
 
 
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
@@ -370,27 +525,17 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
 
 def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
              output: str | None = None, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks: threads of this
-    process, each with its own default process group on torch's threaded backend.
-
-    Collectives, ``DistributedDataParallel`` and ``fully_shard`` give every rank the values real ranks
-    would get. Time does not: the ranks share one process and run one at a time (a rank gives its
-    turn up while it waits in a collective). Each rank starts with freshly seeded random generators,
-    as a new process does, and keeps its own: ``torch.manual_seed(rank)`` in ``fn`` gives what rank
-    ``rank`` of a real job gets.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at a
+    time); ``fn``'s results in rank order. Values are a real job's (``torch.manual_seed(rank)`` too);
+    time is not.
 
     Args:
         fn: the worker, as for :func:`helpers.engine.launch`; nothing is pickled (same process).
         world_size: number of ranks, 1 to :data:`MAX_SIMULATED_RANKS`.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: treat them
-            as read-only).
-        timeout: seconds ``fn`` may run, counted from when every rank has its process group
-            (``None``: no limit; default 300 s).
-        output: ``"all"``: every line a rank prints, prefixed ``[rank r]``; ``"summary"``: rank 0's
-            lines and a count of the others'; ``None``: ``"all"`` below :data:`SUMMARY_FROM` ranks.
-
-    Returns:
-        list: ``fn``'s return value on each rank, in rank order.
+        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: read-only).
+        timeout: seconds ``fn`` may run once every rank has its group (``None``: no limit; default 300 s).
+        output: ``"all"`` (every rank's lines, ``[rank r]``), ``"summary"`` (rank 0's and a count) or
+            ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
 
     Raises:
         SimulationUnavailable: this torch lacks the private pieces (before any thread starts).
@@ -399,8 +544,8 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
         LaunchTimeout: ``fn`` ran past ``timeout``; says where each unfinished rank was.
         LaunchInterrupted: the caller was interrupted; the ranks were ended.
     """
-    default = isinstance(timeout, _DefaultTimeout)
-    if getattr(_local, "rank", None) is not None:
+    default = isinstance(timeout, DefaultTimeout)
+    if _rank_of_thread() is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
     if not 1 <= (as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
@@ -448,7 +593,6 @@ def _note_leftovers() -> None:
                          "end when that call returns. " + _STUCK_ADVICE + "\n")
 
 
-#: what to do about rank threads that cannot be stopped
 _STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
                  "helpers.engine.launch, whose ranks are processes that can be ended.")
 
@@ -480,3 +624,4 @@ def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default
             others[ended[0]] = f"ended by the simulation, with {len(ended) - 1} other ranks"
     raise WorkerError(first["rank"], first["type"], first["message"], first["traceback"], others,
                       notes=(still,) if still else (), caller="simulate")
+

@@ -20,21 +20,12 @@ SYSTEM_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
 def socket_dir(name_length: int) -> str:
-    """A temp folder in which a Unix socket named with ``name_length`` more characters (after a path
-    separator) fits in :data:`SUN_PATH_MAX`: the temp directory (``tempfile.gettempdir()``, i.e.
-    ``TMPDIR``) when it fits, else the first of :data:`SYSTEM_TEMP_DIRS` that is a writable folder.
-
-    A long ``TMPDIR`` (a cluster job's scratch folder, a test's ``tmp_path``) otherwise makes binding
-    the socket fail with ``OSError: AF_UNIX path too long``. CPython 3.14 falls back to the same three
-    folders for multiprocessing's own sockets (https://github.com/python/cpython/issues/132124);
-    Python 3.10 to 3.12 do not.
-
-    Returns:
-        str: an absolute folder path.
+    """An absolute temp folder where a socket name of ``name_length`` more characters fits in
+    :data:`SUN_PATH_MAX`: ``TMPDIR`` when it fits (a long one fails with ``AF_UNIX path too long``), else
+    the first writable of :data:`SYSTEM_TEMP_DIRS`, as CPython 3.14 does (cpython issue 132124).
 
     Raises:
-        OSError: neither the temp directory nor any of :data:`SYSTEM_TEMP_DIRS` fits; the message
-            gives ``TMPDIR``'s length and what to do.
+        OSError: none fits; the message gives ``TMPDIR``'s length and what to do.
     """
     def fits(folder: str) -> bool:
         return len(os.fsencode(folder)) + 1 + name_length < SUN_PATH_MAX

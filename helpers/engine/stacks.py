@@ -1,24 +1,15 @@
 """Where each rank is stuck: its Python stack, dumped on a signal, summarised to the learner's code.
 
-When a launch times out or is interrupted, the ranks that had not finished are usually waiting in
-a collective (``dist.all_reduce`` on one rank, ``dist.barrier`` on another). Before the launcher
-ends them it asks each for its Python stack with the standard library's :mod:`faulthandler`:
+Before a timed-out or interrupted launch (or warm-rank call) ends its ranks, it asks each for its
+Python stack with :mod:`faulthandler`:
 
-- in each rank, first thing, :func:`register`: ``faulthandler.register(SIGUSR1, file=...,
-  all_threads=True)``, writing to ``stacks/<rank>.txt`` in the launch's run folder (not the relayed
-  stdout). faulthandler's handler is C code that needs no GIL, so it dumps even while the rank's
-  main thread is blocked inside gloo or NCCL;
-- in the launcher, :func:`collect`: SIGUSR1 to the unfinished ranks, then read the dumps (warm
-  ranks too: each engine registers at start into its ipyparallel profile folder, and a timed-out
-  or interrupted ``run`` or ``%%px`` cell collects before the ranks are ended);
-- :func:`summary`: a few lines per rank: the innermost frames in the learner's code (a notebook
-  cell, their files; frames of helpers, torch and the standard library hidden, as in a
-  :class:`~helpers.engine.errors.WorkerError`) and the library call it is in, e.g.
-  ``torch.distributed.all_reduce``. faulthandler writes ``file, line, function`` without source;
-  the caller looks the line up (a cell's code sent by value keeps its cell's file name, see
-  :mod:`helpers.engine.by_value`, and the kernel has the cell's lines);
-- :func:`state`: what the rank was doing, for the timeout's message: in its own code (sleeping or
-  computing), waiting in a ``torch.distributed`` call, or in a backward or DDP (either).
+- in each rank, :func:`register`: ``faulthandler.register(SIGUSR1, all_threads=True)`` into
+  ``stacks/<rank>.txt`` of the run folder; the handler is C code that needs no GIL, so it dumps even
+  while the rank is blocked inside gloo or NCCL;
+- in the caller, :func:`collect`: SIGUSR1 to the unfinished ranks, then the dumps read;
+- :func:`summary`: a few lines per rank: its innermost frames in the learner's code (the caller
+  looks the lines up) and the library call it is in (``torch.distributed.all_reduce``);
+- :func:`state`: own code, a ``torch.distributed`` call, a backward or DDP, or a simulated turn.
 
 Reference: https://docs.python.org/3/library/faulthandler.html
 """
@@ -34,10 +25,10 @@ import time
 import psutil
 
 from helpers.engine.run_dir import read_markers
-from helpers.engine.tracebacks import Frame, _is_hidden, format_frames
+from helpers.engine.tracebacks import Frame, format_frames, is_hidden
 
 __all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_unfinished", "px_cell_name", "ranks_phrase",
-           "register", "registered", "state", "stuck_frames", "summary", "timeout_advice"]
+           "register", "registered", "spans", "state", "stuck_frames", "summary", "timeout_advice"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -191,7 +182,7 @@ def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     main = next((t for t in threads if any(map(_is_entry, t))), threads[0] if threads else [])
     start = max((i + 1 for i, f in enumerate(main) if _is_entry(f)), default=0)
     frames = main[start:]
-    own = [i for i, f in enumerate(frames) if not _is_hidden(f.file)]
+    own = [i for i, f in enumerate(frames) if not is_hidden(f.file)]
     below = frames[own[-1] + 1:] if own else frames
     call = next((f for f in below if f.name not in _PASS_ON and not f.name.startswith("_")), None)
     return [frames[i] for i in own], (f"{_module(call.file)}.{call.name}" if call else "")
@@ -202,24 +193,15 @@ _BACKWARD = {"torch._tensor.backward", "torch.autograd.backward", "torch.autogra
 
 
 def state(dump: str) -> tuple[str, str]:
-    """What a rank was doing when its stack was dumped: ``(kind, library call)``, kind one of
-
-    - ``"own"``: in the learner's own code (a ``time.sleep``, a loop, a computation C code runs for it);
-    - ``"rendezvous"``: in ``torch.distributed.init_process_group``, waiting for the ranks to meet;
-    - ``"collective"``: in another function of ``torch.distributed`` (a collective, ``barrier``, a work's
-      ``wait``): waiting for the other ranks;
-    - ``"ddp"``: in a backward (``loss.backward()``, ``torch.autograd.backward`` or ``grad``) or in DDP
-      (``torch.nn.parallel``): computing, or waiting in DDP's all-reduce (C++ code, no Python frame);
-    - ``"library"``: in another library's function called from the learner's code (computing);
-    - ``"turn"``: a simulated rank (:func:`helpers.engine.simulate`) waiting for its turn to start
-      its function (simulated ranks run one at a time);
-    - ``"stopped"``: the process was stopped (state T), see :data:`STOPPED`;
-    - ``"unknown"``: none of the learner's frames and no library call (an empty or cut dump).
-    """
+    """What a rank was doing when its stack was dumped: ``(kind, library call)``, kind one of ``"own"``
+    (its own code: a sleep, a loop), ``"rendezvous"`` (``init_process_group``), ``"collective"`` (another
+    ``torch.distributed`` call), ``"ddp"`` (a backward or DDP: computing, or in DDP's C++ all-reduce),
+    ``"library"`` (another library), ``"turn"`` (a simulated rank waiting for its first turn),
+    ``"stopped"`` (state T, :data:`STOPPED`), ``"unknown"`` (an empty or cut dump)."""
     if dump == STOPPED:
         return "stopped", ""
     own, call = stuck_frames(dump)
-    if not own and any(f.name == "_wait_turn" and "simulated" in os.path.basename(f.file)
+    if not own and any(f.name == "wait" and os.path.basename(f.file) == "simulated.py"
                    for t in _threads(dump) for f in t):
         return "turn", ""
     if not call:
@@ -382,13 +364,13 @@ def timeout_advice(ranks: list[int], stacks: dict[int, str], lift: str) -> str:
 def ranks_phrase(ranks: list[int], verb: bool = True) -> str:
     """``"Rank 0 was"`` / ``"Ranks 0, 2 were"`` (``verb=False``: ``"rank 0"`` / ``"ranks 0, 2"``); four or
     more consecutive ranks read as a span: ``"ranks 1-63"``."""
-    names = _spans(ranks)
+    names = spans(ranks)
     if not verb:
         return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
     return f"Rank {names} was" if len(ranks) == 1 else f"Ranks {names} were"
 
 
-def _spans(ranks: list[int]) -> str:
+def spans(ranks: list[int]) -> str:
     """``"0, 2, 5-9"``: ``ranks`` with each run of four or more consecutive ranks as a span."""
     parts, run = [], []
     for r in [*ranks, None]:

@@ -1,17 +1,10 @@
 """The hint for a cell-defined class or function that a ``spawn`` or ``forkserver`` process cannot import.
 
-Inside a rank the start method is the platform's default (Linux before Python 3.14: ``fork``), so a
-``DataLoader``'s workers get a cell-defined ``Dataset`` without pickling it. Under ``spawn`` or
-``forkserver`` (``DataLoader(..., multiprocessing_context="spawn")``) it is pickled by reference,
-and a class defined in ``__main__`` (a notebook cell) cannot be found by name:
-``PicklingError: Can't pickle <class '__main__.Points'>: attribute lookup Points on __main__ failed``
-in the rank, or ``AttributeError: Can't get attribute 'Points' on <module '__main__'>`` in the child.
-
-The same lookup is why plain ``torch.multiprocessing.spawn`` of a cell-defined function fails in a
-notebook: each child prints that ``AttributeError`` and exits with code 1, and the kernel gets only
-``ProcessExitedException: process 1 terminated with exit code 1``. :func:`install_spawn_hint`
-(called when :mod:`helpers.engine.errors` is imported, so in every lesson's kernel) adds
-:func:`spawn_exit_hint`'s "What to do" line to that traceback: use ``helpers.mp``.
+Under ``spawn`` or ``forkserver`` (``DataLoader(..., multiprocessing_context="spawn")``) a cell's class is
+pickled by reference and cannot be found by name: ``Can't get attribute 'Points' on <module '__main__'>``.
+The same lookup fails plain ``torch.multiprocessing.spawn`` of a cell's function (the kernel gets only
+``ProcessExitedException``): :func:`install_spawn_hint` (on importing :mod:`helpers.engine.errors`)
+adds :func:`spawn_exit_hint`'s "What to do" line to that traceback: use ``helpers.mp``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from typing import NamedTuple
 
-__all__ = ["Frame", "format_frames", "own_frames", "parse_frames"]
+__all__ = ["HELPERS_DIR", "Frame", "format_frames", "ipython", "is_hidden", "own_frames", "parse_frames"]
 
 
 # ---- the learner's own frames ---------------------------------------------------------------
@@ -33,11 +33,11 @@ class Frame(NamedTuple):
 
 
 #: the ``helpers/`` folder (engine and course helpers): frames there are ours, not the learner's
-_HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _library_dirs() -> tuple[str, ...]:
-    dirs = {_HELPERS_DIR}
+    dirs = {HELPERS_DIR}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:
@@ -49,7 +49,7 @@ def _library_dirs() -> tuple[str, ...]:
 _LIBRARY_DIRS = _library_dirs()
 
 
-def _is_hidden(file: str) -> bool:
+def is_hidden(file: str) -> bool:
     """A frame of helpers, of Python's standard library (multiprocessing, threading, runpy) or of an
     installed package (torch, cloudpickle, ipyparallel, IPython), not the learner's code."""
     if file.startswith("<frozen ") or file == "<dynamic-code>":
@@ -107,11 +107,11 @@ def parse_frames(tb: str) -> list[Frame]:
 
 def own_frames(frames: list[Frame]) -> list[Frame]:
     """The learner's frames among ``frames``: those not inside helpers, the standard library or an
-    installed package (see :func:`_is_hidden`). ``[]`` when every frame is a library's."""
-    return [f for f in frames if f.label or not _is_hidden(f.file)]
+    installed package (see :func:`is_hidden`). ``[]`` when every frame is a library's."""
+    return [f for f in frames if f.label or not is_hidden(f.file)]
 
 
-def _ipython():
+def ipython():
     """The running IPython shell, or ``None`` (a plain script)."""
     if "IPython" not in sys.modules:
         return None

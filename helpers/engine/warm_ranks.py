@@ -16,51 +16,31 @@ buckets step by step), and a call costs milliseconds::
     ranks.pull("t")                                  # every rank's t, in rank order
     ranks.stop()
 
-Predefined on every rank: ``rank`` (= its ipyparallel engine id), ``world_size``, ``device`` (``cuda:<rank>``
-under nccl, else ``cpu``), ``torch``, ``dist`` (``torch.distributed``).
+Predefined on every rank: ``rank`` (its ipyparallel engine id), ``world_size``, ``device``, ``torch``,
+``dist``. What this module adds to ipyparallel (engines, ``%%px``, ``[stdout:<rank>]`` output, cloudpickle):
 
-What this module adds to ipyparallel (ipyparallel engines, ``%%px``, output labelled ``[stdout:<rank>]``
-and cloudpickle for cell-defined code are ipyparallel's own):
-
-- the input checks, backend rule and threads per rank of :func:`helpers.engine.launch`;
-- a process group on ``127.0.0.1`` through a ``TCPStore`` rank 0 opens on port 0 (the OS picks a
-  free port), with ``timeout=`` (the ranks' ``timeout`` + 5 s) so gloo itself raises;
-- a time limit on every ``run`` and ``%%px`` cell. ipyparallel's ``%%px`` waits forever and
-  cannot restart ipyparallel engines, so a thin ``%%px``/``%px`` replaces it: it runs the cell with
-  ipyparallel's ``DirectView.execute`` and shows output with ipyparallel's streaming/display (in
-  rank order once the cell ends), but watches the ranks while it waits. A hung collective, a
-  rank that raised while its peers wait, a dead rank (SIGKILL, ``os._exit``) and "interrupt
-  kernel" (SIGINT is sent to the ranks; if they do not stop within seconds, e.g. in a C++
-  collective) end the wait, **end all ranks at once** (never a half-dead group) and raise
-  ``WorkerError``, :class:`RanksTimeout` or ``KeyboardInterrupt`` naming the ranks, within
-  seconds; fresh ranks start by themselves before the next ``run`` or ``%%px`` cell. ``%%px``
-  with ipyparallel options (``--targets``, ``--noblock`` ...) goes to ipyparallel's magic,
-  without these guarantees;
-- one default group for good: a call after which a rank has none (user code ran
-  ``dist.destroy_process_group()``, a tutorial's ``cleanup()``) makes a new one on the same ranks
-  and says so; ``init_process_group`` on them gets a hint that they already have a group; a
-  ``%%px`` NameError for a name of the kernel says so and shows :meth:`WarmRanks.push`; a result
-  that cannot be pickled back gets ``launch``'s message;
-- a start without a port race left unhandled: ipyparallel's controller chooses its ports, then
-  binds them; when another process takes one in between, the controller dies, or lives on without
-  a scheduler (the start then hung for 180 s). Each wait of a start reads the controller's and
-  ipyparallel engines' output and watches their processes, ends that try at once and starts again with new
-  ports (up to 4 tries); a failed start says whether anything is left running, after checking;
-- nothing left behind: :meth:`WarmRanks.stop` (idempotent) kills the controller and the rank processes' trees,
-  at interpreter exit (kernel shutdown/restart) and when :func:`start_ranks` gets another
-  ``world_size``, backend, timeout or environment; a watchdog process (:mod:`helpers.engine.warm_ranks_remote`),
-  started first, kills them if the kernel dies without ``atexit`` (SIGKILL), even mid-start.
+- ``launch``'s input checks, backend rule and threads per rank; a group on ``127.0.0.1`` through a
+  ``TCPStore`` rank 0 opens on port 0, with ``timeout=`` the ranks' ``timeout`` + 5 s;
+- a time limit on every call: a thin ``%%px`` runs the cell with ``DirectView.execute`` and
+  ipyparallel's streaming, but watches the ranks while it waits. A hung collective, a rank that
+  raised while its peers wait, a dead rank and "interrupt kernel" (SIGINT to the ranks) end all
+  ranks at once and raise ``WorkerError``, :class:`RanksTimeout` or ``KeyboardInterrupt`` within
+  seconds; fresh ranks start before the next call. ``%%px`` with other options goes to ipyparallel;
+- one default group for good: a rank left without one (a tutorial's ``cleanup()``) gets a new one,
+  with a note; a ``%%px`` NameError for a kernel name points to :meth:`WarmRanks.push`;
+- the controller's port race handled: ipyparallel chooses ports, then binds them; a try that lost one
+  is ended at once and retried with new ports (4 tries; it hung 180 s before);
+- nothing left behind: :meth:`WarmRanks.stop`, at exit, on a changed :func:`start_ranks`, and a
+  watchdog process (:mod:`helpers.engine.warm_ranks_remote`) if the kernel is SIGKILLed.
 
 References: https://ipyparallel.readthedocs.io/en/latest/tutorial/magics.html , ipyparallel's
-``client/magics.py`` (``parallel_execute``) and torch's ``distributed/distributed_c10d.py``.
+``client/magics.py`` (``parallel_execute``).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
-import logging.handlers
 import re
 import sys
 import time
@@ -69,13 +49,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from helpers.engine import stacks
 from helpers.engine import warm_ranks_remote as remote
 from helpers.engine.by_value import serialise_call  # refuses what cannot be sent, naming the variable
 from helpers.engine.errors import LaunchInterrupted, NoRanks, RanksStopped
 from helpers.engine.fork_server import environment
 from helpers.engine.inputs import check_timeout, check_world_size
 from helpers.engine.launcher import LaunchError, WorkerError, resolve_backend
-from helpers.engine.warm_ranks_start_stop import _GROUP_MARGIN_S, RanksStartStop
+from helpers.engine.warm_ranks_start_stop import RankProcesses
 
 RanksTimeout = remote.RanksTimeout  # raised by run and %%px past their timeout
 
@@ -85,6 +66,7 @@ _POLL_S = 0.05  # how often a wait checks the ranks (seconds)
 _ERROR_GRACE_S = 2.0  # after one rank raised, how long its peers get to finish (seconds)
 _INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the ranks get to stop (seconds)
 _OUTPUT_WAIT_S = 30.0  # the most a finished %%px cell waits for its ranks' output (seconds; returns when all is in)
+_PX_CELLS_KEPT = 200  # %%px cells remembered for where-stuck reports (their code, by file name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,33 +89,21 @@ def _atexit_stop() -> None:
 
 def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float = 60.0, *,
                 env: dict[str, str] | None = None, activate: bool = True) -> WarmRanks:
-    """Start ``world_size`` warm ranks with a default process group, or return the running ones.
-
-    Calling it again with the same arguments (and the same ``os.environ``) returns the running
-    ranks unchanged (re-running the cell is cheap); any change (``world_size``, ``backend``,
-    ``timeout``, ``env`` or the kernel's environment) stops the old ranks first.
+    """Start ``world_size`` warm ranks with a default process group, or return the running ones if
+    nothing changed (arguments, ``os.environ``); else the old ranks are stopped first.
 
     Args:
-        world_size: number of ranks, a positive int; same limits as ``launch``.
-        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` (nccl when CUDA has at
-            least ``world_size`` GPUs, else gloo): :func:`helpers.engine.resolve_backend`.
-        timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (per-call
-            ``timeout=`` overrides it). The process group's collective timeout is this plus 5 s,
-            so gloo itself raises in a rank stuck in a collective if a call was given longer.
+        world_size, backend: as for ``launch`` (:func:`helpers.engine.resolve_backend`).
+        timeout: seconds a :meth:`WarmRanks.run` call or a ``%%px`` cell may take (a call's
+            ``timeout=`` overrides it); the group's collective timeout is this plus 5 s.
         env: extra environment variables for the ranks (set before torch is imported there).
         activate: register the ``%%px``/``%px`` magics in the calling IPython session.
 
-    Returns:
-        WarmRanks: rank ``r`` is ipyparallel engine ``r``; ``torch.set_num_threads(threads_per_rank(world_size))``
-        on each unless ``OMP_NUM_THREADS`` is set; ``device`` is ``cuda:<rank>`` under nccl.
-
     Raises:
         LaunchError: bad ``world_size``, ``backend`` or ``timeout`` (before anything starts).
-        RuntimeError: the controller, the rank processes or the process group did not come up (a process
-            exited, or 180 s passed); every process of the start was ended, and the message says
-            whether that was checked to hold. ipyparallel's controller chooses its ports, then binds
-            them: when another process takes one in between (``Address already in use``), the start
-            is tried again with new ports, up to 4 times (``WarmRanks.start_attempts``).
+        RuntimeError: the controller, the ranks or the group did not come up (a process exited, or
+            180 s passed; a port taken is retried up to 4 times); everything was ended, and the
+            message says whether that was checked.
     """
     global _CURRENT, _ATEXIT_REGISTERED
     world_size = check_world_size(world_size)  # launch()'s own checks and messages
@@ -158,48 +128,62 @@ def start_ranks(world_size: int = 2, backend: str | None = None, timeout: float 
     return ranks
 
 
-class WarmRanks(RanksStartStop):
+class WarmRanks:
     """``world_size`` persistent ranks (ipyparallel engines) sharing a default process group.
 
-    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout``
-    (seconds), ``devices`` (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (rank process
-    ids in rank order), ``client`` and ``view`` (ipyparallel ``Client`` and ``DirectView`` over
-    all ranks, in rank order), ``stopped``, ``restarts`` (how many times fresh ranks were started
-    after a fault), ``startup_seconds`` (the last start: processes, torch import, group) and
-    ``startup_phases`` (``{"ipyparallel engines": s, "torch and group": s}``: controller and
-    ipyparallel engines up, then each rank importing torch and joining the group), ``start_attempts``
-    (tries the last start took, see :func:`start_ranks`), ``regroups`` (default groups made again after
-    user code destroyed one).
+    Create with :func:`start_ranks`. Attributes: ``world_size``, ``backend``, ``timeout`` (seconds),
+    ``stopped``, ``restarts`` (fresh ranks started after a fault), ``regroups`` (default groups made
+    again after user code destroyed one), and ``procs`` (:class:`RankProcesses`); of these, ``devices``
+    (``["cpu", ...]`` or ``["cuda:0", ...]``), ``pids`` (in rank order), ``client`` and ``view``
+    (ipyparallel ``Client`` and ``DirectView`` over all ranks, in rank order), ``start_attempts``.
     """
 
+    pids = property(lambda self: self.procs.pids)
+    devices = property(lambda self: self.procs.devices)
+    client = property(lambda self: self.procs.client)
+    view = property(lambda self: self.procs.view)
+    start_attempts = property(lambda self: self.procs.start_attempts)
+
     def __init__(self, world_size: int, backend: str, timeout: float, env: dict, activate: bool, key):
-        self.world_size = world_size
-        self.backend = backend
-        self.timeout = timeout
-        self.env = env
-        self._activate_magics = activate
-        self._key = key
-        self.cluster = self.client = self.view = None
-        self.pids: list[int] = []
-        self.devices: list[str] = []
-        self.stopped = False
-        self.restarts = 0
-        self.startup_seconds = None
-        self.startup_phases: dict[str, float] = {}
-        self._profile_dir = None
-        self._watchdog = None
+        self.world_size, self.backend, self.timeout = world_size, backend, timeout
+        self.procs = RankProcesses(world_size, backend, timeout, env)
+        self._activate_magics, self._key = activate, key
+        self.stopped = self._restart_pending = False
+        self.restarts = self.regroups = 0
         self._ipp_px = None
-        self._restart_pending = False
-        self._started: list = []  # the process trees as they were once started
-        self.start_attempts = 0
-        self.regroups = 0
-        self._ipp_log: logging.Logger | None = None
-        self._ipp_held: logging.handlers.BufferingHandler | None = None
+        self.px_cells: dict[str, tuple[str, str, int]] = {}  # %%px cells' code by file name (_note_cell)
 
     def __repr__(self):
         state = ("stopped" if self.stopped else "restarting on the next call" if self._restart_pending
                  else f"pids {self.pids}")
         return f"<WarmRanks world_size={self.world_size} backend={self.backend!r} timeout={self.timeout:g} s, {state}>"
+
+    def _start(self) -> None:
+        try:
+            self.procs.start()
+        except BaseException:
+            self.stopped = True
+            raise
+        if self._activate_magics:
+            self._activate()
+
+    def stop(self) -> None:
+        """Stop the ranks: kill their processes, the controller and the watchdog. Safe to call twice."""
+        if not self.stopped:
+            self.stopped = True
+            self.procs.shutdown()
+
+    def restart(self) -> None:
+        """Stop the ranks and start fresh ones, same settings (names on them are lost); after a fault it
+        runs by itself before the next call."""
+        self.procs.shutdown()
+        self.stopped = self._restart_pending = False
+        self.restarts += 1
+        self._start()
+
+    def dead_ranks(self) -> dict[int, str]:
+        """``{rank: description}`` of ranks whose process is gone (killed, exited)."""
+        return self.procs.dead_ranks()
 
     def _activate(self) -> None:
         from IPython import get_ipython
@@ -220,7 +204,7 @@ class WarmRanks(RanksStartStop):
         if self._restart_pending:
             # a notice, not an error: stdout (stderr shows as a red box in a notebook)
             print(f"(starting fresh warm ranks after the last fault: about "
-                  f"{self.startup_seconds or 0:.0f} s)", flush=True)
+                  f"{self.procs.startup_seconds or 0:.0f} s)", flush=True)
             self.restart()
             return
         dead = self.dead_ranks()
@@ -238,21 +222,43 @@ class WarmRanks(RanksStartStop):
                            + remote.RESTART_NOTE, "", others)
 
     def _restart_with(self, error: BaseException) -> BaseException:
-        """End the ranks now (no half-dead group survives) and start fresh ones on the next call
-        (``run``, ``%%px``), so the fault is reported at once; return ``error`` to raise."""
-        self._shutdown()
+        """End the ranks now (no half-dead group) and start fresh ones on the next call; ``error``, to raise."""
+        self.procs.shutdown()
         self._restart_pending = True
         return error
+
+    def _note_cell(self, code: str) -> None:
+        """Remember a ``%%px`` cell's code under its frames' file name (:func:`~helpers.engine.stacks.px_cell_name`),
+        labelled ``Cell In[n]`` when it is the running notebook cell's body, else ``%%px code``."""
+        from IPython import get_ipython
+
+        try:
+            shell = get_ipython()
+            # stored before it runs, at its count (IPython 9 adds 1 to execution_count before, 8 after)
+            hist = shell.history_manager.input_hist_raw if shell is not None else [""]
+            magic, _, body = hist[-1].partition("\n")
+            if magic.startswith("%%px") and body.rstrip() == code.rstrip():
+                cell = (f"Cell In[{len(hist) - 1}]", code, 1)
+            else:
+                cell = ("%%px code", code, 0)
+            name = stacks.px_cell_name(code)
+        except Exception:  # noqa: BLE001 - only a report's labels: never in the way of the cell
+            return
+        self.px_cells.pop(name, None)
+        self.px_cells[name] = cell
+        while len(self.px_cells) > _PX_CELLS_KEPT:
+            del self.px_cells[next(iter(self.px_cells))]
+
+    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str, int]]]:
+        """``(stacks, cells)`` for a timed-out or interrupted call, before the ranks are ended."""
+        return self.procs.stacks_of(ranks), dict(self.px_cells)
 
     # -- waiting for the ranks -----------------------------------------------------------------
 
     def _supervise(self, ar, timeout: float | None, what: str, poll=None) -> tuple[list[int], BaseException | None]:
-        """Wait for ``ar`` (one message per rank) while watching the ranks, calling ``poll()`` after each wait.
-
-        Returns ``(ranks_with_errors, fault)``; ``fault`` (to raise after a restart) is set when a
-        rank died, the time ran out, peers still ran after a rank raised, or the caller was
-        interrupted.
-        """
+        """Wait for ``ar`` (one message per rank) watching the ranks, ``poll()`` after each wait.
+        ``(ranks_with_errors, fault)``; ``fault`` (raised after a restart): a rank died, the time ran
+        out, peers still ran after a rank raised, or an interrupt."""
         parts = ar.split() if self.world_size > 1 else [ar]
         limit = self.timeout if timeout is None else check_timeout(timeout)
         start = time.monotonic()
@@ -291,8 +297,8 @@ class WarmRanks(RanksStartStop):
                                          "in a collective). " + remote.RESTART_NOTE, *self._stuck(still))
 
     def _supervise_with_output(self, ar, timeout: float | None, what: str, poll=None):
-        """:meth:`_supervise`, then wait for the ranks' output, which follows a result seconds later on a loaded
-        machine (rank 1's line was lost at 1 s); a rank that faulted never sends it: then wait briefly."""
+        """:meth:`_supervise`, then wait for the ranks' output (seconds after a result on a loaded machine;
+        briefly after a fault)."""
         finished = False
         try:
             errors, fault = self._supervise(ar, timeout, what, poll)
@@ -303,10 +309,8 @@ class WarmRanks(RanksStartStop):
 
     def _raise_for(self, ar, errors: list[int], fault: BaseException | None, what: str,
                    has_group: list[bool] | None = None, kernel_names=None) -> None:
-        """After :meth:`_supervise`: on a fault restart and raise it; else make a new default group
-        if the call left a rank without one (:meth:`_check_group`; ``has_group``: per rank, if
-        known); on rank errors raise WorkerError (a NameError for a name of ``kernel_names``, the
-        kernel's namespace, says so: :func:`helpers.engine.warm_ranks_remote.kernel_name_error`)."""
+        """After :meth:`_supervise`: on a fault restart and raise it; else regroup if need be
+        (:meth:`_check_group`) and raise a rank's error (a NameError for a name of ``kernel_names`` says so)."""
         if fault is not None:
             if isinstance(fault, KeyboardInterrupt) and "which stopped" in str(fault):
                 raise fault
@@ -332,14 +336,13 @@ class WarmRanks(RanksStartStop):
                             else None)
 
     def _check_group(self, what: str, has_group: list[bool] | None = None) -> None:
-        """After a call that ended normally: if a rank has no default group (user code called
-        ``dist.destroy_process_group()``, e.g. a tutorial's ``cleanup()``), make a new one on the same
-        ranks (names on them are kept) and say so on stderr; if that fails, fresh ranks start on the
-        next call. ``has_group``: each rank's ``dist.is_initialized()``, asked now if not given."""
-        deadline = time.monotonic() + _GROUP_MARGIN_S + self.timeout
+        """A rank left without a default group (``has_group``: each rank's ``dist.is_initialized()``, asked if
+        ``None``) gets a new one on the same ranks, said on stderr (failing that: fresh ranks next call)."""
+        deadline = time.monotonic() + self.procs.group_timeout
         if has_group is None:
             try:
-                has_group = self._await(self.view.apply_async(remote.has_group), "the ranks' group check", deadline)
+                has_group = self.procs.wait_for(self.view.apply_async(remote.has_group), "the ranks' group check",
+                                                deadline)
             except Exception:  # noqa: BLE001 - a rank died or hung just after the call: start afresh
                 self._restart_with(None)
                 return
@@ -347,8 +350,8 @@ class WarmRanks(RanksStartStop):
         if not lost:
             return
         try:
-            self._await(self.view.apply_async(remote.leave_group), "the ranks leaving the old group", deadline)
-            self._join_group(deadline)
+            self.procs.wait_for(self.view.apply_async(remote.leave_group), "the ranks leaving the old group", deadline)
+            self.procs.join_group(deadline)
             self.regroups += 1
             outcome = ("so a new one was made on the same ranks: their names are kept; make again what used the "
                        "old group (a DDP model)")
@@ -364,28 +367,18 @@ class WarmRanks(RanksStartStop):
     # -- public calls --------------------------------------------------------------------------
 
     def run(self, fn: Callable, *args, timeout: float | None = None, **kwargs) -> list:
-        """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank; return the results in rank order.
-
-        ``fn`` may be defined in a notebook cell (a function, lambda or closure: sent by value with
-        cloudpickle). Arguments and results travel pickled. What the ranks print appears in the
-        caller's streams as it arrives, line by line, prefixed ``[rank r]`` (as :func:`launch` shows it).
+        """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank (a cell's ``fn`` goes by value);
+        ``results[r]`` from rank ``r``. Output appears as it arrives, as ``[rank r]`` lines.
 
         Args:
             timeout: seconds for this call (default: the ranks' ``timeout``).
 
-        Returns:
-            list: ``results[r]`` is rank ``r``'s return value.
-
         Raises:
-            LaunchError: ``fn``, an argument, a global it uses or a closure variable cannot be sent
-                (an open file, a lock, a socket, a generator, a CUDA tensor), as for ``launch``.
-            WorkerError: a rank raised (names the rank, its traceback), returned what cannot be
-                pickled back (a generator, a lock: ``launch``'s message), or its process died. When a
-                rank died, peers were left waiting or a collective failed, all ranks were ended
-                first; fresh ones start before the next call. A rank that destroyed its default
-                group (``dist.destroy_process_group()``) gets a new one, with a note on stderr.
+            LaunchError: something cannot be sent, as for ``launch``.
+            WorkerError: a rank raised, returned what cannot be pickled back, or died; when a rank
+                died, peers waited or a collective failed, all ranks were ended (fresh ones next call).
             RanksTimeout: past ``timeout``; names the ranks not finished; all ranks were ended.
-            KeyboardInterrupt: interrupted; SIGINT was sent to the ranks (all ended if they did not stop).
+            KeyboardInterrupt: SIGINT was sent to the ranks (all ended if they did not stop).
         """
         if not callable(fn):
             raise LaunchError(f"fn must be a function, got {fn!r} of type {type(fn).__name__}.")
@@ -406,12 +399,7 @@ class WarmRanks(RanksStartStop):
         return [result for result, _ in pairs]
 
     def push(self, values: dict[str, Any], timeout: float | None = None) -> None:
-        """Define names on every rank: ``ranks.push({"lr": lr})`` sends the kernel's ``lr`` so that
-        ``%%px`` cells can use it (a ``%%px`` cell sees only the ranks' own variables).
-
-        Args:
-            values: ``{name: value}``; each value is pickled (cloudpickle) and sent to every rank.
-            timeout: seconds for this call (default: the ranks' ``timeout``).
+        """Define names on every rank: ``ranks.push({"lr": lr})`` sends the kernel's ``lr`` for ``%%px`` cells.
 
         Raises:
             LaunchError: a name is not an identifier, or a value cannot be sent (named, as ``run`` does).
@@ -428,11 +416,8 @@ class WarmRanks(RanksStartStop):
             self._raise_for(ar, errors, fault, "push")
 
     def pull(self, name: str, timeout: float | None = None) -> list:
-        """Every rank's value of the variable ``name`` (defined by ``%%px`` cells or :meth:`push`), in rank order.
-
-        Raises:
-            WorkerError: a rank has no such name (NameError), or as :meth:`run`.
-        """
+        """Every rank's value of the variable ``name`` (from ``%%px`` cells or :meth:`push`), in rank order.
+        Raises WorkerError: a rank has no such name (NameError), or as :meth:`run`."""
         if not isinstance(name, str) or not name.isidentifier():
             raise LaunchError(f"pull takes one variable name, e.g. ranks.pull('loss'); got {name!r:.200}.")
         self._check_alive("pull")
@@ -472,11 +457,8 @@ class WarmRanks(RanksStartStop):
 
 
 def _px_magic(line: str, cell: str | None = None):
-    """``%%px [--timeout S]``: run the cell on every warm rank (see :meth:`WarmRanks.execute`).
-
-    Other ipyparallel options (``--targets``, ``--noblock``, ``--local`` ...) are passed to
-    ipyparallel's own magic, which has no time limit and no restart.
-    """
+    """``%%px [--timeout S]``: run the cell on every warm rank (:meth:`WarmRanks.execute`); other
+    options go to ipyparallel's own magic (no time limit, no restart)."""
     code, opts = (line, "") if cell is None else (cell, line.strip())
     timeout = None
     m = re.fullmatch(r"--timeout[ =](\S+)", opts)

@@ -1,19 +1,11 @@
 """Warm ranks' processes (ipyparallel engines) forked from the fork server: ``import torch`` is not paid again per rank.
 
-ipyparallel starts each of its engines as a fresh interpreter (``python -m ipyparallel.engine``), which
-then imports torch (seconds of CPU per rank, per start). :class:`ForkedRankSetLauncher` starts
-each rank's ipyparallel engine instead as a child of the fork server :func:`helpers.engine.launch` uses
-(:mod:`helpers.engine.fork_server`), which has torch imported already: a ``forkserver``
-``multiprocessing.Process`` whose target runs ipyparallel's engine app
-(``ipyparallel.engine.app.main``) with the arguments, environment, output file and new session
-ipyparallel's own :class:`~ipyparallel.cluster.launcher.LocalEngineLauncher` would have given the
-fresh interpreter. What it inherits from the server is what a launch's rank inherits: the modules
-in :data:`helpers.engine.fork_server.PRELOAD` and the caller's environment of now (the server
-is restarted when ``os.environ`` changed); none of the kernel's state.
-
-Used when no extra ``env`` is asked for (variables meant to be set before torch is imported, such
-as ``OMP_NUM_THREADS``, would come too late in a process that has torch already) and the fork
-server is available; otherwise the ranks' ipyparallel engines start as ipyparallel starts them.
+ipyparallel starts each engine as a fresh interpreter, which then imports torch (seconds per rank).
+:class:`ForkedRankSetLauncher` forks it from :mod:`helpers.engine.fork_server` instead: a
+``forkserver`` ``multiprocessing.Process`` running ``ipyparallel.engine.app.main`` with the arguments,
+environment, output file and session ``LocalEngineLauncher`` would give. It inherits what a launch's
+rank does (:data:`~helpers.engine.fork_server.PRELOAD`, the caller's environment of now), none of the
+kernel's state. Not with ``start_ranks(env=...)``: those variables must be set before torch.
 """
 
 from __future__ import annotations

@@ -133,11 +133,10 @@ def check_result(rank: int, result) -> None:
     aside: those pickle), before ipyparallel's pickler fails on it with a bare TypeError."""
     import cloudpickle
 
-    from helpers.engine.by_value import _kind_of, _walk
+    from helpers.engine.by_value import unsendable
 
-    for where, value in _walk("the result", result):
-        kind = _kind_of(value)
-        if kind is None or "tensor" in kind or "nn.Module" in kind:
+    for where, kind, value in unsendable("the result", result):
+        if "tensor" in kind or "nn.Module" in kind:
             continue
         try:
             cloudpickle.dumps(value)
@@ -269,25 +268,13 @@ def exit_description(cluster, pid: int) -> str:
 
 
 def stream_per_rank(ar) -> Callable[[], None]:
-    """Make ``ar.stream_output()`` (``ar``: the ipyparallel AsyncResult of a ``%%px`` cell) keep
-    one display per rank when the ranks' output arrived before streaming began; return a function
-    that, called after streaming ended, shows the streamed output in rank order.
+    """Make ``ar.stream_output()`` (``ar``: a ``%%px`` cell's AsyncResult) keep one display per rank;
+    return a function that, once streaming ended, rewrites the displays with the output in rank order.
 
-    In a kernel, ipyparallel 9 shows each rank's stream as a display whose id is made of the
-    request's ``msg_id``, read from the iopub message's ``parent_header``. The output it had
-    already received when ``stream_output()`` starts, it replays as messages without a
-    ``parent_header``, so every rank's replay gets the same id and the last rank's display
-    *replaces* the others: on a loaded machine a ``%%px`` cell showed ``[stdout:1]`` and lost
-    ``[stdout:0]``. Here each replay gets its own rank's ``msg_id``, the id its later messages carry.
-    A rank's error is not shown here (ipyparallel would print each rank's traceback): the cell's
-    ``WorkerError`` reports it once.
-
-    The displays appear in the order the ranks' first output arrived (``[stdout:1]`` above
-    ``[stdout:0]`` when rank 1 printed first). The returned function updates them, in that order,
-    with the ranks' output in rank order (``[stdout:0]``, ``[stderr:0]``, ``[stdout:1]`` ...,
-    ipyparallel's ``display_outputs(groupby="engine")`` order): a long cell streams as it runs,
-    and the finished (or timed-out, or interrupted) cell reads rank 0 first.
-    """
+    ipyparallel 9 ids each rank's display by the ``msg_id`` of the iopub message's ``parent_header``,
+    and replays output received before ``stream_output()`` without one: every replay got the same id,
+    and ``[stdout:1]`` replaced ``[stdout:0]``. Here each replay gets its rank's ``msg_id``. A rank's
+    error is left to the cell's ``WorkerError`` (reported once)."""
     callback = ar._iopub_streaming_output_callback  # ipyparallel/client/asyncresult.py
     shown: dict[str, tuple] = {}  # display id -> (rank, stream name, msg future), in order of creation
     output = RankOutput(ar, texts={})  # each rank's streams capped, as ranks.run shows them

@@ -1,7 +1,6 @@
-"""Starting and stopping warm ranks: start the ipyparallel controller, the ranks' ipyparallel engines and the
-process group, retry a start whose port another process took, stop everything and check that nothing is left.
-
-:class:`RanksStartStop` is a base of :class:`.warm_ranks.WarmRanks`, which learners get from ``start_ranks``.
+"""Warm ranks' processes (:class:`RankProcesses`, held by :class:`.warm_ranks.WarmRanks`): start the
+ipyparallel controller, the ranks' ipyparallel engines and the process group, retry a start whose port another
+process took, stop everything and check that nothing is left.
 """
 
 from __future__ import annotations
@@ -27,10 +26,8 @@ from helpers.engine.launcher import threads_per_rank
 from helpers.engine.processes import descendants, end_processes, in_sessions, is_live
 from helpers.engine.warm_ranks_forked import ForkedRankSetLauncher
 
-_GROUP_MARGIN_S = 5.0  # the group's collective timeout is the ranks' timeout plus this (seconds)
 _START_TIMEOUT_S = 180.0  # ipyparallel engines + torch import + process group (seconds; 2 busy cores)
 _START_ATTEMPTS = 4  # starts tried when another process took a port ipyparallel's controller had chosen
-_PX_CELLS_KEPT = 200  # %%px cells remembered for where-stuck reports (their code, by file name)
 _START_POLL_S = 0.1  # how often a start checks the controller's and ranks' output and processes (seconds)
 
 
@@ -55,26 +52,40 @@ def _left_message(left: list) -> str:
 
 
 
-class RanksStartStop:
-    """Starting and stopping the controller, the rank processes and group of :class:`.warm_ranks.WarmRanks`."""
+class RankProcesses:
+    """The controller, the rank processes and the group of one set of warm ranks. Attributes:
+    ``cluster``, ``client``, ``view`` (ipyparallel's, all ranks in rank order), ``pids``, ``devices``,
+    ``profile_dir``, ``start_attempts``, ``startup_seconds``; ``group_timeout`` (seconds: the ranks'
+    ``timeout`` plus 5)."""
 
-    # -- life cycle --------------------------------------------------------------------------
+    def __init__(self, world_size: int, backend: str, timeout: float, env: dict):
+        self.world_size, self.backend, self.env = world_size, backend, env
+        self.group_timeout = timeout + 5.0
+        self.cluster = self.client = self.view = self.profile_dir = self.watchdog = None
+        self.pids: list[int] = []
+        self.devices: list[str] = []
+        self.started: list = []  # the process trees as they were once started
+        self.start_attempts = 0
+        self.startup_seconds = None
+        self.ipp_log: logging.Logger | None = None
+        self.ipp_held: logging.handlers.BufferingHandler | None = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start, trying again with new ports when one was taken. Raises RuntimeError (everything of the
+        start ended; the message says whether that was checked) or KeyboardInterrupt."""
         t0 = time.perf_counter()
         for attempt in range(1, _START_ATTEMPTS + 1):
             self.start_attempts = attempt
             try:
-                t_up = self._start_once()
+                self._start_once()
                 self._release_ipp_log(show=True)
                 break
             except BaseException as e:
                 taken = None if isinstance(e, KeyboardInterrupt) else self._port_taken()
                 self._release_ipp_log(show=not taken)
-                left = self._shutdown()
+                left = self.shutdown()
                 if taken and not left and attempt < _START_ATTEMPTS:
                     continue  # a port was taken between ipyparallel choosing it and binding it: new ports
-                self.stopped = True
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 if taken:
@@ -84,20 +95,16 @@ class RanksStartStop:
                     why = f"{type(e).__name__}: {remote.ANSI.sub('', str(e))}"
                 raise RuntimeError(f"warm ranks did not start ({why}); {_left_message(left)}") from e
         self.startup_seconds = time.perf_counter() - t0
-        self.startup_phases = {"ipyparallel engines": t_up - t0, "torch and group": time.perf_counter() - t_up}
-        if self._activate_magics:
-            self._activate()
 
-    def _start_once(self) -> float:
-        """One try at starting the controller, the ranks' ipyparallel engines and the group; returns the
-        ``perf_counter()`` at which the rank processes were up. Every wait watches the processes and the
-        controller's output (:meth:`_await`), so a port taken or a process gone ends it at once."""
-        # ipyparallel's reports, by a logger of this start alone that _shutdown silences: held back
-        # while starting (a try that lost a port is retried without a word), then to stderr
-        self._ipp_log = logging.Logger("helpers.engine.warm_ranks ipyparallel", logging.WARNING)
-        self._ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
-        self._ipp_log.addHandler(self._ipp_held)
-        self._profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
+    def _start_once(self) -> None:
+        """One try at starting the controller, the ranks' ipyparallel engines and the group. Every wait
+        watches the processes and the controller's output (:meth:`wait_for`): a port taken or a process
+        gone ends it at once."""
+        # ipyparallel's reports held back while starting (a lost port is retried silently), then to stderr
+        self.ipp_log = logging.Logger("helpers.engine.warm_ranks ipyparallel", logging.WARNING)
+        self.ipp_held = logging.handlers.BufferingHandler(capacity=10_000)
+        self.ipp_log.addHandler(self.ipp_held)
+        self.profile_dir = tempfile.mkdtemp(prefix="ddp-lab-ranks-")
         self._start_watchdog()  # now: a kernel killed while the controller starts leaves nothing either
         deadline = time.monotonic() + _START_TIMEOUT_S
         # rank processes forked from the fork server (torch imported there once), unless env must be set before torch
@@ -105,48 +112,42 @@ class RanksStartStop:
         forked = {"engine_launcher_class": ForkedRankSetLauncher} if forked else {}
         self.cluster = ipp.Cluster(
             **forked, controller_args=remote.CONTROLLER_ARGS,
-            n=self.world_size, profile_dir=self._profile_dir, cluster_id="ddp-lab",
+            n=self.world_size, profile_dir=self.profile_dir, cluster_id="ddp-lab",
             controller_ip="127.0.0.1", delay=0.0, engine_timeout=int(_START_TIMEOUT_S),
-            log=self._ipp_log, shutdown_atexit=False, load_profile=False, config=remote.ipengine_config(self.env))
+            log=self.ipp_log, shutdown_atexit=False, load_profile=False, config=remote.ipengine_config(self.env))
         self.cluster.start_cluster_sync(n=self.world_size)
         self.client = self.cluster.connect_client_sync()
         # interactive=False: no progress bar in the cell
-        self._await(self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
-                                                 block=False), "the ranks registering", deadline)
+        engines = self.client.wait_for_engines(self.world_size, timeout=_START_TIMEOUT_S, interactive=False,
+                                               block=False)
+        self.wait_for(engines, "the ranks registering", deadline)
         ids = sorted(self.client.ids)
         assert ids == list(range(self.world_size)), f"ipyparallel engine ids {ids}"
         self.view = self.client[ids]
         self.view.use_cloudpickle()  # cell-defined functions, closures, classes by value
-        self.pids = self._await(self.view.apply_async(os.getpid), "the ranks answering", deadline)
-        t_up = time.perf_counter()
-        self._started = self._processes()
-        self._join_group(deadline)
-        self._await(self.view.apply_async(remote.register_stacks, self._profile_dir), "the ranks' stack dumps",
-                    deadline)
+        self.pids = self.wait_for(self.view.apply_async(os.getpid), "the ranks answering", deadline)
+        self.started = self.processes()
+        self.join_group(deadline)
+        self.wait_for(self.view.apply_async(remote.register_stacks, self.profile_dir), "the ranks' stack dumps",
+                      deadline)
         for r in ids:
-            self._await(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
-                        "setting rank and world_size", deadline)
-        self._await(self.view.execute(remote.PRELUDE, block=False), "the prelude (import torch)", deadline)
-        return t_up
+            self.wait_for(self.client[r].push({"rank": r, "world_size": self.world_size}, block=False),
+                          "setting rank and world_size", deadline)
+        self.wait_for(self.view.execute(remote.PRELUDE, block=False), "the prelude (import torch)", deadline)
 
-    def _join_group(self, deadline: float) -> None:
+    def join_group(self, deadline: float) -> None:
         """Every rank joins a new default group, through a TCPStore rank 0 opens on port 0."""
-        group_timeout = self.timeout + _GROUP_MARGIN_S
-        port = self._await(self.client[0].apply_async(remote.open_store, self.world_size, group_timeout),
-                           "rank 0 opening the group's store", deadline)
+        group_timeout = self.group_timeout
+        port = self.wait_for(self.client[0].apply_async(remote.open_store, self.world_size, group_timeout),
+                             "rank 0 opening the group's store", deadline)
         joins = [self.client[r].apply_async(remote.join_group, r, self.world_size, self.backend, port, group_timeout,
                                             threads_per_rank(self.world_size))
                  for r in range(self.world_size)]
-        self.devices = [self._await(j, "the ranks joining the process group", deadline) for j in joins]
+        self.devices = [self.wait_for(j, "the ranks joining the process group", deadline) for j in joins]
 
-    def _await(self, waiting, what: str, deadline: float):
-        """The result of ``waiting`` (an ipyparallel AsyncResult or a Future), checking every
-        :data:`_START_POLL_S` that no port was taken and the controller and rank processes still run.
-
-        Raises:
-            RuntimeError: a port was taken, or the controller or a rank process exited.
-            TimeoutError: not done by ``deadline`` (``time.monotonic()``).
-        """
+    def wait_for(self, waiting, what: str, deadline: float):
+        """The result of ``waiting`` (an AsyncResult or a Future), checking every :data:`_START_POLL_S` s
+        that no port was taken and no process exited (else RuntimeError); TimeoutError past ``deadline``."""
         while True:
             if isinstance(waiting, ipp.AsyncResult):
                 if waiting.wait(_START_POLL_S):
@@ -165,19 +166,18 @@ class RanksStartStop:
                 raise TimeoutError(f"{what} took longer than {_START_TIMEOUT_S:g} s")
 
     def _release_ipp_log(self, show: bool) -> None:
-        """Send what ipyparallel logged during the start to stderr (``show``) or drop it; from now
-        on its reports go to stderr directly."""
-        held = self._ipp_held
-        if self._ipp_log is None or held is None:
+        """What ipyparallel logged during the start to stderr (``show``) or dropped; then straight to stderr."""
+        held = self.ipp_held
+        if self.ipp_log is None or held is None:
             return
-        self._ipp_log.removeHandler(held)
+        self.ipp_log.removeHandler(held)
         stderr = logging.StreamHandler(sys.stderr)
         if show:
             for record in held.buffer:
                 stderr.handle(record)
         held.close()
-        self._ipp_held = None
-        self._ipp_log.addHandler(stderr)
+        self.ipp_held = None
+        self.ipp_log.addHandler(stderr)
 
     def _launchers(self) -> list:
         """ipyparallel's launchers of the controller and every rank's ipyparallel engine (none once stopped)."""
@@ -189,8 +189,7 @@ class RanksStartStop:
         return launchers
 
     def _port_taken(self) -> str | None:
-        """The address (``tcp://127.0.0.1:PORT``) the controller or a rank's ipyparallel engine could not bind because
-        another process had taken it, read from their output files; ``None`` if none."""
+        """The address (``tcp://127.0.0.1:PORT``) a process of the start could not bind (its output), or ``None``."""
         for launcher in self._launchers():
             m = remote.PORT_TAKEN.search(_output_of(launcher))
             if m:
@@ -209,34 +208,32 @@ class RanksStartStop:
         return None
 
     def _start_watchdog(self) -> None:
-        folders = [self._profile_dir, *filter(None, [socket_folder()])]  # removed if the kernel dies
-        self._watchdog = subprocess.Popen(
+        folders = [self.profile_dir, *filter(None, [socket_folder()])]  # removed if the kernel dies
+        self.watchdog = subprocess.Popen(
             [sys.executable, "-c", remote.WATCHDOG, str(os.getpid()), *folders],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the kernel's process group: it must outlive a killpg
 
     def _launched(self) -> list:
-        """The controller's and every rank's process as ipyparallel's launchers started them
-        (psutil.Process; none once stopped)."""
+        """The controller's and every rank's process as ipyparallel's launchers started them."""
         return [el.process for el in self._launchers() if getattr(el, "process", None) is not None]
 
     def _marked(self) -> list:
-        """This process's descendants that ipyparallel started for this set of ranks: their
-        environment names its profile folder (``IPP_PROFILE_DIR``, ipyparallel's launchers set it)."""
+        """This process's descendants whose ``IPP_PROFILE_DIR`` is this set's profile folder."""
         found = []
-        if not self._profile_dir:
+        if not self.profile_dir:
             return found
         for p in descendants(os.getpid()):
             with contextlib.suppress(psutil.Error):
-                if p.environ().get("IPP_PROFILE_DIR") == self._profile_dir:
+                if p.environ().get("IPP_PROFILE_DIR") == self.profile_dir:
                     found.append(p)
         return found
 
-    def _processes(self) -> list:
+    def processes(self) -> list:
         """The controller and rank process trees (psutil.Process), found from the launchers."""
         roots = self._launched()
         roots += [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
-        procs = {p.pid: p for p in self._started if p.is_running()}  # also any re-parented since
+        procs = {p.pid: p for p in self.started if p.is_running()}  # also any re-parented since
 
         for p in roots:
             with contextlib.suppress(psutil.Error):
@@ -245,14 +242,14 @@ class RanksStartStop:
                     procs[c.pid] = c
         return list(procs.values())
 
-    def _shutdown(self) -> list:
+    def shutdown(self) -> list:
         """Kill the controller, the rank processes and the watchdog; remove ipyparallel's folder. Returns the
         processes of these ranks still running afterwards, looked for again (normally none)."""
-        procs = self._processes()  # and what the ranks started, even re-parented (each rank has its session)
+        procs = self.processes()  # and what the ranks started, even re-parented (each rank has its session)
         procs += [p for p in [*self._marked(), *in_sessions(set(self.pids))] if p.pid not in {q.pid for q in procs}]
         # ended on purpose: ipyparallel would log each exit and the controller's whole log as warnings
-        if self._ipp_log is not None:
-            self._ipp_log.disabled = True
+        if self.ipp_log is not None:
+            self.ipp_log.disabled = True
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(linger=0)
@@ -261,79 +258,25 @@ class RanksStartStop:
         if self.cluster is not None:
             self.cluster.controller = None  # already dead: ipyparallel has nothing left to stop
             self.cluster.engines = {}
-        if self._watchdog is not None:
+        if self.watchdog is not None:
             with contextlib.suppress(Exception):
-                self._watchdog.kill()
-                self._watchdog.wait(5)
-        if self._profile_dir:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
-        self.cluster = self.client = self.view = self._watchdog = self._profile_dir = None
-        self.pids, self._started = [], []
+                self.watchdog.kill()
+                self.watchdog.wait(5)
+        if self.profile_dir:
+            shutil.rmtree(self.profile_dir, ignore_errors=True)
+        self.cluster = self.client = self.view = self.watchdog = self.profile_dir = None
+        self.pids, self.started = [], []
         return left
 
-    def stop(self) -> None:
-        """Stop the ranks: kill their processes, the controller and the watchdog. Safe to call twice."""
-        if self.stopped:
-            return
-        self.stopped = True
-        self._shutdown()
-
-    def restart(self) -> None:
-        """Stop the ranks and start a fresh set with the same settings (names defined on them are lost).
-
-        After a fault the ranks are ended at once and this runs by itself before the next
-        ``run`` or ``%%px`` cell."""
-        self._shutdown()
-        self.stopped = False
-        self._restart_pending = False
-        self.restarts += 1
-        self._start()
-
-    # -- where each rank is stuck -------------------------------------------------------------
-
-    def _note_cell(self, code: str) -> None:
-        """Remember a ``%%px`` cell's code under the file name its frames carry on the ranks
-        (:func:`helpers.engine.stacks.px_cell_name`): ``Cell In[n]`` (the kernel's count, lines counted
-        from the ``%%px`` line) when it is the running notebook cell's body, else ``%%px code``."""
-        from IPython import get_ipython
-
+    def stacks_of(self, ranks: list[int]) -> dict[int, str]:
+        """Each of ``ranks``' Python stack (SIGUSR1, :func:`helpers.engine.stacks.collect`; ``{}`` if
+        interrupted again), for a timed-out or interrupted call before the ranks are ended."""
         try:
-            shell = get_ipython()
-            # stored before it runs, at its count (IPython 9 adds 1 to execution_count before, 8 after)
-            hist = shell.history_manager.input_hist_raw if shell is not None else [""]
-            magic, _, body = hist[-1].partition("\n")
-            if magic.startswith("%%px") and body.rstrip() == code.rstrip():
-                cell = (f"Cell In[{len(hist) - 1}]", code, 1)
-            else:
-                cell = ("%%px code", code, 0)
-            name = stacks.px_cell_name(code)
-        except Exception:  # noqa: BLE001 - only a report's labels: never in the way of the cell
-            return
-        cells = self.__dict__.setdefault("px_cells", {})
-        cells.pop(name, None)
-        cells[name] = cell
-        while len(cells) > _PX_CELLS_KEPT:
-            del cells[next(iter(cells))]
-
-    def _stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[str, tuple[str, str, int]]]:
-        """``(stacks, cells)`` for a timed-out or interrupted call, before the ranks are ended: each of
-        ``ranks``' Python stack (SIGUSR1, :func:`helpers.engine.stacks.collect`; ``{}`` if interrupted
-        again) and the ``%%px`` cells' code (:meth:`_note_cell`)."""
-        try:
-            dumps = stacks.collect(self._profile_dir, {r: self.pids[r] for r in ranks}) if self._profile_dir else {}
+            return stacks.collect(self.profile_dir, {r: self.pids[r] for r in ranks}) if self.profile_dir else {}
         except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
-            dumps = {}
-        return dumps, dict(self.__dict__.get("px_cells", {}))
+            return {}
 
     def dead_ranks(self) -> dict[int, str]:
         """``{rank: description}`` of ranks whose process is gone (killed, exited)."""
-        dead = {}
-        for rank, pid in enumerate(self.pids):
-            try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.Error:
-                pass
-            dead[rank] = remote.exit_description(self.cluster, pid)
-        return dead
+        return {r: remote.exit_description(self.cluster, pid)
+                for r, pid in enumerate(self.pids) if not is_live(pid)}

@@ -87,7 +87,7 @@ def test_the_new_modules_are_on_the_map():
     found = tables(DOC.read_text())
     for folder, name in [("helpers", "tiny.py"), ("helpers", "lessons.py"), ("helpers", "ddp_tools.py"),
                          ("helpers", "ipc_kernel.py"), ("helpers", "at_scale.py"),
-                         ("helpers/engine", "simulated.py"), ("helpers/engine", "simulated_parts.py"),
+                         ("helpers/engine", "simulated.py"),
                          ("ci", "generate.py"), ("ci", "marked.py"), ("ci", "workshop.py"), ("ci", "casebook.py"),
                          ("ci", "prose.py")]:
         assert name in found.get(f"`{folder}/`", []), f"{folder}/{name}"

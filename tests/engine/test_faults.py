@@ -863,7 +863,7 @@ def test_ranks_kernel_killed(row):
     mark = _mark()
     k, pids = _kernel_with_ranks(mark)
     try:
-        reply, text = k.cell("print('DIR', ranks._profile_dir)")
+        reply, text = k.cell("print('DIR', ranks.procs.profile_dir)")
         profile_dir = text.split("DIR", 1)[1].strip()
         assert os.path.isdir(profile_dir), text
         start = time.monotonic()

@@ -103,7 +103,7 @@ def test_not_streamed_timeout_shows_output_so_far_in_rank_order(capsys):
     from helpers.engine import RanksTimeout, start_ranks
 
     ranks = start_ranks(2, timeout=60, activate=False)
-    started = list(ranks._processes())  # controller, engines, watchdog (this module's kernel is not ours)
+    started = list(ranks.procs.processes())  # controller, engines, watchdog (this module's kernel is not ours)
     try:
         with pytest.raises(RanksTimeout):
             ranks.execute(RANK_1_FIRST + "time.sleep(120)\n", timeout=8, stream=False)

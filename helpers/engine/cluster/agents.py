@@ -9,12 +9,8 @@
   (loopback, or a :class:`helpers.engine.cluster.netns.TwoNodeNetwork`), every rank's results read back
   (:class:`JobResult`); :func:`processes_matching` finds anything of a job still running.
 
-Every function that starts or prints a job takes the entry module as ``module=``: the engine names
-no course module; the course passes its own entry (notebook 07a does).
-
-Free ports and ending process trees come from :mod:`helpers.engine.processes`.
-
-References: torchrun https://pytorch.org/docs/stable/elastic/run.html; rendezvous
+Every function that starts or prints a job takes the entry module as ``module=`` (the engine names
+no course module). References: torchrun https://pytorch.org/docs/stable/elastic/run.html; rendezvous
 https://pytorch.org/docs/stable/elastic/rendezvous.html.
 """
 
@@ -60,22 +56,9 @@ _POLL_S = 0.1
 
 def cluster_commands(*, module: str, nproc_per_node: int = 2, nnodes: int = 2, host: str = "HOST0",
                      port: int = 29500, rdzv_id: str = "mnist-job1", args: str = "--epochs 1") -> dict[str, str]:
-    """The torchrun commands that run ``module`` on one node, on several nodes and under SLURM, as text
-    (for a notebook and the docs).
-
-    Args:
-        module: the entry module every rank runs (``torchrun ... -m module``).
-        nproc_per_node: workers per node (one per GPU on a GPU node).
-        nnodes: number of machines.
-        host: the rendezvous host, the first node's address (a placeholder by default).
-        port: the rendezvous port on ``host``.
-        rdzv_id: the job id every node must share (SLURM uses ``$SLURM_JOB_ID``).
-        args: arguments for ``module`` (e.g. training options).
-
-    Returns:
-        ``{"single node": ..., "multi-node (run on every node)": ..., "SLURM batch script": ...}``:
-        shell text, long commands continued over several lines with `` \\``.
-    """
+    """The torchrun commands that run ``module`` (``-m``, with ``args``) as shell text: ``{"single node": ...,
+    "multi-node (run on every node)": ..., "SLURM batch script": ...}``. ``host``, ``port``: the first
+    node's rendezvous store; ``rdzv_id``: the job id every node shares (SLURM: ``$SLURM_JOB_ID``)."""
     entry = f"-m {module} {args}".rstrip()
     single = f"torchrun --standalone --nproc-per-node={nproc_per_node} {entry}"
     multi = (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} --rdzv-backend=c10d "
@@ -104,29 +87,16 @@ def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per
                      local_addr: str | None = None, max_restarts: int = 0,
                      monitor_interval: float = 0.5, rdzv_timeout_s: int = 60,
                      log_dir: str | os.PathLike | None = None, prefix: Sequence[str] = ()) -> list[str]:
-    """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "helpers.engine.cluster.torchrun", ...]``.
-
-    That is ``python -m torch.distributed.run`` (``torchrun`` with this very interpreter, so it works
-    in a virtual environment without ``torchrun`` on ``PATH``) with its stores listening only on the
-    addresses named here (:mod:`helpers.engine.cluster.torchrun`); ``standalone``: on 127.0.0.1.
+    """The argv of one torchrun agent: ``[*prefix, sys.executable, "-m", "helpers.engine.cluster.torchrun", ...]``
+    (torchrun with this interpreter, its stores only on the addresses named here).
 
     Args:
-        entry_args: arguments after the module, e.g. ``["--max-steps", "50"]``.
-        module: the entry module (``-m``), required; ``None`` means ``entry_args[0]`` is a script path.
-        nproc_per_node: worker processes this agent starts.
-        nnodes: agents (nodes) in the job; each runs this command.
-        standalone: single node, a private c10d store on a free port (no endpoint needed).
-        rdzv_endpoint: ``"HOST:PORT"`` of the c10d rendezvous store (multi-node).
-        rdzv_id: job id shared by all agents of the job.
-        is_host: ``True`` on the one agent that hosts the store (``--rdzv-conf is_host=1``),
-            ``False`` on the others; ``None``: torchrun guesses from the host name.
-        local_addr: the address this node advertises to the others (``--local-addr``) and where
-            its workers' store listens (default with ``standalone``: ``127.0.0.1``).
-        max_restarts: how often torchrun may restart the worker group after a failure.
-        monitor_interval: seconds between the agent's checks of its workers.
-        rdzv_timeout_s: seconds the agents wait for each other at the rendezvous.
-        log_dir: where torchrun keeps its per-attempt files (workers' error files); default:
-            a new ``/tmp/torchelastic_*`` folder that torchrun never removes.
+        entry_args: arguments after ``module`` (``None``: ``entry_args[0]`` is a script path).
+        standalone: one node, a private c10d store on 127.0.0.1; else ``rdzv_endpoint`` ``"HOST:PORT"``.
+        is_host: whether this agent hosts the store (``None``: torchrun guesses from the host name).
+        local_addr: the address this node advertises (``--local-addr``) and its workers' store uses.
+        rdzv_timeout_s: seconds the agents wait for each other; ``monitor_interval``: seconds.
+        log_dir: torchrun's per-attempt files (default: a ``/tmp/torchelastic_*`` it never removes).
         prefix: a command to run torchrun under, e.g. ``["ip", "netns", "exec", "ns0"]``.
 
     Raises:
@@ -159,16 +129,8 @@ def torchrun_command(entry_args: Sequence[str], *, module: str | None, nproc_per
 
 @dataclass
 class AgentRun:
-    """What one torchrun agent (one "node") did.
-
-    Attributes:
-        node: index of the agent in the list given to :func:`run_agents`.
-        command: its argv.
-        returncode: exit status (``None`` if it was still running at the timeout and killed).
-        seconds: wall time from the start of all agents until this one exited (s).
-        stdout, stderr: everything it and its workers printed.
-        timed_out: killed at the timeout.
-    """
+    """What one torchrun agent (one "node") did: ``returncode`` (``None``: killed at the timeout,
+    ``timed_out``), ``seconds`` from the start of all agents to its exit, ``stdout``, ``stderr``."""
 
     node: int
     command: list[str]
@@ -189,26 +151,12 @@ class AgentRun:
 
 def run_agents(commands: Sequence[Sequence[str]], *, timeout: float = 180.0, env: dict[str, str] | None = None,
                cwd: str | os.PathLike | None = None, echo: bool = False) -> list[AgentRun]:
-    """Start one torchrun agent per command (the "nodes"), wait for all, return what each did.
+    """Start one torchrun agent per argv of ``commands`` at once, each in its own session (``env``
+    added, ``PYTHONPATH`` the repository root, ``cwd`` default the root); one :class:`AgentRun` each.
 
-    Every agent starts at once, in its own session, with ``env`` added to this process's
-    environment (plus ``PYTHONPATH`` = the repository root and ``PYTHONUNBUFFERED=1``) and
-    ``cwd`` (default: the repository root). While they run, every descendant (the workers
-    torchrun starts, each in a session of its own) is recorded, so that when the call ends --
-    normally, at the timeout, or with an exception such as KeyboardInterrupt -- any agent or
-    worker still alive gets SIGTERM (torchrun then stops its workers), then SIGKILL.
-
-    Args:
-        commands: one argv per agent (see :func:`torchrun_command`).
-        timeout: seconds for the whole job; agents still running then are killed and reported
-            with ``timed_out=True`` and ``returncode=None`` (no exception is raised).
-        env: extra environment variables for every agent.
-        cwd: working directory of the agents.
-        echo: also print each agent's output when it ends (prefixed ``[node i]``).
-
-    Returns:
-        list of :class:`AgentRun`, in the order of ``commands``.
-    """
+    Every descendant is recorded while they run, so however the call ends (``timeout`` seconds:
+    killed, ``timed_out=True``, no exception; an interrupt) nothing is left: SIGTERM, then SIGKILL.
+    ``echo``: print each agent's output, prefixed ``[node i]``."""
     base_env = dict(os.environ)
     base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), base_env.get("PYTHONPATH", "")]))
     base_env["PYTHONUNBUFFERED"] = "1"
@@ -269,11 +217,8 @@ def _read_log(folder: str, node: int, stream: str) -> str:
 
 
 def read_rank_outputs(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every ``rank<R>.json`` an entry module wrote with ``--output DIR``, in rank order.
-
-    Raises:
-        FileNotFoundError: if the folder holds no rank output (the job failed before writing).
-    """
+    """Every ``rank<R>.json`` an entry module wrote with ``--output DIR``, in rank order; FileNotFoundError
+    if there is none (the job failed before writing)."""
     paths = sorted(Path(output_dir).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     if not paths:
         raise FileNotFoundError(f"no rank*.json in {output_dir}: the job wrote no results (see its output)")
@@ -281,15 +226,8 @@ def read_rank_outputs(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def failure_report(run: AgentRun) -> dict[str, Any] | None:
-    """The root cause torchrun's agent printed when its job failed, parsed; ``None`` if it
-    printed no failure report (e.g. the job succeeded).
-
-    torchrun ends a failed job with a block like ``<entry module> FAILED ... Root Cause (first
-    observed failure): [0]: time: ..., host: ..., rank: 1 (local_rank: 0), exitcode: 1 (pid: ...),
-    error_file: ..., traceback: ...``. Returns ``{"rank": int, "local_rank": int, "exitcode": int,
-    "error": the last line of the worker's traceback (exception type and message), "text": the
-    whole block}``.
-    """
+    """torchrun's ``Root Cause (first observed failure)`` block parsed: ``{"rank", "local_rank",
+    "exitcode", "error"`` (the traceback's last line), ``"text"`` (the block)}; ``None`` if none."""
     text = run.output
     start = text.rfind("Root Cause (first observed failure)")
     if start < 0:
@@ -311,9 +249,7 @@ def failure_report(run: AgentRun) -> dict[str, Any] | None:
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:
-    """Every process on this machine whose command line contains ``marker`` (e.g. a job's
-    unique output folder or rendezvous id), except this one: used to prove that nothing of a
-    job is left running. Returns psutil.Process objects."""
+    """Every other process on this machine whose command line contains ``marker`` (psutil.Process)."""
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
@@ -326,16 +262,8 @@ def processes_matching(marker: str) -> list[psutil.Process]:
 
 @dataclass
 class JobResult:
-    """One torchrun job started by :func:`run_job`.
-
-    Attributes:
-        agents: one :class:`AgentRun` per node.
-        ranks: each rank's ``rank<R>.json`` (history + ``"node"``), in rank order; ``[]`` if
-            the job wrote none (it failed before the end).
-        marker: a string unique to this job found in every agent's and worker's command line
-            (for :func:`processes_matching`).
-        commands: the agents' command lines, as shell text.
-    """
+    """One job of :func:`run_job`: ``agents`` (:class:`AgentRun` per node), ``ranks`` (each rank's
+    ``rank<R>.json``; ``[]`` if none), ``marker`` (in every command line of the job), ``commands`` (shell text)."""
 
     agents: list[AgentRun]
     ranks: list[dict[str, Any]]
@@ -368,34 +296,14 @@ class JobResult:
 def run_job(train_args: Sequence[str], *, module: str, nodes: int = 1, nproc_per_node: int = 2,
             network: "TwoNodeNetwork | None" = None, max_restarts: int = 0, timeout: float = 240.0,
             env: dict[str, str] | None = None) -> JobResult:
-    """Run ``torchrun ... -m <module> <train_args> --output DIR`` as one or several "nodes" on this
-    machine, and collect every rank's results (each rank writes ``DIR/rank<RANK>.json``).
+    """Run ``torchrun ... -m <module> <train_args> --output DIR`` as ``nodes`` "nodes" on this machine; every
+    rank's ``DIR/rank<RANK>.json`` read back (:class:`JobResult`).
 
-    - ``nodes == 1``: ``torchrun --standalone --nproc-per-node=N`` (its own c10d store on a free
-      port).
-    - ``nodes >= 2``: ``nodes`` agents with ``--nnodes=nodes`` and a c10d rendezvous; agent 0
-      hosts the store (``is_host=1``) on a free port. Without ``network``: everything on
-      loopback (``127.0.0.1``, ``--local-addr=127.0.0.1``, ``GLOO_SOCKET_IFNAME`` =
-      :func:`helpers.engine.loopback_interface`: ``lo``, ``lo0`` on macOS). With a
-      :class:`TwoNodeNetwork` (``nodes == 2``): agent ``i`` runs inside namespace ``i``,
-      advertises ``network.addresses[i]``, the store is at ``addresses[0]`` and gloo uses the
-      veth interface, so every byte between the nodes crosses it.
-
-    Every agent gets ``OMP_NUM_THREADS`` = :func:`helpers.engine.internal.threads_per_rank` of all
-    processes on this host (the launcher's rule), plus ``env``. ``--output`` and torchrun's
-    ``--log-dir`` are added (a temporary folder, read back and removed).
-
-    Args:
-        train_args: options for ``module`` (e.g. ``["--max-steps", "50"]``).
-        module: the entry module every rank runs; it must accept ``--output DIR``.
-        nodes, nproc_per_node: the job's shape.
-        network: run the nodes in these namespaces (requires ``nodes == 2``).
-        max_restarts: torchrun's ``--max-restarts``.
-        timeout: seconds for the whole job (see :func:`run_agents`).
-        env: extra environment variables for every agent.
-
-    Returns:
-        :class:`JobResult`.
+    One node: ``--standalone``. Several: a c10d rendezvous, agent 0 hosting the store, on loopback
+    (``GLOO_SOCKET_IFNAME`` = :func:`~helpers.engine.processes.loopback_interface`), or with ``network``
+    (2 nodes) agent ``i`` in namespace ``i`` at ``network.addresses[i]``, gloo on the veth, so every byte
+    between the nodes crosses it. Each agent gets ``OMP_NUM_THREADS`` by the launcher's rule and ``env``;
+    ``timeout``: seconds (:func:`run_agents`).
 
     Raises:
         ValueError: ``network`` with ``nodes != 2``, or ``nodes < 1``.

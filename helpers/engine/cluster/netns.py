@@ -76,19 +76,13 @@ class TwoNodeNetwork:
         lo 127.0.0.1                         lo 127.0.0.1
         <veth0> 10.213.7.1/30  <-- veth -->  <veth1> 10.213.7.2/30   (IPv4 only)
 
-    Nothing is added to the host's own network: both ends of the veth pair live in the new
-    namespaces, and the addresses exist only there. Use as a context manager; on exit (also on
-    error) every process still inside the namespaces is killed and both namespaces are deleted
-    (which deletes the veth pair).
-
-    Attributes:
-        addresses: ``[node0_ip, node1_ip]``.
-        interfaces: ``[veth name in n0, veth name in n1]`` (also the ``GLOO_SOCKET_IFNAME``).
-        names: the two namespace names (unique per instance: pid + random suffix).
+    Nothing is added to the host's network. A context manager: on exit every process inside is killed
+    and both namespaces deleted. ``interfaces``: the veth names (each node's ``GLOO_SOCKET_IFNAME``);
+    ``names``: the namespaces (pid + random suffix).
 
     Raises:
-        NetnsUnavailable: on entry, if this is not Linux, ``ip`` is missing, or a namespace or
-            the veth pair cannot be created (the partial set-up is removed first).
+        NetnsUnavailable: on entry: not Linux, no ``ip``, or a namespace or the veth pair cannot be
+            created (the partial set-up removed first).
     """
 
     addresses: tuple[str, str] = ("10.213.7.1", "10.213.7.2")
@@ -121,9 +115,7 @@ class TwoNodeNetwork:
             a, b = self.interfaces
             self._ip("-n", self.names[0], "link", "add", a, "type", "veth", "peer", "name", b, "netns", self.names[1])
             for ns, dev, addr in zip(self.names, self.interfaces, self.addresses):
-                # no IPv6 on the veth: otherwise the kernel sends its own packets (router
-                # solicitations, MLD reports) during the first seconds after "up", which would
-                # mix with the job's traffic in the counters (measured: 6 packets, 516 bytes)
+                # no IPv6: the kernel's own packets after "up" would mix with the job's in the counters
                 knob = f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"
                 self._ip("netns", "exec", ns, "sh", "-c", f"[ ! -e {knob} ] || echo 1 > {knob}")
                 self._ip("-n", ns, "addr", "add", f"{addr}/{self.prefix_len}", "dev", dev)
