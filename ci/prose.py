@@ -21,7 +21,8 @@ MAX_WORDS_PER_SENTENCE = 20.0
 MAX_PARENS_PER_SENTENCE = 0.3
 MAX_CLAIM_WORDS = 60
 
-_BLOCKS = re.compile(r"<!-- (opening|next):start -->.*?<!-- \1:end -->", re.S)
+#: the generated opening and "Next" blocks of a lesson
+GENERATED = re.compile(r"<!-- (opening|next):start -->.*?<!-- \1:end -->", re.S)
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _TAG = re.compile(r"</?[a-zA-Z][^>]*>")
@@ -32,7 +33,7 @@ _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 def plain_text(markdown: str) -> str:
     """``markdown`` with what is not prose removed (see the module's docstring)."""
-    text = _BLOCKS.sub(" ", markdown)
+    text = GENERATED.sub(" ", markdown)
     text = _FENCE.sub(" ", text)
     text = _COMMENT.sub(" ", text)
     lines = [line for line in text.splitlines()
