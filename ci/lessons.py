@@ -48,6 +48,7 @@ CLAIM = re.compile(r"\*\*Claims?\b[^*\n]*\*\*:?")
 DEVICE_WORD = re.compile(r"\b(?:[CG]PUs?|CUDA)\b")
 #: A solution cell's first line (a collapsed cell shows it: no answer there) and metadata.
 SOLUTION_FIRST_LINE = "# Solution of exercise"
+SOLUTION_CHECK = r'check_answer\("ex\d+", solution_\d+, expected_\d+,[^\n]*strict=True'
 SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["solution"]}
 MIN_SENTENCES, MAX_LESSON_WORDS = 20, 2_500
 EXERCISE = re.compile(r"answer_(\d+) = None\s*(#.*)?")
@@ -267,6 +268,9 @@ def _check_folded(ls):
             yield i
 
 
+ASSERTING = ("assert_close", "assert_equal")
+
+
 def folded(cell) -> bool | None:
     return cell.metadata.get("jupyter", {}).get("source_hidden")
 
@@ -275,8 +279,8 @@ def asserts(source: str) -> bool:
     """Whether the code (magics stripped) asserts: an ``assert``, ``assert_close`` /
     ``assert_equal`` or ``check_answer(..., strict=...)``."""
     return any(isinstance(n, ast.Assert) or isinstance(n, ast.Call) and (
-        (name := getattr(n.func, "attr", getattr(n.func, "id", ""))) in ("assert_close", "assert_equal")
-        or name == "check_answer" and any(k.arg == "strict" for k in n.keywords))
+        (f := getattr(n.func, "attr", getattr(n.func, "id", ""))) in ASSERTING
+        or f == "check_answer" and any(k.arg == "strict" for k in n.keywords))
         for n in ast.walk(code_tree(source) or ast.Module([], [])))
 
 
@@ -297,8 +301,9 @@ def _claims(ls):
 
 def loose_device_marks(source: str) -> list[str]:
     """Claim labels naming a device in another form than ``**Claim (GPU):**`` / ``(CPU)``."""
-    labels = [m.group(0) + (a.group(0) if (a := re.match(r"\s*\([^)\n]*\)", source[m.end():])) else "")
-              for m in CLAIM.finditer(source) if not MARKED.fullmatch(m.group(0))]
+    after = (re.match(r"\s*\([^)\n]*\)", source[m.end():]) for m in CLAIM.finditer(source))
+    labels = [m.group(0) + (a.group(0) if a else "") for m, a in zip(CLAIM.finditer(source), after)
+              if not MARKED.fullmatch(m.group(0))]
     return [label for label in labels if DEVICE_WORD.search(label)]
 
 
@@ -375,8 +380,8 @@ def _solutions(ls):
     for i in ls.tagged("solution"):
         c = ls.cells[i]
         if (i - 2 not in ls.answers or c.cell_type != "code" or folded(c) is not True
-                or not c.source.startswith(SOLUTION_FIRST_LINE) or not re.search(
-                    r'check_answer\("ex\d+", solution_\d+, expected_\d+,[^\n]*strict=True', c.source)):
+                or not c.source.startswith(SOLUTION_FIRST_LINE)
+                or not re.search(SOLUTION_CHECK, c.source)):
             yield i
 
 
