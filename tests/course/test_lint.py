@@ -16,26 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 LINTED = ["helpers", "ci", "tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
 
 
-def test_ruff_is_clean():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *LINTED], cwd=ROOT,
+def _ruff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
+
+
+def test_ruff_is_clean_and_lints_the_notebook_twins():
+    """ruff passes; the twins are linted at all: they exist, and ruff does not exclude them."""
+    proc = _ruff(*LINTED)
     assert proc.returncode == 0, (
         f"`ruff check {' '.join(LINTED)}` found problems (many are fixed by `ruff check --fix ...`):\n"
         + proc.stdout + proc.stderr)
-
-
-def test_ruff_lints_the_notebook_twins():
-    """The twins must be linted at all: they exist, and ruff does not exclude them."""
     twins = [p for p in LINTED if p.startswith("notebooks/")]
-    assert twins, "no notebooks/*.py twins found"
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--show-files", *twins],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = _ruff("--show-files", *twins)
     listed = {Path(line.strip()).name for line in proc.stdout.splitlines() if line.strip()}
-    assert {Path(t).name for t in twins} <= listed, proc.stdout + proc.stderr
-
-
-def _requirement_names_and_pins(lines: list[str]) -> list[str]:
-    return sorted(re.sub(r"\s+", "", line) for line in lines)
+    assert twins and {Path(t).name for t in twins} <= listed, proc.stdout + proc.stderr
 
 
 def test_pyproject_dependencies_mirror_requirements_txt():
@@ -44,7 +39,7 @@ def test_pyproject_dependencies_mirror_requirements_txt():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
     required = [line for line in required if line and not line.startswith("-e")]
-    assert _requirement_names_and_pins(declared) == _requirement_names_and_pins(required)
+    assert sorted(re.sub(r"\s+", "", r) for r in declared) == sorted(re.sub(r"\s+", "", r) for r in required)
 
 
 def _requirements(name: str) -> list:
