@@ -38,8 +38,9 @@ def test_pyproject_dependencies_mirror_requirements_txt():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    required = [line for line in required if line and not line.startswith("-e")]
-    assert sorted(re.sub(r"\s+", "", r) for r in declared) == sorted(re.sub(r"\s+", "", r) for r in required)
+    pins = [sorted(re.sub(r"\s+", "", r) for r in rs if r and not r.startswith("-e"))
+            for rs in (declared, required)]
+    assert pins[0] == pins[1], pins
 
 
 def _requirements(name: str) -> list:
