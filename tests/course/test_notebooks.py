@@ -42,10 +42,8 @@ def test_effective_parameters_sees_profile_overrides():
 
 def _marks(path: Path) -> list:
     seconds = path_table.seconds(TIMES, "smoke", path.stem) or path_table.seconds(TIMES, "full", path.stem)
-    marks = [pytest.mark.slow(round(seconds or 20))]
-    if path.stem.split("_")[0] == MATRIX_NOTEBOOK:
-        return [*marks, pytest.mark.matrix]
-    return [*marks, pytest.mark.lessons]
+    mark = pytest.mark.matrix if path.stem.split("_")[0] == MATRIX_NOTEBOOK else pytest.mark.lessons
+    return [pytest.mark.slow(round(seconds or 20)), mark]
 
 
 @pytest.mark.timeout(1800)
@@ -61,11 +59,9 @@ def test_notebook_runs_smoke(path: Path, tmp_path: Path):
 @pytest.mark.slow(4)
 @pytest.mark.matrix
 def test_kernel_is_the_interpreter_running_the_tests(tmp_path: Path):
-    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py, which
-    runs the tests under each venv's python, tests that Python's kernels and not another's.
-    (jupyter_client starts ipykernel's own spec, or a spec whose argv[0] is ``python``, with
-    ``sys.executable``; a ``python3`` kernelspec with another interpreter, e.g. in ``JUPYTER_PATH``,
-    would win.)"""
+    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py tests
+    each venv's kernels, not another's (a ``python3`` kernelspec of another interpreter, e.g. in
+    ``JUPYTER_PATH``, would win over ipykernel's own, started with ``sys.executable``)."""
     import sys
 
     import nbformat
