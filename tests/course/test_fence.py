@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
+from importlib.util import resolve_name
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,8 @@ def _imports(path: Path):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name, None
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:  # relative: from .common import x
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, module] if module else base)
+        elif isinstance(node, ast.ImportFrom):  # relative too: from .common import x
+            module = resolve_name("." * node.level + (node.module or ""), package)
             yield node.lineno, module, [a.name for a in node.names]
 
 
