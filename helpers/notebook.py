@@ -1,9 +1,5 @@
-"""What lesson cells import besides the lesson: parameter checks, exercise checks, GPU/CPU claims.
-
-Every notebook: ``from helpers.notebook import check_answer, check_parameters, check_value``;
-tested by ``tests/course/test_learner.py``. The rules a lesson follows are ``ci/lessons.py``'s
-table (docs/TESTING.md, "The lesson rules").
-"""
+"""What lesson cells import besides the lesson: parameter checks, exercise checks, GPU/CPU claims
+(tests/course/test_learner.py). The rules a lesson follows are ``ci/lessons.py``'s table."""
 
 from __future__ import annotations
 
@@ -132,7 +128,6 @@ def seal(expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Any:
     :func:`check_answer` still says which entry is wrong. Sets are digested whole; any other
     value by its ``repr``."""
     digits = min(6, max(1, round(-math.log10(max(rel_tol, 1e-12)))))
-
     expected = _plain(expected)
     if isinstance(expected, dict):
         return {k: seal(v, rel_tol, abs_tol) for k, v in expected.items()}
