@@ -39,8 +39,6 @@ def one(test) -> str:
 
 PARAMETERS = one(lambda c: "parameters" in tags(c))
 START = one(lambda c: "ranks = start_ranks(" in c.source and "check" not in tags(c))
-
-
 def px_cell(text: str) -> str:
     """The ``%%px`` cell (not a check) of 00a that contains ``text``."""
     return one(lambda c: c.source.startswith("%%px") and text in c.source and "check" not in tags(c))
