@@ -64,12 +64,10 @@ def _plain(value: Any) -> Any:
 
 def _as_number(value: Any) -> Any:
     """A learner's number; also accepts text such as ``"7/12"`` or ``"0.5"``."""
-    if isinstance(value, str):
-        try:
-            return Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            pass
-    return value
+    try:
+        return Fraction(value.strip()) if isinstance(value, str) else value
+    except (ValueError, ZeroDivisionError):
+        return value
 
 
 def _is_number(value: Any) -> bool:
@@ -216,13 +214,13 @@ def _difference(answer: Any, expected: Any, rel_tol: float, abs_tol: float, path
 
 def _crash_report(key: str, error: BaseException, max_lines: int = 8) -> str:
     """What a check cell prints when the learner's code raised ``error``: that it crashed, the
-    error (for a rank's failure, :class:`helpers.engine.WorkerError`'s few lines: the rank, its
-    error and the learner's own frames), and what to do. At most ``max_lines`` lines of the error."""
-    text = str(error).strip()
-    lines = text.splitlines() or [""]
-    first = lines[0] if lines[0].startswith("rank ") else f"{type(error).__name__}: {lines[0]}".rstrip(": ")
-    rest = lines[1:max_lines]
-    return "\n".join([f"{key}: your code crashed (not a wrong value): {first}", *("  " + ln for ln in rest),
+    error's first ``max_lines`` lines (a rank's :class:`helpers.engine.WorkerError` says the rank
+    and the learner's own frames), and what to do."""
+    first, *rest = str(error).strip().splitlines() or [""]
+    if not first.startswith("rank "):
+        first = f"{type(error).__name__}: {first}".rstrip(": ")
+    return "\n".join([f"{key}: your code crashed (not a wrong value): {first}",
+                      *("  " + ln for ln in rest[:max_lines - 1]),
                       f"{key}: fix the error above, then run this cell again."])
 
 
