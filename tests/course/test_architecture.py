@@ -1,9 +1,6 @@
 """docs/ARCHITECTURE.md is a map that stays true: its tables of the engine's names equal
-``helpers.engine.__all__`` and ``helpers.engine.internal.__all__``, and its module map lists exactly
-the modules of each folder of ``helpers/`` and ``ci/`` (a module added, moved or removed without
-the map fails here, naming it). Nothing is executed but ``import helpers.engine`` and
-``helpers.engine.internal``, which import no torch.
-"""
+``helpers.engine.__all__`` and ``helpers.engine.internal.__all__``; its module map lists exactly
+the modules of each folder of ``helpers/`` and ``ci/`` (a drift fails, naming the module)."""
 
 from __future__ import annotations
 

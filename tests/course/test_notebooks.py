@@ -1,11 +1,7 @@
 """Execute the lessons through the CI runner, in the smoke profile (each notebook's own defaults,
-what a learner runs).
-
-``python3 -m pytest`` runs one lesson here, 00a (the Python matrix's notebook: launch, warm ranks
-and ``%%px`` in a real kernel). The others carry the ``lessons`` marker and run only when asked
-(``-m lessons`` or a node id): CI runs the whole smoke profile as a step of its own,
-``python3 ci/run_notebooks.py --profile smoke`` (``.ci/run``), which prints the runner's table,
-and the full profile after it (the main job).
+what a learner runs). ``python3 -m pytest`` runs 00a here (the Python matrix's notebook); the
+others carry the ``lessons`` marker and run when asked (``-m lessons``, a node id); ``.ci/run``
+runs ``python3 ci/run_notebooks.py --profile smoke`` (the runner's table), then the full profile.
 """
 
 from __future__ import annotations
