@@ -41,7 +41,6 @@ def plain_text(markdown: str) -> str:
 
 @dataclass
 class Figures:
-    stem: str
     words: int
     sentences: int
     parens: int
@@ -68,4 +67,4 @@ def measure(notebook: Path, nb=None) -> Figures:
             parens += paragraph.count("(")
             if paragraph.lstrip().startswith("**Claim"):
                 longest = max(longest, n)
-    return Figures(notebook.stem, words, sentences, parens, longest)
+    return Figures(words, sentences, parens, longest)
