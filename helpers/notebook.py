@@ -21,7 +21,7 @@ __all__ = ["check_parameters", "check_value", "check_answer", "seal", "sealed_ch
 def check_parameters(**params: tuple[Any, type | tuple[type | None, ...]]) -> None:
     """Check the types of a notebook's parameters, in the cell right after the ``parameters`` cell:
     ``check_parameters(world_size=(world_size, int), lr=(lr, float))``. A type or a tuple of types
-    (``None`` in it allows ``None``), judged as the runner does (:func:`helpers.param_types.accepts`:
+    (``None`` in it allows ``None``), judged as the runner does (``helpers.param_types.accepts``:
     an ``int`` is a ``float``, a ``bool`` is not an ``int``, a list is a tuple).
 
     Raises:
@@ -46,9 +46,9 @@ def check_value(name: str, value: Any, ok: bool, requirement: str) -> None:
         ValueError: ``parameter 'world_size' = 1 is not allowed: it must be at least 2. ...``
     """
     if not ok:
-        raise ValueError(f"parameter {name!r} = {value!r} is not allowed: it must be {requirement}. "
-                         "Change it in the parameters cell, then run the cells from there again "
-                         f"(with papermill: `-p {name} VALUE`).")
+        raise ValueError(f"parameter {name!r} = {value!r} is not allowed: it must be "
+                         f"{requirement}. Change it in the parameters cell, then run the cells "
+                         f"from there again (with papermill: `-p {name} VALUE`).")
 
 
 def _plain(value: Any) -> Any:
@@ -259,9 +259,9 @@ def check_answer(key: str, answer: Any, expected: Any, *, strict: bool = False, 
             raise AssertionError(f"{key}: the solution left its answer as None")
         reason = _difference(answer, expected, rel_tol, abs_tol, (), tuple(labels))
         if reason is not None:
-            raise AssertionError(f"{key}: the solution gives {_plain(answer)!r} but the expected value "
-                                 f"is {_plain(expected)!r} ({reason}): the solution or the expected "
-                                 "value is wrong")
+            raise AssertionError(f"{key}: the solution gives {_plain(answer)!r} but the expected "
+                                 f"value is {_plain(expected)!r} ({reason}): the solution or the "
+                                 "expected value is wrong")
         sealed = seal(expected, rel_tol, abs_tol)
         if _difference(answer, sealed, rel_tol, abs_tol, (), tuple(labels)) is not None:
             raise AssertionError(f"{key}: the solution matches the expected value but not its digest, "
@@ -298,9 +298,9 @@ def assert_close_once(actual: Any, expected: Any, *, what: str, rerun_from: str,
         k = round(float((a * x).sum()) / xx) if a.shape == x.shape and xx > 0 else 0
         if k >= 2 and torch.allclose(a, k * x, rtol=1e-4, atol=1e-6):
             raise AssertionError(
-                f"{what} is {k} times the expected value: gradients accumulate (backward adds into "
-                f".grad), so the cell with the backward ran {k} times on the same model. Re-run from "
-                f"{rerun_from}, then the cells after it in order.") from None
+                f"{what} is {k} times the expected value: gradients accumulate (backward adds "
+                f"into .grad), so the cell with the backward ran {k} times on the same model. "
+                f"Re-run from {rerun_from}, then the cells after it in order.") from None
         raise e
 
 
@@ -320,7 +320,7 @@ def _cuda_devices() -> int:
 
 def gpu_claim(claim: str, gpus: int = 1) -> bool:
     """Whether the check of a ``**Claim (GPU):**`` runs here (at least ``gpus`` CUDA devices), as
-    its asserts' condition: ``if gpu_claim("real DP ..."): assert ...``; else :func:`_not_proven`."""
+    its asserts' condition: ``if gpu_claim("real DP ..."): assert ...``; else ``_not_proven``."""
     found = _cuda_devices()  # who proves it is said in learner words, no script named
     return found >= gpus or _not_proven(
         claim, "GPU", f"needs {'a GPU' if gpus == 1 else f'{gpus} GPUs'} (found {found}); a GPU run proves it")

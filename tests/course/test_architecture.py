@@ -63,11 +63,12 @@ def map_problems(text: str) -> list[str]:
 
 
 def test_the_surface_table_is_helpers_engine_all():
-    for listed, module in zip(surface_tables(DOC.read_text()), (helpers.engine, helpers.engine.internal)):
-        names = module.__all__
-        assert sorted(listed) == sorted(names), (f"only in the doc: {sorted(set(listed) - set(names))}; "
-                                                 f"only in {module.__name__}.__all__: "
-                                                 f"{sorted(set(names) - set(listed))}; or listed twice")
+    surface = surface_tables(DOC.read_text())
+    for listed, module in zip(surface, (helpers.engine, helpers.engine.internal)):
+        doc, names = set(listed), set(module.__all__)
+        assert sorted(listed) == sorted(names), (
+            f"only in the doc: {sorted(doc - names)}; only in {module.__name__}.__all__: "
+            f"{sorted(names - doc)}; or listed twice")
 
 
 def test_the_module_map_is_the_tree():

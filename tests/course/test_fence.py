@@ -152,7 +152,7 @@ def test_the_surface_and_the_door_do_not_overlap():
 
 def _course_modules() -> set[str]:
     h = ROOT / "helpers"
-    course = {p.stem for p in h.glob("*.py")} | {p.name for p in h.iterdir() if (p / "__init__.py").exists()}
+    course = {p.stem for p in h.glob("*.py")} | {p.name for p in h.glob("*/__init__.py")}
     return course - {"__init__", "engine", "mp"}  # the package, the engine, the alias of its mp
 
 
@@ -166,9 +166,9 @@ def engine_violations(path: Path, course: set[str]) -> list[str]:
                        if module.startswith("helpers.") else ()) if h in course]
     pattern = re.compile(r"\bhelpers[./](" + "|".join(sorted(map(re.escape, course))) + r")\b")
     tree = ast.parse(path.read_text(), filename=str(path))
-    docstrings = {id(ast.get_docstring(node, clean=False) and node.body[0].value)
-                  for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree) if isinstance(node, documented)
+                  and ast.get_docstring(node, clean=False) is not None}
     return found + [f"{rel}:{node.lineno}: names helpers.{m.group(1)}" for node in ast.walk(tree)
                     if isinstance(node, ast.Constant) and isinstance(node.value, str)
                     and id(node) not in docstrings for m in pattern.finditer(node.value)]
