@@ -3,7 +3,6 @@ and the dependencies declared once for pip (pyproject.toml) and once for the REA
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +35,11 @@ def test_ruff_is_clean_and_lints_the_notebook_twins():
 def test_pyproject_dependencies_mirror_requirements_txt():
     """`pip install -e .` alone gives the same install as `pip install -r requirements.lock`."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    required = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    pins = [sorted(re.sub(r"\s+", "", r) for r in rs if r and not r.startswith("-e"))
-            for rs in (declared, required)]
-    assert pins[0] == pins[1], pins
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = sorted(str(Requirement(r)) for r in project["dependencies"])
+    assert declared == sorted(map(str, _requirements("requirements.txt"))), declared
 
 
 def _requirements(name: str) -> list:
