@@ -103,7 +103,10 @@ RULES: list[Rule] = []
 
 def rule(id: str, statement: str, lessons_only: bool = False):
     """Add the decorated check to :data:`RULES`, in the order the rules are written."""
-    return lambda check: RULES.append(Rule(id, statement, check, lessons_only)) or check
+    def add(check):
+        RULES.append(Rule(id, statement, check, lessons_only))
+        return check
+    return add
 
 
 @rule("nbformat", "The `.ipynb` is valid nbformat 4.")
