@@ -372,7 +372,7 @@ def _exercises(ls):
 @rule("exercise-tag", "The learner's `answer_N = None` cell is tagged `exercise` (the handout "
       "finds it so).", lessons_only=True)
 def _exercise_tag(ls):
-    yield from set(ls.answers) - set(ls.tagged("exercise"))
+    yield from sorted(set(ls.answers) - set(ls.tagged("exercise")))
 
 
 @rule("solutions", "Each solution is a code cell tagged `solution` right after its exercise's "
