@@ -1,11 +1,11 @@
-"""The figure rule's mechanical part (issue 13), read from a code cell with ``ast``: a title,
-both axis labels, a layout engine; no bars on a log or truncated axis; no legend left to ``loc="best"``.
+"""The figure rule's mechanical part (issue 13), read from a code cell with ``ast``: a title, both
+axis labels, a layout engine; no bars on a log or truncated axis; no legend left to "best".
 
 A cell is split into figures at each ``plt.subplots`` / ``plt.figure`` / ``plt.subplot_mosaic``
 call; calls are tied to their axes by the receiver's text (``ax_b.bar`` and ``ax_b.set_yscale``), a
 loop variable standing for every axes its loop iterates over. What this cannot see (a legend in a
 named corner over data, units in a label) is left to reading the executed figures. Used by the
-``figures`` rule of ``ci/lessons.py``; tests/course/test_figures.py shows it fails on each violation.
+``figures`` rule of ``ci/lessons.py``; tests/course/test_figures.py shows it fails on each one.
 """
 
 from __future__ import annotations
@@ -54,21 +54,21 @@ def _same_axes(a: str | None, b: str | None, loops: dict[str, set[str]]) -> bool
     return a is not None and b is not None and (ANY in ea or ANY in eb or bool(ea & eb))
 
 
+def _low(node: ast.expr | None) -> ast.expr | None:
+    """The first of a ``(low, high)`` pair, else the node itself."""
+    return node.elts[0] if isinstance(node, (ast.Tuple, ast.List)) and node.elts else node
+
+
 def _lower_bound(call: ast.Call) -> ast.expr | None:
     """The lower limit passed to ``set_ylim``/``set_xlim``, None if only the upper one is set."""
     kw = _kw(call, "bottom", "ymin", "left", "xmin")
-    if kw is not None or not call.args:
-        return kw
-    first = call.args[0]
-    return first.elts[0] if isinstance(first, (ast.Tuple, ast.List)) and first.elts else first
+    return kw if kw is not None or not call.args else _low(call.args[0])
 
 
 def _starts_at_zero(node: ast.expr) -> bool:
     """Literal 0, or ``min(0, ...)`` (zero is inside the axis: bars of either sign start there)."""
-    if isinstance(node, ast.Constant) and node.value == 0:
-        return True
-    return (isinstance(node, ast.Call) and _name(node) == "min"
-            and any(isinstance(a, ast.Constant) and a.value == 0 for a in node.args))
+    return _const(node) == 0 or isinstance(node, ast.Call) and _name(node) == "min" and any(
+        _const(a) == 0 for a in node.args)
 
 
 def _set_kw(call: ast.Call, key: str) -> ast.expr | None:
@@ -76,67 +76,60 @@ def _set_kw(call: ast.Call, key: str) -> ast.expr | None:
     return _kw(call, key) if _name(call) == "set" else None
 
 
+def _is_maker(call: ast.Call) -> bool:
+    return _name(call) in FIGURE_MAKERS and _receiver(call) == "plt"
+
+
+def _unlabelled(fig: list[ast.Call]) -> list[str]:
+    """What a figure made by ``fig[0]`` lacks: a layout engine, a title, axis labels."""
+    names = {_name(c) for c in fig}
+    keys = {k.arg for c in fig if _name(c) == "set" or _name(c) in LABELLING_HELPERS
+            for k in c.keywords}  # ax.set(title=...) and the helpers' title=
+    engine = _const(_kw(fig[0], "layout")) in ("constrained", "tight") or "tight_layout" in names
+    engine |= _const(_kw(fig[0], "constrained_layout")) is True
+    out = [] if engine else ["no layout=\"constrained\" or fig.tight_layout(): text may be clipped"]
+    if not names & {"set_title", "suptitle", "title"} and "title" not in keys:
+        out.append("no title (ax.set_title / fig.suptitle)")
+    return out + [f"no {a} axis label (ax.set_{a}label, with units)" for a in "xy"
+                  if not (names & {f"set_{a}label", f"{a}label", f"sup{a}label", *LABELLING_HELPERS}
+                          or f"{a}label" in keys)]
+
+
 def figure_problems(source: str) -> list[str]:
     """The figure-rule violations in one code cell's source, as readable strings ([] if none)."""
     lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]
     tree = ast.parse("\n".join(lines))
     loops = _loop_targets(tree)
-    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda c: (c.lineno, c.col_offset))
     figures: list[list[ast.Call]] = [[]]
-    for c in calls:
-        if _name(c) in FIGURE_MAKERS and _receiver(c) == "plt":
-            figures.append([c])
-        else:
-            figures[-1].append(c)
+    for c in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+                    key=lambda c: (c.lineno, c.col_offset)):
+        figures.append([c]) if _is_maker(c) else figures[-1].append(c)
     problems = []
     for fig in figures:
-        made_here = bool(fig) and _name(fig[0]) in FIGURE_MAKERS and _receiver(fig[0]) == "plt"
-        where = f"figure made on line {fig[0].lineno}" if made_here else "calls before any figure"
-        names = [_name(c) for c in fig]
-        bars = [c for c in fig if _name(c) in ("bar", "barh")]
-        if made_here:
-            maker = fig[0]
-            layout = _const(_kw(maker, "layout"))
-            if not (layout in ("constrained", "tight") or _const(_kw(maker, "constrained_layout")) is True
-                    or "tight_layout" in names):
-                problems.append(f"{where}: no layout=\"constrained\" or fig.tight_layout(): text may be clipped")
-            helper = any(n in LABELLING_HELPERS for n in names)
-            titled = any(n in ("set_title", "suptitle", "title") for n in names) or any(
-                _set_kw(c, "title") is not None or (_name(c) in LABELLING_HELPERS and _kw(c, "title") is not None)
-                for c in fig)
-            if not titled:
-                problems.append(f"{where}: no title (ax.set_title / fig.suptitle)")
-            for axis in "xy":
-                labelled = helper or any(
-                    n in (f"set_{axis}label", f"{axis}label", f"sup{axis}label") for n in names) or any(
-                    _set_kw(c, f"{axis}label") is not None for c in fig)
-                if not labelled:
-                    problems.append(f"{where}: no {axis} axis label (ax.set_{axis}label, with units)")
-        for bar in bars:
+        if fig and _is_maker(fig[0]):
+            problems += [f"figure made on line {fig[0].lineno}: {p}" for p in _unlabelled(fig)]
+        for bar in (c for c in fig if _name(c) in ("bar", "barh")):
             r, value_axis = _receiver(bar), "y" if _name(bar) == "bar" else "x"
             if _const(_kw(bar, "log")) is True:
-                problems.append(f"line {bar.lineno}: {ast.unparse(bar.func)}(..., log=True): bars on a log axis")
-            for c in fig:
+                problems.append(f"line {bar.lineno}: {ast.unparse(bar.func)}(..., log=True): "
+                                "bars on a log axis")
+            for c in (c for c in fig if _same_axes(_receiver(c), r, loops)):
                 n = _name(c)
                 scale = (_const(c.args[0]) if n in ("set_yscale", "set_xscale") and c.args else
                          _const(_set_kw(c, "yscale")) or _const(_set_kw(c, "xscale")))
-                log_axis = scale in LOG_SCALES or n in ("loglog", "semilogy", "semilogx")
-                if log_axis and _same_axes(_receiver(c), r, loops):
-                    problems.append(f"line {c.lineno}: {ast.unparse(c)} on the axes of the bars on line {bar.lineno}: "
-                                    "bars on a log axis (use points, or a linear axis from 0)")
-                low = None
-                if n == f"set_{value_axis}lim":
-                    low = _lower_bound(c)
-                elif _set_kw(c, f"{value_axis}lim") is not None:
-                    lim = _set_kw(c, f"{value_axis}lim")
-                    low = lim.elts[0] if isinstance(lim, (ast.Tuple, ast.List)) and lim.elts else lim
-                if low is not None and _same_axes(_receiver(c), r, loops) and not _starts_at_zero(low):
-                    problems.append(f"line {c.lineno}: {ast.unparse(c)}: the value axis of the bars on line "
-                                    f"{bar.lineno} does not start at 0 (a truncated bar misleads; use points)")
-        for c in fig:
-            if _name(c) == "legend" and _receiver(c) is not None:
-                loc = _kw(c, "loc")
-                if (loc is None or _const(loc) == "best") and _kw(c, "bbox_to_anchor") is None:
-                    problems.append(f"line {c.lineno}: {ast.unparse(c.func)}() without loc: matplotlib's 'best' may "
-                                    "put it over data; place it outside the axes or in a named free corner")
+                if scale in LOG_SCALES or n in ("loglog", "semilogy", "semilogx"):
+                    problems.append(f"line {c.lineno}: {ast.unparse(c)} on the axes of the bars on "
+                                    f"line {bar.lineno}: bars on a log axis (use points, or a "
+                                    "linear axis from 0)")
+                low = (_lower_bound(c) if n == f"set_{value_axis}lim"
+                       else _low(_set_kw(c, f"{value_axis}lim")))
+                if low is not None and not _starts_at_zero(low):
+                    problems.append(f"line {c.lineno}: {ast.unparse(c)}: the value axis of the "
+                                    f"bars on line {bar.lineno} does not start at 0 (a truncated "
+                                    "bar misleads; use points)")
+        problems += [f"line {c.lineno}: {ast.unparse(c.func)}() without loc: matplotlib's 'best' "
+                     "may put it over data; place it outside the axes or in a named free corner"
+                     for c in fig if _name(c) == "legend" and _receiver(c) is not None
+                     and _kw(c, "bbox_to_anchor") is None
+                     and (_kw(c, "loc") is None or _const(_kw(c, "loc")) == "best")]
     return problems

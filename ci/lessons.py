@@ -2,15 +2,14 @@
 
 Usage (from the repository root)::
 
-    python3 -m ci.lessons check            # every problem of every lesson at once; exit 1 if any
-    python3 -m ci.lessons check 03 06a     # some lessons (labels or stems)
-    python3 -m ci.lessons prose [06a ...]  # the prose figures, one row a notebook
-    python3 -m ci.lessons rules            # the table, as docs/TESTING.md shows it
-    python3 -m ci.lessons language-info    # the metadata for jupytext --update-metadata
+    python3 -m ci.lessons check [03 06a ...]  # every problem of the lessons at once; exit 1 if any
+    python3 -m ci.lessons prose [06a ...]     # the prose figures, one row a notebook
+    python3 -m ci.lessons rules               # the table, as docs/TESTING.md shows it
+    python3 -m ci.lessons language-info       # the metadata for jupytext --update-metadata
 
-Nothing is executed: the rules read the ``.ipynb``, its jupytext twin, the glossary and the
-manifest. ``tests/course/test_lessons.py`` runs the check on every lesson; ``python3 -m
-ci.generate`` writes the table into docs/TESTING.md, "The lesson rules".
+Nothing is executed: the rules read the ``.ipynb``, its twin, the glossary and the manifest. A
+check yields ``(cell index or None, what is wrong and what to do)``, or a bare cell index whose
+message is the rule's statement.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import papermill
 
 from ci import marked, prose
 from ci.gpu_claims import HELPER, MARKED, calls, check_cells, code_tree, device_branches
-from ci.path_table import NEXT_END, NEXT_START, OPEN_END, OPEN_START
 from helpers import lessons as manifest
 from helpers.jupyter_hooks import LANGUAGE_INFO, committed_form
 
@@ -45,14 +43,15 @@ _UNIT = r"[\d.,–-]+ ?(s|ms|sec|seconds?|min|minutes?)\b"
 MACHINERY = [re.compile(rf"\babout {_UNIT}|\btakes? (about |roughly |around )?{_UNIT}|~ ?{_UNIT}",
                         re.I),
              re.compile(r"\b\d+[ -](CPU[ -])?cores?\b|\bCPU cores\b", re.I), re.compile(r"\bCI\b")]
-#: every bold label that starts with the word Claim or Claims, with or without parenthesis and colon
+#: every bold label starting with the word Claim or Claims, with or without parenthesis and colon
 CLAIM = re.compile(r"\*\*Claims?\b[^*\n]*\*\*:?")
 DEVICE_WORD = re.compile(r"\b(?:[CG]PUs?|CUDA)\b")
-#: The first line of every solution cell: JupyterLab shows it on the collapsed cell, so it must
-#: not give the answer away; and the metadata that collapses the cell's input.
+#: A solution cell's first line (a collapsed cell shows it: no answer there) and metadata.
 SOLUTION_FIRST_LINE = "# Solution of exercise"
+SOLUTION_CHECK = r'check_answer\("ex\d+", solution_\d+, expected_\d+,[^\n]*strict=True'
 SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["solution"]}
 MIN_SENTENCES, MAX_LESSON_WORDS = 20, 2_500
+EXERCISE = re.compile(r"answer_(\d+) = None\s*(#.*)?")
 
 
 class Lesson:
@@ -74,6 +73,14 @@ class Lesson:
     def markdown(self) -> Iterator[tuple[int, str]]:
         return ((i, c.source) for i, c in enumerate(self.cells) if c.cell_type == "markdown")
 
+    def code(self) -> Iterator[tuple[int, str]]:
+        return ((i, c.source) for i, c in enumerate(self.cells) if c.cell_type == "code")
+
+    @cached_property
+    def answers(self) -> dict[int, str]:
+        """Cell index -> N of each learner's ``answer_N = None`` cell."""
+        return {i: m.group(1) for i, src in self.code() if (m := EXERCISE.fullmatch(src.strip()))}
+
     @cached_property
     def prose(self) -> prose.Figures:
         return prose.measure(self.path, self.nb)
@@ -87,7 +94,7 @@ class Lesson:
 class Rule:
     id: str
     statement: str
-    check: Callable[[Lesson], Iterator]  # yields (cell index or None, what is wrong and what to do)
+    check: Callable[[Lesson], Iterator]
     lessons_only: bool = False  # the path's lessons, not the casebook pages
 
 
@@ -119,12 +126,8 @@ def _twin(ls):
     if ls.nb.metadata.get("jupytext", {}).get("formats") != "ipynb,py:percent" or not twin.exists():
         yield None, f"not paired: jupytext --set-formats ipynb,py:percent notebooks/{ls.path.name}"
         return
-
-    def cells(nb):
-        return [(c.cell_type, c.source, sorted(c.get("metadata", {}).get("tags", [])))
-                for c in nb.cells]
-
-    a, b = cells(ls.nb), cells(jupytext.read(str(twin)))
+    a, b = ([(c.cell_type, c.source, sorted(c.get("metadata", {}).get("tags", [])))
+             for c in nb.cells] for nb in (ls.nb, jupytext.read(str(twin))))
     diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
                 None if len(a) == len(b) else min(len(a), len(b)))
     if diff is not None:
@@ -136,16 +139,15 @@ def _outputs(ls):
     for i, c in enumerate(ls.cells):
         if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None):
             yield i, "has outputs: jupyter nbconvert --clear-output --inplace, then jupytext --sync"
-        if "papermill" in c.get("metadata", {}):
-            yield i, "carries papermill metadata: an executed copy from build/ was committed?"
-    if "papermill" in ls.nb.metadata:
-        yield None, "carries papermill metadata: an executed copy from build/ was committed?"
+    yield from ((i, "carries papermill metadata: an executed copy from build/ was committed?")
+                for i, m in [(None, ls.nb.metadata), *enumerate(c.metadata for c in ls.cells)]
+                if "papermill" in m)
 
 
 @rule("kernelspec", "The kernelspec is `python3` (`jupytext --set-kernel python3`).")
 def _kernelspec(ls):
     if ls.nb.metadata.get("kernelspec", {}).get("name") != "python3":
-        yield None, f"not python3: jupytext --set-kernel python3 notebooks/{ls.path.name}"
+        yield None
 
 
 @rule("language-info", "The metadata holds `language_info` as a JupyterLab save writes it, less "
@@ -166,18 +168,16 @@ def _saved_form(ls):
 
 @rule("no-absolute-paths", "No cell holds an absolute path (`/home/`, `C:\\`...).")
 def _absolute(ls):
-    for i, c in enumerate(ls.cells):
-        yield from ((i, f"absolute path: {ln.strip()[:80]}") for ln in c.source.splitlines()
-                    if ABSOLUTE_PATH.search(ln))
+    yield from ((i, f"absolute path: {ln.strip()[:80]}") for i, c in enumerate(ls.cells)
+                for ln in c.source.splitlines() if ABSOLUTE_PATH.search(ln))
 
 
 @rule("first-cell", "The first cell is markdown (title, what it teaches) and links to the "
       f"glossary, `[glossary]({GLOSSARY_LINK})`.")
 def _first_cell(ls):
     first = ls.cells[0] if ls.cells else nbformat.v4.new_code_cell()
-    links = [target for target, _ in LINK.findall(first.source)]
-    if first.cell_type != "markdown" or GLOSSARY_LINK not in links:
-        yield 0, f"make the first cell markdown with a link [glossary]({GLOSSARY_LINK})"
+    if first.cell_type != "markdown" or GLOSSARY_LINK not in dict(LINK.findall(first.source)):
+        yield 0
 
 
 def glossary_anchors(path: Path = ROOT / "docs" / "GLOSSARY.md") -> set[str]:
@@ -263,12 +263,8 @@ def _prose(ls):
 @rule("no-typed-times", "The prose types no run time (\"about 6 s\") nor machine logistics (core "
       "counts, CI): it says why a cell is slow; the generated opening holds the measured time.")
 def _typed_times(ls):
-    for i, text in ls.markdown():
-        for start, end in ((OPEN_START, OPEN_END), (NEXT_START, NEXT_END)):
-            if start in text and end in text:
-                text = text.split(start, 1)[0] + text.split(end, 1)[1]
-        yield from ((i, f"{m.group(0)!r}: say why without a number")
-                    for p in MACHINERY for m in p.finditer(text))
+    yield from ((i, f"{m.group(0)!r}: say why without a number") for i, text in ls.markdown()
+                for p in MACHINERY for m in p.finditer(prose.GENERATED.sub(" ", text)))
 
 
 @rule("check-folded", "Every cell tagged `check` is folded (`jupyter.source_hidden`) and starts "
@@ -277,24 +273,24 @@ def _check_folded(ls):
     for i in ls.tagged("check"):
         lines = ls.cells[i].source.splitlines() or [""]
         first = lines[1] if lines[0].startswith("%%") and len(lines) > 1 else lines[0]
-        folded = ls.cells[i].metadata.get("jupyter", {}).get("source_hidden")
-        if not folded or not first.startswith("# Check: "):
-            yield i, "fold it (jupyter.source_hidden) and start it '# Check: <what it checks>'"
+        if not folded(ls.cells[i]) or not first.startswith("# Check: "):
+            yield i
+
+
+ASSERTING = ("assert_close", "assert_equal")
+
+
+def folded(cell) -> bool | None:
+    return cell.metadata.get("jupyter", {}).get("source_hidden")
 
 
 def asserts(source: str) -> bool:
     """Whether the code (magics stripped) asserts: an ``assert``, ``assert_close`` /
     ``assert_equal`` or ``check_answer(..., strict=...)``."""
-    tree = code_tree(source)
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.Assert):
-            return True
-        if isinstance(node, ast.Call):
-            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            if name in ("assert_close", "assert_equal") or (
-                    name == "check_answer" and any(k.arg == "strict" for k in node.keywords)):
-                return True
-    return False
+    return any(isinstance(n, ast.Assert) or isinstance(n, ast.Call) and (
+        (f := getattr(n.func, "attr", getattr(n.func, "id", ""))) in ASSERTING
+        or f == "check_answer" and any(k.arg == "strict" for k in n.keywords))
+        for n in ast.walk(code_tree(source) or ast.Module([], [])))
 
 
 @rule("claims", "The lesson states at least one `**Claim:**`, each at most "
@@ -314,13 +310,10 @@ def _claims(ls):
 
 def loose_device_marks(source: str) -> list[str]:
     """Claim labels naming a device in another form than ``**Claim (GPU):**`` / ``(CPU)``."""
-    out = []
-    for m in CLAIM.finditer(source):
-        after = re.match(r"\s*\([^)\n]*\)", source[m.end():])
-        if not MARKED.fullmatch(m.group(0)) and (
-                DEVICE_WORD.search(m.group(0)) or (after and DEVICE_WORD.search(after.group(0)))):
-            out.append(m.group(0) + (after.group(0) if after else ""))
-    return out
+    after = (re.match(r"\s*\([^)\n]*\)", source[m.end():]) for m in CLAIM.finditer(source))
+    labels = [m.group(0) + (a.group(0) if a else "") for m, a in zip(CLAIM.finditer(source), after)
+              if not MARKED.fullmatch(m.group(0))]
+    return [label for label in labels if DEVICE_WORD.search(label)]
 
 
 @rule("device-claims", "A claim only a GPU proves is `**Claim (GPU):**` and its check asserts "
@@ -355,12 +348,8 @@ def _device_claims(ls):
 def _figures(ls):
     from ci.figures import figure_problems
 
-    for i, c in enumerate(ls.cells):
-        if c.cell_type == "code" and ("plt." in c.source or ".bar" in c.source):
-            yield from ((i, p) for p in figure_problems(c.source))
-
-
-EXERCISE = re.compile(r"answer_(\d+) = None\s*(#.*)?")
+    yield from ((i, p) for i, src in ls.code() if "plt." in src or ".bar" in src
+                for p in figure_problems(src))
 
 
 @rule("exercises", "After the `## What we saw` markdown come two or more exercises, numbered 1, "
@@ -368,15 +357,12 @@ EXERCISE = re.compile(r"answer_(\d+) = None\s*(#.*)?")
       "answer here`; the check cell, `check_answer(\"exN\", answer_N, expected_N)` (not strict); "
       "the solution.", lessons_only=True)
 def _exercises(ls):
-    answers = [i for i, c in enumerate(ls.cells)
-               if c.cell_type == "code" and EXERCISE.fullmatch(c.source.strip())]
-    if len(answers) < 2:
-        yield None, f"{len(answers)} exercise(s) (`answer_N = None` cells): write at least 2"
+    if len(ls.answers) < 2:
+        yield None, f"{len(ls.answers)} exercise(s) (`answer_N = None` cells): write at least 2"
     seen = [i for i, src in ls.markdown() if "## What we saw" in src]
-    if answers and (not seen or seen[-1] > answers[0]):
+    if ls.answers and (not seen or seen[-1] > min(ls.answers)):
         yield None, "put the exercises after a '## What we saw' markdown cell"
-    for k, i in enumerate(answers, start=1):
-        n = EXERCISE.fullmatch(ls.cells[i].source.strip()).group(1)
+    for k, (i, n) in enumerate(ls.answers.items(), start=1):
         task, check = ls.cells[i - 1], (ls.cells[i + 1:] or [nbformat.v4.new_code_cell()])[0]
         if n != str(k):
             yield i, f"exercises are numbered 1, 2, ... in order: answer_{n} is number {k}"
@@ -392,10 +378,7 @@ def _exercises(ls):
 @rule("exercise-tag", "The learner's `answer_N = None` cell is tagged `exercise` (the handout "
       "finds it so).", lessons_only=True)
 def _exercise_tag(ls):
-    for i, c in enumerate(ls.cells):
-        if (c.cell_type == "code" and EXERCISE.fullmatch(c.source.strip())
-                and i not in ls.tagged("exercise")):
-            yield i, "tag the answer cell 'exercise'"
+    yield from sorted(set(ls.answers) - set(ls.tagged("exercise")))
 
 
 @rule("solutions", "Each solution is a code cell tagged `solution` right after its exercise's "
@@ -405,15 +388,10 @@ def _exercise_tag(ls):
 def _solutions(ls):
     for i in ls.tagged("solution"):
         c = ls.cells[i]
-        if i < 2 or not EXERCISE.fullmatch(ls.cells[i - 2].source.strip()):
-            yield i, "a solution belongs two cells after its exercise's answer_N = None cell"
-        if c.cell_type != "code" or c.metadata.get("jupyter", {}).get("source_hidden") is not True:
-            yield i, "make it a code cell with metadata jupyter.source_hidden = true"
-        if not c.source.startswith(SOLUTION_FIRST_LINE):
-            yield i, f"start it with {SOLUTION_FIRST_LINE!r}: a collapsed cell shows its first line"
-        if not re.search(r'check_answer\("ex\d+", solution_\d+, expected_\d+,[^\n]*strict=True',
-                         c.source):
-            yield i, "end it with check_answer(\"exN\", solution_N, expected_N, strict=True)"
+        if (i - 2 not in ls.answers or c.cell_type != "code" or folded(c) is not True
+                or not c.source.startswith(SOLUTION_FIRST_LINE)
+                or not re.search(SOLUTION_CHECK, c.source)):
+            yield i
 
 
 def problems(path: Path) -> list[str]:
@@ -425,7 +403,8 @@ def problems(path: Path) -> list[str]:
     found = []
     for r in (r for r in RULES if ls.is_lesson or not r.lessons_only):
         try:
-            found += [(r.id, i, what) for i, what in r.check(ls)]
+            found += [(r.id, *(hit if isinstance(hit, tuple) else (hit, r.statement)))
+                      for hit in r.check(ls)]
         except Exception as e:  # noqa: BLE001 - a rule that cannot read the lesson says so
             found.append((r.id, None, f"cannot check ({type(e).__name__}: {e}): fix the rest"))
     return [f"{ls.stem} [{id}]" + ("" if i is None else f" cell {i}") + f": {what}"

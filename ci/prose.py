@@ -21,7 +21,8 @@ MAX_WORDS_PER_SENTENCE = 20.0
 MAX_PARENS_PER_SENTENCE = 0.3
 MAX_CLAIM_WORDS = 60
 
-_BLOCKS = re.compile(r"<!-- (opening|next):start -->.*?<!-- \1:end -->", re.S)
+#: the generated opening and "Next" blocks of a lesson
+GENERATED = re.compile(r"<!-- (opening|next):start -->.*?<!-- \1:end -->", re.S)
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _TAG = re.compile(r"</?[a-zA-Z][^>]*>")
@@ -32,24 +33,14 @@ _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 def plain_text(markdown: str) -> str:
     """``markdown`` with what is not prose removed (see the module's docstring)."""
-    text = _BLOCKS.sub(" ", markdown)
-    text = _FENCE.sub(" ", text)
-    text = _COMMENT.sub(" ", text)
-    lines = [line for line in text.splitlines()
-             if not line.lstrip().startswith(("#", "|"))]  # headings, table rows
-    text = "\n".join(lines)
-    text = _LINK_TARGET.sub("]", text)
-    text = _CODE.sub("CODE", text)
-    return _TAG.sub(" ", text)
-
-
-def _words(text: str) -> int:
-    return sum(1 for w in text.split() if re.search(r"\w", w))
+    text = _COMMENT.sub(" ", _FENCE.sub(" ", GENERATED.sub(" ", markdown)))
+    text = "\n".join(line for line in text.splitlines()
+                     if not line.lstrip().startswith(("#", "|")))  # headings, table rows
+    return _TAG.sub(" ", _CODE.sub("CODE", _LINK_TARGET.sub("]", text)))
 
 
 @dataclass
 class Figures:
-    stem: str
     words: int
     sentences: int
     parens: int
@@ -68,17 +59,12 @@ def measure(notebook: Path, nb=None) -> Figures:
     """The prose figures of ``notebook`` (its cells ``nb`` when already read)."""
     nb = nb or nbformat.read(str(notebook), as_version=4)
     words = sentences = parens = longest = 0
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        text = plain_text(cell.source)
-        for paragraph in re.split(r"\n\s*\n", text):
-            if not paragraph.strip():
-                continue
-            n = _words(paragraph)
+    for cell in (c for c in nb.cells if c.cell_type == "markdown"):
+        for paragraph in re.split(r"\n\s*\n", plain_text(cell.source)):
+            n = sum(1 for w in paragraph.split() if re.search(r"\w", w))
             words += n
             sentences += max(1, len(_SENTENCE_END.findall(paragraph.strip()))) if n else 0
             parens += paragraph.count("(")
             if paragraph.lstrip().startswith("**Claim"):
                 longest = max(longest, n)
-    return Figures(notebook.stem, words, sentences, parens, longest)
+    return Figures(words, sentences, parens, longest)

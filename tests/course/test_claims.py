@@ -1,10 +1,7 @@
-"""The claim rules' checks (``claims``, ``device-claims`` of ``ci/lessons.py``) find what they must.
-
-A markdown cell states a fact with a bold label starting with ``Claim`` (``**Claim:**``,
-``**Claims:**``, ``**Claim (padding):**``...); a code cell before the next markdown cell asserts
-it. A claim only a GPU proves is ``**Claim (GPU):**``, one true only without GPUs
-``**Claim (CPU):**``, asserted under ``if gpu_claim(...):`` / ``if cpu_claim(...):`` (ci/gpu_claims.py parses them).
-tests/course/test_lessons.py runs the rules on every lesson; the notebook runs execute the asserts.
+"""The claim rules' checks (``claims``, ``device-claims`` of ``ci/lessons.py``) find what they must:
+every bold label starting with ``Claim`` counts, an unasserted claim fails, a device claim is
+marked ``(GPU)`` / ``(CPU)`` and asserted under ``gpu_claim`` / ``cpu_claim``. test_lessons.py
+runs the rules on every lesson; the notebook runs execute the asserts.
 """
 
 from __future__ import annotations
@@ -21,12 +18,11 @@ RULE = {r.id: r.check for r in lessons.RULES}
 
 
 def flagged(rule: str, *cells) -> list:
-    """The cells (indices; None: the notebook) rule ``rule`` reports in a notebook of ``cells``."""
-    nb = new_notebook(cells=[M(c) if i % 2 == 0 else C(c) for i, c in enumerate(cells)])
+    """The cells (indices; None: the notebook) rule ``rule`` reports in a notebook of ``cells``,
+    markdown and code in turn."""
+    make = (new_markdown_cell, new_code_cell)
+    nb = new_notebook(cells=[make[i % 2](c) for i, c in enumerate(cells)])
     return [i for i, _ in RULE[rule](lessons.Lesson(Path("x.ipynb"), nb))]
-
-
-M, C = new_markdown_cell, new_code_cell
 
 
 def test_the_check_can_fail():
@@ -62,5 +58,6 @@ def test_10c_quotes_08a_as_it_is():
     """Issue #52: 10c said 08a's summary needs only "swap the optimizer"; it names the checkpoint call."""
     said = re.search(r"whose summary names the call: `([^`]+)`",
                      (NOTEBOOKS_DIR / "10c_casebook_models_and_checkpoints.py").read_text())
-    rows = [line for line in (NOTEBOOKS_DIR / "08a_zero_and_fsdp2.py").read_text().splitlines() if "| ZeRO-1 |" in line]
+    rows = [ln for ln in (NOTEBOOKS_DIR / "08a_zero_and_fsdp2.py").read_text().splitlines()
+            if "| ZeRO-1 |" in ln]
     assert said and any(said.group(1) in row for row in rows), (said, rows)

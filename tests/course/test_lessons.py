@@ -29,11 +29,10 @@ def test_every_lesson_meets_every_rule():
 
 
 def _first(nb, test):
+    """The first cell passing ``test``, or tagged ``test`` when it is a text."""
+    if isinstance(test, str):
+        return _first(nb, lambda c: test in c.metadata.get("tags", []))
     return next(c for c in nb.cells if test(c))
-
-
-def _tags(c):
-    return c.metadata.get("tags", [])
 
 
 def _append(text):
@@ -51,20 +50,19 @@ BREAK = {
     "no-absolute-paths": _append("Data in /home/me/data."),
     "first-cell": lambda nb: nb.cells[0].update(source="# A title"),
     "glossary-anchors": _append("A [term](../docs/GLOSSARY.md#no-such-term)."),
-    "one-parameters-cell": lambda nb: _first(nb, lambda c: "parameters" in _tags(c)).update(
-        source="world_size = 2  # a = b\n"),
+    "one-parameters-cell": lambda nb: _first(nb, "parameters").update(source="n = 2  # a = b\n"),
     "parameters-checked": lambda nb: nb.cells.__setitem__(
-        nb.cells.index(_first(nb, lambda c: "parameters" in _tags(c))) + 1, new_code_cell("1")),
+        nb.cells.index(_first(nb, "parameters")) + 1, new_code_cell("1")),
     "prose": lambda nb: nb.cells.__setitem__(
         slice(None), [c for c in nb.cells if c.cell_type == "code"] + [new_markdown_cell("Few.")]),
     "no-typed-times": _append("This cell takes about 5 s on 2 CPU cores."),
-    "check-folded": lambda nb: _first(nb, lambda c: "check" in _tags(c)).metadata.pop("jupyter"),
+    "check-folded": lambda nb: _first(nb, "check").metadata.pop("jupyter"),
     "claims": _append("**Claim:** the sky is green."),
     "device-claims": lambda nb: nb.cells.extend([new_markdown_cell("**Claim (CPU only):** x."),
                                                  new_code_cell("assert True")]),
     "figures": lambda nb: nb.cells.append(new_code_cell("fig, ax = plt.subplots()\nax.plot([1])")),
     "exercises": lambda nb: _first(nb, lambda c: "### Exercise 1" in c.source).update(source="Do."),
-    "exercise-tag": lambda nb: _first(nb, lambda c: "exercise" in _tags(c)).metadata.pop("tags"),
+    "exercise-tag": lambda nb: _first(nb, "exercise").metadata.pop("tags"),
     "solutions": lambda nb: nb.cells.append(new_code_cell(
         "# Solution of exercise 9\ncheck_answer(\"ex9\", solution_9, expected_9, strict=True)",
         metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]})),

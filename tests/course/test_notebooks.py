@@ -1,11 +1,7 @@
 """Execute the lessons through the CI runner, in the smoke profile (each notebook's own defaults,
-what a learner runs).
-
-``python3 -m pytest`` runs one lesson here, 00a (the Python matrix's notebook: launch, warm ranks
-and ``%%px`` in a real kernel). The others carry the ``lessons`` marker and run only when asked
-(``-m lessons`` or a node id): CI runs the whole smoke profile as a step of its own,
-``python3 ci/run_notebooks.py --profile smoke`` (``.ci/run``), which prints the runner's table,
-and the full profile after it (the main job).
+what a learner runs). ``python3 -m pytest`` runs 00a here (the Python matrix's notebook); the
+others carry the ``lessons`` marker and run when asked (``-m lessons``, a node id); ``.ci/run``
+runs ``python3 ci/run_notebooks.py --profile smoke`` (the runner's table), then the full profile.
 """
 
 from __future__ import annotations
@@ -42,10 +38,8 @@ def test_effective_parameters_sees_profile_overrides():
 
 def _marks(path: Path) -> list:
     seconds = path_table.seconds(TIMES, "smoke", path.stem) or path_table.seconds(TIMES, "full", path.stem)
-    marks = [pytest.mark.slow(round(seconds or 20))]
-    if path.stem.split("_")[0] == MATRIX_NOTEBOOK:
-        return [*marks, pytest.mark.matrix]
-    return [*marks, pytest.mark.lessons]
+    mark = pytest.mark.matrix if path.stem.split("_")[0] == MATRIX_NOTEBOOK else pytest.mark.lessons
+    return [pytest.mark.slow(round(seconds or 20)), mark]
 
 
 @pytest.mark.timeout(1800)
@@ -61,11 +55,9 @@ def test_notebook_runs_smoke(path: Path, tmp_path: Path):
 @pytest.mark.slow(4)
 @pytest.mark.matrix
 def test_kernel_is_the_interpreter_running_the_tests(tmp_path: Path):
-    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py, which
-    runs the tests under each venv's python, tests that Python's kernels and not another's.
-    (jupyter_client starts ipykernel's own spec, or a spec whose argv[0] is ``python``, with
-    ``sys.executable``; a ``python3`` kernelspec with another interpreter, e.g. in ``JUPYTER_PATH``,
-    would win.)"""
+    """The runner's kernel (``python3``) is the Python that runs papermill, so ci/matrix.py tests
+    each venv's kernels, not another's (a ``python3`` kernelspec of another interpreter, e.g. in
+    ``JUPYTER_PATH``, would win over ipykernel's own, started with ``sys.executable``)."""
     import sys
 
     import nbformat

@@ -57,25 +57,25 @@ def ok(k: Kernel, code: str) -> str:
     return text
 
 
-@pytest.fixture
-def fresh_kernel():
+def _kernel(cells):
     mark = uuid.uuid4().hex
     k = Kernel(mark, cwd=ROOT / "notebooks")
+    for cell in cells:
+        ok(k, cell.source)
     yield k
     k.close()
     assert not wait_until_gone(mark)
+
+
+@pytest.fixture
+def fresh_kernel():
+    yield from _kernel([])
 
 
 @pytest.fixture(scope="module")
 def after_run_all():
     """A kernel that ran every cell of 00a in order, as Run All does (answers left None)."""
-    mark = uuid.uuid4().hex
-    k = Kernel(mark, cwd=ROOT / "notebooks")
-    for cell in CODE:
-        ok(k, cell.source)
-    yield k
-    k.close()
-    assert not wait_until_gone(mark)
+    yield from _kernel(CODE)
 
 
 def test_after_a_restart_the_parameters_and_start_cells_are_enough(fresh_kernel):
