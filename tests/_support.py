@@ -39,6 +39,14 @@ def busy_cpus(per_core: int = BUSY_PER_CORE, n: int | None = None):
             p.wait()
 
 
+def as_cell(code: str, **names) -> dict:
+    """Run ``code`` as a notebook cell would (its functions and classes live in ``__main__``), with
+    ``names`` already defined, as earlier cells would have; returns its namespace."""
+    ns = {"__name__": "__main__", **names}
+    exec(compile(code, "<cell>", "exec"), ns)
+    return ns
+
+
 def repo_env(**extra) -> dict:
     """This process's environment with the repository root first on ``PYTHONPATH``, and ``extra``."""
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
