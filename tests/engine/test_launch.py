@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import launch_workers as w
-from _support import REPO_ROOT, TESTS_DIR, repo_env, run_papermill, write_notebook
-from helpers.engine import LaunchError, OversubscriptionWarning, launch, resolve_backend
+from _support import REPO_ROOT, TESTS_DIR, as_cell, repo_env, run_papermill, write_notebook
+from helpers.engine import LaunchError, OversubscriptionWarning, launch
 from helpers.engine.processes import is_live
 
 # slow: real processes in (nearly) every test
@@ -55,14 +55,7 @@ def _closure():
     return inner
 
 
-def _cell(code: str) -> dict:
-    """Run ``code`` as a notebook cell would: its functions and classes live in ``__main__``."""
-    ns = {"__name__": "__main__"}
-    exec(compile(code, "<cell>", "exec"), ns)
-    return ns
-
-
-REPORT = _cell("import dataclasses\n@dataclasses.dataclass\nclass Report:\n    rank: int\n"
+REPORT = as_cell("import dataclasses\n@dataclasses.dataclass\nclass Report:\n    rank: int\n"
                "def work(rank, world_size):\n    return Report(rank)\n")
 
 
@@ -169,11 +162,6 @@ def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypa
     text = "".join(run_papermill(tmp_path / "cell_defined.ipynb", cwd=tmp_path, timeout=150))
     assert "[rank 1] rank 1 of 2: TinyNet backward done" in text, text
     assert "GRADS MATCH ['fc1.bias', 'fc1.weight', 'fc2.bias', 'fc2.weight']" in text, text
-
-
-def test_backend_none_is_gloo_without_gpus():
-    expected = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
-    assert resolve_backend(None, 2) == expected
 
 
 def test_oversubscription_warns_and_runs():

@@ -14,15 +14,16 @@ import torch
 
 from _support import (
     RANKS_MARK,
-    REPO_ROOT,
     Kernel,
     busy_cpus,
     leftover_processes,
     marked_processes,
     marked_warm_ranks,
+    repo_env,
+    run_papermill,
     wait_until_gone,
+    write_notebook,
 )
-from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
 from helpers.engine.internal import current_ranks, threads_per_rank
 from helpers.engine.warm_ranks import _px_magic
@@ -112,14 +113,9 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
     through ranks.run; every rank's output labelled, also when it all arrived before streaming
     began; restarting and stopping the ranks print nothing into the cell; nothing left after the
     kernel ends."""
-    import nbformat
-    import papermill
-
     mark = uuid.uuid4().hex
     monkeypatch.setenv(RANKS_MARK, mark)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    monkeypatch.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
     sources = [
         "from helpers.engine import start_ranks\nranks = start_ranks(world_size=2)",
         "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
@@ -134,25 +130,17 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
         "import time\nranks.restart()\ntime.sleep(1.5)",  # ipyparallel notices a process exit within 1 s
         "ranks.stop()\ntime.sleep(1.5)",
     ]
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nbformat.write(nb, tmp_path / "in.ipynb")
-    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300,
-                               kernel_manager_class=IPCKernelManager)
-    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-
-    def text(i):
-        return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in out.cells[i].outputs)
-
+    write_notebook(tmp_path / "in.ipynb", *sources)
+    text = run_papermill(tmp_path / "in.ipynb")
     for r in range(2):
-        assert f"[stdout:{r}]" in text(1) and f"before {r} {float(r + 1)}" in text(1), text(1)
+        assert f"[stdout:{r}]" in text[1] and f"before {r} {float(r + 1)}" in text[1], text[1]
         # x from the cell before is still there; 1 + 2 = 3 on both ranks
-        assert f"[stdout:{r}]" in text(2) and f"after {r} 3.0 cpu" in text(2), text(2)
-    assert "run [0, 10]" in text(3), text(3)
-    assert all(f"[stdout:{r}] late {r}" in text(5) for r in range(2)), text(5)
+        assert f"[stdout:{r}]" in text[2] and f"after {r} 3.0 cpu" in text[2], text[2]
+    assert "run [0, 10]" in text[3], text[3]
+    assert all(f"[stdout:{r}] late {r}" in text[5] for r in range(2)), text[5]
     # ipyparallel logs the exit of a killed process, with its whole output file, as a warning: about
     # 100 lines of the controller's log arrived in this cell until the ranks silenced it
-    assert out.cells[6].outputs == [] and out.cells[7].outputs == [], (text(6), text(7))
+    assert text[6] == text[7] == "", (text[6], text[7])
     assert not wait_until_gone(mark), "engines/controller left after papermill"
     assert not wait_until_gone(mark, cmd_contains=""), "the kernel, the watchdog: nothing may be left"
 
