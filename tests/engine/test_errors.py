@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import helpers.mp as hmp
+import launch_workers as w
 from _support import REPO_ROOT, Kernel
 from helpers.engine import LaunchTimeout, WorkerError, free_port, launch
 
@@ -259,27 +260,20 @@ def test_hint_ranks_that_never_meet_under_mp():
     assert "skips a collective" not in text, text
 
 
-def accelerate_state(rank, world_size, cpu):
-    from accelerate import Accelerator  # requirements.txt
-
-    accelerator = Accelerator(cpu=True) if cpu else Accelerator()
-    return accelerator.state.distributed_type.value, accelerator.num_processes
-
-
 @no_gpu
 def test_note_accelerate_alone_on_every_rank_under_launch(monkeypatch, capfd):
     """accelerate with no GPU and neither ACCELERATE_USE_CPU nor cpu=True treats each rank as a job
     of its own, silently: a note names what to set; with either, one job of 2 processes and no note."""
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
-    assert launch(accelerate_state, 2, False, timeout=120) == [("NO", 1)] * 2
+    assert launch(w.accelerate_state, 2, False, timeout=120) == [("NO", 1)] * 2
     err = capfd.readouterr().err
     assert re.search(r"\[rank 0\] Note: accelerate ran each of the 2 ranks as a job of its own", err), err
     assert "os.environ['ACCELERATE_USE_CPU'] = 'yes'" in err and "Accelerator(cpu=True)" in err, err
     assert "[rank 1] Note" not in err, "one note, not one per rank"
     monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
-    assert launch(accelerate_state, 2, False, timeout=120) == [("MULTI_CPU", 2)] * 2
+    assert launch(w.accelerate_state, 2, False, timeout=120) == [("MULTI_CPU", 2)] * 2
     monkeypatch.delenv("ACCELERATE_USE_CPU")
-    assert launch(accelerate_state, 2, True, timeout=120) == [("MULTI_CPU", 2)] * 2
+    assert launch(w.accelerate_state, 2, True, timeout=120) == [("MULTI_CPU", 2)] * 2
     assert "Note: accelerate" not in capfd.readouterr().err
 
 
