@@ -212,18 +212,24 @@ def test_names_persist_and_predefined(ranks):
     assert ranks.view.apply_sync(lambda: __import__("os").environ["RANK"]) == ["0", "1"]
 
 
-@pytest.mark.matrix
-def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
+@pytest.fixture
+def stays_warm(ranks):
+    """The module's ranks, which the test's errors must leave warm: the same processes, no restart,
+    and the next run works (the peers finished: the group is intact)."""
     pids, restarts = list(ranks.pids), ranks.restarts
+    yield ranks
+    assert ranks.pids == pids and ranks.restarts == restarts and ranks.run(faults.ok) == [0, 1]
+
+
+@pytest.mark.matrix
+def test_worker_error_names_rank_and_keeps_ranks_warm(stays_warm):
+    ranks = stays_warm
     with pytest.raises(WorkerError) as info:
         ranks.run(lambda rank, world_size: rank if rank == 0 else 1 / 0)
     err = info.value
     assert err.rank == 1 and err.exc_type == "ZeroDivisionError" and "division by zero" in err.message
     assert "ZeroDivisionError" in err.traceback and "\x1b[" not in err.traceback
     assert "rank 1 failed with ZeroDivisionError" in str(err)
-    # the peer finished: the group is intact, the same processes keep running
-    assert ranks.pids == pids and ranks.restarts == restarts
-    assert ranks.run(faults.ok) == [0, 1]
 
 
 def test_run_relays_what_each_rank_prints(ranks, capsys):
@@ -253,11 +259,11 @@ def test_run_relays_what_each_rank_prints(ranks, capsys):
     assert "[rank 0] rank 0 got this far" in out.splitlines(), out
 
 
-def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
+def test_run_refuses_what_cannot_be_sent_like_launch(stays_warm):
     """The same refusal as launch, naming the variable, and the ranks are not touched."""
     import threading
 
-    pids, restarts = list(ranks.pids), ranks.restarts
+    ranks = stays_warm
     lock = threading.Lock()
     with pytest.raises(LaunchError, match=r"positional argument 0.*lock") as info:
         ranks.run(lambda rank, world_size, x: rank, lock)
@@ -265,14 +271,12 @@ def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
     gen = (i for i in range(3))
     with pytest.raises(LaunchError, match="generator"):
         ranks.run(lambda rank, world_size: list(gen))
-    assert ranks.pids == pids and ranks.restarts == restarts
-    assert ranks.run(faults.ok) == [0, 1]
 
 
-def test_result_that_cannot_come_back_gets_launchs_message(ranks):
+def test_result_that_cannot_come_back_gets_launchs_message(stays_warm):
     """A lock or a generator returned by a rank: launch's message ("cannot be pickled back"), not
     ipyparallel's bare TypeError; the ranks stay warm."""
-    pids = list(ranks.pids)
+    ranks = stays_warm
     with pytest.raises(WorkerError) as from_launch:
         launch(faults.unpicklable_result, 2)
     with pytest.raises(WorkerError) as from_ranks:
@@ -284,10 +288,9 @@ def test_result_that_cannot_come_back_gets_launchs_message(ranks):
     assert info.value.message.startswith("rank 0 returned a generator that cannot be pickled back to the caller"), \
         info.value.message
     assert "return plain data" in info.value.message and "rank 1: the same TypeError" in str(info.value)
-    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
 
 
-def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
+def test_init_process_group_on_warm_ranks_says_they_have_one(stays_warm):
     from helpers.engine import free_port
 
     def setup(rank, world_size, port):  # a tutorial's setup()
@@ -295,12 +298,10 @@ def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
 
-    pids = list(ranks.pids)
     with pytest.raises(WorkerError, match="initialize the default process group twice") as info:
-        ranks.run(setup, free_port())
+        stays_warm.run(setup, free_port())
     assert "warm ranks already have a default process group" in str(info.value), str(info.value)
     assert "destroy_process_group" in str(info.value)
-    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
 
 
 def test_push_and_pull(ranks):
