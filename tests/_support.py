@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -38,6 +39,57 @@ def busy_cpus(per_core: int = BUSY_PER_CORE, n: int | None = None):
             p.wait()
 
 
+def as_cell(code: str, **names) -> dict:
+    """Run ``code`` as a notebook cell would (its functions and classes live in ``__main__``), with
+    ``names`` already defined, as earlier cells would have; returns its namespace."""
+    ns = {"__name__": "__main__", **names}
+    exec(compile(code, "<cell>", "exec"), ns)
+    return ns
+
+
+def repo_env(**extra) -> dict:
+    """This process's environment with the repository root first on ``PYTHONPATH``, and ``extra``."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def write_notebook(path, *cells, params=None):
+    """Write a notebook of code ``cells`` (a ``(source, tag)`` pair tags its cell) to ``path``, after a
+    ``parameters`` cell when ``params`` (its source) is given."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for cell in ([(params, "parameters")] if params is not None else []) + list(cells):
+        source, tag = cell if isinstance(cell, tuple) else (cell, None)
+        nb.cells.append(nbformat.v4.new_code_cell(source))
+        if tag:
+            nb.cells[-1].metadata["tags"] = [tag]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def run_papermill(path, cwd=REPO_ROOT, timeout=300) -> list[str]:
+    """papermill runs notebook ``path`` (into ``out.ipynb`` beside it) in a kernel on Unix sockets;
+    returns each cell's output text (streams and ``text/plain``)."""
+    import papermill
+
+    from ci.cleanup import IPCKernelManager
+
+    out = path.with_name("out.ipynb")
+    papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(cwd), progress_bar=False,
+                               execution_timeout=timeout, kernel_manager_class=IPCKernelManager)
+    return cell_texts(out)
+
+
+def cell_texts(path) -> list[str]:
+    """Each cell's output text (streams and ``text/plain``) in notebook ``path``."""
+    import nbformat
+
+    return ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
+            for c in nbformat.read(path, as_version=4).cells]
+
+
 # ---- warm ranks (helpers.engine.warm_ranks): kernels and the processes they leave ---------------------------
 
 #: An environment variable a test sets to a fresh value for the processes it starts (a kernel,
@@ -60,8 +112,6 @@ def marked_warm_ranks(mark, timeout):
     :func:`marked_processes` finds them; the variable is put back at the end. The changed
     environment restarts this process's fork server, twice (a fresh ``import torch`` each): only
     for a module that looks for its ranks' processes."""
-    import os
-
     old = os.environ.get(RANKS_MARK)
     os.environ[RANKS_MARK] = mark
     yield from warm_ranks(timeout)
@@ -74,8 +124,6 @@ def marked_warm_ranks(mark, timeout):
 def marked_processes(mark, cmd_contains="ipyparallel"):
     """Processes (anywhere on the machine) whose environment has ``RANKS_MARK=mark`` and whose
     command line or name contains ``cmd_contains`` (engines, nannies, the controller and its schedulers)."""
-    import os
-
     found = []
     for p in psutil.process_iter():
         try:
@@ -91,8 +139,6 @@ def marked_processes(mark, cmd_contains="ipyparallel"):
 
 def wait_until_gone(mark, seconds=20.0, cmd_contains="ipyparallel"):
     """Poll until no marked process is left; return what is still there after ``seconds``."""
-    import time
-
     deadline = time.monotonic() + seconds
     while True:
         left = marked_processes(mark, cmd_contains)
@@ -108,15 +154,12 @@ class Kernel:
     ``(reply content, output text)``."""
 
     def __init__(self, mark, cwd=None):
-        import os
-
         from jupyter_client.manager import KernelManager
 
         from ci.cleanup import ipc_kernel_manager
 
         self.km = ipc_kernel_manager(KernelManager)(kernel_name="python3")  # no TCP port race
-        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, RANKS_MARK: mark}, cwd=str(cwd or REPO_ROOT))
+        self.km.start_kernel(env=repo_env(**{RANKS_MARK: mark}), cwd=str(cwd or REPO_ROOT))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -126,8 +169,6 @@ class Kernel:
         return self.km.provisioner.process.pid
 
     def cell(self, code, timeout=300):
-        import re
-
         out = []
 
         def hook(msg):

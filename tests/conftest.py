@@ -24,28 +24,20 @@ def _opted_in(config, marker: str) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per core plus one (``--maxprocesses`` in pyproject.toml caps it).
-    About a fifth of the suite's worker time is spent waiting, not computing (hang and timeout
-    rows, a browser, papermill kernels starting): measured on 2 cores, 1,112 worker-seconds held
-    869 CPU-seconds. With one worker per core a core sat idle through every such wait; the extra
-    worker uses it."""
+    """``-n auto``: one worker per core plus one (``--maxprocesses`` in pyproject.toml caps it): about
+    a fifth of worker time is waiting (hangs, kernels starting; on 2 cores 1,112 worker-seconds held
+    869 CPU-seconds), which the extra worker uses."""
     return (os.cpu_count() or 1) + 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """``stress`` and ``lessons`` tests left out unless asked for (:func:`_opted_in`); then longest tests
-    first, so that no worker is left running a long one alone at the end, and
-    the tests that share a module-scoped fixture in one worker, so that it is built once.
-
-    ``@pytest.mark.slow(seconds)`` gives a rough duration, used only for this order (a
-    notebook's smoke run, the browser test); unmarked tests keep their collection order after
-    them. A test using a module-scoped fixture (``tests/engine/test_ranks.py``'s warm ranks, about 11
-    CPU-seconds to start) joins the ``xdist_group``
-    of its module and those fixtures, unless it names a group itself (the fault matrix); xdist
-    spread such tests over every worker, which then each built the fixture. pytest-xdist hands
-    work out in this order (``--dist loadgroup``; the groups go first, the largest first, as
-    xdist orders work units by their number of tests)."""
+    first (``@pytest.mark.slow(seconds)``, a rough duration; unmarked ones keep their order after
+    them), so that no worker runs a long one alone at the end. A test using a module-scoped fixture
+    (warm ranks, about 11 CPU-seconds to start) joins the ``xdist_group`` of its module and those
+    fixtures unless it names one itself, so that the fixture is built once, not once per worker
+    (``--dist loadgroup`` hands the groups out first, the largest first)."""
     for marker in OPT_IN:
         if not _opted_in(config, marker):
             left_out = [item for item in items if item.get_closest_marker(marker)]
@@ -68,16 +60,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def temp_state_outside_tmp_paths():
-    """This test process's own temp state stays in the usual temp directory for the whole session.
-
-    Python caches its temp directory at the first ``tempfile.gettempdir()``, and multiprocessing
-    makes its per-process folder (``pymp-*``, where the fork server's socket goes too) once, at
-    first use. Both outlive any one test, so neither may land in a test's ``tmp_path``, which
-    pytest removes when the test passes (``tmp_path_retention_policy``): a test that points
-    ``TMPDIR`` or ``tempfile.tempdir`` at its ``tmp_path`` (for a kernel, or to check what a
-    launch leaves) would otherwise leave every later launch in this process failing with
-    ``FileNotFoundError``. Fixed here, before any test, for every test.
-    """
+    """This process's temp state stays in the usual temp directory for the whole session: Python
+    caches its temp directory at the first ``tempfile.gettempdir()``, multiprocessing makes its folder
+    (``pymp-*``, the fork server's socket's too) at first use. Both outlive a test, so neither may land
+    in a test's ``tmp_path`` (removed when it passes), where every later launch would fail with
+    ``FileNotFoundError``."""
     tempfile.gettempdir()
     multiprocessing.util.get_temp_dir()
     yield

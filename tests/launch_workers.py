@@ -164,8 +164,9 @@ def own_group_of_one(rank, world_size):
     return t.item()
 
 
-def accelerate_state(rank, world_size):
+def accelerate_state(rank, world_size, cpu=False):
+    """accelerate's view of this rank: (distributed type, number of processes)."""
     from accelerate import Accelerator  # requirements.txt
 
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=True) if cpu else Accelerator()
     return accelerator.state.distributed_type.value, accelerator.num_processes

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from _support import warm_ranks
+from _support import as_cell, warm_ranks
 from helpers import mp
 from helpers.engine import WorkerError, launch
 from helpers.engine.start_method import main_object_hint
@@ -64,13 +64,6 @@ def epochs(rank, world_size, n, context=None):
 '''
 
 
-def _cell(code: str) -> dict:
-    """Run ``code`` as a notebook cell would: its functions and classes live in ``__main__``."""
-    ns = {"__name__": "__main__"}
-    exec(compile(code, "<cell>", "exec"), ns)
-    return ns
-
-
 def _fresh_start_method() -> tuple:
     """``(get_start_method(allow_none=True), get_start_method())`` in a fresh interpreter (a torchrun rank)."""
     code = "import multiprocessing as m; print(repr((m.get_start_method(allow_none=True), m.get_start_method())))"
@@ -93,14 +86,10 @@ def _check(reports: list, how: str) -> None:
 
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.matrix
-def test_cell_defined_dataset_with_workers_in_launch_ranks():
-    _check(launch(_cell(CELL)["epochs"], 2, N), "launch")
-
-
-@pytest.mark.usefixtures("no_leftover_processes")
-@pytest.mark.matrix
-def test_cell_defined_dataset_with_workers_in_mp_ranks():
-    _check(mp.spawn(_cell(CELL)["epochs"], args=(2, N), nprocs=2), "helpers.mp.spawn")
+@pytest.mark.parametrize("how", ["launch", "helpers.mp.spawn"])
+def test_cell_defined_dataset_with_workers(how):
+    epochs = as_cell(CELL)["epochs"]
+    _check(launch(epochs, 2, N) if how == "launch" else mp.spawn(epochs, args=(2, N), nprocs=2), how)
 
 
 def _in_memory_tensors(rank, world_size, n):
@@ -122,7 +111,7 @@ def test_many_in_memory_tensors_no_fd_limit():
 @pytest.mark.matrix
 def test_spawn_context_error_names_the_class_and_what_to_do():
     with pytest.raises(WorkerError) as info:
-        launch(_cell(CELL)["epochs"], 2, N, context="spawn")
+        launch(as_cell(CELL)["epochs"], 2, N, context="spawn")
     text = str(info.value)
     assert "Can't pickle <class '__main__.Points'>" in text, text
     assert "Hint: Points is defined in a notebook cell" in text, text
@@ -135,18 +124,14 @@ def test_spawn_context_error_names_the_class_and_what_to_do():
     ("Can't pickle <class '__main__.Points'>: it's not found as __main__.Points", "Points"),  # Python 3.14
     ("Can't pickle <function work at 0x7f3b7cfdf350>: attribute lookup work on __main__ failed", "work"),
     ("Can't get attribute 'Points' on <module '__main__' (built-in)>", "Points"),
+    # no hint for other errors
+    ("Can't pickle <class 'mymodule.Points'>: attribute lookup Points on mymodule failed", None),
+    ("Can't pickle <function <lambda> at 0x7f3b>: it's not the same object as helpers.x", None),
+    ("division by zero", None),
 ])
 def test_hint_names_the_main_object(message, name):
-    assert f"Hint: {name} is defined in a notebook cell" in main_object_hint(message)
-
-
-@pytest.mark.parametrize("message", [
-    "Can't pickle <class 'mymodule.Points'>: attribute lookup Points on mymodule failed",
-    "Can't pickle <function <lambda> at 0x7f3b>: it's not the same object as helpers.x",
-    "division by zero",
-])
-def test_no_hint_for_other_errors(message):
-    assert main_object_hint(message) is None
+    hint = main_object_hint(message)
+    assert (hint is None) if name is None else f"Hint: {name} is defined in a notebook cell" in hint, hint
 
 
 # ---- warm ranks: ipyparallel engines, fresh interpreters --------------------------------------
@@ -158,11 +143,11 @@ def ranks():
 
 @pytest.mark.matrix
 def test_cell_defined_dataset_with_workers_in_warm_ranks(ranks):
-    _check(ranks.run(_cell(CELL)["epochs"], N), "warm ranks")
+    _check(ranks.run(as_cell(CELL)["epochs"], N), "warm ranks")
 
 
 def test_warm_ranks_spawn_context_error_names_the_class(ranks):
     with pytest.raises(WorkerError) as info:
-        ranks.run(_cell(CELL)["epochs"], N, context="spawn")
+        ranks.run(as_cell(CELL)["epochs"], N, context="spawn")
     text = str(info.value)
     assert "Hint: Points is defined in a notebook cell" in text and text.count("Hint:") == 1, text

@@ -16,8 +16,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import helpers.mp as hmp
+import launch_workers as w
 from _support import REPO_ROOT, Kernel
-from helpers.engine import WorkerError, launch
+from helpers.engine import LaunchTimeout, WorkerError, free_port, launch
 
 # slow: kernels or warm ranks in (nearly) every test
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -158,36 +159,76 @@ def short(err):
     return text
 
 
-def test_hint_init_twice_under_launch():
+def cpu_model_with_device_ids(rank, world_size):
+    DDP(torch.nn.Linear(2, 1), device_ids=[rank])  # the DDP tutorial's line, the model left on CPU
+
+
+def zero_saved_on_rank_0(rank, world_size):
+    """06b's rank-0-only save, with a ZeroRedundancyOptimizer: no consolidate_state_dict first."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.Linear(2, 2)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    if rank == 0:
+        return opt.state_dict()
+
+
+def to_the_gpu(rank, world_size, how):
+    model = torch.nn.Linear(2, 1)
+    model.to(rank) if how == "to(rank)" else model.cuda()  # the DDP tutorial's ToyModel().to(rank)
+
+
+def nccl_setup(i, world_size, port):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=i, world_size=world_size)  # the tutorials' GPU setup()
+
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU code runs where there is a GPU")
+GPU_WORDS = ("What to do:", ".to(rank)", "docs/OWN_CODE.md")
+HINTS = [  # the call that fails, the words (or patterns) its WorkerError must show in at most 8 lines
+    pytest.param(lambda: launch(init_again, 2, timeout=120), (
+        "initialize the default process group twice", "What to do:", "remove init_process_group",
+        "helpers.mp.spawn", 'dist.init_process_group("gloo")'), id="init-twice-launch"),  # last: the worker's line
+    pytest.param(lambda: hmp.spawn(torchrun_style, nprocs=2, timeout=120), (
+        "RANK expected, but not set", "What to do:", "rank as fn's first argument", "helpers.engine.launch"),
+        id="rank-expected-mp"),
+    pytest.param(lambda: hmp.spawn(reads_rank, nprocs=2, timeout=120), (
+        "KeyError: 'RANK'", "What to do:", "rank as fn's first argument"), id="rank-from-environment-mp"),
+    pytest.param(lambda: launch(one_parameter, 2, timeout=120), (
+        "takes 1 positional argument but 2 were given", "What to do:", "fn(rank, world_size, *args, **kwargs)"),
+        id="wrong-parameters-launch"),
+    # torch's message speaks of "GPU modules or CPU modules" and never says to drop device_ids
+    pytest.param(lambda: launch(cpu_model_with_device_ids, 2, timeout=120), (
+        "device_ids and output_device arguments only work", "What to do:", "DDP(model), without device_ids"),
+        id="device-ids-on-cpu-model-launch"),
+    pytest.param(lambda: launch(zero_saved_on_rank_0, 2, backend="gloo", timeout=120), (
+        "Optimizer state has not been consolidated on this rank", "What to do:",
+        "consolidate_state_dict(to=0) on every rank"), id="zero-state-dict-launch"),
+    *[pytest.param(lambda what=what: launch(returns, 2, what, timeout=120), (
+        f"returned a {what} that cannot be pickled back", "return plain data"), id=f"{what}-returned-launch")
+      for what in ("generator", "lock")],
+    # a CUDA build says "Found no NVIDIA driver", a CPU build "Torch not compiled with CUDA enabled"
+    # (.cuda()) or "Cannot access accelerator device" (.to(rank)): either way, what to drop, and where
+    # the tutorials' changes are listed
+    *[pytest.param(lambda how=how: launch(to_the_gpu, 2, how, timeout=120), (
+        re.compile("Found no NVIDIA driver|Torch not compiled with CUDA enabled|Cannot access accelerator"),
+        ".cuda()", "worker_device()", *GPU_WORDS), id=f"gpu-code-{how}-on-cpu-launch", marks=no_gpu)
+      for how in ("to(rank)", "cuda()")],
+    pytest.param(lambda: hmp.spawn(nccl_setup, args=(2, free_port()), nprocs=2, timeout=120), (
+        "ProcessGroupNCCL is only supported with GPUs, no GPUs found!", '"gloo"', *GPU_WORDS),
+        id="nccl-without-gpu-mp", marks=no_gpu),
+]
+
+
+@pytest.mark.parametrize("call,words", HINTS)
+def test_hint(call, words):
     with pytest.raises(WorkerError) as info:
-        launch(init_again, 2, timeout=120)
+        call()
     text = short(info.value)
-    assert "initialize the default process group twice" in text
-    assert "What to do:" in text and "remove init_process_group" in text and "helpers.mp.spawn" in text, text
-    assert 'dist.init_process_group("gloo")' in text, "the worker's own line"
-
-
-def test_hint_rank_expected_under_mp():
-    with pytest.raises(WorkerError) as info:
-        hmp.spawn(torchrun_style, nprocs=2, timeout=120)
-    text = short(info.value)
-    assert "RANK expected, but not set" in text
-    assert "What to do:" in text and "rank as fn's first argument" in text and "helpers.engine.launch" in text, text
-
-
-def test_hint_rank_read_from_the_environment_under_mp():
-    with pytest.raises(WorkerError) as info:
-        hmp.spawn(reads_rank, nprocs=2, timeout=120)
-    text = short(info.value)
-    assert "KeyError: 'RANK'" in text and "What to do:" in text and "rank as fn's first argument" in text, text
-
-
-def test_hint_worker_with_the_wrong_parameters_under_launch():
-    with pytest.raises(WorkerError) as info:
-        launch(one_parameter, 2, timeout=120)
-    text = short(info.value)
-    assert "takes 1 positional argument but 2 were given" in text, text
-    assert "What to do:" in text and "fn(rank, world_size, *args, **kwargs)" in text, text
+    assert all(w.search(text) if isinstance(w, re.Pattern) else w in text for w in words), text
 
 
 def test_hint_port_held_by_another_program_under_mp():
@@ -211,8 +252,6 @@ def world_of_four(i, port):
 def test_hint_ranks_that_never_meet_under_mp():
     """Every rank still in init_process_group when time runs out: the ranks never met, so the
     advice is about the rendezvous (address, port, rank, world size), not a skipped collective."""
-    from helpers.engine import LaunchTimeout, free_port
-
     with pytest.raises(LaunchTimeout) as info:
         hmp.spawn(world_of_four, args=(free_port(),), nprocs=2, timeout=15)
     text = str(info.value)
@@ -221,89 +260,21 @@ def test_hint_ranks_that_never_meet_under_mp():
     assert "skips a collective" not in text, text
 
 
-def to_the_gpu(rank, world_size, how):
-    model = torch.nn.Linear(2, 1)
-    model.to(rank) if how == "to(rank)" else model.cuda()  # the DDP tutorial's ToyModel().to(rank)
-
-
-def nccl_setup(i, world_size, port):
-    os.environ["MASTER_ADDR"] = "localhost"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("nccl", rank=i, world_size=world_size)  # the tutorials' GPU setup()
-
-
-def cpu_model_with_device_ids(rank, world_size):
-    DDP(torch.nn.Linear(2, 1), device_ids=[rank])  # the DDP tutorial's line, the model left on CPU
-
-
-no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU code runs where there is a GPU")
-
-
-@no_gpu
-@pytest.mark.parametrize("how", ["to(rank)", "cuda()"])
-def test_hint_gpu_code_on_a_cpu_machine_under_launch(how):
-    """A CUDA build says "Found no NVIDIA driver", a CPU build "Torch not compiled with CUDA enabled"
-    (``.cuda()``) or "Cannot access accelerator device" (``.to(rank)``): either way, what to drop,
-    and where the tutorials' changes are listed."""
-    with pytest.raises(WorkerError) as info:
-        launch(to_the_gpu, 2, how, timeout=120)
-    text = short(info.value)
-    assert re.search(r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|Cannot access accelerator",
-                     text), text
-    assert "What to do:" in text and ".to(rank)" in text and ".cuda()" in text, text
-    assert "docs/OWN_CODE.md" in text and "worker_device()" in text, text
-
-
-@no_gpu
-def test_hint_nccl_without_a_gpu_under_mp():
-    from helpers.engine import free_port
-
-    with pytest.raises(WorkerError) as info:
-        hmp.spawn(nccl_setup, args=(2, free_port()), nprocs=2, timeout=120)
-    text = short(info.value)
-    assert "ProcessGroupNCCL is only supported with GPUs, no GPUs found!" in text, text
-    assert "What to do:" in text and '"gloo"' in text and ".to(rank)" in text and "docs/OWN_CODE.md" in text, text
-
-
-def test_hint_device_ids_on_a_cpu_model_under_launch():
-    """torch's message speaks of "GPU modules or CPU modules" and never says to drop device_ids."""
-    with pytest.raises(WorkerError) as info:
-        launch(cpu_model_with_device_ids, 2, timeout=120)
-    text = short(info.value)
-    assert "device_ids and output_device arguments only work" in text, text
-    assert "What to do:" in text and "DDP(model), without device_ids" in text, text
-
-
-def accelerate_state(rank, world_size, cpu):
-    from accelerate import Accelerator  # requirements.txt
-
-    accelerator = Accelerator(cpu=True) if cpu else Accelerator()
-    return accelerator.state.distributed_type.value, accelerator.num_processes
-
-
 @no_gpu
 def test_note_accelerate_alone_on_every_rank_under_launch(monkeypatch, capfd):
     """accelerate with no GPU and neither ACCELERATE_USE_CPU nor cpu=True treats each rank as a job
     of its own, silently: a note names what to set; with either, one job of 2 processes and no note."""
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
-    assert launch(accelerate_state, 2, False, timeout=120) == [("NO", 1)] * 2
+    assert launch(w.accelerate_state, 2, False, timeout=120) == [("NO", 1)] * 2
     err = capfd.readouterr().err
     assert re.search(r"\[rank 0\] Note: accelerate ran each of the 2 ranks as a job of its own", err), err
     assert "os.environ['ACCELERATE_USE_CPU'] = 'yes'" in err and "Accelerator(cpu=True)" in err, err
     assert "[rank 1] Note" not in err, "one note, not one per rank"
     monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
-    assert launch(accelerate_state, 2, False, timeout=120) == [("MULTI_CPU", 2)] * 2
+    assert launch(w.accelerate_state, 2, False, timeout=120) == [("MULTI_CPU", 2)] * 2
     monkeypatch.delenv("ACCELERATE_USE_CPU")
-    assert launch(accelerate_state, 2, True, timeout=120) == [("MULTI_CPU", 2)] * 2
+    assert launch(w.accelerate_state, 2, True, timeout=120) == [("MULTI_CPU", 2)] * 2
     assert "Note: accelerate" not in capfd.readouterr().err
-
-
-@pytest.mark.parametrize("what", ["generator", "lock"])
-def test_generator_or_lock_returned_from_launch(what):
-    with pytest.raises(WorkerError) as info:
-        launch(returns, 2, what, timeout=120)
-    text = short(info.value)
-    assert f"returned a {what} that cannot be pickled back" in text and "return plain data" in text, text
 
 
 # ---- scripts without a file: stdin and -c ------------------------------------------------------
@@ -339,26 +310,6 @@ def test_script_without_a_file_launches(how, tmp_path):
 
 
 # ---- hints for the casebook's errors (issue 42) ----------------------------------------------
-
-def zero_saved_on_rank_0(rank, world_size):
-    """06b's rank-0-only save, with a ZeroRedundancyOptimizer: no consolidate_state_dict first."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    model = torch.nn.Linear(2, 2)
-    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
-    model(torch.ones(1, 2)).sum().backward()
-    opt.step()
-    if rank == 0:
-        return opt.state_dict()
-
-
-def test_hint_zero_state_dict_without_consolidating_under_launch():
-    with pytest.raises(WorkerError) as info:
-        launch(zero_saved_on_rank_0, 2, backend="gloo", timeout=120)
-    text = short(info.value)
-    assert "Optimizer state has not been consolidated on this rank" in text, text
-    assert "What to do:" in text and "consolidate_state_dict(to=0) on every rank" in text, text
-
 
 def torch_library_strings(start: str) -> list[str]:
     """The NUL-terminated strings of the installed torch's C++ library (libtorch_cpu) that begin

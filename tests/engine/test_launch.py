@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import launch_workers as w
-from _support import REPO_ROOT, TESTS_DIR
-from ci.cleanup import IPCKernelManager
-from helpers.engine import LaunchError, OversubscriptionWarning, launch, resolve_backend
+from _support import REPO_ROOT, TESTS_DIR, as_cell, repo_env, run_papermill, write_notebook
+from helpers.engine import LaunchError, OversubscriptionWarning, launch
 from helpers.engine.processes import is_live
 
 # slow: real processes in (nearly) every test
@@ -44,23 +43,7 @@ def test_no_fixed_port_and_repeated_launches():
     assert len(set(ports)) > 1, f"every launch used the same port {ports}: looks fixed"
 
 
-def test_world_size_one():
-    assert launch(w.report, 1)[0]["sum"] == 0.0
-
-
-# ---- bad input: refused before any process starts ------------------------------------------
-
-@pytest.mark.parametrize("world_size", [0, -1, 2.5, "2", True, None])
-def test_bad_world_size(world_size):
-    with pytest.raises(LaunchError, match="world_size"):
-        launch(w.report, world_size)
-
-
-def test_lambda_runs():
-    assert launch(lambda rank, world_size: rank * 10 + world_size, 2) == [2, 12]
-
-
-def test_closure_runs_with_its_variables():
+def _closure():
     offset = torch.tensor([0.5])
 
     def inner(rank, world_size, scale=1.0):
@@ -69,14 +52,41 @@ def test_closure_runs_with_its_variables():
         t = (torch.tensor([float(rank)]) + offset) * scale
         dist.all_reduce(t)
         return t.item()
-
-    # (0 + 0.5) * 2 + (1 + 0.5) * 2 = 4.0 on every rank
-    assert launch(inner, 2, scale=2.0) == [4.0, 4.0]
+    return inner
 
 
-def test_not_callable_refused():
-    with pytest.raises(LaunchError, match="fn must be callable"):
-        launch(42, 2)
+REPORT = as_cell("import dataclasses\n@dataclasses.dataclass\nclass Report:\n    rank: int\n"
+               "def work(rank, world_size):\n    return Report(rank)\n")
+
+
+@pytest.mark.parametrize("args,kwargs,expected", [
+    pytest.param((w.report, 1), {}, [0.0], id="world_size-1"),  # (the all_reduce's sum)
+    pytest.param((lambda rank, world_size: rank * 10 + world_size, 2), {}, [2, 12], id="lambda"),
+    # a closure with its variables: (0 + 0.5) * 2 + (1 + 0.5) * 2 = 4.0 on every rank
+    pytest.param((_closure(), 2), {"scale": 2.0}, [4.0, 4.0], id="closure"),
+    # an instance of a cell-defined class comes back
+    pytest.param((REPORT["work"], 2), {}, [REPORT["Report"](0), REPORT["Report"](1)], id="cell-defined-class",
+                 marks=pytest.mark.matrix),
+])
+def test_sent_by_value_runs(args, kwargs, expected):
+    results = launch(*args, **kwargs)
+    assert (results if args[0] is not w.report else [r["sum"] for r in results]) == expected
+
+
+# ---- bad input: refused before any process starts ------------------------------------------
+
+@pytest.mark.parametrize("args,kwargs,said", [
+    *[((w.report, n), {}, "world_size") for n in (0, -1, 2.5, "2", True, None)],
+    ((42, 2), {}, "fn must be callable"),
+    ((w.report, 2), {"backend": "mpi-ish"}, "unknown backend"),
+    pytest.param((w.report, 2), {"backend": "nccl"}, "nccl.*GPU", marks=pytest.mark.skipif(
+        torch.cuda.device_count() >= 2, reason="this machine has enough GPUs for nccl")),
+    *[((w.report, 2), {"timeout": t}, "timeout") for t in (0, -5, "10")],
+    ((w.report, 8 * (os.cpu_count() or 1) + 1), {}, "ranks per CPU core"),
+])
+def test_bad_input_refused(args, kwargs, said):
+    with pytest.raises(LaunchError, match=said):
+        launch(*args, **kwargs)
 
 
 @pytest.mark.matrix
@@ -147,68 +157,11 @@ print("GRADS MATCH", sorted(results[0]))
 def test_cell_defined_function_and_module_run_from_a_notebook(tmp_path, monkeypatch):
     """A papermill-executed notebook: a function and an nn.Module subclass defined in cells run in
     DDP on 2 ranks; the averaged gradients equal one process's gradients on the whole batch."""
-    import nbformat
-    import papermill as pm
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("world_size = 2")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, *(nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS)]
-    nbformat.write(nb, tmp_path / "cell_defined.ipynb")
-    pm.execute_notebook(str(tmp_path / "cell_defined.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                        cwd=str(tmp_path), progress_bar=False, execution_timeout=150,
-                        kernel_manager_class=IPCKernelManager)
-    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-    text = "".join(o.get("text", "") for c in out.cells if c.cell_type == "code" for o in c.outputs)
+    monkeypatch.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
+    write_notebook(tmp_path / "cell_defined.ipynb", *NOTEBOOK_CELLS, params="world_size = 2")
+    text = "".join(run_papermill(tmp_path / "cell_defined.ipynb", cwd=tmp_path, timeout=150))
     assert "[rank 1] rank 1 of 2: TinyNet backward done" in text, text
     assert "GRADS MATCH ['fc1.bias', 'fc1.weight', 'fc2.bias', 'fc2.weight']" in text, text
-
-
-@pytest.mark.matrix
-def test_cell_defined_class_instance_comes_back():
-    ns = _cell(
-        "import dataclasses\n"
-        "@dataclasses.dataclass\n"
-        "class Report:\n    rank: int\n"
-        "def work(rank, world_size):\n    return Report(rank)\n"
-    )
-    assert launch(ns["work"], 2) == [ns["Report"](0), ns["Report"](1)]
-
-
-def _cell(code: str) -> dict:
-    """Run ``code`` as a notebook cell would: its functions and classes live in ``__main__``."""
-    ns = {"__name__": "__main__"}
-    exec(compile(code, "<cell>", "exec"), ns)
-    return ns
-
-
-def test_unknown_backend():
-    with pytest.raises(LaunchError, match="unknown backend"):
-        launch(w.report, 2, backend="mpi-ish")
-
-
-@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has enough GPUs for nccl")
-def test_nccl_without_enough_gpus():
-    with pytest.raises(LaunchError, match="nccl.*GPU"):
-        launch(w.report, 2, backend="nccl")
-
-
-def test_backend_none_is_gloo_without_gpus():
-    expected = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
-    assert resolve_backend(None, 2) == expected
-
-
-def test_unpicklable_argument_named():
-    with pytest.raises(LaunchError, match="keyword argument 'lock'"):
-        launch(w.report, 2, lock=threading.Lock())
-
-
-@pytest.mark.parametrize("timeout", [0, -5, "10"])
-def test_bad_timeout(timeout):
-    with pytest.raises(LaunchError, match="timeout"):
-        launch(w.report, 2, timeout=timeout)
 
 
 def test_oversubscription_warns_and_runs():
@@ -218,11 +171,6 @@ def test_oversubscription_warns_and_runs():
     assert len(results) == cpus + 1
     # the warning names the caller's line (a cell's), not one inside helpers/engine/launcher.py
     assert [r.filename for r in warned] == [__file__], [(r.filename, r.lineno) for r in warned]
-
-
-def test_far_too_many_ranks_refused():
-    with pytest.raises(LaunchError, match="ranks per CPU core"):
-        launch(w.report, 8 * (os.cpu_count() or 1) + 1)
 
 
 # ---- the same worker under torchrun --------------------------------------------------------

@@ -9,12 +9,11 @@ import subprocess
 import sys
 import threading
 
-import nbformat
 import psutil
 import pytest
 import tutorial_edits as edits
 
-from _support import REPO_ROOT
+from _support import REPO_ROOT, write_notebook
 from helpers import mp
 from helpers.engine import faults, free_port, launch, loopback_interface, simulate, start_ranks
 from helpers.engine.cluster import run_job
@@ -51,12 +50,6 @@ class Listening:
         assert self.seen, "nothing seen listening: the sampling missed the run"
 
 
-def test_launch():
-    with Listening() as seen:
-        assert launch(faults.sleep_then_all_reduce, 2, seconds=1.5) == [2.0, 2.0]
-    seen.check()
-
-
 def test_ddp_tutorial_under_helpers_mp():
     """The tutorial's own cells (MASTER_ADDR "localhost", its init_process_group("gloo")) with
     docs/OWN_CODE.md's edits, its cleanup() a second later; its store listens on 127.0.0.1 only."""
@@ -70,13 +63,23 @@ def test_ddp_tutorial_under_helpers_mp():
     seen.check()
 
 
-def test_warm_ranks():
+def _warm_ranks():
+    ranks = start_ranks(2, timeout=120, activate=False)
+    try:
+        assert ranks.run(faults.ok) == [0, 1]
+    finally:
+        ranks.stop()
+
+
+@pytest.mark.parametrize("run", [
+    pytest.param(lambda: launch(faults.sleep_then_all_reduce, 2, seconds=1.5), id="launch"),
+    pytest.param(_warm_ranks, id="warm-ranks"),
+    pytest.param(lambda: subprocess.run([sys.executable, "-m", "helpers.doctor", "--only", "ports,launch,mp,cell code"],
+                                        cwd=REPO_ROOT, check=True, capture_output=True, timeout=300), id="doctor"),
+])
+def test_loopback_only(run):
     with Listening() as seen:
-        ranks = start_ranks(2, timeout=120, activate=False)
-        try:
-            assert ranks.run(faults.ok) == [0, 1]
-        finally:
-            ranks.stop()
+        run()
     seen.check()
 
 
@@ -86,23 +89,10 @@ def test_simulate():
     assert not seen.seen, seen.seen  # threads of this process, on a HashStore: nothing listens
 
 
-def test_doctor():
-    with Listening() as seen:
-        subprocess.run([sys.executable, "-m", "helpers.doctor", "--only", "ports,launch,mp,cell code"],
-                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
-    seen.check()
-
-
 def test_runner(tmp_path):
     """ci/run_notebooks.py on a one-cell notebook that launches 2 ranks from its kernel."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("seconds = 1.5")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(
-        "from helpers.engine import faults, launch\nlaunch(faults.sleep_then_all_reduce, 2, seconds=seconds)")]
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nb, tmp_path / "notebooks" / "01_launch.ipynb")
+    write_notebook(tmp_path / "notebooks" / "01_launch.ipynb", "from helpers.engine import faults, launch\n"
+                   "launch(faults.sleep_then_all_reduce, 2, seconds=seconds)", params="seconds = 1.5")
     (tmp_path / "lessons.toml").write_text('[[lesson]]\nstem = "01_launch"\ntitle = "t"\noutcome = "pass"\n'
                                            '[lesson.smoke]\nseconds = 1.5\n[lesson.full]\nseconds = 1.5\n')
     with Listening() as seen:

@@ -1,13 +1,10 @@
 """helpers.mp.spawn, the notebook-safe drop-in for torch.multiprocessing.spawn: the DDP tutorial's
 code runs from notebook cells with docs/OWN_CODE.md's edits. Real processes, real gloo."""
 
-import os
-
 import pytest
 import tutorial_edits as edits
 
-from _support import REPO_ROOT
-from ci.cleanup import IPCKernelManager
+from _support import as_cell, repo_env, run_papermill, write_notebook
 from helpers import mp
 from helpers.engine import LaunchError, WorkerError
 
@@ -23,38 +20,19 @@ TUTORIAL_CELLS = edits.DDP_TUTORIAL.edited()[:-1]  # less the `run_demo(demo_bas
 @pytest.mark.matrix
 @pytest.mark.xdist_group("tutorial-port-12355")  # with test_tutorials: one user of port 12355 at a time
 def test_ddp_tutorial_runs_from_a_notebook_twice_on_its_fixed_port(tmp_path, monkeypatch):
-    import nbformat
-    import papermill as pm
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("world_size = 2")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, *map(nbformat.v4.new_code_cell, TUTORIAL_CELLS),
-                nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)"),
-                nbformat.v4.new_code_cell("run_demo(demo_basic, world_size)  # again: MASTER_PORT 12355 is free again")]
-    nbformat.write(nb, tmp_path / "tutorial.ipynb")
-    pm.execute_notebook(str(tmp_path / "tutorial.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                        cwd=str(tmp_path), progress_bar=False, execution_timeout=300,
-                        kernel_manager_class=IPCKernelManager)
-    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-    for cell in out.cells[-2:]:
-        text = "".join(o.get("text", "") for o in cell.outputs)
+    monkeypatch.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
+    write_notebook(tmp_path / "tutorial.ipynb", *TUTORIAL_CELLS, "run_demo(demo_basic, world_size)",
+                   "run_demo(demo_basic, world_size)  # again: MASTER_PORT 12355 is free again",
+                   params="world_size = 2")
+    for text in run_papermill(tmp_path / "tutorial.ipynb", cwd=tmp_path)[-2:]:
         for rank in range(2):
             assert f"[rank {rank}] Running basic DDP example on rank {rank}." in text, text
             assert f"[rank {rank}] Finished running basic DDP example on rank {rank}." in text, text
 
 
-def _cell(code: str) -> dict:
-    ns = {"__name__": "__main__"}
-    exec(compile(code, "<cell>", "exec"), ns)
-    return ns
-
-
 @pytest.mark.matrix
 def test_results_in_rank_order_no_group_and_no_agent_environment():
-    ns = _cell(
+    ns = as_cell(
         "import os\n"
         "import torch.distributed as dist\n"
         "def fn(i, base):\n"
@@ -67,7 +45,7 @@ def test_results_in_rank_order_no_group_and_no_agent_environment():
 
 @pytest.mark.matrix
 def test_error_names_the_rank():
-    ns = _cell("def fn(i):\n    if i == 1:\n        raise ZeroDivisionError('rank one divides by zero')\n")
+    ns = as_cell("def fn(i):\n    if i == 1:\n        raise ZeroDivisionError('rank one divides by zero')\n")
     with pytest.raises(WorkerError, match="rank 1 failed with ZeroDivisionError") as info:
         mp.spawn(ns["fn"], nprocs=2)
     assert "rank one divides by zero" in info.value.traceback or "rank one" in str(info.value)
@@ -95,7 +73,7 @@ def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_d
     port = str(free_port())
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", port)
-    ns = _cell(
+    ns = as_cell(
         "import os\n"
         "import torch\n"
         "import torch.distributed as dist\n"
@@ -109,13 +87,13 @@ def test_master_address_and_port_the_caller_set_reach_the_ranks_and_the_agents_d
     assert mp.spawn(ns["fn"], args=(2,), nprocs=2) == [("127.0.0.1", port, 3.0)] * 2
     # only what the caller set comes back: the agent's own MASTER_ADDR does not leak in
     monkeypatch.delenv("MASTER_ADDR")
-    ns = _cell("import os\ndef fn(i):\n    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')\n")
+    ns = as_cell("import os\ndef fn(i):\n    return os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')\n")
     assert mp.spawn(ns["fn"], nprocs=2) == [(None, port)] * 2
 
 
 def test_process_exit_codes_pids_subclass_and_the_callers_environment(monkeypatch, capsys):
     monkeypatch.setenv("MASTER_PORT", "23456")
-    ns = _cell(
+    ns = as_cell(
         "import os\n"
         "import sys\n"
         "import helpers.mp as mp\n"
@@ -138,7 +116,7 @@ def test_process_exit_codes_pids_subclass_and_the_callers_environment(monkeypatc
 
 
 def test_process_that_raises_makes_join_raise_naming_it():
-    ns = _cell("def work(i):\n    if i == 1:\n        raise KeyError('process one')\n")
+    ns = as_cell("def work(i):\n    if i == 1:\n        raise KeyError('process one')\n")
     processes = [mp.Process(target=ns["work"], args=(i,)) for i in range(2)]
     for p in processes:
         p.start()
@@ -172,7 +150,7 @@ def test_spawn_and_join_set_no_limit_as_torch_does(monkeypatch):
         return supervise(config, entry_args, run_dir, timeout, before)
 
     monkeypatch.setattr(launcher, "_supervise", recording)
-    ns = _cell("def fn(i):\n    return i\n")
+    ns = as_cell("def fn(i):\n    return i\n")
     assert mp.spawn(ns["fn"], nprocs=2) == [0, 1]
     processes = [mp.Process(target=ns["fn"], args=(i,)) for i in range(2)]
     for p in processes:

@@ -57,8 +57,8 @@ def _exit_status(p: psutil.Process) -> int:
 def test_end_processes_terminates_then_kills():
     polite, stubborn = _child(False), _child(True)
     assert procs.end_processes([polite, stubborn], grace_s=1.0) == []
-    # the exit statuses say which signal ended each: the stubborn one ignored SIGTERM and
-    # needed the SIGKILL after the grace period
+    # the exit statuses say which signal ended each: SIGTERM first (the polite one ended on it);
+    # the stubborn one ignored it and needed the SIGKILL after the grace period
     assert (_exit_status(polite), _exit_status(stubborn)) == (-signal.SIGTERM, -signal.SIGKILL)
 
 
@@ -100,15 +100,3 @@ def test_backend_rule():
     if gpus < 64:
         with pytest.raises(KeyError, match="nccl"):
             procs.resolve_backend("nccl", 64, error=KeyError)
-
-
-def test_sigterm_is_what_end_processes_sends_first():
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(0)))\n"
-            "print('ready', flush=True)\ntime.sleep(600)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    assert procs.end_processes([psutil.Process(p.pid)], grace_s=10) == []
-    assert p.stdout.read().strip() == "got SIGTERM"
-    p.stdout.close()
-    p.wait()

@@ -14,15 +14,16 @@ import torch
 
 from _support import (
     RANKS_MARK,
-    REPO_ROOT,
     Kernel,
     busy_cpus,
     leftover_processes,
     marked_processes,
     marked_warm_ranks,
+    repo_env,
+    run_papermill,
     wait_until_gone,
+    write_notebook,
 )
-from ci.cleanup import IPCKernelManager
 from helpers.engine import LaunchError, WorkerError, faults, launch, start_ranks
 from helpers.engine.internal import current_ranks, threads_per_rank
 from helpers.engine.warm_ranks import _px_magic
@@ -112,14 +113,9 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
     through ranks.run; every rank's output labelled, also when it all arrived before streaming
     began; restarting and stopping the ranks print nothing into the cell; nothing left after the
     kernel ends."""
-    import nbformat
-    import papermill
-
     mark = uuid.uuid4().hex
     monkeypatch.setenv(RANKS_MARK, mark)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    monkeypatch.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
     sources = [
         "from helpers.engine import start_ranks\nranks = start_ranks(world_size=2)",
         "%%px\nx = torch.tensor([float(rank + 1)])\nprint('before', rank, x.item())",
@@ -134,25 +130,17 @@ def test_papermill_notebook_with_px(tmp_path, monkeypatch, no_leftover_processes
         "import time\nranks.restart()\ntime.sleep(1.5)",  # ipyparallel notices a process exit within 1 s
         "ranks.stop()\ntime.sleep(1.5)",
     ]
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nbformat.write(nb, tmp_path / "in.ipynb")
-    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               cwd=str(REPO_ROOT), progress_bar=False, execution_timeout=300,
-                               kernel_manager_class=IPCKernelManager)
-    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-
-    def text(i):
-        return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in out.cells[i].outputs)
-
+    write_notebook(tmp_path / "in.ipynb", *sources)
+    text = run_papermill(tmp_path / "in.ipynb")
     for r in range(2):
-        assert f"[stdout:{r}]" in text(1) and f"before {r} {float(r + 1)}" in text(1), text(1)
+        assert f"[stdout:{r}]" in text[1] and f"before {r} {float(r + 1)}" in text[1], text[1]
         # x from the cell before is still there; 1 + 2 = 3 on both ranks
-        assert f"[stdout:{r}]" in text(2) and f"after {r} 3.0 cpu" in text(2), text(2)
-    assert "run [0, 10]" in text(3), text(3)
-    assert all(f"[stdout:{r}] late {r}" in text(5) for r in range(2)), text(5)
+        assert f"[stdout:{r}]" in text[2] and f"after {r} 3.0 cpu" in text[2], text[2]
+    assert "run [0, 10]" in text[3], text[3]
+    assert all(f"[stdout:{r}] late {r}" in text[5] for r in range(2)), text[5]
     # ipyparallel logs the exit of a killed process, with its whole output file, as a warning: about
     # 100 lines of the controller's log arrived in this cell until the ranks silenced it
-    assert out.cells[6].outputs == [] and out.cells[7].outputs == [], (text(6), text(7))
+    assert text[6] == text[7] == "", (text[6], text[7])
     assert not wait_until_gone(mark), "engines/controller left after papermill"
     assert not wait_until_gone(mark, cmd_contains=""), "the kernel, the watchdog: nothing may be left"
 
@@ -224,18 +212,24 @@ def test_names_persist_and_predefined(ranks):
     assert ranks.view.apply_sync(lambda: __import__("os").environ["RANK"]) == ["0", "1"]
 
 
-@pytest.mark.matrix
-def test_worker_error_names_rank_and_keeps_ranks_warm(ranks):
+@pytest.fixture
+def stays_warm(ranks):
+    """The module's ranks, which the test's errors must leave warm: the same processes, no restart,
+    and the next run works (the peers finished: the group is intact)."""
     pids, restarts = list(ranks.pids), ranks.restarts
+    yield ranks
+    assert ranks.pids == pids and ranks.restarts == restarts and ranks.run(faults.ok) == [0, 1]
+
+
+@pytest.mark.matrix
+def test_worker_error_names_rank_and_keeps_ranks_warm(stays_warm):
+    ranks = stays_warm
     with pytest.raises(WorkerError) as info:
         ranks.run(lambda rank, world_size: rank if rank == 0 else 1 / 0)
     err = info.value
     assert err.rank == 1 and err.exc_type == "ZeroDivisionError" and "division by zero" in err.message
     assert "ZeroDivisionError" in err.traceback and "\x1b[" not in err.traceback
     assert "rank 1 failed with ZeroDivisionError" in str(err)
-    # the peer finished: the group is intact, the same processes keep running
-    assert ranks.pids == pids and ranks.restarts == restarts
-    assert ranks.run(faults.ok) == [0, 1]
 
 
 def test_run_relays_what_each_rank_prints(ranks, capsys):
@@ -265,11 +259,11 @@ def test_run_relays_what_each_rank_prints(ranks, capsys):
     assert "[rank 0] rank 0 got this far" in out.splitlines(), out
 
 
-def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
+def test_run_refuses_what_cannot_be_sent_like_launch(stays_warm):
     """The same refusal as launch, naming the variable, and the ranks are not touched."""
     import threading
 
-    pids, restarts = list(ranks.pids), ranks.restarts
+    ranks = stays_warm
     lock = threading.Lock()
     with pytest.raises(LaunchError, match=r"positional argument 0.*lock") as info:
         ranks.run(lambda rank, world_size, x: rank, lock)
@@ -277,14 +271,12 @@ def test_run_refuses_what_cannot_be_sent_like_launch(ranks):
     gen = (i for i in range(3))
     with pytest.raises(LaunchError, match="generator"):
         ranks.run(lambda rank, world_size: list(gen))
-    assert ranks.pids == pids and ranks.restarts == restarts
-    assert ranks.run(faults.ok) == [0, 1]
 
 
-def test_result_that_cannot_come_back_gets_launchs_message(ranks):
+def test_result_that_cannot_come_back_gets_launchs_message(stays_warm):
     """A lock or a generator returned by a rank: launch's message ("cannot be pickled back"), not
     ipyparallel's bare TypeError; the ranks stay warm."""
-    pids = list(ranks.pids)
+    ranks = stays_warm
     with pytest.raises(WorkerError) as from_launch:
         launch(faults.unpicklable_result, 2)
     with pytest.raises(WorkerError) as from_ranks:
@@ -296,10 +288,9 @@ def test_result_that_cannot_come_back_gets_launchs_message(ranks):
     assert info.value.message.startswith("rank 0 returned a generator that cannot be pickled back to the caller"), \
         info.value.message
     assert "return plain data" in info.value.message and "rank 1: the same TypeError" in str(info.value)
-    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
 
 
-def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
+def test_init_process_group_on_warm_ranks_says_they_have_one(stays_warm):
     from helpers.engine import free_port
 
     def setup(rank, world_size, port):  # a tutorial's setup()
@@ -307,12 +298,10 @@ def test_init_process_group_on_warm_ranks_says_they_have_one(ranks):
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
 
-    pids = list(ranks.pids)
     with pytest.raises(WorkerError, match="initialize the default process group twice") as info:
-        ranks.run(setup, free_port())
+        stays_warm.run(setup, free_port())
     assert "warm ranks already have a default process group" in str(info.value), str(info.value)
     assert "destroy_process_group" in str(info.value)
-    assert ranks.pids == pids and ranks.run(faults.ok) == [0, 1]
 
 
 def test_push_and_pull(ranks):

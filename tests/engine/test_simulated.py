@@ -195,25 +195,31 @@ def sleeper(rank, world_size, seconds=4.0):
     return _sum_ranks(rank, world_size)
 
 
-def test_a_rank_raises(capsys):
+@pytest.mark.parametrize("fn,world_size,timeout,expected,words,check", [
+    pytest.param(raiser, 64, 60, WorkerError, ("in raiser", "raise ValueError"),
+                 lambda e, s: e.rank == 5 and e.exc_type == "ValueError" and "bad batch on rank 5" in e.message
+                 and s < 2.0, id="raises"),  # the error ends the run within about 2 s
+    pytest.param(skipper, 4, 1, LaunchTimeout, ("Ranks 1, 2, 3 were waiting in torch.distributed.all_reduce",
+                                                "in _sum_ranks", "dist.all_reduce(t)"),
+                 lambda e, s: e.ranks_not_finished == [1, 2, 3] and e.what == "simulate", id="skips-a-collective"),
+    pytest.param(sleeper, 4, 1, LaunchTimeout, ("Rank 1 was still running your function's own work",
+                                                "Rank 0 was waiting in torch.distributed.all_reduce, most likely for "
+                                                "rank 1", "time.sleep(seconds)"), None, id="sleeps-past-the-timeout"),
+    pytest.param(skipper, 4, None, LaunchInterrupted, ("simulate interrupted",),  # Ctrl-C after 1 s
+                 lambda e, s: isinstance(e, KeyboardInterrupt) and sorted(e.stacks) == [1, 2, 3] and s < 10,
+                 id="interrupted"),
+])
+def test_a_fault_ends_the_run(fn, world_size, timeout, expected, words, check):
+    """The fault's error, naming the rank and where, in the worker's own code; then the process is as before."""
+    timer = threading.Timer(1.0, _thread.interrupt_main)
     start = time.monotonic()
-    with pytest.raises(WorkerError) as info:
-        simulate(raiser, 64, timeout=60)
-    assert time.monotonic() - start < 2.0, "the error must end the run within about 2 s"
-    err = info.value
-    assert err.rank == 5 and err.exc_type == "ValueError" and "bad batch on rank 5" in err.message
-    assert "in raiser" in str(err) and "raise ValueError" in str(err), str(err)
-    _restored()
-
-
-def test_a_rank_skips_a_collective():
-    with pytest.raises(LaunchTimeout) as info:
-        simulate(skipper, 4, timeout=1)
-    err = info.value
-    assert err.ranks_not_finished == [1, 2, 3] and err.what == "simulate"
-    text = str(err)
-    assert "Ranks 1, 2, 3 were waiting in torch.distributed.all_reduce" in text, text
-    assert "in _sum_ranks" in text and "dist.all_reduce(t)" in text, text
+    with pytest.raises(expected) as info:
+        if expected is LaunchInterrupted:
+            timer.start()
+        simulate(fn, world_size, timeout=timeout)
+    timer.cancel()
+    text = str(info.value)
+    assert all(word in text for word in words) and (check is None or check(info.value, time.monotonic() - start)), text
     _restored()
 
 
@@ -271,29 +277,6 @@ def test_documented_differences_from_real_ranks():
 
 def read_with_workers(rank, world_size):
     return sum(len(batch) for batch in torch.utils.data.DataLoader(range(10), batch_size=5, num_workers=2))
-
-
-def test_a_rank_sleeps_past_the_timeout():
-    with pytest.raises(LaunchTimeout) as info:
-        simulate(sleeper, 4, timeout=1)
-    text = str(info.value)
-    assert "Rank 1 was still running your function's own work" in text, text
-    assert "Rank 0 was waiting in torch.distributed.all_reduce, most likely for rank 1" in text, text
-    assert "time.sleep(seconds)" in text
-    _restored()
-
-
-def test_interrupt_ends_the_run():
-    timer = threading.Timer(1.0, _thread.interrupt_main)
-    timer.start()
-    start = time.monotonic()
-    with pytest.raises(LaunchInterrupted) as info:
-        simulate(skipper, 4, timeout=None)
-    timer.join()
-    assert time.monotonic() - start < 10
-    assert isinstance(info.value, KeyboardInterrupt) and "simulate interrupted" in str(info.value)
-    assert sorted(info.value.stacks) == [1, 2, 3]
-    _restored()
 
 
 # ---- input and the version guard --------------------------------------------------------------

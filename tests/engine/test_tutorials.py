@@ -77,12 +77,21 @@ def _run(kernel, source, changes=None):
 
 # ---- written in the shapes of published tutorials -----------------------------------------------------
 
-def test_ddp_tutorial_runs_on_cpu_with_the_listed_edits(kernel):
-    reply, out = _run(kernel, edits.DDP_TUTORIAL)
+LISTED_EDITS = {  # a source, run with its listed edits: what each rank ({r}) prints (regular expressions)
+    "ddp-tutorial": (edits.DDP_TUTORIAL, [r"\[rank {r}\] Running basic DDP example on rank {r}\.",
+                                          r"\[rank {r}\] Finished running basic DDP example on rank {r}\."]),
+    "elastic-ddp-through-launch": (edits.ELASTIC, [r"\[rank {r}\] Start running basic DDP example on rank {r}\.",
+                                                   r"\[rank {r}\] Finished running basic DDP example on rank {r}\."]),
+    "seed-000-toy": (edits.SEED_000, [r"\[rank {r}\] rank {r}: loss [\d.]+ -> [\d.]+"]),
+    "seed-004-dp-against-ddp": (edits.SEED_004, [r"DP and DDP agree on all 4 tensors after one step"]),
+}
+
+
+@pytest.mark.parametrize("source,printed", LISTED_EDITS.values(), ids=LISTED_EDITS.keys())
+def test_runs_on_cpu_with_the_listed_edits(kernel, source, printed):
+    reply, out = _run(kernel, source)
     assert reply["status"] == "ok", out
-    for rank in range(2):
-        assert f"[rank {rank}] Running basic DDP example on rank {rank}." in out, out
-        assert f"[rank {rank}] Finished running basic DDP example on rank {rank}." in out, out
+    assert all(re.search(line.format(r=rank), out) for line in printed for rank in range(2)), out
 
 
 def test_dist_tuto_template_and_all_reduce_run_with_the_listed_edits(kernel):
@@ -112,14 +121,6 @@ def test_ddp_tutorial_series_multigpu_runs_on_cpu_with_the_listed_edits(kernel):
             checkpoint.unlink(missing_ok=True)
 
 
-def test_ddp_tutorial_elastic_ddp_runs_through_launch_with_the_listed_edits(kernel):
-    reply, out = _run(kernel, edits.ELASTIC)
-    assert reply["status"] == "ok", out
-    for rank in range(2):
-        assert f"[rank {rank}] Start running basic DDP example on rank {rank}." in out, out
-        assert f"[rank {rank}] Finished running basic DDP example on rank {rank}." in out, out
-
-
 def test_elastic_ddp_that_keeps_init_process_group_fails_under_launch(kernel):
     source = edits.ELASTIC
     kept = source.changes[:1] + source.changes[2:]
@@ -131,13 +132,6 @@ def test_elastic_ddp_that_keeps_init_process_group_fails_under_launch(kernel):
 
 # ---- written in the seeds' shapes --------------------------------------------------------------------
 
-def test_seed_000_toy_runs_with_the_listed_edits(kernel):
-    reply, out = _run(kernel, edits.SEED_000)
-    assert reply["status"] == "ok", out
-    for rank in range(2):
-        assert re.search(rf"\[rank {rank}\] rank {rank}: loss [\d.]+ -> [\d.]+", out), out
-
-
 def test_seed_002_mnist_reads_the_repositorys_data_from_notebooks(kernel):
     from helpers.data import ensure_mnist
 
@@ -148,12 +142,6 @@ def test_seed_002_mnist_reads_the_repositorys_data_from_notebooks(kernel):
         for epoch in range(2):
             assert re.search(rf"\[rank {rank}\] rank {rank} epoch {epoch} mean loss [\d.]+", out), out
     assert not (NOTEBOOKS / "data").exists()  # nothing downloaded next to the notebooks
-
-
-def test_seed_004_dp_against_ddp_runs_with_the_listed_edits(kernel):
-    reply, out = _run(kernel, edits.SEED_004)
-    assert reply["status"] == "ok", out
-    assert "DP and DDP agree on all 4 tensors after one step" in out, out
 
 
 # ---- what plain torch.multiprocessing.spawn gives in a notebook cell ------------------------------
