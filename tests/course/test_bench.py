@@ -28,9 +28,7 @@ from helpers.costmodel import (
 from helpers.data import MNIST_MEAN, MNIST_STD, load_mnist
 from helpers.engine import launch
 
-# --------------------------------------------------------------------------------------------
-# formulas
-# --------------------------------------------------------------------------------------------
+# ---- formulas ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 1024])
 def test_busbw_is_algbw_times_2_n_minus_1_over_n(n):
@@ -113,9 +111,7 @@ def test_predict_data_parallel_shape_and_bounds():
     assert rows[-1]["bandwidth_ms"] == pytest.approx(2 * 1023 / 1024 * 102.4e6 / 12.5e9 * 1e3)
 
 
-# --------------------------------------------------------------------------------------------
-# bench utilities (no processes)
-# --------------------------------------------------------------------------------------------
+# ---- bench utilities (no processes) ------------------------------------------------------------
 
 def test_profiles_are_complete_and_copied():
     for name in bench.PROFILES:
@@ -220,9 +216,7 @@ def test_cli_rejects_unknown_names():
         bench.run_benchmarks(["nonsense"], "smoke", None, verbose=False)
 
 
-# --------------------------------------------------------------------------------------------
-# tiny runs through the launcher (well-formed rows; no timing asserted)
-# --------------------------------------------------------------------------------------------
+# ---- tiny runs through the launcher (well-formed rows; no timing asserted) ---------------------
 
 @pytest.mark.slow(15)
 @pytest.mark.timeout(180)

@@ -75,9 +75,7 @@ def gz_bytes(raw: Path, name: str) -> bytes:
     return gzip.decompress((raw / (name + ".gz")).read_bytes())
 
 
-# ------------------------------------------------------------------------------------------
-# the real data
-# ------------------------------------------------------------------------------------------
+# ---- the real data -----------------------------------------------------------------------------
 
 def test_constants_match_shared_readme():
     if not SHARED_README.exists():
@@ -193,9 +191,7 @@ def test_torchvision_download_true_works_offline_after_ensure_mnist(gz_copy):
     assert_clean(raw, GZ_ONLY | set(MNIST_FILES))
 
 
-# ------------------------------------------------------------------------------------------
-# decompression into a private copy
-# ------------------------------------------------------------------------------------------
+# ---- decompression into a private copy ---------------------------------------------------------
 
 def test_decompress_into_copy_and_existing_good_files_are_kept(gz_copy):
     root, raw = gz_copy
@@ -391,9 +387,7 @@ def test_read_only_folder_is_fine_when_files_are_already_there(gz_copy):
         ensure_mnist(root)
 
 
-# ------------------------------------------------------------------------------------------
-# IDX parsing
-# ------------------------------------------------------------------------------------------
+# ---- IDX parsing -------------------------------------------------------------------------------
 
 def idx(magic: int, dims: tuple[int, ...], body: bytes | None = None) -> bytes:
     head = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
