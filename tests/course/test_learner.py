@@ -306,13 +306,6 @@ def test_exercise_cells():
     assert cells[2].metadata["jupyter"]["source_hidden"] is True and cells[2].source.startswith("# Check: exercise 2\n")
     assert cells[3].metadata["jupyter"]["source_hidden"] is True and cells[3].metadata["tags"] == ["solution"]
     assert cells[3].source.splitlines()[0] == "# Solution of exercise 2 (try the exercise first)"
-    check = 'check_answer("ex1", answer_1, expected_1)'
-    solution = 'check_answer("ex1", solution_1, expected_1'
-    for match, c, sol in [("check cell must call", "expected_1 = 1", solution + ", strict=True)"),
-                          ("must compute expected_1", check, solution + ", strict=True)"),
-                          ("solution must end with", "expected_1 = 1\n" + check, solution + ")")]:
-        with pytest.raises(ValueError, match=match):
-            exercise_cells(1, "t", "task", c, sol)
 
 
 # ---- Links of the README and docs/ ---------------------------------------------------------

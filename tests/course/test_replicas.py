@@ -209,30 +209,46 @@ def test_bypass_names_weight_ranks_and_values(launched):
     assert below.startswith("ReplicasDiverged") and above == "ok", (below, above)
 
 
-def test_grads_differ_while_params_agree(launched):
-    msg = launched[0]["bypass_grads_before_step"]
-    assert msg.startswith("ReplicasDiverged: "), msg
-    assert "gradient 'weight' (1, 1): rank 0 sum=1 sumsq=1; rank 1 sum=3 sumsq=9" in msg, msg
-    assert "parameter 'weight'" not in msg, msg
+MOVED = "values moved within the tensor"
+DIFFER = "ReplicasDiverged: Replicas differ: rank 1 differs from rank 0"
+
+#: ``(scenario, what its message says)``: every part is in the message, the first at its start
+#: when it begins with ``DIFFER``.
+MESSAGES = [
+    ("bypass_grads_before_step",  # gradients differ while the parameters agree
+     [DIFFER, "gradient 'weight' (1, 1): rank 0 sum=1 sumsq=1; rank 1 sum=3 sumsq=9"]),
+    ("none_grad", ["gradient 'weight' (1, 1): rank 0 None; rank 1 sum=3 sumsq=9"]),
+    ("shape", ["rank 1 holds a different model than rank 0",
+               "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1"]),
+    ("names", ["'a.weight' only on rank 1", "'0.weight' only on rank 0"]),
+    ("options", ["rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False"]),
+    ("frozen", ["'0.weight': requires_grad set False after the wrap", "(ranks 0, 1)"]),
+    ("replaced", ["'weight' was added or replaced after the wrap"]),
+    ("one_element", [DIFFER + " (1 of 2 tensors)", "parameter 'weight' (100, 100): rank 0 sum="]),
+    ("swapped", [DIFFER + " (1 of 2 tensors)", MOVED,
+                 "parameter 'weight' (100, 100): rank 0 sum="]),
+    ("swapped_small", [DIFFER + " (1 of 2 tensors)", "parameter 'weight' (8, 8): rank 0 sum="]),
+    ("dropout", [DIFFER + " in module configuration",
+                 "module '1' (Dropout): p=0.5 on rank 0, p=0.0 on rank 1"]),
+    ("batchnorm", ["the model (BatchNorm1d): eps=1e-05 on rank 0, eps=2e-05 on rank 1",
+                   "momentum=0.1 on rank 0, momentum=0.2 on rank 1"]),
+    ("attribute", ["the model (Linear): scale=1.0 on rank 0, scale=2.0 on rank 1"]),
+]
 
 
-def test_none_grad_on_one_rank(launched):
-    msg = launched[0]["none_grad"]
-    assert "gradient 'weight' (1, 1): rank 0 None; rank 1 sum=3 sumsq=9" in msg, msg
+@pytest.mark.parametrize("scenario, says", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_message_names_what_differs(launched, scenario, says):
+    msg = launched[0][scenario]
+    assert all(part in msg for part in says), msg
+    assert msg.startswith(says[0] if says[0].startswith(DIFFER) else "ReplicasDiverged: "), msg
+    if scenario == "bypass_grads_before_step":
+        assert "parameter 'weight'" not in msg, "the parameters still agree before the step"
 
 
-def test_different_model_is_named(launched):
-    shape, names, options = launched[0]["shape"], launched[0]["names"], launched[0]["options"]
-    assert "rank 1 holds a different model than rank 0" in shape, shape
-    assert "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1" in shape, shape
-    assert "'a.weight' only on rank 1" in names and "'0.weight' only on rank 0" in names, names
-    assert "rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False" in options, options
-
-
-def test_changed_after_wrap_is_reported(launched):
-    frozen, replaced = launched[0]["frozen"], launched[0]["replaced"]
-    assert "'0.weight': requires_grad set False after the wrap" in frozen and "(ranks 0, 1)" in frozen, frozen
-    assert "'weight' was added or replaced after the wrap" in replaced, replaced
+def test_a_tolerance_above_the_difference_passes_and_new_memory_is_read(launched):
+    assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
+    first, after = launched[0]["new_memory_after_a_check"]  # the bits read once are not reused
+    assert first == "ok" and MOVED in after, (first, after)
 
 
 def test_warm_ranks_synced_and_cost(ranks):
@@ -283,35 +299,6 @@ def test_diverged_buffer_named_with_module_and_rank(launched):
     root = r["root_buffer"]
     assert "buffer 'scale' (1,) in Sequential (the model): rank 0 sum=1 sumsq=1; rank 1 sum=2 sumsq=4" in root, root
     assert "module '1' (BatchNorm1d): train() on rank 0, eval() on rank 1" in r["sub_mode"], r["sub_mode"]
-
-
-def test_one_differing_element_is_caught(launched):
-    msg = launched[0]["one_element"]
-    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
-    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg, msg
-    assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
-
-
-def test_values_moved_within_a_tensor_are_caught(launched):
-    msg = launched[0]["swapped"]
-    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
-    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg and "values moved within the tensor" in msg, msg
-    small = launched[0]["swapped_small"]
-    assert small.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), small
-    assert "parameter 'weight' (8, 8): rank 0 sum=" in small, small
-    first, after = launched[0]["new_memory_after_a_check"]  # the bits read once are not reused
-    assert first == "ok" and "values moved within the tensor" in after, (first, after)
-
-
-def test_module_configured_differently_is_named(launched):
-    r = launched[0]
-    assert "module '1' (Dropout): p=0.5 on rank 0, p=0.0 on rank 1" in r["dropout"], r["dropout"]
-    assert r["dropout"].startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 in "
-                                   "module configuration"), r["dropout"]
-    bn = r["batchnorm"]
-    assert "the model (BatchNorm1d): eps=1e-05 on rank 0, eps=2e-05 on rank 1" in bn, bn
-    assert "momentum=0.1 on rank 0, momentum=0.2 on rank 1" in bn, bn
-    assert "the model (Linear): scale=1.0 on rank 0, scale=2.0 on rank 1" in r["attribute"], r["attribute"]
 
 
 def test_bench_command_line_prints_the_ratios(tmp_path, capsys):
