@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from helpers.engine import leftover_children
 
@@ -17,6 +18,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 #: Child processes of this test process, less the resource tracker and the fork server.
 leftover_processes = leftover_children
+
+#: Set to 1, skips the browser tests outside CI (docs/TESTING.md).
+SKIP_ENV = "DDP_LAB_SKIP_BROWSER"
 
 #: Busy processes per core that :func:`busy_cpus` starts: load average 10 on 2 cores (issue 40).
 BUSY_PER_CORE = 5
@@ -36,6 +40,39 @@ def busy_cpus(per_core: int = BUSY_PER_CORE, n: int | None = None):
             p.kill()
         for p in busy:
             p.wait()
+
+
+def require_browser(test: str) -> str:
+    """The Chromium executable for ``test`` (its name in messages). Where ``CI`` is set a missing
+    browser fails the test; elsewhere it skips it (reason in pytest's summary), as does
+    ``DDP_LAB_SKIP_BROWSER=1``."""
+    from ci.site import CHROMIUM_ENV, find_chromium
+
+    in_ci = bool(os.environ.get("CI"))
+    if os.environ.get(SKIP_ENV) == "1":
+        if in_ci:
+            pytest.fail(f"{SKIP_ENV}=1 but CI is set: in CI {test} is mandatory", pytrace=False)
+        pytest.skip(f"{SKIP_ENV}=1: {test} is skipped on purpose")
+    problems = []
+    chromium = find_chromium()
+    if chromium is None:
+        where = os.environ.get(CHROMIUM_ENV) or "/usr/bin/chromium (or `chromium` on PATH)"
+        problems.append(
+            f"Chromium not found at {where}. Install it: `sudo apt-get install -y chromium` "
+            f"(Debian; on Ubuntu the apt package is a snap, use `snap install chromium`), or "
+            f"point {CHROMIUM_ENV} at a Chromium/Chrome executable.")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("The Python package `playwright` is missing: `python3 -m pip install -r "
+                        "requirements.lock` (do not run `playwright install`: the test drives the "
+                        "system Chromium).")
+    if problems:
+        message = f"{test[0].upper()}{test[1:]} needs a browser:\n- " + "\n- ".join(problems)
+        if in_ci:
+            pytest.fail(message + "\nCI is set, so this test is mandatory.", pytrace=False)
+        pytest.skip(message.replace("\n", " ") + " (mandatory where CI is set)")
+    return chromium
 
 
 # ---- warm ranks (helpers.engine.warm_ranks): kernels and the processes they leave ---------------------------
