@@ -119,7 +119,7 @@ def test_torchvision_reads_layout_and_agrees_with_load_mnist():
         torch.testing.assert_close(x, images[i], atol=1e-5, rtol=0)
 
 
-def test_load_mnist_shapes_dtypes_and_statistics():
+def test_load_mnist_shapes_dtypes_statistics_label_counts_and_fresh_tensors():
     images, labels = load_mnist(train=True)
     assert images.shape == (60000, 1, 28, 28) and images.dtype == torch.float32
     assert labels.shape == (60000,) and labels.dtype == torch.int64
@@ -134,23 +134,14 @@ def test_load_mnist_shapes_dtypes_and_statistics():
     assert raw01.mean().item() == pytest.approx(MNIST_MEAN, abs=1e-4)
     assert raw01.std().item() == pytest.approx(MNIST_STD, abs=1e-4)
 
-    flat, _ = load_mnist(train=False, flatten=True)
+    flat, test_labels = load_mnist(train=False, flatten=True)
     assert flat.shape == (10000, 784) and flat.dtype == torch.float32
-
-
-def test_load_mnist_returns_fresh_tensors():
-    a, la = load_mnist(train=False)
-    a.zero_()
-    la.zero_()
-    b, lb = load_mnist(train=False)
-    assert b.abs().sum() > 0 and lb.sum() > 0
-
-
-def test_label_counts_match_readme():
-    _, train_labels = load_mnist(train=True)
-    _, test_labels = load_mnist(train=False)
-    assert torch.bincount(train_labels, minlength=10).tolist() == TRAIN_COUNTS
+    assert torch.bincount(labels, minlength=10).tolist() == TRAIN_COUNTS
     assert torch.bincount(test_labels, minlength=10).tolist() == TEST_COUNTS
+    flat.zero_()  # the caller owns its tensors: the cache does not change
+    test_labels.zero_()
+    again, again_labels = load_mnist(train=False)
+    assert again.abs().sum() > 0 and again_labels.sum() > 0
 
 
 # torchvision.datasets.MNIST(root, download=True), as seed 002 and the tutorials call it: with the
@@ -368,7 +359,7 @@ def read_only(folder: Path):
         os.chmod(folder, 0o755)
 
 
-def test_read_only_folder_when_decompression_is_needed(gz_copy):
+def test_read_only_folder_fails_when_decompression_is_needed_only(gz_copy):
     root, raw = gz_copy
     with read_only(raw):
         with pytest.raises(MNISTDataError) as ei:
@@ -377,11 +368,7 @@ def test_read_only_folder_when_decompression_is_needed(gz_copy):
     assert str(raw) in msg and "not writable" in msg and "chmod u+w" in msg
     assert isinstance(ei.value.__cause__, PermissionError)
     assert_clean(raw, GZ_ONLY)
-
-
-def test_read_only_folder_is_fine_when_files_are_already_there(gz_copy):
-    root, raw = gz_copy
-    ensure_mnist(root)
+    ensure_mnist(root)  # once the files are there, a read-only folder is fine
     data._verified.clear()
     with read_only(raw):
         ensure_mnist(root)
