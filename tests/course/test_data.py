@@ -71,6 +71,13 @@ def assert_clean(raw: Path, allowed: set[str] | None = None) -> None:
 GZ_ONLY = {spec.name + ".gz" for spec in MNIST_FILES.values()}
 
 
+def ensure_fails(root: Path) -> MNISTDataError:
+    """The error ``ensure_mnist(root)`` raises (the test fails if it raises none)."""
+    with pytest.raises(MNISTDataError) as ei:
+        ensure_mnist(root)
+    return ei.value
+
+
 def gz_bytes(raw: Path, name: str) -> bytes:
     return gzip.decompress((raw / (name + ".gz")).read_bytes())
 
@@ -238,9 +245,7 @@ def test_wrong_decompressed_file_without_gz_reports_both_digests(gz_copy):
     tmp.write_bytes(bad)
     os.replace(tmp, target)
     (raw / (name + ".gz")).unlink()
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(target) in msg
     assert MNIST_FILES[name].sha256 in msg and sha256(bytes(bad)) in msg
     assert "git checkout -- data/MNIST/raw" in msg
@@ -250,9 +255,7 @@ def test_wrong_decompressed_file_without_gz_reports_both_digests(gz_copy):
 def test_missing_gz(gz_copy):
     root, raw = gz_copy
     (raw / "train-labels-idx1-ubyte.gz").unlink()
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert "train-labels-idx1-ubyte.gz" in msg and "missing" in msg
     assert "git checkout -- data/MNIST/raw" in msg and "download=True" in msg
     # Fails before decompressing anything.
@@ -271,11 +274,9 @@ def test_truncated_gzip(gz_copy):
     gz = raw / "train-images-idx3-ubyte.gz"
     b = gz.read_bytes()
     gz.write_bytes(b[: len(b) // 2])
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(err := ensure_fails(root))
     assert str(gz) in msg and "truncated or corrupt" in msg and "git checkout" in msg
-    assert isinstance(ei.value.__cause__, EOFError)
+    assert isinstance(err.__cause__, EOFError)
     assert_clean(raw, GZ_ONLY)
 
 
@@ -285,9 +286,7 @@ def test_flipped_byte_in_gzip_payload(gz_copy):
     b = bytearray(gz.read_bytes())
     b[len(b) // 2] ^= 0xFF  # inside the deflate stream
     gz.write_bytes(b)
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(gz) in msg
     # Either zlib rejects the stream, or gzip's CRC-32 / our SHA-256 catches the change.
     assert "truncated or corrupt" in msg or "SHA-256 mismatch" in msg
@@ -301,9 +300,7 @@ def test_valid_gzip_with_wrong_content_is_checksum_mismatch(gz_copy):
     content = bytearray(gz_bytes(raw, name))
     content[5000] = (content[5000] + 1) % 10  # one label changed, still a valid IDX file
     (raw / (name + ".gz")).write_bytes(gzip.compress(bytes(content)))
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert "SHA-256 mismatch" in msg and name in msg
     assert MNIST_FILES[name].sha256 in msg
     assert sha256(bytes(content)) in msg
@@ -319,9 +316,7 @@ def test_unreplaceable_target_directory_in_the_way(gz_copy):
     squat = raw / "train-images-idx3-ubyte"
     squat.mkdir()
     (squat / "keep").write_text("x")
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(squat) in msg and "cannot write" in msg and "writable" in msg
     assert squat.is_dir() and (squat / "keep").read_text() == "x"
     assert_clean(raw, GZ_ONLY | {"train-images-idx3-ubyte"})
@@ -362,11 +357,9 @@ def read_only(folder: Path):
 def test_read_only_folder_fails_when_decompression_is_needed_only(gz_copy):
     root, raw = gz_copy
     with read_only(raw):
-        with pytest.raises(MNISTDataError) as ei:
-            ensure_mnist(root)
-    msg = str(ei.value)
+        msg = str(err := ensure_fails(root))
     assert str(raw) in msg and "not writable" in msg and "chmod u+w" in msg
-    assert isinstance(ei.value.__cause__, PermissionError)
+    assert isinstance(err.__cause__, PermissionError)
     assert_clean(raw, GZ_ONLY)
     ensure_mnist(root)  # once the files are there, a read-only folder is fine
     data._verified.clear()
