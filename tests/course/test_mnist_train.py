@@ -71,7 +71,6 @@ def test_models_have_the_seed_shapes_and_seeded_weights():
         assert a(x).shape == (5, 10)
         for pa, pb in zip(a.parameters(), b.parameters()):
             assert torch.equal(pa, pb), f"{name}: same seed should give identical weights"
-    assert sum(p.numel() for p in build_model("linear").parameters()) == 7850
 
 
 # ------------------------------------------------------------------------------ evaluation

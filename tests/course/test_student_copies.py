@@ -40,6 +40,8 @@ def copies(handout) -> dict[str, Path]:
 def test_one_copy_per_lesson(copies):
     assert LESSONS and all(p.is_file() for p in NOTEBOOKS), LESSONS
     assert sorted(copies) == sorted(LESSONS)
+    # solutions to remove: otherwise the tests below would pass on a copy that removed nothing
+    assert sum(len(tagged(nbformat.read(str(p), as_version=4), "solution")) for p in NOTEBOOKS) > 0
 
 
 def test_default_folder_is_served_and_ignored():
@@ -70,11 +72,6 @@ def test_handout_opens_on_its_own(handout, copies):
                if f.is_file() and f.suffix != ".zip"}
     assert names == on_disk
     assert not [n for n in names if "__pycache__" in n or n.endswith("-ubyte")]
-
-
-def test_there_are_solutions_to_remove():
-    """Otherwise the tests below would pass on a copy that removed nothing."""
-    assert sum(len(tagged(nbformat.read(str(p), as_version=4), "solution")) for p in NOTEBOOKS) > 0
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
