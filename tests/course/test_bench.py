@@ -64,30 +64,21 @@ def test_bad_input_raises_value_error(fn, args):
         fn(*args)
 
 
-@pytest.mark.parametrize("alpha, bw", [(20e-6, 1.2e9), (1e-6, 40e9), (300e-6, 5e8)])
-def test_fit_recovers_known_alpha_and_bandwidth(alpha, bw):
-    sizes = [4 * 2**10 * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
-    ns = [2] * len(sizes) + [4] * len(sizes)
-    S = sizes * 2
-    t = ring_allreduce_seconds(np.array(S), np.array(ns), alpha, bw)
-    fit = fit_alpha_beta(S, ns, t)
-    assert isinstance(fit, AlphaBetaFit)
-    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
-    assert fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
-    assert fit.max_relative_error < 1e-6
-    np.testing.assert_allclose(fit.predict(np.array(S), np.array(ns)), t, rtol=1e-6)
-
-
-def test_fit_with_noise_is_close():
-    rng = np.random.default_rng(0)
-    S = np.array([4 * 2**10 * 4**k for k in range(8)] * 2, dtype=float)
+@pytest.mark.parametrize("alpha, bw, noise", [(20e-6, 1.2e9, 0), (1e-6, 40e9, 0), (300e-6, 5e8, 0),
+                                              (50e-6, 2e9, 0.02)])
+def test_fit_recovers_known_alpha_and_bandwidth(alpha, bw, noise):
+    """Exact times give the parameters back; times with 2% noise, within 10%."""
+    S = np.array([4 * 2**10 * 4**k for k in range(8)] * 2, dtype=float)  # 4 KiB .. 64 MiB
     ns = np.array([2] * 8 + [4] * 8)
-    t = ring_allreduce_seconds(S, ns, 50e-6, 2e9) * (1 + rng.normal(0, 0.02, S.size))
-    fit = fit_alpha_beta(S, ns, t)
-    assert fit.alpha_s == pytest.approx(50e-6, rel=0.1)
-    assert fit.bandwidth_Bps == pytest.approx(2e9, rel=0.1)
-    assert len(fit.relative_errors) == S.size
+    t = ring_allreduce_seconds(S, ns, alpha, bw) * (1 + np.random.default_rng(0).normal(0, noise, S.size))
+    fit = fit_alpha_beta(S.tolist(), ns.tolist(), t)
+    rel = 0.1 if noise else 1e-6
+    assert isinstance(fit, AlphaBetaFit) and len(fit.relative_errors) == S.size
+    assert fit.alpha_s == pytest.approx(alpha, rel=rel) and fit.bandwidth_Bps == pytest.approx(bw, rel=rel)
     json.dumps(fit.as_dict())
+    if not noise:
+        assert fit.max_relative_error < 1e-6
+        np.testing.assert_allclose(fit.predict(S, ns), t, rtol=1e-6)
 
 
 def test_fit_clamps_negative_alpha():
