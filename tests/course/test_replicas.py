@@ -134,31 +134,27 @@ def modes_and_buffers(rank, world_size, steps=4):
     net[1].train(rank == 0)
     out["sub_mode"] = _check(net)
 
-    # one element of 10,000, away from the fingerprint's sampled elements, one float32 step apart
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
-    with torch.no_grad():
-        if rank == 1:
-            flat = lin.weight.view(-1)
-            flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
+    def linear(width, change=None):
+        """A seeded ``Linear(width, width)`` whose flat weight ``change`` edits on rank 1."""
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(width, width)
+        with torch.no_grad():
+            if rank == 1 and change:
+                change(lin.weight.view(-1))
+        return lin
+
+    def swap(flat):  # two unsampled elements swapped: the same values, sums and sampled elements
+        flat[[1, 2]] = flat[[2, 1]].clone()
+
+    def nudge(flat):  # one element of 10,000, away from the sampled ones, one float32 step apart
+        flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
+
+    lin = linear(100, nudge)
     out["one_element"] = _check(lin)
     out["one_element_atol"] = _check(lin, atol=1e-6)
-
-    # two unsampled elements swapped on rank 1: the same values, sums and sampled elements
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
-    with torch.no_grad():
-        if rank == 1:
-            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
-    out["swapped"] = _check(lin)
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(8, 8)  # small tensors: the every-call check digests them together
-    with torch.no_grad():
-        if rank == 1:
-            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
-    out["swapped_small"] = _check(lin)
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
+    out["swapped"] = _check(linear(100, swap))
+    out["swapped_small"] = _check(linear(8, swap))  # small tensors: the check digests them together
+    lin = linear(100)
     first = _check(lin)  # in sync; then rank 1's weight gets new memory
     if rank == 1:
         lin.weight.data = lin.weight.data.flip(0)  # the same values, rows reversed
