@@ -21,19 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------------------ config
 
 
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        (dict(global_batch_size=0), "global_batch_size"),
-        (dict(global_batch_size=64.0), "global_batch_size"),
-        (dict(lr=0.0), "lr"),
-        (dict(lr=-0.1), "lr"),
-        (dict(epochs=0), "epochs"),
-        (dict(max_steps=-1), "max_steps"),
-        (dict(model="mlp"), "model"),
-        (dict(eval_batch_size=0), "eval_batch_size"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(global_batch_size=0), "global_batch_size"), (dict(lr=0.0), "lr"), (dict(lr=-0.1), "lr"),
+    (dict(global_batch_size=64.0), "global_batch_size"), (dict(epochs=0), "epochs"),
+    (dict(max_steps=-1), "max_steps"), (dict(model="mlp"), "model"),
+    (dict(eval_batch_size=0), "eval_batch_size"),
+])
 def test_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(**kwargs)
