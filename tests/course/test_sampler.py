@@ -20,25 +20,17 @@ from helpers.sampler import (
 RIGHT_0_TO_4 = [i < 5 for i in range(10)]
 
 
-def test_seed_case_8_items_4_ranks():
-    df = sampler_assignment(8, 4, shuffle=False)
+@pytest.mark.parametrize("n, ranks, drop_last, lists, seen", [
+    (8, 4, False, [[r, r + 4] for r in range(4)], [1] * 8),  # the seed's case
+    (10, 3, False, [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]], [2, 2] + [1] * 8),  # padded
+    (10, 3, True, [[0, 3, 6], [1, 4, 7], [2, 5, 8]], [1] * 9 + [0]),  # the tail dropped
+])
+def test_assignment_lists_and_times_seen(n, ranks, drop_last, lists, seen):
+    df = sampler_assignment(n, ranks, shuffle=False, drop_last=drop_last)
     assert list(df.columns) == ["rank", "position", "index"]
     assert all(str(t) == "int64" for t in df.dtypes)
-    assert assignment_lists(df) == [[r, r + 4] for r in range(4)]
-    assert (times_seen(df, 8) == 1).all()
-
-
-def test_padded_10_items_3_ranks():
-    df = sampler_assignment(10, 3, shuffle=False)
-    assert assignment_lists(df) == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
-    seen = times_seen(df, 10)
-    assert seen.tolist() == [2, 2] + [1] * 8
-
-
-def test_drop_last_10_items_3_ranks():
-    df = sampler_assignment(10, 3, shuffle=False, drop_last=True)
-    assert assignment_lists(df) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
-    assert times_seen(df, 10).tolist() == [1] * 9 + [0]
+    assert assignment_lists(df) == lists
+    assert times_seen(df, n).tolist() == seen
 
 
 def test_evaluation_skew_values():
