@@ -145,7 +145,7 @@ def extra_step(rank, world_size):
         torch.optim.SGD(model().parameters(), lr=0.1).step()
 
 
-def test_step_counts_and_loops_without_optimizer():
+def test_step_counts_loops_without_optimizer_and_randomness():
     with pytest.raises(DivergedFromOneProcess, match="2 ranks took 3 optimizer steps, one process took 2"):
         against_one_process(extra_step, 2)
     with pytest.raises(RuntimeError, match="no optimizer step"):
@@ -159,10 +159,7 @@ def test_step_counts_and_loops_without_optimizer():
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks  # nothing left installed
     assert (DataLoader.__iter__.__module__, DistributedSampler.__iter__.__module__) == (
         "torch.utils.data.dataloader", "torch.utils.data.distributed")
-
-
-def test_randomness_gets_its_own_error_not_a_false_divergence():
-    with pytest.raises(RandomnessDiffers, match="dropout"):
+    with pytest.raises(RandomnessDiffers, match="dropout"):  # its own error, not a false divergence
         against_one_process(ddp_loop, 2, "dropout")
 
 
