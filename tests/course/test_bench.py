@@ -104,16 +104,13 @@ def test_predict_data_parallel_shape_and_bounds():
 
 # ---- bench utilities (no processes) ------------------------------------------------------------
 
-def test_profiles_are_complete_and_copied():
+def test_profiles_are_complete_and_copied_and_machine_info_is_json():
     for name in bench.PROFILES:
         cfg = bench.profile_config(name)
         assert set(cfg) == set(bench.BENCHMARKS)
         cfg["pipeline"]["world_sizes"].append(99)
         assert 99 not in bench.PROFILES[name]["pipeline"]["world_sizes"]
-
-
-def test_machine_info_is_json():
-    info = bench.machine_info()
+    info = bench.machine_info()  # what every JSON file records beside the sizes
     assert info["logical_cpus"] >= 1 and "torch" in info
     json.dumps(info)
 
