@@ -81,7 +81,6 @@ def profile_config(profile: str) -> dict[str, dict[str, Any]]:
     return json.loads(json.dumps(PROFILES[profile]))
 
 
-
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on: CPU model and count, GPUs, versions, load average.
 

@@ -3,7 +3,6 @@
 benchmark. Tiny models with integer-friendly inputs, so the values in the messages are worked by hand.
 """
 
-
 import pytest
 import torch
 
@@ -13,7 +12,6 @@ from helpers.engine import launch
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 MOVED = "values moved within the tensor"
 DIFFER = "ReplicasDiverged: Replicas differ: rank 1 differs from rank 0"
-
 
 
 def _check(model, **kwargs):
