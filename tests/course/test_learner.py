@@ -198,7 +198,9 @@ def test_check_answer_for_the_learner(answer, expected, verdict, capsys):
     assert out.startswith(f"ex1: {verdict}") and out.endswith(end), out
 
 
-def test_check_answer_strict(capsys):
+def test_check_answer_strict_and_code_answers(capsys):
+    """strict=True (a solution): it raises. A code exercise: run= turns the learner's function into
+    the value compared; a failing function: "not yet" for the learner, an error for a solution."""
     hn.check_answer("ex2", Fraction(151, 6), 151 / 6, strict=True)
     assert capsys.readouterr().out == "ex2: solution checked\n"
     with pytest.raises(AssertionError) as info:
@@ -206,11 +208,6 @@ def test_check_answer_strict(capsys):
     assert "ex2" in str(info.value) and "14.0" in str(info.value) and "15" in str(info.value)
     with pytest.raises(AssertionError, match="ex2: the solution left its answer as None"):
         hn.check_answer("ex2", None, 15, strict=True)
-
-
-def test_check_answer_runs_code_answers(capsys):
-    """A code exercise: run= turns the learner's function into the value compared; a failing
-    function is a "not yet" for the learner and an error for a solution."""
     square = lambda fn: [fn(x) for x in (1, 2, 3)]  # noqa: E731
     hn.check_answer("ex4", None, [1, 4, 9], run=square)
     hn.check_answer("ex4", lambda x: x * x, [1, 4, 9], run=square)
