@@ -189,17 +189,14 @@ def test_timeline_overlap_on_a_synthetic_timeline():
 
 
 @pytest.mark.slow(10)
-def test_cli_help_runs_as_a_module():
+def test_cli_help_runs_as_a_module_and_refuses_unknown_names():
     proc = subprocess.run([sys.executable, "-m", "helpers.bench", "--help"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps lines at the terminal width
     assert "usage: python -m helpers.bench" in text
     assert "pipeline, scaling, allreduce, launch, memory, buckets, simulated" in text
-
-
-def test_cli_rejects_unknown_names():
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # an unknown name
         bench.main(["nonsense"])
 
 

@@ -21,7 +21,7 @@ from helpers.sampler import (
 RIGHT_0_TO_4 = [i < 5 for i in range(10)]
 
 
-def test_padded_case_table_and_skew():
+def test_padded_case_table_skew_and_epochs():
     """10 items, 3 ranks: the other cases (8 over 4, drop_last, 5/9) and the set_epoch claim are
     asserted by notebook 03's own check cells (tests/course/test_notebooks.py runs it)."""
     df = sampler_assignment(10, 3, shuffle=False)
@@ -30,10 +30,7 @@ def test_padded_case_table_and_skew():
     assert assignment_lists(df) == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
     assert times_seen(df, 10).tolist() == [2, 2] + [1] * 8
     assert accuracy_through(df, RIGHT_0_TO_4) == Fraction(7, 12)
-
-
-def test_epoch_assignment_asks_torchs_sampler():
-    """One sampler per rank reused across epochs, set_epoch called: as a fresh sampler at that epoch."""
+    # epoch_assignment: one sampler per rank reused, set_epoch called: a fresh sampler at that epoch
     df = epoch_assignment(8, 2, 2, call_set_epoch=True, seed=0)
     assert assignment_lists(df[df["epoch"] == 1])[0] == sampler_indices(8, 2, 0, shuffle=True, seed=0, epoch=1)
 

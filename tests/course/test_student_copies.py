@@ -44,12 +44,6 @@ def test_one_copy_per_lesson(copies):
     assert sum(len(tagged(nbformat.read(str(p), as_version=4), "solution")) for p in NOTEBOOKS) > 0
 
 
-def test_default_folder_is_served_and_ignored():
-    """Inside the repository root (what the README's jupyter lab serves), never committed."""
-    assert student_copies.DEFAULT_OUTPUT_DIR == ROOT / "student"
-    assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
-
-
 def test_handout_opens_on_its_own(handout, copies):
     """The links of the copies resolve inside the handout, it has what the lessons import and
     MNIST, says how to start, and the zip holds the same files, none a solution."""
@@ -72,6 +66,9 @@ def test_handout_opens_on_its_own(handout, copies):
                if f.is_file() and f.suffix != ".zip"}
     assert names == on_disk
     assert not [n for n in names if "__pycache__" in n or n.endswith("-ubyte")]
+    # the default folder: inside the repository root (what the README's jupyter lab serves), ignored
+    assert student_copies.DEFAULT_OUTPUT_DIR == ROOT / "student"
+    assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
