@@ -78,10 +78,6 @@ def ensure_fails(root: Path) -> MNISTDataError:
     return ei.value
 
 
-def gz_bytes(raw: Path, name: str) -> bytes:
-    return gzip.decompress((raw / (name + ".gz")).read_bytes())
-
-
 # ---- the real data -----------------------------------------------------------------------------
 
 def test_constants_match_shared_readme():
@@ -293,7 +289,7 @@ def test_flipped_byte_in_gzip_payload(gz_copy):
 def test_valid_gzip_with_wrong_content_is_checksum_mismatch(gz_copy):
     root, raw = gz_copy
     name = "t10k-labels-idx1-ubyte"
-    content = bytearray(gz_bytes(raw, name))
+    content = bytearray(gzip.decompress((raw / (name + ".gz")).read_bytes()))
     content[5000] = (content[5000] + 1) % 10  # one label changed, still a valid IDX file
     (raw / (name + ".gz")).write_bytes(gzip.compress(bytes(content)))
     msg = str(ensure_fails(root))
