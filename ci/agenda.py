@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 
 from ci import marked, path_table, workshop
+from ci.workshop import clock
 from helpers import lessons as manifest
 
 TEACHING = path_table.REPO_ROOT / "docs" / "TEACHING.md"
@@ -41,10 +42,6 @@ def slots(lessons: list[str], notebooks: Path) -> list[dict]:
     return rows
 
 
-def _clock(minutes: int) -> str:
-    return f"{minutes // 60}:{minutes % 60:02d}"
-
-
 def _schedule(rows: list[dict], start: int, breaks: dict[int, str]) -> list[str]:
     """Table lines from ``start`` (minutes after the start), a break row inserted before the
     lesson with index ``i`` when ``i in breaks`` (value: label, length after ``=``)."""
@@ -53,11 +50,11 @@ def _schedule(rows: list[dict], start: int, breaks: dict[int, str]) -> list[str]
     for i, row in enumerate(rows):
         if i in breaks:
             label, length = breaks[i].split("=")
-            lines.append(f"| {_clock(t)} | *{label}* | {length} min |")
+            lines.append(f"| {clock(t)} | *{label}* | {length} min |")
             t += int(length)
-        lines.append(f"| {_clock(t)} | [{row['stem']}](../notebooks/{row['stem']}.ipynb) | {row['slot_min']} min |")
+        lines.append(f"| {clock(t)} | [{row['stem']}](../notebooks/{row['stem']}.ipynb) | {row['slot_min']} min |")
         t += row["slot_min"]
-    lines.append(f"| {_clock(t)} | *end* | |")
+    lines.append(f"| {clock(t)} | *end* | |")
     return lines
 
 

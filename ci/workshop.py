@@ -91,12 +91,12 @@ def rows(parts: list[manifest.WorkshopPart], lessons: list[manifest.Lesson], tim
                     for p in ("setup", *part.sections)}
         per_part.update({f"ex{n}": per_exercise_min for n in part.exercises})  # its reading included
         out.append(dict(lesson=lesson, sections=part.sections, exercises=part.exercises, run_min=run_min,
-                        part_min=per_part,
-                        slot_min=math.ceil(sum(per_part.values()))))
+                        part_min=per_part, slot_min=math.ceil(sum(per_part.values()))))
     return out
 
 
-def _clock(minutes: int) -> str:
+def clock(minutes: int) -> str:
+    """``H:MM`` of ``minutes`` (after midnight, or after the start)."""
     return f"{minutes // 60}:{minutes % 60:02d}"
 
 
@@ -114,16 +114,16 @@ def block(rows_: list[dict]) -> tuple[str, int]:
     t, broke = 0, False
     for r in rows_:
         if not broke and t >= BREAK_AFTER_MIN:
-            lines.append(f"| {_clock(t)} | *break* | | | | {BREAK_MIN} min |")
+            lines.append(f"| {clock(t)} | *break* | | | | {BREAK_MIN} min |")
             t += BREAK_MIN
             broke = True
         lesson = r["lesson"]
         sections = ", ".join(f"§{s}" for s in r["sections"])
         exercises = ", ".join(str(n) for n in r["exercises"]) or "none"
-        lines.append(f"| {_clock(t)} | [{lesson.name}](../notebooks/{lesson.stem}.ipynb) | {sections} | {exercises} | "
+        lines.append(f"| {clock(t)} | [{lesson.name}](../notebooks/{lesson.stem}.ipynb) | {sections} | {exercises} | "
                      f"{_parts(r['part_min'])} | {r['slot_min']} min |")
         t += r["slot_min"]
     if not broke:
         t += BREAK_MIN
-    lines.append(f"| {_clock(t)} | *end* | | | | |")
+    lines.append(f"| {clock(t)} | *end* | | | | |")
     return "\n".join(lines), TEACHING_MIN - t

@@ -29,16 +29,8 @@ import torch
 from helpers import REPO_ROOT
 
 __all__ = [
-    "DEFAULT_ROOT",
-    "MNIST_MEAN",
-    "MNIST_STD",
-    "MNIST_FILES",
-    "MNISTFile",
-    "MNISTDataError",
-    "ensure_mnist",
-    "load_mnist",
-    "mnist_datasets",
-    "parse_idx",
+    "DEFAULT_ROOT", "MNIST_MEAN", "MNIST_STD", "MNIST_FILES", "MNISTFile", "MNISTDataError",
+    "ensure_mnist", "load_mnist", "mnist_datasets", "parse_idx",
 ]
 
 #: Default dataset root: ``<repo>/data``; the IDX files live in ``<root>/MNIST/raw``.
@@ -129,9 +121,8 @@ def _is_verified(path: Path, spec: MNISTFile) -> bool:
     try:
         ok = _sha256_file(path) == spec.sha256
     except OSError as e:
-        raise MNISTDataError(
-            f"cannot read {path}: {e}. Make the file readable, or delete it and rerun."
-        ) from e
+        raise MNISTDataError(f"cannot read {path}: {e}. Make the file readable, or delete it and "
+                             "rerun.") from e
     if ok:
         _verified.add(key)
     return ok
@@ -166,9 +157,8 @@ def _decompress(gz: Path, target: Path, spec: MNISTFile) -> None:
                         n += len(chunk)
                         out.write(chunk)
             except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-                raise MNISTDataError(
-                    f"{gz} is truncated or corrupt ({type(e).__name__}: {e}); {_FIX_GZ}, then rerun."
-                ) from e
+                raise MNISTDataError(f"{gz} is truncated or corrupt ({type(e).__name__}: {e}); "
+                                     f"{_FIX_GZ}, then rerun.") from e
             except FileNotFoundError as e:
                 raise MNISTDataError(f"{gz} is missing; {_FIX_GZ}.") from e
             except OSError as e:  # unreadable .gz, disk full, ...
@@ -195,10 +185,7 @@ def _decompress(gz: Path, target: Path, spec: MNISTFile) -> None:
             ) from e
         _verified.add(_key(target, st))
     except BaseException:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -268,13 +255,8 @@ def ensure_mnist(root: str | os.PathLike | None = None, *, download: bool = Fals
     return root
 
 
-def parse_idx(
-    data: bytes | bytearray | memoryview,
-    *,
-    expected_magic: int | None = None,
-    expected_count: int | None = None,
-    name: str = "IDX data",
-) -> np.ndarray:
+def parse_idx(data: bytes | bytearray | memoryview, *, expected_magic: int | None = None,
+              expected_count: int | None = None, name: str = "IDX data") -> np.ndarray:
     """Parse an unsigned-byte IDX buffer (MNIST's format) into a ``uint8`` numpy array.
 
     Header: a big-endian uint32 magic number (2051 = images ``(N, 28, 28)``, 2049 = labels
@@ -290,9 +272,7 @@ def parse_idx(
     if len(buf) < 8:
         raise MNISTDataError(f"{name}: {len(buf)} bytes is too short for an IDX header. {fix}")
     magic = int.from_bytes(buf[0:4], "big")
-    if magic not in (IDX_MAGIC_IMAGES, IDX_MAGIC_LABELS) or (
-        expected_magic is not None and magic != expected_magic
-    ):
+    if magic not in (IDX_MAGIC_IMAGES, IDX_MAGIC_LABELS) or expected_magic not in (None, magic):
         want = expected_magic if expected_magic is not None else f"{IDX_MAGIC_IMAGES} or {IDX_MAGIC_LABELS}"
         raise MNISTDataError(f"{name}: IDX magic number is {magic}, expected {want}. {fix}")
     ndim = magic & 0xFF
@@ -306,9 +286,8 @@ def parse_idx(
         raise MNISTDataError(f"{name}: IDX header says {dims[0]} items, expected {expected_count}. {fix}")
     body = int(np.prod(dims))
     if len(buf) != header + body:
-        raise MNISTDataError(
-            f"{name}: {len(buf)} bytes, but the header {dims} implies {header + body}. {fix}"
-        )
+        raise MNISTDataError(f"{name}: {len(buf)} bytes, but the header {dims} implies "
+                             f"{header + body}. {fix}")
     return np.frombuffer(buf, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -344,19 +323,13 @@ def _load_raw(raw: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     for kind, magic in (("images-idx3-ubyte", IDX_MAGIC_IMAGES), ("labels-idx1-ubyte", IDX_MAGIC_LABELS)):
         spec = MNIST_FILES[f"{prefix}-{kind}"]
         path = Path(raw) / spec.name
-        arrays.append(
-            parse_idx(_read_verified(path, spec), expected_magic=magic,
-                      expected_count=spec.count, name=str(path))
-        )
+        arrays.append(parse_idx(_read_verified(path, spec), expected_magic=magic,
+                                expected_count=spec.count, name=str(path)))
     return torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1])
 
 
-def load_mnist(
-    train: bool = True,
-    root: str | os.PathLike | None = None,
-    normalize: bool = True,
-    flatten: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def load_mnist(train: bool = True, root: str | os.PathLike | None = None, normalize: bool = True,
+               flatten: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One whole MNIST split as fresh CPU tensors (no per-item PIL transform).
 
     Args:
@@ -382,10 +355,7 @@ def load_mnist(
     return images, labels_u8.to(torch.int64)
 
 
-def mnist_datasets(
-    root: str | os.PathLike | None = None,
-    transform: Callable | None = None,
-):
+def mnist_datasets(root: str | os.PathLike | None = None, transform: Callable | None = None):
     """``(train, test)`` :class:`torchvision.datasets.MNIST` over the verified files.
 
     Items are ``(image, label)``; the default ``transform`` (``ToTensor()`` then ``Normalize``
@@ -397,9 +367,8 @@ def mnist_datasets(
 
     root = ensure_mnist(root)
     if transform is None:
-        transform = transforms.Compose(
-            [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]
-        )
+        transform = transforms.Compose([transforms.ToTensor(),
+                                        transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
     train = datasets.MNIST(root=str(root), train=True, download=False, transform=transform)
     test = datasets.MNIST(root=str(root), train=False, download=False, transform=transform)
     return train, test

@@ -28,20 +28,10 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Sequence
 
-__all__ = [
-    "sampler_indices",
-    "sampler_assignment",
-    "epoch_assignment",
-    "assignment_lists",
-    "times_seen",
-    "accuracy_through",
-    "plot_assignment",
-]
+__all__ = ["sampler_indices", "sampler_assignment", "epoch_assignment", "assignment_lists",
+           "times_seen", "accuracy_through", "plot_assignment"]
 
 
-# --------------------------------------------------------------------------------------------
-# Asking the real sampler (no process group needed)
-# --------------------------------------------------------------------------------------------
 def _check_sizes(dataset_len: int, num_replicas: int) -> None:
     if isinstance(dataset_len, bool) or not isinstance(dataset_len, int) or dataset_len < 1:
         raise ValueError(f"dataset_len must be a positive int, got {dataset_len!r}")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from helpers.engine import leftover_children
 
@@ -18,6 +19,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 #: Child processes of this test process, less the resource tracker and the fork server.
 leftover_processes = leftover_children
+
+#: Set to 1, skips the browser tests outside CI (docs/TESTING.md).
+SKIP_ENV = "DDP_LAB_SKIP_BROWSER"
 
 #: Busy processes per core that :func:`busy_cpus` starts: load average 10 on 2 cores (issue 40).
 BUSY_PER_CORE = 5
@@ -88,6 +92,39 @@ def cell_texts(path) -> list[str]:
 
     return ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
             for c in nbformat.read(path, as_version=4).cells]
+
+
+def require_browser(test: str) -> str:
+    """The Chromium executable for ``test`` (its name in messages). Where ``CI`` is set a missing
+    browser fails the test; elsewhere it skips it (reason in pytest's summary), as does
+    ``DDP_LAB_SKIP_BROWSER=1``."""
+    from ci.site import CHROMIUM_ENV, find_chromium
+
+    in_ci = bool(os.environ.get("CI"))
+    if os.environ.get(SKIP_ENV) == "1":
+        if in_ci:
+            pytest.fail(f"{SKIP_ENV}=1 but CI is set: in CI {test} is mandatory", pytrace=False)
+        pytest.skip(f"{SKIP_ENV}=1: {test} is skipped on purpose")
+    problems = []
+    chromium = find_chromium()
+    if chromium is None:
+        where = os.environ.get(CHROMIUM_ENV) or "/usr/bin/chromium (or `chromium` on PATH)"
+        problems.append(
+            f"Chromium not found at {where}. Install it: `sudo apt-get install -y chromium` "
+            f"(Debian; on Ubuntu the apt package is a snap, use `snap install chromium`), or "
+            f"point {CHROMIUM_ENV} at a Chromium/Chrome executable.")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("The Python package `playwright` is missing: `python3 -m pip install -r "
+                        "requirements.lock` (do not run `playwright install`: the test drives the "
+                        "system Chromium).")
+    if problems:
+        message = f"{test[0].upper()}{test[1:]} needs a browser:\n- " + "\n- ".join(problems)
+        if in_ci:
+            pytest.fail(message + "\nCI is set, so this test is mandatory.", pytrace=False)
+        pytest.skip(message.replace("\n", " ") + " (mandatory where CI is set)")
+    return chromium
 
 
 # ---- warm ranks (helpers.engine.warm_ranks): kernels and the processes they leave ---------------------------
@@ -189,57 +226,18 @@ class Kernel:
             self.km.shutdown_kernel(now=False)  # a clean shutdown: the kernel runs atexit
 
 
-def exercise_cells(number: int, title: str, task: str, check: str, solution: str, *,
-                   answer_comment: str = "your answer here") -> list:
-    """The four cells of exercise ``number`` (docs/TESTING.md, "The lesson rules").
-
-    Args:
-        number: 1, 2, 3 ...; the key is ``f"ex{number}"``, the learner's variable
-            ``answer_<number>``.
-        title: a few words, shown as ``### Exercise N: title``.
-        task: markdown: the question, and the form of the answer.
-        check: code of the check cell (folded; a ``# Check: exercise N`` line is added first when it
-            has none); it must compute ``expected_<number>`` and call
-            ``check_answer("exN", answer_N, expected_N, ...)``.
-        solution: code of the collapsed solution cell (a spoiler-free first line is added); it
-            must end with
-            ``check_answer("exN", solution_N, expected_N, strict=True)`` (tolerances may come
-            before ``strict=True`` on that line).
-        answer_comment: the comment after ``answer_N = None  #``.
-
-    Returns:
-        ``[markdown, learner code, check code, solution code]`` nbformat v4 cells.
-
-    Raises:
-        ValueError: if ``check`` or ``solution`` does not follow the recipe.
-    """
-    from textwrap import dedent
-
+def exercise_cells(number: int, title: str, task: str, check: str, solution: str) -> list:
+    """``[markdown, learner code, check code, solution code]``: exercise ``number``'s four nbformat v4
+    cells as docs/TESTING.md ("Exercises") writes them; ``check`` and ``solution`` are the code
+    below each cell's first line (``# Check: exercise N``, the spoiler-free solution line)."""
     from nbformat.v4 import new_code_cell, new_markdown_cell
 
     from ci.lessons import SOLUTION_FIRST_LINE, SOLUTION_METADATA
 
-    key, answer, expected = f"ex{number}", f"answer_{number}", f"expected_{number}"
-    check = dedent(check).strip("\n")
-    solution = dedent(solution).strip("\n")
-    if f'check_answer("{key}", {answer}, {expected}' not in check:
-        raise ValueError(f"exercise {number}: the check cell must call "
-                         f"check_answer(\"{key}\", {answer}, {expected}, ...)")
-    if f"{expected} =" not in check:
-        raise ValueError(f"exercise {number}: the check cell must compute {expected}")
-    if not re.search(rf'check_answer\("{key}", solution_{number}, {expected},[^\n]*strict=True', solution):
-        raise ValueError(f"exercise {number}: the solution must end with "
-                         f"check_answer(\"{key}\", solution_{number}, {expected}, strict=True)")
-    # JupyterLab shows the first line of a collapsed cell: make it one that gives nothing away
-    solution = f"{SOLUTION_FIRST_LINE} {number} (try the exercise first)\n{solution}"
-    md_cell = new_markdown_cell(f"### Exercise {number}: {title}\n\n" + dedent(task).strip("\n"))
-    learner = new_code_cell(f"{answer} = None  # {answer_comment}")
-    learner.metadata["tags"] = ["exercise"]
-    if not check.startswith("# Check: "):
-        check = f"# Check: exercise {number}\n{check}"
-    check_cell = new_code_cell(check)
-    check_cell.metadata.update({"jupyter": {"source_hidden": True}, "tags": ["check"]})
-    solution_cell = new_code_cell(solution)
-    solution_cell.metadata.update({"jupyter": dict(SOLUTION_METADATA["jupyter"]),
-                                   "tags": list(SOLUTION_METADATA["tags"])})
-    return [md_cell, learner, check_cell, solution_cell]
+    learner = new_code_cell(f"answer_{number} = None  # your answer here", metadata={"tags": ["exercise"]})
+    check_cell = new_code_cell(f"# Check: exercise {number}\n{check}",
+                               metadata={"jupyter": {"source_hidden": True}, "tags": ["check"]})
+    solution_cell = new_code_cell(f"{SOLUTION_FIRST_LINE} {number} (try the exercise first)\n{solution}",
+                                  metadata={"jupyter": dict(SOLUTION_METADATA["jupyter"]),
+                                            "tags": list(SOLUTION_METADATA["tags"])})
+    return [new_markdown_cell(f"### Exercise {number}: {title}\n\n{task}"), learner, check_cell, solution_cell]

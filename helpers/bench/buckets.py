@@ -22,7 +22,7 @@ from helpers.bench.common import (
     run_interleaved,
     spread,
     sync_device,
-    timed_steps,
+    timed_block,
     train_step,
 )
 from helpers.engine import launch, worker_device
@@ -224,16 +224,12 @@ def bucket_worker(rank: int, world_size: int, bucket_caps_mb: Sequence[float] = 
     layouts, blocks = {}, {}
     block_steps = max(1, steps // max(1, rounds))
 
-    def block(ddp, opt):
-        def run(n=None):
-            return timed_steps(ddp, opt, lambda s: (x, y), 0, block_steps if n is None else n, device)
-        return run
-
     for cap, view in configs:
         label = f"{cap:g}/{view}"
         layouts[label] = _bucket_layout_steps(model, seed, cap, view, x, y, device)
         ddp = ddp_wrap(build_bench_model(model, seed), device, bucket_cap_mb=cap, gradient_as_bucket_view=view)
-        blocks[label] = block(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+        blocks[label] = timed_block(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), lambda s: (x, y), block_steps,
+                                    device, None)
     times, order = run_interleaved(blocks, rounds, warmup=warmup, barrier=dist.barrier)
     rows = []
     for cap, view in configs:

@@ -81,7 +81,6 @@ def profile_config(profile: str) -> dict[str, dict[str, Any]]:
     return json.loads(json.dumps(PROFILES[profile]))
 
 
-
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on: CPU model and count, GPUs, versions, load average.
 
@@ -207,6 +206,22 @@ def timed_steps(model, opt, batch, first: int, steps: int, device, sync: bool = 
         times.append(now - t)
         t = now
     return times
+
+
+def timed_block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.device, threads: int | None,
+                sync: bool = True) -> Callable[[int], list[float]]:
+    """A mode for :func:`run_interleaved`: ``steps`` training steps per block (``threads``
+    torch threads while they run), continuing through the data from block to block."""
+    done = [0]
+
+    def run(n: int | None = None) -> list[float]:
+        n = steps if n is None else n
+        with num_threads(threads):
+            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync)
+        done[0] += n
+        return times
+
+    return run
 
 
 def batch_fn(x: torch.Tensor, y: torch.Tensor, perm: torch.Tensor, global_batch: int, rank: int,

@@ -42,6 +42,7 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from helpers.bench.common import sync_device
     from helpers.engine import worker_device
     from helpers.replicas import _check, assert_in_sync
 
@@ -50,10 +51,6 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
     ddp = DDP(_mlp(width, depth).to(device))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
     def step():
         opt.zero_grad()
@@ -68,24 +65,13 @@ def cost_worker(rank: int, world_size: int, width: int = 256, depth: int = 4, ba
     full()
     steps, checks, fulls = [], [], []
     for _ in range(repeats):
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        steps.append(time.perf_counter() - t0)
-        dist.barrier()  # a rank still in its step would count in the other's check
-        sync()
-        t1 = time.perf_counter()
-        assert_in_sync(ddp)
-        sync()
-        checks.append(time.perf_counter() - t1)
-        dist.barrier()
-        sync()
-        t2 = time.perf_counter()
-        full()
-        sync()
-        fulls.append(time.perf_counter() - t2)
+        for run, times in ((step, steps), (lambda: assert_in_sync(ddp), checks), (full, fulls)):
+            dist.barrier()  # a rank still in its step would count in the other's check
+            sync_device(device)
+            t0 = time.perf_counter()
+            run()
+            sync_device(device)
+            times.append(time.perf_counter() - t0)
     step_s, check_s, full_s = statistics.median(steps), statistics.median(checks), statistics.median(fulls)
     return {"world_size": world_size, "parameters": sum(p.numel() for p in ddp.parameters()),
             "step_s": step_s, "check_s": check_s, "check_per_step": check_s / step_s,

@@ -26,30 +26,13 @@ from helpers.bench.common import (
     build_bench_model,
     ddp_wrap,
     median,
-    num_threads,
     run_interleaved,
     spread,
-    timed_steps,
+    timed_block,
 )
 from helpers.data import load_mnist
 from helpers.engine import launch, worker_device
 from helpers.mnist_train import peak_rss_mib
-
-
-def _block(model: nn.Module, opt, batch: Callable, steps: int, device: torch.device, threads: int | None,
-           sync: bool = True) -> Callable[[int], list[float]]:
-    """A mode for :func:`run_interleaved`: ``steps`` training steps per block (``threads``
-    torch threads while they run), continuing through the data from block to block."""
-    done = [0]
-
-    def run(n: int | None = None) -> list[float]:
-        n = steps if n is None else n
-        with num_threads(threads):
-            times = timed_steps(model, opt, batch, done[0], n, device, sync=sync)
-        done[0] += n
-        return times
-
-    return run
 
 
 def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] = ((1, 1), (2, 1)),
@@ -111,13 +94,13 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
                     ddp = ddp_wrap(build_bench_model(name, seed), device, process_group=groups.get(ws))
                     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
                     batch = batch_fn(x, y, perm, gb, rank, ws)
-                    blocks[label] = _block(ddp, opt, batch, steps, device, t)
-                    blocks[label + " no_sync"] = _block(ddp, opt, batch, steps, device, t, sync=False)
+                    blocks[label] = timed_block(ddp, opt, batch, steps, device, t)
+                    blocks[label + " no_sync"] = timed_block(ddp, opt, batch, steps, device, t, sync=False)
                 else:
                     blocks[label] = blocks[label + " no_sync"] = None
                 if ws > 1:  # one rank's share, on rank 0 alone
                     plain = build_bench_model(name, seed).to(device)
-                    blocks[label + " solo"] = (_block(plain, torch.optim.SGD(plain.parameters(), lr=lr),
+                    blocks[label + " solo"] = (timed_block(plain, torch.optim.SGD(plain.parameters(), lr=lr),
                                                       batch_fn(x, y, perm, gb, 0, ws), steps, device, t)
                                                if rank == 0 else None)
             for mode, t in ((m, t) for m in ("single", "dp") for t in sorted(set(local_threads))):
@@ -129,7 +112,7 @@ def scaling_worker(rank: int, world_size: int, configs: Sequence[Sequence[int]] 
                     if mode == "dp":  # on a CPU: device_ids == [], it just calls the module
                         model = nn.DataParallel(model)
                         meta[label]["dp_device_ids"] = list(model.device_ids)
-                    blocks[label] = _block(model, torch.optim.SGD(model.parameters(), lr=lr),
+                    blocks[label] = timed_block(model, torch.optim.SGD(model.parameters(), lr=lr),
                                            batch_fn(x, y, perm, gb, 0, 1), steps, device, t)
             times, order = run_interleaved(blocks, rounds, warmup, barrier=dist.barrier)
             for label, m in meta.items():

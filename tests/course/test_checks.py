@@ -145,7 +145,7 @@ def extra_step(rank, world_size):
         torch.optim.SGD(model().parameters(), lr=0.1).step()
 
 
-def test_step_counts_and_loops_without_optimizer():
+def test_step_counts_loops_without_optimizer_and_randomness():
     with pytest.raises(DivergedFromOneProcess, match="2 ranks took 3 optimizer steps, one process took 2"):
         against_one_process(extra_step, 2)
     with pytest.raises(RuntimeError, match="no optimizer step"):
@@ -159,10 +159,7 @@ def test_step_counts_and_loops_without_optimizer():
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks  # nothing left installed
     assert (DataLoader.__iter__.__module__, DistributedSampler.__iter__.__module__) == (
         "torch.utils.data.dataloader", "torch.utils.data.distributed")
-
-
-def test_randomness_gets_its_own_error_not_a_false_divergence():
-    with pytest.raises(RandomnessDiffers, match="dropout"):
+    with pytest.raises(RandomnessDiffers, match="dropout"):  # its own error, not a false divergence
         against_one_process(ddp_loop, 2, "dropout")
 
 
@@ -290,14 +287,6 @@ def test_coverage_of_datasets_sharded_before_the_group():
         data_coverage(given_loop, 2, Rows(10))
 
 
-@pytest.mark.slow
-def test_coverage_of_an_iterable_dataset_read_by_workers_that_do_not_shard():
-    """10b: a stream sharded by rank but not by DataLoader worker: each worker yields the rank's shard."""
-    with pytest.raises(CoverageError, match="twice within rank\\(s\\) 0, 1(.|\n)*get_worker_info"):
-        data_coverage(given_loop, 2, None, 2, False, simulated=False)
-    assert data_coverage(given_loop, 2, None, 2, simulated=False).passes == [(0, 0, {0: 5, 1: 5}, None)]
-
-
 def persistent_loop(rank, world_size, n=20, epochs=3):
     """One loader with persistent workers: one iterator serves every epoch (lesson 04's setting)."""
     data = TensorDataset(torch.arange(n))
@@ -310,8 +299,13 @@ def persistent_loop(rank, world_size, n=20, epochs=3):
 
 
 @pytest.mark.slow
-def test_coverage_counts_each_pass_of_persistent_workers_apart():
-    report = data_coverage(persistent_loop, 2, simulated=False)  # worker processes: real ranks
+def test_coverage_with_dataloader_workers():
+    """10b: a stream sharded by rank but not by DataLoader worker: each worker yields the rank's shard.
+    Persistent workers (one iterator for every epoch): each pass counted apart."""
+    with pytest.raises(CoverageError, match="twice within rank\\(s\\) 0, 1(.|\n)*get_worker_info"):
+        data_coverage(given_loop, 2, None, 2, False, simulated=False)
+    assert data_coverage(given_loop, 2, None, 2, simulated=False).passes == [(0, 0, {0: 5, 1: 5}, None)]
+    report = data_coverage(persistent_loop, 2, simulated=False)  # persistent workers: a record per pass
     assert [p[:3] for p in report.passes] == [(0, e, {0: 10, 1: 10}) for e in range(3)] and not report.notes
 
 

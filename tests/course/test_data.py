@@ -71,13 +71,14 @@ def assert_clean(raw: Path, allowed: set[str] | None = None) -> None:
 GZ_ONLY = {spec.name + ".gz" for spec in MNIST_FILES.values()}
 
 
-def gz_bytes(raw: Path, name: str) -> bytes:
-    return gzip.decompress((raw / (name + ".gz")).read_bytes())
+def ensure_fails(root: Path) -> MNISTDataError:
+    """The error ``ensure_mnist(root)`` raises (the test fails if it raises none)."""
+    with pytest.raises(MNISTDataError) as ei:
+        ensure_mnist(root)
+    return ei.value
 
 
-# ------------------------------------------------------------------------------------------
-# the real data
-# ------------------------------------------------------------------------------------------
+# ---- the real data -----------------------------------------------------------------------------
 
 def test_constants_match_shared_readme():
     if not SHARED_README.exists():
@@ -121,7 +122,7 @@ def test_torchvision_reads_layout_and_agrees_with_load_mnist():
         torch.testing.assert_close(x, images[i], atol=1e-5, rtol=0)
 
 
-def test_load_mnist_shapes_dtypes_and_statistics():
+def test_load_mnist_shapes_dtypes_statistics_label_counts_and_fresh_tensors():
     images, labels = load_mnist(train=True)
     assert images.shape == (60000, 1, 28, 28) and images.dtype == torch.float32
     assert labels.shape == (60000,) and labels.dtype == torch.int64
@@ -136,23 +137,14 @@ def test_load_mnist_shapes_dtypes_and_statistics():
     assert raw01.mean().item() == pytest.approx(MNIST_MEAN, abs=1e-4)
     assert raw01.std().item() == pytest.approx(MNIST_STD, abs=1e-4)
 
-    flat, _ = load_mnist(train=False, flatten=True)
+    flat, test_labels = load_mnist(train=False, flatten=True)
     assert flat.shape == (10000, 784) and flat.dtype == torch.float32
-
-
-def test_load_mnist_returns_fresh_tensors():
-    a, la = load_mnist(train=False)
-    a.zero_()
-    la.zero_()
-    b, lb = load_mnist(train=False)
-    assert b.abs().sum() > 0 and lb.sum() > 0
-
-
-def test_label_counts_match_readme():
-    _, train_labels = load_mnist(train=True)
-    _, test_labels = load_mnist(train=False)
-    assert torch.bincount(train_labels, minlength=10).tolist() == TRAIN_COUNTS
+    assert torch.bincount(labels, minlength=10).tolist() == TRAIN_COUNTS
     assert torch.bincount(test_labels, minlength=10).tolist() == TEST_COUNTS
+    flat.zero_()  # the caller owns its tensors: the cache does not change
+    test_labels.zero_()
+    again, again_labels = load_mnist(train=False)
+    assert again.abs().sum() > 0 and again_labels.sum() > 0
 
 
 # torchvision.datasets.MNIST(root, download=True), as seed 002 and the tutorials call it: with the
@@ -193,9 +185,7 @@ def test_torchvision_download_true_works_offline_after_ensure_mnist(gz_copy):
     assert_clean(raw, GZ_ONLY | set(MNIST_FILES))
 
 
-# ------------------------------------------------------------------------------------------
-# decompression into a private copy
-# ------------------------------------------------------------------------------------------
+# ---- decompression into a private copy ---------------------------------------------------------
 
 def test_decompress_into_copy_and_existing_good_files_are_kept(gz_copy):
     root, raw = gz_copy
@@ -251,32 +241,24 @@ def test_wrong_decompressed_file_without_gz_reports_both_digests(gz_copy):
     tmp.write_bytes(bad)
     os.replace(tmp, target)
     (raw / (name + ".gz")).unlink()
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(target) in msg
     assert MNIST_FILES[name].sha256 in msg and sha256(bytes(bad)) in msg
     assert "git checkout -- data/MNIST/raw" in msg
     assert_clean(raw)
 
 
-def test_missing_gz(gz_copy):
+def test_missing_gz_or_folder(gz_copy):
     root, raw = gz_copy
     (raw / "train-labels-idx1-ubyte.gz").unlink()
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert "train-labels-idx1-ubyte.gz" in msg and "missing" in msg
     assert "git checkout -- data/MNIST/raw" in msg and "download=True" in msg
     # Fails before decompressing anything.
     assert_clean(raw, GZ_ONLY - {"train-labels-idx1-ubyte.gz"})
-
-
-def test_missing_folder(tmp_path):
-    with pytest.raises(MNISTDataError, match="t10k-images-idx3-ubyte.gz"):
-        ensure_mnist(tmp_path / "nowhere")
+    assert "t10k-images-idx3-ubyte.gz" in str(ensure_fails(root / "nowhere"))  # no folder at all
     with pytest.raises(MNISTDataError, match="missing"):
-        load_mnist(root=tmp_path / "nowhere")
+        load_mnist(root=root / "nowhere")
 
 
 def test_truncated_gzip(gz_copy):
@@ -284,11 +266,9 @@ def test_truncated_gzip(gz_copy):
     gz = raw / "train-images-idx3-ubyte.gz"
     b = gz.read_bytes()
     gz.write_bytes(b[: len(b) // 2])
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(err := ensure_fails(root))
     assert str(gz) in msg and "truncated or corrupt" in msg and "git checkout" in msg
-    assert isinstance(ei.value.__cause__, EOFError)
+    assert isinstance(err.__cause__, EOFError)
     assert_clean(raw, GZ_ONLY)
 
 
@@ -298,9 +278,7 @@ def test_flipped_byte_in_gzip_payload(gz_copy):
     b = bytearray(gz.read_bytes())
     b[len(b) // 2] ^= 0xFF  # inside the deflate stream
     gz.write_bytes(b)
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(gz) in msg
     # Either zlib rejects the stream, or gzip's CRC-32 / our SHA-256 catches the change.
     assert "truncated or corrupt" in msg or "SHA-256 mismatch" in msg
@@ -311,12 +289,10 @@ def test_flipped_byte_in_gzip_payload(gz_copy):
 def test_valid_gzip_with_wrong_content_is_checksum_mismatch(gz_copy):
     root, raw = gz_copy
     name = "t10k-labels-idx1-ubyte"
-    content = bytearray(gz_bytes(raw, name))
+    content = bytearray(gzip.decompress((raw / (name + ".gz")).read_bytes()))
     content[5000] = (content[5000] + 1) % 10  # one label changed, still a valid IDX file
     (raw / (name + ".gz")).write_bytes(gzip.compress(bytes(content)))
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert "SHA-256 mismatch" in msg and name in msg
     assert MNIST_FILES[name].sha256 in msg
     assert sha256(bytes(content)) in msg
@@ -332,9 +308,7 @@ def test_unreplaceable_target_directory_in_the_way(gz_copy):
     squat = raw / "train-images-idx3-ubyte"
     squat.mkdir()
     (squat / "keep").write_text("x")
-    with pytest.raises(MNISTDataError) as ei:
-        ensure_mnist(root)
-    msg = str(ei.value)
+    msg = str(ensure_fails(root))
     assert str(squat) in msg and "cannot write" in msg and "writable" in msg
     assert squat.is_dir() and (squat / "keep").read_text() == "x"
     assert_clean(raw, GZ_ONLY | {"train-images-idx3-ubyte"})
@@ -372,28 +346,20 @@ def read_only(folder: Path):
         os.chmod(folder, 0o755)
 
 
-def test_read_only_folder_when_decompression_is_needed(gz_copy):
+def test_read_only_folder_fails_when_decompression_is_needed_only(gz_copy):
     root, raw = gz_copy
     with read_only(raw):
-        with pytest.raises(MNISTDataError) as ei:
-            ensure_mnist(root)
-    msg = str(ei.value)
+        msg = str(err := ensure_fails(root))
     assert str(raw) in msg and "not writable" in msg and "chmod u+w" in msg
-    assert isinstance(ei.value.__cause__, PermissionError)
+    assert isinstance(err.__cause__, PermissionError)
     assert_clean(raw, GZ_ONLY)
-
-
-def test_read_only_folder_is_fine_when_files_are_already_there(gz_copy):
-    root, raw = gz_copy
-    ensure_mnist(root)
+    ensure_mnist(root)  # once the files are there, a read-only folder is fine
     data._verified.clear()
     with read_only(raw):
         ensure_mnist(root)
 
 
-# ------------------------------------------------------------------------------------------
-# IDX parsing
-# ------------------------------------------------------------------------------------------
+# ---- IDX parsing -------------------------------------------------------------------------------
 
 def idx(magic: int, dims: tuple[int, ...], body: bytes | None = None) -> bytes:
     head = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)

@@ -34,8 +34,8 @@ import nbformat
 import psutil
 import pytest
 
-from _support import RANKS_MARK, leftover_processes, marked_processes
-from ci.site import CHROMIUM_ARGS, CHROMIUM_ENV, find_chromium
+from _support import RANKS_MARK, SKIP_ENV, leftover_processes, marked_processes, require_browser
+from ci.site import CHROMIUM_ARGS, CHROMIUM_ENV
 from helpers.engine.processes import free_port, is_live
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,6 @@ GLOSSARY_PATH = "docs/GLOSSARY.md"
 BROWSER_PARAMETERS = {"world_size": 4}
 BUILD_DIR = ROOT / "build"
 SHOTS = {k: BUILD_DIR / f"jupyterlab_{k}.png" for k in ("nb01", "nb01_ranks", "px")}
-SKIP_ENV = "DDP_LAB_SKIP_BROWSER"
 #: ci.site's flags and more for a machine without a display, GPU or outside network
 BROWSER_ARGS = [*CHROMIUM_ARGS, "--disable-quic", "--disable-sync", "--disable-default-apps",
                 "--disable-extensions"]
@@ -102,37 +101,6 @@ JS_NOTEBOOK_STATE = """() => {
 }"""
 
 
-def require_browser() -> str:
-    """The Chromium executable. Where ``CI`` is set a missing browser fails the test; elsewhere
-    it skips it (reason in pytest's summary), as does ``DDP_LAB_SKIP_BROWSER=1``."""
-    in_ci = bool(os.environ.get("CI"))
-    if os.environ.get(SKIP_ENV) == "1":
-        if in_ci:
-            pytest.fail(f"{SKIP_ENV}=1 but CI is set: in CI the JupyterLab browser test is "
-                        "mandatory", pytrace=False)
-        pytest.skip(f"{SKIP_ENV}=1: the JupyterLab browser test is skipped on purpose")
-    problems = []
-    chromium = find_chromium()
-    if chromium is None:
-        where = os.environ.get(CHROMIUM_ENV) or "/usr/bin/chromium (or `chromium` on PATH)"
-        problems.append(
-            f"Chromium not found at {where}. Install it: `sudo apt-get install -y chromium` "
-            f"(Debian; on Ubuntu the apt package is a snap, use `snap install chromium`), or "
-            f"point {CHROMIUM_ENV} at a Chromium/Chrome executable.")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("The Python package `playwright` is missing: `python3 -m pip install -r "
-                        "requirements.lock` (do not run `playwright install`: the test drives the "
-                        "system Chromium).")
-    if problems:
-        message = "The JupyterLab browser test needs a browser:\n- " + "\n- ".join(problems)
-        if in_ci:
-            pytest.fail(message + "\nCI is set, so this test is mandatory.", pytrace=False)
-        pytest.skip(message.replace("\n", " ") + " (mandatory where CI is set)")
-    return chromium
-
-
 def inject_browser_parameters(path: Path) -> dict:
     """Write :data:`BROWSER_PARAMETERS` into the notebook at ``path`` (a temporary copy) as
     papermill does (an ``injected-parameters`` cell after the ``parameters`` cell), after the
@@ -173,7 +141,7 @@ def test_missing_browser_skips_outside_ci_and_fails_in_ci(monkeypatch, tmp_path)
             else:
                 monkeypatch.delenv(name, raising=False)
         with pytest.raises(outcome.Exception, match=match):
-            require_browser()
+            require_browser("the JupyterLab browser test")
 
 
 def _http(url: str, method: str = "GET", timeout: float = 5.0) -> int:
@@ -334,7 +302,7 @@ def _run_scratch(page, server: LabServer, name: str, timeout_s: float) -> tuple[
 @pytest.mark.slow(90)
 @pytest.mark.timeout(RUN_ALL_TIMEOUT_S + SERVER_START_TIMEOUT_S + PX_TIMEOUT_S + 240)
 def test_notebook01_runs_in_jupyterlab_ui(tmp_path: Path):
-    chromium = require_browser()
+    chromium = require_browser("the JupyterLab browser test")
     from playwright.sync_api import sync_playwright
 
     source_bytes = (ROOT / NB_PATH).read_bytes()

@@ -21,19 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------------------ config
 
 
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        (dict(global_batch_size=0), "global_batch_size"),
-        (dict(global_batch_size=64.0), "global_batch_size"),
-        (dict(lr=0.0), "lr"),
-        (dict(lr=-0.1), "lr"),
-        (dict(epochs=0), "epochs"),
-        (dict(max_steps=-1), "max_steps"),
-        (dict(model="mlp"), "model"),
-        (dict(eval_batch_size=0), "eval_batch_size"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(global_batch_size=0), "global_batch_size"), (dict(lr=0.0), "lr"), (dict(lr=-0.1), "lr"),
+    (dict(global_batch_size=64.0), "global_batch_size"), (dict(epochs=0), "epochs"),
+    (dict(max_steps=-1), "max_steps"), (dict(model="mlp"), "model"),
+    (dict(eval_batch_size=0), "eval_batch_size"),
+])
 def test_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(**kwargs)
@@ -71,13 +64,12 @@ def test_models_have_the_seed_shapes_and_seeded_weights():
         assert a(x).shape == (5, 10)
         for pa, pb in zip(a.parameters(), b.parameters()):
             assert torch.equal(pa, pb), f"{name}: same seed should give identical weights"
-    assert sum(p.numel() for p in build_model("linear").parameters()) == 7850
 
 
 # ------------------------------------------------------------------------------ evaluation
 
 
-def test_distributed_accuracy_single_process_and_errors():
+def test_distributed_accuracy_single_process_and_errors_and_peak_rss():
     model = build_model("linear", seed=0)
     images, labels = torch.randn(250, 1, 28, 28), torch.randint(0, 10, (250,))
     with torch.no_grad():
@@ -90,10 +82,7 @@ def test_distributed_accuracy_single_process_and_errors():
         distributed_accuracy(model, images, labels, 1, 1)
     with pytest.raises(RuntimeError, match="process group"):
         distributed_accuracy(model, images, labels, 0, 2)
-
-
-def test_peak_rss_is_positive_mib():
-    assert 10 < peak_rss_mib() < 1e6
+    assert 10 < peak_rss_mib() < 1e6  # MiB, for the lessons' memory claims
 
 
 @pytest.mark.timeout(240)

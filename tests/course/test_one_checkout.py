@@ -57,13 +57,6 @@ def run(args: list[str], cwd: Path | str, first: Path) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_runner_lists_its_own_copys_notebooks(copies):
-    a, b = copies
-    proc = run([str(b / "ci" / "run_notebooks.py"), "--list"], "/", first=a)
-    assert proc.returncode == 0, proc.stderr
-    assert "01_where" in proc.stdout and "02_only_in_a" not in proc.stdout, proc.stdout
-
-
 @pytest.mark.slow(15)
 def test_runner_kernels_import_their_own_copy(copies, tmp_path):
     a, b = copies
@@ -75,7 +68,7 @@ def test_runner_kernels_import_their_own_copy(copies, tmp_path):
     assert printed.strip() == f"HELPERS {b}", printed
 
 
-def test_import_helpers_in_another_copy_names_both(copies):
+def test_import_helpers_in_another_copy_names_both_and_the_runner_lists_its_own(copies):
     """A kernel in ``b/notebooks`` (its working folder) whose Python imports ``a``'s helpers stops at
     ``import helpers``; a copy written inside ``a`` (the handout's default ``student/``) may use ``a``'s."""
     a, b = copies
@@ -85,6 +78,9 @@ def test_import_helpers_in_another_copy_names_both(copies):
     inner = copy_course(a / "student", name=student_copies.HANDOUT_DIST)
     proc = run(["-c", "import helpers; print(helpers.REPO_ROOT)"], inner / "notebooks", first=a)
     assert proc.returncode == 0 and proc.stdout.strip() == str(a), proc.stderr
+    proc = run([str(b / "ci" / "run_notebooks.py"), "--list"], "/", first=a)  # b's runner lists b's
+    assert proc.returncode == 0, proc.stderr
+    assert "01_where" in proc.stdout and "02_only_in_a" not in proc.stdout, proc.stdout
 
 
 def test_doctor_names_both_copies(copies):

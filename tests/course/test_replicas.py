@@ -3,7 +3,6 @@
 benchmark. Tiny models with integer-friendly inputs, so the values in the messages are worked by hand.
 """
 
-
 import pytest
 import torch
 
@@ -11,7 +10,8 @@ from _support import warm_ranks
 from helpers.engine import launch
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-
+MOVED = "values moved within the tensor"
+DIFFER = "ReplicasDiverged: Replicas differ: rank 1 differs from rank 0"
 
 
 def _check(model, **kwargs):
@@ -134,31 +134,27 @@ def modes_and_buffers(rank, world_size, steps=4):
     net[1].train(rank == 0)
     out["sub_mode"] = _check(net)
 
-    # one element of 10,000, away from the fingerprint's sampled elements, one float32 step apart
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
-    with torch.no_grad():
-        if rank == 1:
-            flat = lin.weight.view(-1)
-            flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
+    def linear(width, change=None):
+        """A seeded ``Linear(width, width)`` whose flat weight ``change`` edits on rank 1."""
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(width, width)
+        with torch.no_grad():
+            if rank == 1 and change:
+                change(lin.weight.view(-1))
+        return lin
+
+    def swap(flat):  # two unsampled elements swapped: the same values, sums and sampled elements
+        flat[[1, 2]] = flat[[2, 1]].clone()
+
+    def nudge(flat):  # one element of 10,000, away from the sampled ones, one float32 step apart
+        flat[1] = torch.nextafter(flat[1], torch.tensor(float("inf")))
+
+    lin = linear(100, nudge)
     out["one_element"] = _check(lin)
     out["one_element_atol"] = _check(lin, atol=1e-6)
-
-    # two unsampled elements swapped on rank 1: the same values, sums and sampled elements
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
-    with torch.no_grad():
-        if rank == 1:
-            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
-    out["swapped"] = _check(lin)
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(8, 8)  # small tensors: the every-call check digests them together
-    with torch.no_grad():
-        if rank == 1:
-            lin.weight.view(-1)[[1, 2]] = lin.weight.view(-1)[[2, 1]].clone()
-    out["swapped_small"] = _check(lin)
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(100, 100)
+    out["swapped"] = _check(linear(100, swap))
+    out["swapped_small"] = _check(linear(8, swap))  # small tensors: the check digests them together
+    lin = linear(100)
     first = _check(lin)  # in sync; then rank 1's weight gets new memory
     if rank == 1:
         lin.weight.data = lin.weight.data.flip(0)  # the same values, rows reversed
@@ -184,18 +180,18 @@ def ranks():
     yield from warm_ranks(timeout=120)
 
 
-def test_same_error_on_every_rank(launched):
-    assert launched[0] == launched[1]
-    assert sum(v.startswith("ReplicasDiverged") for v in launched[0].values() if isinstance(v, str)) == 18
-
-
-def test_synced_ddp_passes_in_launch(launched):
+def test_what_passes_passes_and_every_rank_raises_the_same(launched):
     r = launched[0]
     assert r["synced"]["after_eval"] == "ok" and r["after_errors"] == "ok", r
     trained = r["synced"]["trained"]
     assert "buffer '1.running_mean' (8,)" in trained and "SyncBatchNorm" in trained, trained
     assert "parameter" not in trained.split("Buffers:")[0], trained
     assert r["bypass_params_before_step"] == "ok", "parameters still agree before the step"
+    assert r["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
+    first, after = r["new_memory_after_a_check"]  # the bits read once are not reused
+    assert first == "ok" and MOVED in after, (first, after)
+    assert launched[0] == launched[1], "the same error on every rank"
+    assert sum(v.startswith("ReplicasDiverged") for v in r.values() if isinstance(v, str)) == 18
 
 
 def test_bypass_names_weight_ranks_and_values(launched):
@@ -209,30 +205,37 @@ def test_bypass_names_weight_ranks_and_values(launched):
     assert below.startswith("ReplicasDiverged") and above == "ok", (below, above)
 
 
-def test_grads_differ_while_params_agree(launched):
-    msg = launched[0]["bypass_grads_before_step"]
-    assert msg.startswith("ReplicasDiverged: "), msg
-    assert "gradient 'weight' (1, 1): rank 0 sum=1 sumsq=1; rank 1 sum=3 sumsq=9" in msg, msg
-    assert "parameter 'weight'" not in msg, msg
+#: ``(scenario, what its message says)``: every part is in the message, the first at its start
+#: when it begins with ``DIFFER``.
+MESSAGES = [
+    ("bypass_grads_before_step",  # gradients differ while the parameters agree
+     [DIFFER, "gradient 'weight' (1, 1): rank 0 sum=1 sumsq=1; rank 1 sum=3 sumsq=9"]),
+    ("none_grad", ["gradient 'weight' (1, 1): rank 0 None; rank 1 sum=3 sumsq=9"]),
+    ("shape", ["rank 1 holds a different model than rank 0",
+               "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1"]),
+    ("names", ["'a.weight' only on rank 1", "'0.weight' only on rank 0"]),
+    ("options", ["rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False"]),
+    ("frozen", ["'0.weight': requires_grad set False after the wrap", "(ranks 0, 1)"]),
+    ("replaced", ["'weight' was added or replaced after the wrap"]),
+    ("one_element", [DIFFER + " (1 of 2 tensors)", "parameter 'weight' (100, 100): rank 0 sum="]),
+    ("swapped", [DIFFER + " (1 of 2 tensors)", MOVED,
+                 "parameter 'weight' (100, 100): rank 0 sum="]),
+    ("swapped_small", [DIFFER + " (1 of 2 tensors)", "parameter 'weight' (8, 8): rank 0 sum="]),
+    ("dropout", [DIFFER + " in module configuration",
+                 "module '1' (Dropout): p=0.5 on rank 0, p=0.0 on rank 1"]),
+    ("batchnorm", ["the model (BatchNorm1d): eps=1e-05 on rank 0, eps=2e-05 on rank 1",
+                   "momentum=0.1 on rank 0, momentum=0.2 on rank 1"]),
+    ("attribute", ["the model (Linear): scale=1.0 on rank 0, scale=2.0 on rank 1"]),
+]
 
 
-def test_none_grad_on_one_rank(launched):
-    msg = launched[0]["none_grad"]
-    assert "gradient 'weight' (1, 1): rank 0 None; rank 1 sum=3 sumsq=9" in msg, msg
-
-
-def test_different_model_is_named(launched):
-    shape, names, options = launched[0]["shape"], launched[0]["names"], launched[0]["options"]
-    assert "rank 1 holds a different model than rank 0" in shape, shape
-    assert "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1" in shape, shape
-    assert "'a.weight' only on rank 1" in names and "'0.weight' only on rank 0" in names, names
-    assert "rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False" in options, options
-
-
-def test_changed_after_wrap_is_reported(launched):
-    frozen, replaced = launched[0]["frozen"], launched[0]["replaced"]
-    assert "'0.weight': requires_grad set False after the wrap" in frozen and "(ranks 0, 1)" in frozen, frozen
-    assert "'weight' was added or replaced after the wrap" in replaced, replaced
+@pytest.mark.parametrize("scenario, says", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_message_names_what_differs(launched, scenario, says):
+    msg = launched[0][scenario]
+    assert all(part in msg for part in says), msg
+    assert msg.startswith(says[0] if says[0].startswith(DIFFER) else "ReplicasDiverged: "), msg
+    if scenario == "bypass_grads_before_step":
+        assert "parameter 'weight'" not in msg, "the parameters still agree before the step"
 
 
 def test_warm_ranks_synced_and_cost(ranks):
@@ -283,35 +286,6 @@ def test_diverged_buffer_named_with_module_and_rank(launched):
     root = r["root_buffer"]
     assert "buffer 'scale' (1,) in Sequential (the model): rank 0 sum=1 sumsq=1; rank 1 sum=2 sumsq=4" in root, root
     assert "module '1' (BatchNorm1d): train() on rank 0, eval() on rank 1" in r["sub_mode"], r["sub_mode"]
-
-
-def test_one_differing_element_is_caught(launched):
-    msg = launched[0]["one_element"]
-    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
-    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg, msg
-    assert launched[0]["one_element_atol"] == "ok", "a tolerance above the difference lets it pass"
-
-
-def test_values_moved_within_a_tensor_are_caught(launched):
-    msg = launched[0]["swapped"]
-    assert msg.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), msg
-    assert "parameter 'weight' (100, 100): rank 0 sum=" in msg and "values moved within the tensor" in msg, msg
-    small = launched[0]["swapped_small"]
-    assert small.startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 (1 of 2 tensors)"), small
-    assert "parameter 'weight' (8, 8): rank 0 sum=" in small, small
-    first, after = launched[0]["new_memory_after_a_check"]  # the bits read once are not reused
-    assert first == "ok" and "values moved within the tensor" in after, (first, after)
-
-
-def test_module_configured_differently_is_named(launched):
-    r = launched[0]
-    assert "module '1' (Dropout): p=0.5 on rank 0, p=0.0 on rank 1" in r["dropout"], r["dropout"]
-    assert r["dropout"].startswith("ReplicasDiverged: Replicas differ: rank 1 differs from rank 0 in "
-                                   "module configuration"), r["dropout"]
-    bn = r["batchnorm"]
-    assert "the model (BatchNorm1d): eps=1e-05 on rank 0, eps=2e-05 on rank 1" in bn, bn
-    assert "momentum=0.1 on rank 0, momentum=0.2 on rank 1" in bn, bn
-    assert "the model (Linear): scale=1.0 on rank 0, scale=2.0 on rank 1" in r["attribute"], r["attribute"]
 
 
 def test_bench_command_line_prints_the_ratios(tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""helpers.sampler (notebook 03's tables and pictures) against the issue's cases (notebook 03 itself,
-whose worker code lives in its cells, is executed by tests/course/test_notebooks.py)."""
+"""helpers.sampler (notebook 03's tables and pictures), fast: the padded case, torch's sampler behind
+the epochs, the errors, the picture. Notebook 03's check cells assert its other cases
+(tests/course/test_notebooks.py runs it)."""
 
 from __future__ import annotations
 
@@ -20,45 +21,18 @@ from helpers.sampler import (
 RIGHT_0_TO_4 = [i < 5 for i in range(10)]
 
 
-def test_seed_case_8_items_4_ranks():
-    df = sampler_assignment(8, 4, shuffle=False)
+def test_padded_case_table_skew_and_epochs():
+    """10 items, 3 ranks: the other cases (8 over 4, drop_last, 5/9) and the set_epoch claim are
+    asserted by notebook 03's own check cells (tests/course/test_notebooks.py runs it)."""
+    df = sampler_assignment(10, 3, shuffle=False)
     assert list(df.columns) == ["rank", "position", "index"]
     assert all(str(t) == "int64" for t in df.dtypes)
-    assert assignment_lists(df) == [[r, r + 4] for r in range(4)]
-    assert (times_seen(df, 8) == 1).all()
-
-
-def test_padded_10_items_3_ranks():
-    df = sampler_assignment(10, 3, shuffle=False)
     assert assignment_lists(df) == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
-    seen = times_seen(df, 10)
-    assert seen.tolist() == [2, 2] + [1] * 8
-
-
-def test_drop_last_10_items_3_ranks():
-    df = sampler_assignment(10, 3, shuffle=False, drop_last=True)
-    assert assignment_lists(df) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
-    assert times_seen(df, 10).tolist() == [1] * 9 + [0]
-
-
-def test_evaluation_skew_values():
-    assert accuracy_through(sampler_assignment(10, 3), RIGHT_0_TO_4) == Fraction(7, 12)
-    assert accuracy_through(sampler_assignment(10, 3, drop_last=True), RIGHT_0_TO_4) == Fraction(5, 9)
-
-
-def test_set_epoch_case_8_items_2_ranks_seed_0():
-    without = epoch_assignment(8, 2, 2, call_set_epoch=False, seed=0)
-    with_set = epoch_assignment(8, 2, 2, call_set_epoch=True, seed=0)
-    per = {name: [assignment_lists(df[df["epoch"] == e]) for e in (0, 1)]
-           for name, df in (("no", without), ("yes", with_set))}
-    assert per["no"][0] == per["no"][1]
-    for r in range(2):
-        assert per["yes"][0][r] != per["yes"][1][r]
-    for name in per:
-        for e in (0, 1):
-            assert sorted(per[name][e][0] + per[name][e][1]) == list(range(8))
-    # the helper really asks torch's sampler: same as a fresh sampler with set_epoch(1)
-    assert per["yes"][1][0] == sampler_indices(8, 2, 0, shuffle=True, seed=0, epoch=1)
+    assert times_seen(df, 10).tolist() == [2, 2] + [1] * 8
+    assert accuracy_through(df, RIGHT_0_TO_4) == Fraction(7, 12)
+    # epoch_assignment: one sampler per rank reused, set_epoch called: a fresh sampler at that epoch
+    df = epoch_assignment(8, 2, 2, call_set_epoch=True, seed=0)
+    assert assignment_lists(df[df["epoch"] == 1])[0] == sampler_indices(8, 2, 0, shuffle=True, seed=0, epoch=1)
 
 
 def test_sampler_indices_errors():

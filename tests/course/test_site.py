@@ -12,13 +12,13 @@ The browser tests need Chromium (as tests/test_jupyterlab.py: ``DDP_LAB_CHROMIUM
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from _support import require_browser
 from ci import site
 
 README = """# Tiny course
@@ -116,23 +116,9 @@ def test_site_pages_from_the_stored_outputs(course):
     assert nav.index("notebooks/01_one.html") < nav.index("notebooks/02_two.html") < nav.index("docs/GLOSSARY.html")
 
 
-def _require_browser() -> None:
-    problems = []
-    if site.find_chromium() is None:
-        problems.append(f"Chromium not found (apt-get install -y chromium, or set {site.CHROMIUM_ENV})")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("the Python package playwright is missing (pip install -r requirements.lock)")
-    if problems:
-        if os.environ.get("CI"):
-            pytest.fail("the site's browser test is mandatory where CI is set: " + "; ".join(problems), pytrace=False)
-        pytest.skip("; ".join(problems) + " (mandatory where CI is set)")
-
-
 @pytest.mark.timeout(300)
 def test_browser_follows_every_link_and_finds_each_figure(course):
-    _require_browser()
+    require_browser("the site's browser test")
     report = site.check_site(course["site"])
     assert report["problems"] == []
     assert report["pages"] >= 5, report  # the README, two lessons, two docs pages
@@ -144,7 +130,7 @@ def test_browser_follows_every_link_and_finds_each_figure(course):
 @pytest.mark.timeout(300)
 def test_browser_check_reports_404s_missing_anchors_and_figures(course, tmp_path):
     """The check is not vacuous: a removed page, a renamed anchor and a lost figure are each reported."""
-    _require_browser()
+    require_browser("the site's browser test")
     broken = tmp_path / "site"
     shutil.copytree(course["site"], broken)
     (broken / "docs" / "TEACHING.html").unlink()

@@ -40,12 +40,8 @@ def copies(handout) -> dict[str, Path]:
 def test_one_copy_per_lesson(copies):
     assert LESSONS and all(p.is_file() for p in NOTEBOOKS), LESSONS
     assert sorted(copies) == sorted(LESSONS)
-
-
-def test_default_folder_is_served_and_ignored():
-    """Inside the repository root (what the README's jupyter lab serves), never committed."""
-    assert student_copies.DEFAULT_OUTPUT_DIR == ROOT / "student"
-    assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
+    # solutions to remove: otherwise the tests below would pass on a copy that removed nothing
+    assert sum(len(tagged(nbformat.read(str(p), as_version=4), "solution")) for p in NOTEBOOKS) > 0
 
 
 def test_handout_opens_on_its_own(handout, copies):
@@ -70,11 +66,9 @@ def test_handout_opens_on_its_own(handout, copies):
                if f.is_file() and f.suffix != ".zip"}
     assert names == on_disk
     assert not [n for n in names if "__pycache__" in n or n.endswith("-ubyte")]
-
-
-def test_there_are_solutions_to_remove():
-    """Otherwise the tests below would pass on a copy that removed nothing."""
-    assert sum(len(tagged(nbformat.read(str(p), as_version=4), "solution")) for p in NOTEBOOKS) > 0
+    # the default folder: inside the repository root (what the README's jupyter lab serves), ignored
+    assert student_copies.DEFAULT_OUTPUT_DIR == ROOT / "student"
+    assert "student/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -95,7 +89,7 @@ def test_copy_without_solutions_keeps_exercises_and_checks(copies, source):
             assert cell.outputs == [] and cell.execution_count is None
 
 
-def test_outputs_are_cleared_and_solutions_removed_and_a_scratch_notebook_is_no_lesson(tmp_path):
+def test_outputs_are_cleared_and_solutions_removed_and_a_scratch_notebook_is_no_lesson(tmp_path, capsys):
     nb = nbformat.v4.new_notebook()
     exercise = nbformat.v4.new_code_cell("answer = None", metadata={"tags": ["exercise"]})
     solution = nbformat.v4.new_code_cell("answer = 42", metadata={"tags": ["solution"]})
@@ -114,12 +108,9 @@ def test_outputs_are_cleared_and_solutions_removed_and_a_scratch_notebook_is_no_
     assert copy.cells[2].outputs == [] and copy.cells[2].execution_count is None
     with pytest.raises(student_copies.ConfigError, match="not a notebook of the course"):
         student_copies.write_student_copies(["zz_scratch"], tmp_path / "out2", notebooks_dir=nbs, lessons=["01_t"])
-
-
-def test_unknown_notebook_writes_nothing(tmp_path, capsys):
-    assert student_copies.main(["99", "--output-dir", str(tmp_path / "out")]) == 2
+    assert student_copies.main(["99", "--output-dir", str(tmp_path / "out3")]) == 2  # an unknown one
     assert "unknown notebook '99'" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out3").exists(), "nothing written"
 
 
 # ---- a student's own copy (issue 44, part 4) ------------------------------------------------------
