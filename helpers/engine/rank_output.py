@@ -88,6 +88,7 @@ class CappedLines:
     def __init__(self, rank: int, name: str, out, kept: str | None = None, ends: str = "launch", fmt=rank_lines):
         self.rank, self.name, self.out, self.kept, self.ends, self.fmt = rank, name, out, kept, ends, fmt
         self.shown, self.head, self.file, self.tail, self.hidden = 0, [], None, collections.deque(maxlen=TAIL_LINES), 0
+        self.rest = ""  # feed's unended last line
 
     def show(self, lines: list[str]) -> int:
         """Writes the lines that fit under the cap, and the note when some do not; returns how many fit."""
@@ -115,6 +116,16 @@ class CappedLines:
         self.file.write("".join(f"{line}\n" for line in lines))
         self.tail.extend(lines)
         self.hidden += len(lines)
+
+    def feed(self, text: str, final: bool = False) -> None:
+        """:meth:`add` for text in any pieces: its whole lines now, an unended one and :meth:`end` once ``final``."""
+        *lines, self.rest = (self.rest + text).split("\n")
+        if final and self.rest:
+            lines, self.rest = [*lines, self.rest], ""
+        if lines:
+            self.add(lines)
+        if final:
+            self.end()
 
     def end(self, count: int = 0, tail=()) -> None:
         """Writes how many of the lines past the cap (``count``; by default those :meth:`add` kept) were not

@@ -1,26 +1,11 @@
 """Simulated ranks: ``fn(rank, world_size, ...)`` on threads of this process, for cluster-sized worlds.
 
-``simulate(fn, world_size, *args)`` has :func:`helpers.engine.launch`'s shape, but its ranks are
-threads, each with its own default group on torch's threaded backend (``multi_threaded_pg``, the
-machinery of torch's ``spawn_threads_and_init_comms`` tests): ``dist.all_reduce``, DDP and
-``fully_shard`` give every rank the values real ranks get, at 64 or 256 ranks on a laptop. Time, the
-network and real parallelism are not simulated: one process, one GIL.
-
-Two halves, one interface between them (:class:`Turns`: ``wait``, ``give``, ``stop``):
-
-- in the rank threads, turns and per-rank state: one rank runs at a time and gives its turn up only
-  while it waits in a collective (after checking every rank makes the same call, :class:`CollectiveMismatch`);
-  each rank keeps its own random state (torch's CPU generator, ``random``, numpy's), seeded fresh
-  at its start as a new process's is; ``dist.new_group(backend=...)`` gets the simulated backend (a
-  gloo group would wait for peers that are threads), ``os._exit`` and ``DataLoader`` workers raise;
-- supervision, in the caller: output relayed as ``[rank r]`` lines (from :data:`SUMMARY_FROM` ranks
-  on, rank 0's and a count); the first error (:class:`~helpers.engine.errors.WorkerError`),
-  ``timeout`` and an interrupt end the run, with each unfinished rank's stack
-  (:func:`sys._current_frames`, summarised by :mod:`helpers.engine.stacks`); a thread that cannot be
-  stopped is named and never blocks the next call; afterwards the threaded world is uninstalled,
-  autograd multithreading, thread isolation and the caller's random state are put back.
-
-The private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
+Each rank is a thread with its own default group on torch's threaded backend (``multi_threaded_pg``):
+``dist.all_reduce``, DDP and ``fully_shard`` give the values real ranks get; time, the network and
+parallelism are not simulated (one process, one GIL). One interface, :class:`Turns`, stands between
+the rank threads (one runs at a time, giving its turn up only in a collective; each keeps its own
+random state) and supervision in the caller (output relayed as ``[rank r]`` lines, the first error,
+``timeout`` or interrupt ending the run with each unfinished rank's stack, everything put back).
 Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py``.
 """
 
@@ -39,15 +24,18 @@ import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.utils.data.dataloader
 
-from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
+from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, worker_error
+from helpers.engine.fork_server import fresh_random_state
 from helpers.engine.inputs import DefaultTimeout, as_int, check_callable, check_timeout
 from helpers.engine.rank_main import alone_note
 from helpers.engine.rank_output import CappedLines
+from helpers.engine.stacks import ranks_phrase
 
 __all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
 
@@ -57,7 +45,6 @@ SUPPORTED_TORCH = ("2.14",)
 SUMMARY_FROM = 64
 #: The largest ``world_size`` :func:`simulate` accepts (one thread per rank).
 MAX_SIMULATED_RANKS = 1024
-#: :func:`simulate`'s default ``timeout`` (seconds).
 DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 BACKEND = "simulated"  # the name dist.get_backend() gives inside a simulated rank
 
@@ -68,15 +55,16 @@ _STARTUP_S = 120.0  # the ranks' process groups may take max(timeout, this) seco
 
 _ONE_AT_A_TIME = threading.Lock()
 _leftovers: list[threading.Thread] = []  # rank threads a past run could not end in time
-_local = threading.local()  # in a rank thread: .rank, .run, .holding (it has the turn), .in_collective
 
 
-def _run_of_thread():  # the run this thread is a rank of, or None
-    return getattr(_local, "run", None)
+class _Local(threading.local):
+    """In a rank thread: its rank and run, whether it has the turn, whether it is in a collective."""
+    rank: int | None = None
+    run = None
+    holding = in_collective = False
 
 
-def _rank_of_thread() -> int | None:
-    return getattr(_local, "rank", None)
+_local = _Local()
 
 
 # ---- in the rank threads: turns and per-rank state ----------------------------------------------
@@ -87,21 +75,16 @@ class Stopped(BaseException):
 
 def _random_state():
     np = sys.modules.get("numpy")
-    return torch.default_generator.get_state(), random.getstate(), np.random.get_state() if np else None
+    return torch.default_generator.get_state(), random.getstate(), np and np.random.get_state()
 
 
 def _set_random_state(state) -> None:
-    """Put ``state`` back (:func:`_random_state`); ``None``: what a new process starts with, seeded by the OS."""
-    np = sys.modules.get("numpy")
+    """Put ``state`` back (:func:`_random_state`); ``None``: seeded afresh, as a new process is."""
     if state is None:
-        torch.default_generator.seed()
-        random.seed()
-        if np is not None:
-            np.random.seed()
-        return
+        return fresh_random_state()
     torch.default_generator.set_state(state[0])
     random.setstate(state[1])
-    if np is not None and state[2] is not None:
+    if state[2] is not None and (np := sys.modules.get("numpy")) is not None:
         np.random.set_state(state[2])
 
 
@@ -149,7 +132,7 @@ class Turns:
 
     def give(self, rank: int) -> None:
         """``rank`` gives its turn (if it has it) to the next rank waiting, keeping its random state."""
-        if not getattr(_local, "holding", False):
+        if not _local.holding:
             return
         _local.holding = False
         self.states[rank] = _random_state()
@@ -168,8 +151,8 @@ class Turns:
 @contextlib.contextmanager
 def _turn_given():
     """In a rank thread that has the turn: give it up for the block (a wait for the other ranks)."""
-    run, rank = _run_of_thread(), _rank_of_thread()
-    if run is None or not getattr(_local, "holding", False):
+    run, rank = _local.run, _local.rank
+    if run is None or not _local.holding:
         yield
         return
     run.turns.give(rank)
@@ -223,9 +206,9 @@ def _gives_turn(method):
     checking that every rank makes the same call at this point (:class:`_Calls`)."""
     @functools.wraps(method)
     def collective(self, *args, **kwargs):
-        if getattr(_local, "in_collective", False):  # barrier() calls allreduce(): one call
+        if _local.in_collective:  # barrier() calls allreduce(): one call
             return method(self, *args, **kwargs)
-        if (run := _run_of_thread()) is not None:
+        if (run := _local.run) is not None:
             run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
         _local.in_collective = True
         try:
@@ -254,17 +237,14 @@ def _pieces():
         from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
         raise _unavailable(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})") from None
-    missing = [f"multi_threaded_pg.{n}" for n in ("ProcessLocalGroup", "_install_threaded_pg",
-                                                   "_uninstall_threaded_pg") if not hasattr(mtpg, n)]
-    plg = getattr(mtpg, "ProcessLocalGroup", None)
-    missing += [f"ProcessLocalGroup.{n}" for n in ("exception_handle", "reset", "_terminate", "allreduce", "broadcast",
-                                                   "allgather") if plg is not None and not hasattr(plg, n)]
-    c10d = torch._C._distributed_c10d
-    if not hasattr(c10d, "_set_thread_isolation_mode"):
-        missing.append("torch._C._distributed_c10d._set_thread_isolation_mode")
-    barrier = getattr(dist.distributed_c10d, "_store_based_barrier", None)
-    if barrier is None:
-        missing.append("torch.distributed.distributed_c10d._store_based_barrier")
+    plg, c10d = getattr(mtpg, "ProcessLocalGroup", None), torch._C._distributed_c10d
+    needed = {"multi_threaded_pg": (mtpg, "ProcessLocalGroup", "_install_threaded_pg", "_uninstall_threaded_pg"),
+              "ProcessLocalGroup": (plg, "exception_handle", "reset", "_terminate", "allreduce", "broadcast",
+                                    "allgather"),
+              "torch._C._distributed_c10d": (c10d, "_set_thread_isolation_mode"),
+              "torch.distributed.distributed_c10d": (dist.distributed_c10d, "_store_based_barrier")}
+    missing = [f"{owner}.{n}" for owner, (obj, *names) in needed.items() for n in names
+               if obj is not None and not hasattr(obj, n)]
     if missing:
         raise _unavailable(", ".join(missing))
     group = type("SimulatedGroup", (plg,), {n: _gives_turn(f) for n, f in vars(plg).items()
@@ -275,7 +255,7 @@ def _pieces():
     def create(store, rank, world_size, timeout):
         pg = group(rank, world_size)
         with _turn_given():  # the store barrier waits for the other ranks
-            barrier(rank, store, "", world_size, timeout)
+            dist.distributed_c10d._store_based_barrier(rank, store, "", world_size, timeout)
         return pg
 
     if not hasattr(dist.Backend, BACKEND.upper()):
@@ -294,27 +274,26 @@ def _threaded_world():
     plg, install, uninstall, isolation = _pieces()
     plg.reset()
     caller_random, excepthook = _random_state(), sys.excepthook  # init_process_group prefixes the hook "[rankN]"
-    install()
-    isolation(True)
-    dist.new_group = dist.distributed_c10d.new_group = _new_group
-    os._exit = _exit
-    _WORKERS_ITER.__init__ = _no_worker_processes
-    try:
-        yield
-    finally:
-        dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
-        os._exit = _EXIT
-        _WORKERS_ITER.__init__ = _WORKERS_INIT
-        isolation(False)
-        uninstall()
-        _set_random_state(caller_random)
-        sys.excepthook = excepthook
+    patches = ((dist, "new_group", _new_group), (dist.distributed_c10d, "new_group", _new_group),
+               (os, "_exit", _exit), (_WORKERS_ITER, "__init__", _no_worker_processes))
+    with contextlib.ExitStack() as undo:
+        for owner, name, new in patches:
+            undo.enter_context(mock.patch.object(owner, name, new))
+        install()
+        isolation(True)
+        try:
+            yield
+        finally:
+            isolation(False)
+            uninstall()
+            _set_random_state(caller_random)
+            sys.excepthook = excepthook
 
 
 def _no_worker_processes(self, loader):
-    """A ``DataLoader`` with ``num_workers > 0`` in a rank thread: forking workers from a process whose
-    other threads hold locks can deadlock them, so it is refused at once."""
-    if _run_of_thread() is None:
+    """``DataLoader(num_workers > 0)`` in a rank thread: forking from a process of many threads can
+    deadlock, so it is refused at once."""
+    if _local.run is None:
         return _WORKERS_INIT(self, loader)
     self._shutdown = True  # its __del__ then has no workers to end (and no AttributeError to print)
     raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
@@ -323,8 +302,8 @@ def _no_worker_processes(self, loader):
 
 
 def _exit(status):
-    """``os._exit`` in a rank thread would end the caller's whole process, every rank with it: it raises."""
-    if _run_of_thread() is None:
+    """``os._exit`` in a rank thread would end the caller's process, every rank with it: it raises."""
+    if _local.run is None:
         _EXIT(status)
     raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
                      "shares it), so simulate refused it; return from your function instead, or run code that "
@@ -332,9 +311,9 @@ def _exit(status):
 
 
 def _new_group(*args, **kwargs):
-    """``dist.new_group`` in a rank thread drops ``backend=`` and ``pg_options``: a real group (a gloo
-    one, as Lightning's ``rank_zero_first`` barrier makes) would wait forever for peers that are threads."""
-    if _run_of_thread() is not None:
+    """``dist.new_group`` in a rank thread without ``backend=`` and ``pg_options``: a gloo group (as
+    Lightning's ``rank_zero_first`` makes) would wait forever for peers that are threads."""
+    if _local.run is not None:
         bound = inspect.signature(_NEW_GROUP).bind(*args, **kwargs)
         bound.arguments.pop("backend", None)
         bound.arguments.pop("pg_options", None)
@@ -357,32 +336,22 @@ class _Run:
         self.stopping = False
         self.changed = threading.Event()
         self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
-        self.hidden_lines = 0
-        self.hidden_ranks: set[int] = set()
         self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
+        self.hidden_lines, self.hidden_rests = 0, {}  # summary: the lines not shown, unended ones
         self.threads: list[threading.Thread] = []
 
     def relay(self, streams: dict[str, Any], final: bool = False) -> None:
         with self.lock:
-            items = sorted(self.pending.items())
-            self.pending = {}
-        for (rank, name), text in items:
-            *lines, rest = text.split("\n")
-            if final and rest:
-                lines.append(rest)
-                rest = ""
-            if rest:
-                with self.lock:
-                    self.pending[(rank, name)] = rest + self.pending.get((rank, name), "")
-            if not lines:
-                continue
-            if self.summary and rank != 0:
+            items, self.pending = sorted(self.pending.items()), {}
+        for key, text in items:
+            if self.summary and key[0] != 0:
+                *lines, self.hidden_rests[key] = (self.hidden_rests.get(key, "") + text).split("\n")
                 self.hidden_lines += len(lines)
-                self.hidden_ranks.add(rank)
                 continue
-            self.capped.setdefault((rank, name), CappedLines(rank, name, streams[name], ends="simulation")).add(lines)
+            capped = CappedLines(*key, streams[key[1]], ends="simulation")
+            self.capped.setdefault(key, capped).feed(text)
         for key in sorted(self.capped) if final else ():
-            self.capped[key].end()
+            self.capped[key].feed("", final=True)
 
     def error(self, rank: int, e: BaseException) -> None:
         secondary = self.stopping and isinstance(e, (SystemExit, Stopped))
@@ -411,15 +380,15 @@ class _RankStream:
         self.stream, self.name, self.run = stream, name, run
 
     def write(self, text: str) -> int:
-        rank = _rank_of_thread()
-        if rank is None or _run_of_thread() is not self.run:
+        rank = _local.rank
+        if rank is None or _local.run is not self.run:
             return self.stream.write(text)
         with self.run.lock:
             self.run.pending[(rank, self.name)] = self.run.pending.get((rank, self.name), "") + text
         return len(text)
 
     def flush(self) -> None:
-        if _rank_of_thread() is None:
+        if _local.rank is None:
             self.stream.flush()
 
     def __getattr__(self, name):
@@ -465,8 +434,8 @@ def _stack_text(thread: threading.Thread) -> str:
 
 
 def _end(run: _Run) -> list[int]:
-    """Stop every rank and wait for their threads (a rank still in ``fn`` after :data:`_END_GRACE_S` gets
-    :class:`Stopped` raised at its next Python line); returns the ranks whose thread still runs."""
+    """Stop every rank, wait for their threads (one still in ``fn`` after :data:`_END_GRACE_S` gets
+    :class:`Stopped` at its next Python line); the ranks whose thread still runs."""
     run.stop()
     start = time.monotonic()
     interrupted = False
@@ -486,8 +455,8 @@ def _end(run: _Run) -> list[int]:
 
 
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
-    """Relay output and watch the ranks until they end; ``(reason, startup_s)``, reason one of
-    ``None`` (all ended), ``"error"``, ``"timeout"``, ``"interrupt"``."""
+    """Relay output and watch the ranks until they end: ``(reason, startup_s)``, reason ``None`` (all
+    ended), ``"error"``, ``"timeout"`` or ``"interrupt"``."""
     streams = {"stdout": sys.stdout, "stderr": sys.stderr}
     start = time.monotonic()
     running_since = None
@@ -525,27 +494,18 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
 
 def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
              output: str | None = None, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at a
-    time); ``fn``'s results in rank order. Values are a real job's (``torch.manual_seed(rank)`` too);
-    time is not.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at
+    a time, 1 to :data:`MAX_SIMULATED_RANKS`); ``fn``'s results in rank order. ``args`` are shared,
+    not copied. ``timeout``: seconds once every rank has its group (``None``: no limit). ``output``:
+    ``"all"`` (``[rank r]`` lines), ``"summary"`` (rank 0's and a count) or ``None`` (``"all"`` below
+    :data:`SUMMARY_FROM` ranks).
 
-    Args:
-        fn: the worker, as for :func:`helpers.engine.launch`; nothing is pickled (same process).
-        world_size: number of ranks, 1 to :data:`MAX_SIMULATED_RANKS`.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: read-only).
-        timeout: seconds ``fn`` may run once every rank has its group (``None``: no limit; default 300 s).
-        output: ``"all"`` (every rank's lines, ``[rank r]``), ``"summary"`` (rank 0's and a count) or
-            ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
-
-    Raises:
-        SimulationUnavailable: this torch lacks the private pieces (before any thread starts).
-        LaunchError: bad input (before any thread starts), or a call from inside a simulated rank.
-        WorkerError: a rank raised; names the rank that failed first; the others were ended.
-        LaunchTimeout: ``fn`` ran past ``timeout``; says where each unfinished rank was.
-        LaunchInterrupted: the caller was interrupted; the ranks were ended.
+    Raises :class:`SimulationUnavailable` (this torch lacks the private pieces) and
+    :class:`LaunchError` (bad input, a call from a simulated rank) before any thread starts;
+    :class:`WorkerError`, :class:`LaunchTimeout`, :class:`LaunchInterrupted` as ``launch``.
     """
     default = isinstance(timeout, DefaultTimeout)
-    if _rank_of_thread() is not None:
+    if _local.rank is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
     if not 1 <= (as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
@@ -571,30 +531,26 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
                               if run.phase[r] not in ("after", "ended") and t.is_alive()}
                 alive = _end(run)
                 run.relay(run.streams, final=True)
-                if run.hidden_lines:
-                    run.streams["stdout"].write(_hidden_note(run))
+                if hidden := run.hidden_lines + sum(map(bool, run.hidden_rests.values())):
+                    ranks = sorted({rank for rank, _ in run.hidden_rests})
+                    run.streams["stdout"].write(
+                        f"[{ranks_phrase(ranks, verb=False)}] {hidden} more lines not shown ({world_size} "
+                        "ranks: only rank 0's are); simulate(..., output='all') shows every rank's\n")
         _raise_failure(run, reason, timeout, startup_s, stacks, alive, default)
         return [run.results[r] for r in range(world_size)]
 
 
-def _hidden_note(run: _Run) -> str:
-    ranks = sorted(run.hidden_ranks)
-    span = f"ranks {ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else f"{len(ranks)} ranks"
-    return (f"[{span}] {run.hidden_lines} more lines not shown ({run.world_size} ranks: only rank 0's are); "
-            "simulate(..., output='all') shows every rank's\n")
+_STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
+                 "helpers.engine.launch, whose ranks are processes that can be ended.")
 
 
 def _note_leftovers() -> None:
-    """Rank threads a past run could not end never block this one (they have their own world and turns): a note."""
+    """Rank threads a past run could not end never block this one (they have their own world and turns)."""
     _leftovers[:] = [t for t in _leftovers if t.is_alive()]
     if _leftovers:
         sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are still stuck in a call "
                          "Python cannot interrupt (a sleep, a lock, C code); this run goes on without them, and they "
                          "end when that call returns. " + _STUCK_ADVICE + "\n")
-
-
-_STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
-                 "helpers.engine.launch, whose ranks are processes that can be ended.")
 
 
 def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default) -> None:
@@ -609,19 +565,5 @@ def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default
         err = LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
         err.args = (f"{err.args[0]} ({still})",) if still else err.args
         raise err
-    primary = [e for e in run.errors.values() if not e["secondary"]]
-    if not primary:
-        return
-    first = min(primary, key=lambda e: e["time"])
-    others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200]
-              for r, e in run.errors.items() if r != first["rank"] and not e["secondary"]}
-    others.update({r: "ended by the simulation" for r in range(run.world_size)
-                   if r != first["rank"] and r not in others and r not in run.results})
-    if len(others) > 8:  # a cluster-sized world: one line
-        ended = [r for r, s in others.items() if s == "ended by the simulation"]
-        others = {r: s for r, s in others.items() if s != "ended by the simulation"}
-        if ended:
-            others[ended[0]] = f"ended by the simulation, with {len(ended) - 1} other ranks"
-    raise WorkerError(first["rank"], first["type"], first["message"], first["traceback"], others,
-                      notes=(still,) if still else (), caller="simulate")
-
+    if primary := {r: e for r, e in run.errors.items() if not e["secondary"]}:
+        raise worker_error(None, primary, set(), set(run.results), run.world_size, "simulate").with_note(still)
