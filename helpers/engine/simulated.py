@@ -35,7 +35,7 @@ from helpers.engine.fork_server import fresh_random_state
 from helpers.engine.inputs import DefaultTimeout, as_int, check_callable, check_timeout
 from helpers.engine.rank_main import alone_note
 from helpers.engine.rank_output import CappedLines
-from helpers.engine.stacks import ranks_phrase
+from helpers.engine.stacks import of_threads, ranks_phrase
 
 __all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
 
@@ -180,23 +180,20 @@ class _Calls:
     def check(self, group: str, rank: int, world_size: int, name: str, args) -> None:
         """Record ``rank``'s next call on ``group``; raise :class:`CollectiveMismatch` if an earlier
         rank's call at the same point differs."""
-        signature = name
         if name in self.SAME_SHAPES:
             tensors = args[0] if args and isinstance(args[0], (list, tuple)) else []
             shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
-            signature = f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
+            name = f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
         with self.lock:
             n = self.counts[(group, rank)] = self.counts.get((group, rank), 0) + 1
-            other, expected, arrived = self.seen.get((group, n), (rank, signature, 0))
-            if signature == expected:
-                if arrived + 1 == world_size:
-                    self.seen.pop((group, n), None)
-                else:
-                    self.seen[(group, n)] = (other, expected, arrived + 1)
-                return
+            other, expected, arrived = self.seen.pop((group, n), (rank, name, 0))
+            if arrived + 1 < world_size:
+                self.seen[(group, n)] = (other, expected, arrived + 1)
+        if name == expected:
+            return
         raise CollectiveMismatch(
             f"ranks called different collectives at the same point (call {n} on this process group): "
-            f"rank {other} called {expected}, rank {rank} called {signature}. Every rank must call the same "
+            f"rank {other} called {expected}, rank {rank} called {name}. Every rank must call the same "
             "collectives in the same order, with tensors of the same shape: look for a collective inside "
             "`if rank == ...:`, or a loop that runs a different number of times on some rank.")
 
@@ -206,10 +203,9 @@ def _gives_turn(method):
     checking that every rank makes the same call at this point (:class:`_Calls`)."""
     @functools.wraps(method)
     def collective(self, *args, **kwargs):
-        if _local.in_collective:  # barrier() calls allreduce(): one call
+        if _local.run is None or _local.in_collective:  # barrier() calls allreduce(): one call
             return method(self, *args, **kwargs)
-        if (run := _local.run) is not None:
-            run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
+        _local.run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
         _local.in_collective = True
         try:
             with _turn_given():
@@ -221,32 +217,29 @@ def _gives_turn(method):
 
 # ---- the threaded world: torch's private pieces, and what a simulation patches ------------------
 
-def _unavailable(what: str) -> SimulationUnavailable:
-    return SimulationUnavailable(
-        f"simulate() needs a private part of torch that this torch ({torch.__version__}) lacks: {what}. "
-        f"It was checked on torch {', '.join(SUPPORTED_TORCH)} (the version requirements.txt pins). "
-        "Install that version, or run the same function on real processes with "
-        "helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
-
-
 @functools.lru_cache(maxsize=1)
 def _pieces():
     """``(ProcessLocalGroup, install, uninstall, set_isolation)``, the simulated backend registered;
     raises :class:`SimulationUnavailable` naming what is missing."""
+    missing, mtpg = [], None
     try:
         from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
-        raise _unavailable(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})") from None
+        missing.append(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})")
     plg, c10d = getattr(mtpg, "ProcessLocalGroup", None), torch._C._distributed_c10d
     needed = {"multi_threaded_pg": (mtpg, "ProcessLocalGroup", "_install_threaded_pg", "_uninstall_threaded_pg"),
               "ProcessLocalGroup": (plg, "exception_handle", "reset", "_terminate", "allreduce", "broadcast",
                                     "allgather"),
               "torch._C._distributed_c10d": (c10d, "_set_thread_isolation_mode"),
               "torch.distributed.distributed_c10d": (dist.distributed_c10d, "_store_based_barrier")}
-    missing = [f"{owner}.{n}" for owner, (obj, *names) in needed.items() for n in names
-               if obj is not None and not hasattr(obj, n)]
+    missing += [f"{owner}.{n}" for owner, (obj, *names) in needed.items() for n in names
+                if obj is not None and not hasattr(obj, n)]
     if missing:
-        raise _unavailable(", ".join(missing))
+        raise SimulationUnavailable(
+            f"simulate() needs a private part of torch that this torch ({torch.__version__}) lacks: "
+            f"{', '.join(missing)}. It was checked on torch {', '.join(SUPPORTED_TORCH)} (the version "
+            "requirements.txt pins). Install that version, or run the same function on real processes "
+            "with helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
     group = type("SimulatedGroup", (plg,), {n: _gives_turn(f) for n, f in vars(plg).items()
                                             if callable(f) and not n.startswith("_")
                                             and not isinstance(f, (classmethod, staticmethod))
@@ -331,10 +324,9 @@ class _Run:
         self.store = dist.HashStore()
         self.lock = threading.Lock()
         self.results: dict[int, Any] = {}
-        self.errors: dict[int, dict] = {}
+        self.errors: dict[int, dict] = {}  # the ranks' own errors, not those the ending caused
         self.phase = dict.fromkeys(range(world_size), "start")  # start, ready, fn, after, ended
-        self.stopping = False
-        self.changed = threading.Event()
+        self.stopping, self.changed = False, threading.Event()
         self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
         self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
         self.hidden_lines, self.hidden_rests = 0, {}  # summary: the lines not shown, unended ones
@@ -354,13 +346,13 @@ class _Run:
             self.capped[key].feed("", final=True)
 
     def error(self, rank: int, e: BaseException) -> None:
-        secondary = self.stopping and isinstance(e, (SystemExit, Stopped))
+        if self.stopping and isinstance(e, (SystemExit, Stopped)):
+            return
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         with self.lock:
             self.errors[rank] = {"rank": rank, "type": type(e).__name__, "message": str(e), "traceback": tb,
-                                 "time": time.time(), "secondary": secondary}
-        if not secondary:
-            self.stop()
+                                 "time": time.time()}
+        self.stop()
 
     def stop(self) -> None:
         """Free every rank: the turns stop, collectives end (torch raises SystemExit in their waits)."""
@@ -423,16 +415,6 @@ def _run_rank(run: _Run, rank: int) -> None:
         run.changed.set()
 
 
-def _stack_text(thread: threading.Thread) -> str:
-    """``thread``'s Python stack in faulthandler's format (what :mod:`helpers.engine.stacks` reads)."""
-    frame = sys._current_frames().get(thread.ident)
-    lines = [f"Thread 0x{thread.ident or 0:016x} (most recent call first):"]
-    while frame is not None:
-        lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
-        frame = frame.f_back
-    return "\n".join(lines) + "\n"
-
-
 def _end(run: _Run) -> list[int]:
     """Stop every rank, wait for their threads (one still in ``fn`` after :data:`_END_GRACE_S` gets
     :class:`Stopped` at its next Python line); the ranks whose thread still runs."""
@@ -464,9 +446,9 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
     sys.stdout = _RankStream(streams["stdout"], "stdout", run)
     sys.stderr = _RankStream(streams["stderr"], "stderr", run)
     try:
-        for rank in range(run.world_size):
-            t = threading.Thread(target=_run_rank, args=(run, rank), name=f"simulated-rank-{rank}", daemon=True)
-            run.threads.append(t)
+        run.threads = [threading.Thread(target=_run_rank, args=(run, r), name=f"simulated-rank-{r}", daemon=True)
+                       for r in range(run.world_size)]
+        for t in run.threads:
             t.start()
         while True:
             run.changed.wait(_POLL_S)
@@ -474,17 +456,15 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
             run.relay(streams)
             phases = list(run.phase.values())
             if all(p == "ended" for p in phases):
-                return ("error" if any(not e["secondary"] for e in run.errors.values()) else None), \
-                    (running_since or time.monotonic()) - start
+                return ("error" if run.errors else None), (running_since or time.monotonic()) - start
             if run.stopping:
                 return "error", None
             now = time.monotonic()
             if running_since is None and all(p != "start" for p in phases):
                 running_since = now
-            if running_since is not None and timeout is not None and now - running_since > timeout:
-                return "timeout", running_since - start
-            if running_since is None and startup_limit is not None and now - start > startup_limit:
-                return "timeout", now - start
+            since, limit = (start, startup_limit) if running_since is None else (running_since, timeout)
+            if limit is not None and now - since > limit:
+                return "timeout", (running_since or now) - start
     except KeyboardInterrupt:
         return "interrupt", None
     finally:
@@ -525,10 +505,8 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
             try:
                 reason, startup_s = _supervise(run, timeout)
             finally:
-                stacks = {}
-                if reason in ("timeout", "interrupt"):
-                    stacks = {r: _stack_text(t) for r, t in enumerate(run.threads)
-                              if run.phase[r] not in ("after", "ended") and t.is_alive()}
+                unfinished = {r: t for r, t in enumerate(run.threads) if run.phase[r] not in ("after", "ended")}
+                stacks = of_threads(unfinished) if reason in ("timeout", "interrupt") else {}
                 alive = _end(run)
                 run.relay(run.streams, final=True)
                 if hidden := run.hidden_lines + sum(map(bool, run.hidden_rests.values())):
@@ -565,5 +543,5 @@ def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default
         err = LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
         err.args = (f"{err.args[0]} ({still})",) if still else err.args
         raise err
-    if primary := {r: e for r, e in run.errors.items() if not e["secondary"]}:
-        raise worker_error(None, primary, set(), set(run.results), run.world_size, "simulate").with_note(still)
+    if run.errors:
+        raise worker_error(None, run.errors, set(), set(run.results), run.world_size, "simulate").with_note(still)
