@@ -1,11 +1,8 @@
 """Simulated ranks: ``fn(rank, world_size, ...)`` on threads of this process, for cluster-sized worlds.
 
-Each rank is a thread with its own default group on torch's threaded backend (``multi_threaded_pg``):
-``dist.all_reduce``, DDP and ``fully_shard`` give the values real ranks get; time, the network and
-parallelism are not simulated (one process, one GIL). One interface, :class:`Turns`, stands between
-the rank threads (one runs at a time, giving its turn up only in a collective; each keeps its own
-random state) and supervision in the caller (output relayed as ``[rank r]`` lines, the first error,
-``timeout`` or interrupt ending the run with each unfinished rank's stack, everything put back).
+Each rank is a thread with its own default group on torch's threaded backend: collectives, DDP and
+``fully_shard`` give the values real ranks get; time and parallelism are not simulated (one GIL).
+:class:`Turns` is the one interface between the rank threads and the caller's supervision.
 Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py``.
 """
 
@@ -57,8 +54,7 @@ _ONE_AT_A_TIME = threading.Lock()
 _leftovers: list[threading.Thread] = []  # rank threads a past run could not end in time
 
 
-class _Local(threading.local):
-    """In a rank thread: its rank and run, whether it has the turn, whether it is in a collective."""
+class _Local(threading.local):  # in a rank thread: its rank, its run, has the turn, in a collective
     rank: int | None = None
     run = None
     holding = in_collective = False
@@ -68,10 +64,6 @@ _local = _Local()
 
 
 # ---- in the rank threads: turns and per-rank state ----------------------------------------------
-
-class Stopped(BaseException):
-    """Raised in a rank thread the simulation ends (a peer failed, a timeout, an interrupt)."""
-
 
 def _random_state():
     np = sys.modules.get("numpy")
@@ -97,15 +89,13 @@ class Turns:
         self.lock = threading.Lock()
         self.events = [threading.Event() for _ in range(world_size)]
         self.queue = collections.deque(range(world_size))  # ranks waiting for a turn, first first
-        self.queued = set(self.queue)
         self.holder: int | None = None
         self.stopped = False
-        self.states: dict[int, Any] = {}
+        self.states: dict[int, Any] = {}  # the random state of each rank that gave its turn
 
     def _hand_on(self) -> None:  # under self.lock
         if self.holder is None and self.queue and not self.stopped:
             self.holder = self.queue.popleft()
-            self.queued.discard(self.holder)
             self.events[self.holder].set()
 
     def enter(self, rank: int, run) -> None:
@@ -117,16 +107,15 @@ class Turns:
         _local.run = _local.rank = None
 
     def wait(self, rank: int) -> None:
-        """Block until ``rank`` has the turn, its random state back; :class:`Stopped` once the run ended."""
+        """Block until ``rank`` has the turn and its random state; SystemExit once the run ends."""
         with self.lock:
-            if rank not in self.queued and self.holder != rank:
+            if rank in self.states:  # it gave its turn; its first turn was queued at the start
                 self.queue.append(rank)
-                self.queued.add(rank)
             self._hand_on()
         self.events[rank].wait()
         self.events[rank].clear()
         if self.stopped:
-            raise Stopped("the simulation ended this rank")
+            raise SystemExit("the simulation ended this rank")
         _set_random_state(self.states.get(rank))
         _local.holding = True
 
@@ -141,7 +130,7 @@ class Turns:
             self._hand_on()
 
     def stop(self) -> None:
-        """Free every rank: each waiting one raises :class:`Stopped`."""
+        """Free every rank: each waiting one raises SystemExit."""
         with self.lock:
             self.stopped = True
             for event in self.events:
@@ -189,18 +178,17 @@ class _Calls:
             other, expected, arrived = self.seen.pop((group, n), (rank, name, 0))
             if arrived + 1 < world_size:
                 self.seen[(group, n)] = (other, expected, arrived + 1)
-        if name == expected:
-            return
-        raise CollectiveMismatch(
-            f"ranks called different collectives at the same point (call {n} on this process group): "
-            f"rank {other} called {expected}, rank {rank} called {name}. Every rank must call the same "
-            "collectives in the same order, with tensors of the same shape: look for a collective inside "
-            "`if rank == ...:`, or a loop that runs a different number of times on some rank.")
+        if name != expected:
+            raise CollectiveMismatch(
+                f"ranks called different collectives at the same point (call {n} on this "
+                f"process group): rank {other} called {expected}, rank {rank} called {name}. Every "
+                "rank must call the same collectives in the same order, with tensors of the same "
+                "shape: look for a collective inside `if rank == ...:`, or a loop that runs a "
+                "different number of times on some rank.")
 
 
 def _gives_turn(method):
-    """A process group's collective that gives the rank's turn up while it waits for the others, after
-    checking that every rank makes the same call at this point (:class:`_Calls`)."""
+    """A collective that checks the call (:class:`_Calls`), then gives the turn up to wait."""
     @functools.wraps(method)
     def collective(self, *args, **kwargs):
         if _local.run is None or _local.in_collective:  # barrier() calls allreduce(): one call
@@ -225,21 +213,23 @@ def _pieces():
     try:
         from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
-        missing.append(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})")
+        missing.append(f"torch.testing._internal.distributed.multi_threaded_pg "
+                       f"({type(e).__name__}: {e})")
     plg, c10d = getattr(mtpg, "ProcessLocalGroup", None), torch._C._distributed_c10d
-    needed = {"multi_threaded_pg": (mtpg, "ProcessLocalGroup", "_install_threaded_pg", "_uninstall_threaded_pg"),
-              "ProcessLocalGroup": (plg, "exception_handle", "reset", "_terminate", "allreduce", "broadcast",
-                                    "allgather"),
+    needed = {"multi_threaded_pg": (mtpg, "ProcessLocalGroup", "_install_threaded_pg",
+                                    "_uninstall_threaded_pg"),
+              "ProcessLocalGroup": (plg, "exception_handle", "reset", "_terminate", "allreduce",
+                                    "broadcast", "allgather"),
               "torch._C._distributed_c10d": (c10d, "_set_thread_isolation_mode"),
               "torch.distributed.distributed_c10d": (dist.distributed_c10d, "_store_based_barrier")}
     missing += [f"{owner}.{n}" for owner, (obj, *names) in needed.items() for n in names
                 if obj is not None and not hasattr(obj, n)]
     if missing:
         raise SimulationUnavailable(
-            f"simulate() needs a private part of torch that this torch ({torch.__version__}) lacks: "
-            f"{', '.join(missing)}. It was checked on torch {', '.join(SUPPORTED_TORCH)} (the version "
-            "requirements.txt pins). Install that version, or run the same function on real processes "
-            "with helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
+            f"simulate() needs a private part of torch that this torch ({torch.__version__}) "
+            f"lacks: {', '.join(missing)}. It was checked on torch {', '.join(SUPPORTED_TORCH)} "
+            "(the version requirements.txt pins). Install that version, or run the same function "
+            "on real processes: helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
     group = type("SimulatedGroup", (plg,), {n: _gives_turn(f) for n, f in vars(plg).items()
                                             if callable(f) and not n.startswith("_")
                                             and not isinstance(f, (classmethod, staticmethod))
@@ -295,7 +285,7 @@ def _no_worker_processes(self, loader):
 
 
 def _exit(status):
-    """``os._exit`` in a rank thread would end the caller's process, every rank with it: it raises."""
+    """``os._exit`` in a rank thread would end the caller's process and every rank: it raises."""
     if _local.run is None:
         _EXIT(status)
     raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
@@ -325,7 +315,7 @@ class _Run:
         self.lock = threading.Lock()
         self.results: dict[int, Any] = {}
         self.errors: dict[int, dict] = {}  # the ranks' own errors, not those the ending caused
-        self.phase = dict.fromkeys(range(world_size), "start")  # start, ready, fn, after, ended
+        self.phase = dict.fromkeys(range(world_size), "start")  # start, fn, after, ended
         self.stopping, self.changed = False, threading.Event()
         self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
         self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
@@ -344,9 +334,14 @@ class _Run:
             self.capped.setdefault(key, capped).feed(text)
         for key in sorted(self.capped) if final else ():
             self.capped[key].feed("", final=True)
+        if final and (hidden := self.hidden_lines + sum(map(bool, self.hidden_rests.values()))):
+            ranks = ranks_phrase(sorted({rank for rank, _ in self.hidden_rests}), verb=False)
+            streams["stdout"].write(f"[{ranks}] {hidden} more lines not shown ({self.world_size} "
+                                    "ranks: only rank 0's are); simulate(..., output='all') shows "
+                                    "every rank's\n")
 
     def error(self, rank: int, e: BaseException) -> None:
-        if self.stopping and isinstance(e, (SystemExit, Stopped)):
+        if self.stopping and isinstance(e, SystemExit):
             return
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         with self.lock:
@@ -372,11 +367,11 @@ class _RankStream:
         self.stream, self.name, self.run = stream, name, run
 
     def write(self, text: str) -> int:
-        rank = _local.rank
-        if rank is None or _local.run is not self.run:
+        if _local.run is not self.run:
             return self.stream.write(text)
         with self.run.lock:
-            self.run.pending[(rank, self.name)] = self.run.pending.get((rank, self.name), "") + text
+            key = (_local.rank, self.name)
+            self.run.pending[key] = self.run.pending.get(key, "") + text
         return len(text)
 
     def flush(self) -> None:
@@ -391,22 +386,18 @@ def _run_rank(run: _Run, rank: int) -> None:
     """A rank thread: its default group, its turn, ``fn``; what happened goes to ``run``."""
     run.turns.enter(rank, run)
     try:
-        try:
-            dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
-                                    timeout=run.group_timeout)
-            run.phase[rank] = "ready"
-            run.changed.set()
-            run.turns.wait(rank)
-            run.phase[rank] = "fn"
-            run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
-            if rank == 0 and (note := alone_note(run.world_size, "simulate")):
-                print(note, file=sys.stderr)
-        finally:
-            run.phase[rank] = "after"
-            run.turns.give(rank)
+        dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
+                                timeout=run.group_timeout)
+        run.phase[rank] = "fn"
+        run.turns.wait(rank)
+        run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
+        if rank == 0 and (note := alone_note(run.world_size, "simulate")):
+            print(note, file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 - handed to the caller
         run.error(rank, e)
     finally:
+        run.phase[rank] = "after"
+        run.turns.give(rank)
         with contextlib.suppress(BaseException):
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -417,73 +408,65 @@ def _run_rank(run: _Run, rank: int) -> None:
 
 def _end(run: _Run) -> list[int]:
     """Stop every rank, wait for their threads (one still in ``fn`` after :data:`_END_GRACE_S` gets
-    :class:`Stopped` at its next Python line); the ranks whose thread still runs."""
+    SystemExit at its next Python line); the ranks whose thread still runs."""
     run.stop()
-    start = time.monotonic()
-    interrupted = False
-    try:
+    start, interrupted = time.monotonic(), False
+    with contextlib.suppress(KeyboardInterrupt):  # a second interrupt: stop waiting
         while any(t.is_alive() for t in run.threads) and time.monotonic() - start < _LEFTOVER_S:
             if not interrupted and time.monotonic() - start > _END_GRACE_S:
                 interrupted = True
-                for rank, t in enumerate(run.threads):
-                    if t.is_alive() and run.phase[rank] == "fn":
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Stopped))
+                for r, t in enumerate(run.threads):
+                    if t.is_alive() and run.phase[r] == "fn":
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                                   ctypes.py_object(SystemExit))
             time.sleep(_POLL_S)
-    except KeyboardInterrupt:  # a second interrupt: stop waiting
-        pass
     alive = [r for r, t in enumerate(run.threads) if t.is_alive()]
     _leftovers.extend(run.threads[r] for r in alive)
     return alive
 
 
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
-    """Relay output and watch the ranks until they end: ``(reason, startup_s)``, reason ``None`` (all
+    """Relay output, watch the ranks until they end: ``(reason, startup_s)``, reason ``None`` (all
     ended), ``"error"``, ``"timeout"`` or ``"interrupt"``."""
-    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    run.streams = streams = {"stdout": sys.stdout, "stderr": sys.stderr}
     start = time.monotonic()
     running_since = None
     startup_limit = None if timeout is None else max(timeout, _STARTUP_S)
     sys.stdout = _RankStream(streams["stdout"], "stdout", run)
     sys.stderr = _RankStream(streams["stderr"], "stderr", run)
     try:
-        run.threads = [threading.Thread(target=_run_rank, args=(run, r), name=f"simulated-rank-{r}", daemon=True)
-                       for r in range(run.world_size)]
+        run.threads = [threading.Thread(target=_run_rank, args=(run, r), name=f"simulated-rank-{r}",
+                                        daemon=True) for r in range(run.world_size)]
         for t in run.threads:
             t.start()
         while True:
             run.changed.wait(_POLL_S)
             run.changed.clear()
             run.relay(streams)
-            phases = list(run.phase.values())
+            phases, now = list(run.phase.values()), time.monotonic()
             if all(p == "ended" for p in phases):
-                return ("error" if run.errors else None), (running_since or time.monotonic()) - start
+                return ("error" if run.errors else None), (running_since or now) - start
             if run.stopping:
                 return "error", None
-            now = time.monotonic()
             if running_since is None and all(p != "start" for p in phases):
                 running_since = now
-            since, limit = (start, startup_limit) if running_since is None else (running_since, timeout)
+            since, limit = (running_since, timeout) if running_since else (start, startup_limit)
             if limit is not None and now - since > limit:
                 return "timeout", (running_since or now) - start
     except KeyboardInterrupt:
         return "interrupt", None
     finally:
         sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
-        run.streams = streams
 
 
 def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
              output: str | None = None, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at
-    a time, 1 to :data:`MAX_SIMULATED_RANKS`); ``fn``'s results in rank order. ``args`` are shared,
-    not copied. ``timeout``: seconds once every rank has its group (``None``: no limit). ``output``:
-    ``"all"`` (``[rank r]`` lines), ``"summary"`` (rank 0's and a count) or ``None`` (``"all"`` below
-    :data:`SUMMARY_FROM` ranks).
-
-    Raises :class:`SimulationUnavailable` (this torch lacks the private pieces) and
-    :class:`LaunchError` (bad input, a call from a simulated rank) before any thread starts;
-    :class:`WorkerError`, :class:`LaunchTimeout`, :class:`LaunchInterrupted` as ``launch``.
-    """
+    """``fn(rank, world_size, *args, **kwargs)`` on 1 to :data:`MAX_SIMULATED_RANKS` simulated ranks
+    (threads, one at a time, ``args`` shared): the results in rank order. ``timeout``: seconds once
+    every rank has its group (``None``: no limit); ``output``: ``"all"`` (``[rank r]`` lines),
+    ``"summary"`` (rank 0's and a count), ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
+    Raises :class:`SimulationUnavailable` and :class:`LaunchError` (bad input) before any thread
+    starts; :class:`WorkerError`, :class:`LaunchTimeout` and :class:`LaunchInterrupted` after."""
     default = isinstance(timeout, DefaultTimeout)
     if _local.rank is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
@@ -498,50 +481,39 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
     summary = output == "summary" or (output is None and world_size >= SUMMARY_FROM)
     group_timeout = timedelta(seconds=2 * max(timeout or 900.0, _STARTUP_S))
     with _ONE_AT_A_TIME:
-        _note_leftovers()
+        _leftovers[:] = [t for t in _leftovers if t.is_alive()]  # they never block this run
+        if _leftovers:
+            sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are "
+                             "still stuck in a call Python cannot interrupt (a sleep, a lock, C "
+                             "code); this run goes on without them; they end when that call "
+                             f"returns. {_STUCK_ADVICE}\n")
         run = _Run(fn, world_size, args, kwargs, group_timeout, summary)
         with _threaded_world():
             reason, startup_s = None, None
             try:
                 reason, startup_s = _supervise(run, timeout)
             finally:
-                unfinished = {r: t for r, t in enumerate(run.threads) if run.phase[r] not in ("after", "ended")}
+                unfinished = {r: t for r, t in enumerate(run.threads)
+                              if run.phase[r] not in ("after", "ended")}
                 stacks = of_threads(unfinished) if reason in ("timeout", "interrupt") else {}
                 alive = _end(run)
                 run.relay(run.streams, final=True)
-                if hidden := run.hidden_lines + sum(map(bool, run.hidden_rests.values())):
-                    ranks = sorted({rank for rank, _ in run.hidden_rests})
-                    run.streams["stdout"].write(
-                        f"[{ranks_phrase(ranks, verb=False)}] {hidden} more lines not shown ({world_size} "
-                        "ranks: only rank 0's are); simulate(..., output='all') shows every rank's\n")
-        _raise_failure(run, reason, timeout, startup_s, stacks, alive, default)
+        still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a "
+                 "sleep, a lock or C code); they end when that call returns, and the next "
+                 f"simulate() runs without them. {_STUCK_ADVICE}") if alive else None
+        if reason == "interrupt":
+            raise LaunchInterrupted(f"simulate interrupted; all {world_size} ranks were ended"
+                                    + (f"; {still}" if still else ""), stacks=stacks)
+        if reason == "timeout":
+            err = LaunchTimeout(timeout, sorted(set(range(world_size)) - set(run.results)), stacks,
+                                startup_s, default=default, what="simulate")
+            err.args = (f"{err.args[0]} ({still})",) if still else err.args
+            raise err
+        if run.errors:
+            err = worker_error(None, run.errors, set(), set(run.results), world_size, "simulate")
+            raise err.with_note(still)
         return [run.results[r] for r in range(world_size)]
 
 
 _STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
                  "helpers.engine.launch, whose ranks are processes that can be ended.")
-
-
-def _note_leftovers() -> None:
-    """Rank threads a past run could not end never block this one (they have their own world and turns)."""
-    _leftovers[:] = [t for t in _leftovers if t.is_alive()]
-    if _leftovers:
-        sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are still stuck in a call "
-                         "Python cannot interrupt (a sleep, a lock, C code); this run goes on without them, and they "
-                         "end when that call returns. " + _STUCK_ADVICE + "\n")
-
-
-def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default) -> None:
-    still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a sleep, a lock or C code); "
-             f"they end when that call returns, and the next simulate() runs without them. {_STUCK_ADVICE}"
-             ) if alive else None
-    if reason == "interrupt":
-        raise LaunchInterrupted(f"simulate interrupted; all {run.world_size} ranks were ended"
-                                + (f"; {still}" if still else ""), stacks=stacks)
-    if reason == "timeout":
-        not_finished = [r for r in range(run.world_size) if r not in run.results]
-        err = LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
-        err.args = (f"{err.args[0]} ({still})",) if still else err.args
-        raise err
-    if run.errors:
-        raise worker_error(None, run.errors, set(), set(run.results), run.world_size, "simulate").with_note(still)
