@@ -257,14 +257,14 @@ def _is_secondary(err: dict) -> bool:
     return any(s in err["message"] for s in _SECONDARY)
 
 
-def worker_error(error: BaseException | None, errors: dict[int, dict], started: set[int], done: set[int],
-                 world_size: int, caller: str = "launch") -> BaseException | None:
+def worker_error(error: BaseException | None, errors: dict[int, dict], started: set[int],
+                 done: set[int], world_size: int, caller: str = "launch") -> BaseException | None:
     """One :class:`WorkerError` naming the root-cause rank (or ``error`` itself, when no rank left a word
     and the agent names none), from the agent's ``error`` (a ``ChildFailedError`` lists the ranks it
     saw die), the ranks' ``errors`` markers (``{rank: {type, message, traceback, time}}``) and the
     ``started``/``done`` rank sets. Root cause, in order: the earliest error a rank raised itself; a
     rank the agent saw die; a started rank that vanished while others lost it; the earliest secondary.
-    ``caller``: ``"launch"`` or ``"simulate"``, who ended the other ranks and whom the hint is for."""
+    ``caller``: ``"launch"`` or ``"simulate"``: who ended the other ranks, whom the hint is for."""
     failures = error.failures if isinstance(error, ChildFailedError) else {}
     primary = [e for e in errors.values() if not _is_secondary(e)]
     silent_dead = {r: f for r, f in failures.items() if r not in errors}
@@ -272,9 +272,10 @@ def worker_error(error: BaseException | None, errors: dict[int, dict], started: 
     ended = "ended by the simulation" if caller == "simulate" else "ended by the launcher"
 
     def failed(rank: int, kind: str, message: str, tb: str = "") -> WorkerError:
-        # the others: a message's first line (a hint on the lines below is shown once, for the root cause)
+        # a message's first line: a hint on the lines below is shown once, for the root cause
         others = {r: _short(f"{e['type']}: " + e["message"].partition("\n")[0]) for r, e in errors.items() if r != rank}
-        others.update({r: ended for r in range(world_size) if r != rank and r not in others and r not in done})
+        others.update({r: ended for r in range(world_size)
+                       if r != rank and r not in others and r not in done})
         return WorkerError(rank, kind, message, tb, others, caller=caller)
 
     if primary or (errors and not silent_dead and not vanished):

@@ -31,7 +31,7 @@ from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout,
 from helpers.engine.fork_server import fresh_random_state
 from helpers.engine.inputs import DefaultTimeout, as_int, check_callable, check_timeout
 from helpers.engine.rank_main import alone_note
-from helpers.engine.rank_output import CappedLines
+from helpers.engine.rank_output import TextRelay
 from helpers.engine.stacks import of_threads, ranks_phrase
 
 __all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
@@ -317,28 +317,7 @@ class _Run:
         self.errors: dict[int, dict] = {}  # the ranks' own errors, not those the ending caused
         self.phase = dict.fromkeys(range(world_size), "start")  # start, fn, after, ended
         self.stopping, self.changed = False, threading.Event()
-        self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
-        self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
-        self.hidden_lines, self.hidden_rests = 0, {}  # summary: the lines not shown, unended ones
         self.threads: list[threading.Thread] = []
-
-    def relay(self, streams: dict[str, Any], final: bool = False) -> None:
-        with self.lock:
-            items, self.pending = sorted(self.pending.items()), {}
-        for key, text in items:
-            if self.summary and key[0] != 0:
-                *lines, self.hidden_rests[key] = (self.hidden_rests.get(key, "") + text).split("\n")
-                self.hidden_lines += len(lines)
-                continue
-            capped = CappedLines(*key, streams[key[1]], ends="simulation")
-            self.capped.setdefault(key, capped).feed(text)
-        for key in sorted(self.capped) if final else ():
-            self.capped[key].feed("", final=True)
-        if final and (hidden := self.hidden_lines + sum(map(bool, self.hidden_rests.values()))):
-            ranks = ranks_phrase(sorted({rank for rank, _ in self.hidden_rests}), verb=False)
-            streams["stdout"].write(f"[{ranks}] {hidden} more lines not shown ({self.world_size} "
-                                    "ranks: only rank 0's are); simulate(..., output='all') shows "
-                                    "every rank's\n")
 
     def error(self, rank: int, e: BaseException) -> None:
         if self.stopping and isinstance(e, SystemExit):
@@ -369,9 +348,7 @@ class _RankStream:
     def write(self, text: str) -> int:
         if _local.run is not self.run:
             return self.stream.write(text)
-        with self.run.lock:
-            key = (_local.rank, self.name)
-            self.run.pending[key] = self.run.pending.get(key, "") + text
+        self.run.output.write(_local.rank, self.name, text)
         return len(text)
 
     def flush(self) -> None:
@@ -410,16 +387,15 @@ def _end(run: _Run) -> list[int]:
     """Stop every rank, wait for their threads (one still in ``fn`` after :data:`_END_GRACE_S` gets
     SystemExit at its next Python line); the ranks whose thread still runs."""
     run.stop()
-    start, interrupted = time.monotonic(), False
+    start = time.monotonic()
     with contextlib.suppress(KeyboardInterrupt):  # a second interrupt: stop waiting
-        while any(t.is_alive() for t in run.threads) and time.monotonic() - start < _LEFTOVER_S:
-            if not interrupted and time.monotonic() - start > _END_GRACE_S:
-                interrupted = True
-                for r, t in enumerate(run.threads):
-                    if t.is_alive() and run.phase[r] == "fn":
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
-                                                                   ctypes.py_object(SystemExit))
-            time.sleep(_POLL_S)
+        for limit in (_END_GRACE_S, _LEFTOVER_S):
+            while any(t.is_alive() for t in run.threads) and time.monotonic() - start < limit:
+                time.sleep(_POLL_S)
+            for r, t in enumerate(run.threads):
+                if t.is_alive() and run.phase[r] == "fn":
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                               ctypes.py_object(SystemExit))
     alive = [r for r, t in enumerate(run.threads) if t.is_alive()]
     _leftovers.extend(run.threads[r] for r in alive)
     return alive
@@ -428,12 +404,11 @@ def _end(run: _Run) -> list[int]:
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
     """Relay output, watch the ranks until they end: ``(reason, startup_s)``, reason ``None`` (all
     ended), ``"error"``, ``"timeout"`` or ``"interrupt"``."""
-    run.streams = streams = {"stdout": sys.stdout, "stderr": sys.stderr}
-    start = time.monotonic()
-    running_since = None
+    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    run.output = TextRelay(streams, "simulation", lambda rank: rank == 0 or not run.summary)
+    start, running_since = time.monotonic(), None
     startup_limit = None if timeout is None else max(timeout, _STARTUP_S)
-    sys.stdout = _RankStream(streams["stdout"], "stdout", run)
-    sys.stderr = _RankStream(streams["stderr"], "stderr", run)
+    sys.stdout, sys.stderr = (_RankStream(streams[name], name, run) for name in streams)
     try:
         run.threads = [threading.Thread(target=_run_rank, args=(run, r), name=f"simulated-rank-{r}",
                                         daemon=True) for r in range(run.world_size)]
@@ -442,7 +417,7 @@ def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | No
         while True:
             run.changed.wait(_POLL_S)
             run.changed.clear()
-            run.relay(streams)
+            run.output.poll()
             phases, now = list(run.phase.values()), time.monotonic()
             if all(p == "ended" for p in phases):
                 return ("error" if run.errors else None), (running_since or now) - start
@@ -497,7 +472,13 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
                               if run.phase[r] not in ("after", "ended")}
                 stacks = of_threads(unfinished) if reason in ("timeout", "interrupt") else {}
                 alive = _end(run)
-                run.relay(run.streams, final=True)
+                run.output.poll(final=True)
+                out = run.output
+                if hidden := out.hidden_lines + sum(map(bool, out.hidden.values())):
+                    ranks = ranks_phrase(sorted({rank for rank, _ in out.hidden}), verb=False)
+                    out.streams["stdout"].write(f"[{ranks}] {hidden} more lines not shown ({world_size} "
+                                                "ranks: only rank 0's are); simulate(..., "
+                                                "output='all') shows every rank's\n")
         still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a "
                  "sleep, a lock or C code); they end when that call returns, and the next "
                  f"simulate() runs without them. {_STUCK_ADVICE}") if alive else None

@@ -30,8 +30,9 @@ import psutil
 from helpers.engine.run_dir import read_markers
 from helpers.engine.tracebacks import Frame, format_frames, is_hidden
 
-__all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_threads", "of_unfinished", "px_cell_name",
-           "ranks_phrase", "register", "registered", "spans", "state", "stuck_frames", "summary", "timeout_advice"]
+__all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_threads", "of_unfinished",
+           "px_cell_name", "ranks_phrase", "register", "registered", "spans", "state", "stuck_frames",
+           "summary", "timeout_advice"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -293,11 +294,14 @@ def of_unfinished(run_dir: str, poll_s: float = 0.05) -> dict[int, str]:
 def of_threads(threads: dict[int, threading.Thread]) -> dict[int, str]:
     """``{rank: Python stack}`` of the live ``threads`` of this process (simulated ranks), in a
     dump's format."""
-    frames = sys._current_frames()
-    return {rank: f"Thread 0x{t.ident:016x} (most recent call first):\n" + "".join(
-        f'  File "{f.filename}", line {f.lineno} in {f.name}\n'
-        for f in traceback.StackSummary.extract(traceback.walk_stack(frames[t.ident]), lookup_lines=False))
-        for rank, t in threads.items() if t.ident in frames}
+    frames, dumps = sys._current_frames(), {}
+    for rank, t in threads.items():
+        if t.ident in frames:
+            walk = traceback.walk_stack(frames[t.ident])
+            dumps[rank] = f"Thread 0x{t.ident:016x} (most recent call first):\n" + "".join(
+                f'  File "{f.filename}", line {f.lineno} in {f.name}\n'
+                for f in traceback.StackSummary.extract(walk, lookup_lines=False))
+    return dumps
 
 
 # ---- what the unfinished ranks were doing, and what to do (LaunchTimeout, RanksTimeout) --------
