@@ -1,17 +1,5 @@
-"""What :func:`helpers.engine.launch` raises, and the rule that picks the root-cause rank.
-
-- :class:`LaunchError`: bad input, raised before any process starts (also by
-  :func:`helpers.engine.by_value.serialise_call` for what cannot be sent to another process).
-- :class:`WorkerError`: a rank raised, exited without a result, or was killed.
-- :class:`LaunchTimeout`: the launch ran past its ``timeout``.
-- :class:`LaunchInterrupted`: the caller was interrupted during a launch or a warm-rank call.
-- :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`: warm ranks' (``start_ranks``).
-- :class:`SimulationUnavailable`: this torch lacks what :func:`helpers.engine.simulate` needs.
-- :class:`OversubscriptionWarning`: more ranks than CPU cores.
-- :func:`worker_error`: turn what the ranks left behind (their error markers, the elastic
-  agent's failures) into one :class:`WorkerError` naming the rank that failed first.
-- :data:`HINTS` (in :mod:`helpers.engine.hints`): the one table of (pattern, what to do) that adds a
-  hint to a rank's error.
+"""What :func:`helpers.engine.launch`, warm ranks and ``simulate`` raise, and :func:`worker_error`,
+the rule that picks the root-cause rank (hints: :data:`HINTS`, in :mod:`helpers.engine.hints`).
 
 In IPython they show as a few lines (``_render_traceback_``, :class:`Readable`): the cell's frames,
 the message, the failing rank's own frames (helpers, torch and other libraries hidden), what to do.
