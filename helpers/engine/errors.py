@@ -1,17 +1,5 @@
-"""What :func:`helpers.engine.launch` raises, and the rule that picks the root-cause rank.
-
-- :class:`LaunchError`: bad input, raised before any process starts (also by
-  :func:`helpers.engine.by_value.serialise_call` for what cannot be sent to another process).
-- :class:`WorkerError`: a rank raised, exited without a result, or was killed.
-- :class:`LaunchTimeout`: the launch ran past its ``timeout``.
-- :class:`LaunchInterrupted`: the caller was interrupted during a launch or a warm-rank call.
-- :class:`RanksTimeout`, :class:`NoRanks`, :class:`RanksStopped`: warm ranks' (``start_ranks``).
-- :class:`SimulationUnavailable`: this torch lacks what :func:`helpers.engine.simulate` needs.
-- :class:`OversubscriptionWarning`: more ranks than CPU cores.
-- :func:`worker_error`: turn what the ranks left behind (their error markers, the elastic
-  agent's failures) into one :class:`WorkerError` naming the rank that failed first.
-- :data:`HINTS` (in :mod:`helpers.engine.hints`): the one table of (pattern, what to do) that adds a
-  hint to a rank's error.
+"""What :func:`helpers.engine.launch`, warm ranks and ``simulate`` raise, and :func:`worker_error`,
+the rule that picks the root-cause rank (hints: :data:`HINTS`, in :mod:`helpers.engine.hints`).
 
 In IPython they show as a few lines (``_render_traceback_``, :class:`Readable`): the cell's frames,
 the message, the failing rank's own frames (helpers, torch and other libraries hidden), what to do.
@@ -257,28 +245,30 @@ def _is_secondary(err: dict) -> bool:
     return any(s in err["message"] for s in _SECONDARY)
 
 
-def worker_error(error: BaseException, errors: dict[int, dict], started: set[int], done: set[int],
-                 world_size: int) -> BaseException:
+def worker_error(error: BaseException | None, errors: dict[int, dict], started: set[int],
+                 done: set[int], world_size: int, caller: str = "launch") -> BaseException | None:
     """One :class:`WorkerError` naming the root-cause rank (or ``error`` itself, when no rank left a word
     and the agent names none), from the agent's ``error`` (a ``ChildFailedError`` lists the ranks it
     saw die), the ranks' ``errors`` markers (``{rank: {type, message, traceback, time}}``) and the
     ``started``/``done`` rank sets. Root cause, in order: the earliest error a rank raised itself; a
-    rank the agent saw die; a started rank that vanished while others lost it; the earliest secondary."""
+    rank the agent saw die; a started rank that vanished while others lost it; the earliest secondary.
+    ``caller``: ``"launch"`` or ``"simulate"``: who ended the other ranks, whom the hint is for."""
     failures = error.failures if isinstance(error, ChildFailedError) else {}
     primary = [e for e in errors.values() if not _is_secondary(e)]
     silent_dead = {r: f for r, f in failures.items() if r not in errors}
     vanished = sorted(r for r in started if r not in errors and r not in done)
+    ended = "ended by the simulation" if caller == "simulate" else "ended by the launcher"
 
-    def others_except(rank):
-        # a message's first line: a hint on the lines below is shown once, for the root-cause rank
+    def failed(rank: int, kind: str, message: str, tb: str = "") -> WorkerError:
+        # a message's first line: a hint on the lines below is shown once, for the root cause
         others = {r: _short(f"{e['type']}: " + e["message"].partition("\n")[0]) for r, e in errors.items() if r != rank}
-        others.update({r: "ended by the launcher" for r in range(world_size) if r != rank and r not in others})
-        return others
+        others.update({r: ended for r in range(world_size)
+                       if r != rank and r not in others and r not in done})
+        return WorkerError(rank, kind, message, tb, others, caller=caller)
 
-    if primary:
-        first = min(primary, key=lambda e: e["time"])
-        return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
-                           others_except(first["rank"]))
+    if primary or (errors and not silent_dead and not vanished):
+        first = min(primary or errors.values(), key=lambda e: e["time"])
+        return failed(first["rank"], first["type"], first["message"], first["traceback"])
     if silent_dead:
         rank, failure = min(silent_dead.items(), key=lambda kv: kv[1].timestamp)
         if failure.exitcode is not None and failure.exitcode < 0:
@@ -291,17 +281,11 @@ def worker_error(error: BaseException, errors: dict[int, dict], started: set[int
             message += (" while starting, before fn was called (its stderr above says why). From a "
                         "script, put the launch under `if __name__ == '__main__':`: spawned processes "
                         "re-import the main script.")
-        return WorkerError(rank, kind, message, "", others_except(rank))
+        return failed(rank, kind, message)
     if errors and vanished:
-        rank = vanished[0]
-        return WorkerError(rank, "exited without returning a result",
-                           "the process ended without returning or raising (killed by a signal such as "
-                           "SIGKILL, or os._exit()); the other ranks lost their connection to it", "",
-                           others_except(rank))
-    if errors:
-        first = min(errors.values(), key=lambda e: e["time"])
-        return WorkerError(first["rank"], first["type"], first["message"], first["traceback"],
-                           others_except(first["rank"]))
+        return failed(vanished[0], "exited without returning a result",
+                      "the process ended without returning or raising (killed by a signal such as "
+                      "SIGKILL, or os._exit()); the other ranks lost their connection to it")
     return error
 
 

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 from multiprocessing import forkserver, spawn, util
+from unittest import mock
 
 from helpers.engine.socket_folder import SUN_PATH_MAX, socket_dir
 
@@ -146,26 +147,18 @@ def _no_tracker_in_our_process_group() -> None:
 _STARTED: dict[int, subprocess.Popen] = {}
 
 
-@contextlib.contextmanager
 def _in_a_session_of_their_own():
     """For the block, what ``multiprocessing`` starts with ``util.spawnv_passfds`` (the fork server, the
     resource tracker) starts in a new session: ``subprocess.Popen(..., start_new_session=True)``."""
-    if os.name != "posix":
-        yield
-        return
-    original = util.spawnv_passfds
-
     def spawnv_passfds(path, args, passfds):
         proc = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
                                 close_fds=True, start_new_session=True)
         _STARTED[proc.pid] = proc
         return proc.pid
 
-    util.spawnv_passfds = spawnv_passfds
-    try:
-        yield
-    finally:
-        util.spawnv_passfds = original
+    if os.name != "posix":
+        return contextlib.nullcontext()
+    return mock.patch.object(util, "spawnv_passfds", spawnv_passfds)
 
 
 def _reaped(pid: int, exit_code: int) -> None:
@@ -200,7 +193,6 @@ def fork_server_pid() -> int | None:
         return _running_pid()
 
 
-@contextlib.contextmanager
 def main_without_file():
     """For the block, processes ``multiprocessing`` starts are not asked to re-run a main script that has
     no file (``init_main_from_path`` of ``<stdin>``); a real file is re-run as before."""
@@ -208,16 +200,11 @@ def main_without_file():
 
     def get_preparation_data(name):
         data = original(name)
-        path = data.get("init_main_from_path")
-        if path is not None and not os.path.exists(path):
+        if not os.path.exists(data.get("init_main_from_path") or "."):
             del data["init_main_from_path"]
         return data
 
-    spawn.get_preparation_data = get_preparation_data
-    try:
-        yield
-    finally:
-        spawn.get_preparation_data = original
+    return mock.patch.object(spawn, "get_preparation_data", get_preparation_data)
 
 
 class fork_server:

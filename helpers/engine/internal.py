@@ -1,19 +1,10 @@
 """The engine's internal door: what the benchmarks, the doctor, ``ci/`` and the tests need, and lessons do not.
 
-Lessons and the course helpers they call use :mod:`helpers.engine` (its ``__all__``, the learner's
-surface); ``helpers/bench``, ``helpers/doctor``, ``ci/`` and ``helpers/ipc_kernel.py`` may also import
-from here (``tests/course/test_fence.py`` checks both rules)::
+Lessons and the course helpers they call use :mod:`helpers.engine` (the learner's surface);
+``helpers/bench``, ``helpers/doctor``, ``ci/`` and ``helpers/ipc_kernel.py`` may also import the
+names of ``_WHERE`` from here, lazily (``tests/course/test_fence.py`` checks both rules)::
 
     from helpers.engine.internal import end_processes, stop_fork_server
-
-Names (lazy, as the surface's: importing this module imports no torch):
-
-- warm ranks seen from outside: :func:`current_ranks`, :class:`WarmRanks`;
-- rules: :func:`threads_per_rank`, :data:`MAX_RANKS_PER_CPU`;
-- processes: :func:`descendants`, :func:`end_processes`, :func:`is_live`, :func:`stop_fork_server`;
-  :class:`QuietElastic` (torch's elastic agent without its log lines or its own store, for code that calls it directly);
-- temp state: :func:`is_reaper` (a launch's run-folder reaper, spared by the runner's clean-up),
-  :func:`socket_dir` (a folder short enough for a Unix socket).
 """
 
 from __future__ import annotations

@@ -87,33 +87,19 @@ DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 
 def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
            timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` new processes; their results.
-
-    Each rank gets torchrun's environment, a default process group on ``backend`` (destroyed after
-    ``fn``) and, unless ``OMP_NUM_THREADS`` is set, :func:`threads_per_rank` CPU threads. Its stdout
-    and stderr appear in the caller's as ``[rank r]`` lines. Calls from several threads run in turn.
-
-    Args:
-        fn: a function of a module (sent by reference) or one defined in a cell (a lambda, closure or
-            callable object too: sent by value with cloudpickle, with the cell code it uses).
-        world_size: number of ranks, a positive int.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (cloudpickle; CPU tensors).
-        backend: ``"gloo"``, ``"nccl"`` or ``None`` (:func:`resolve_backend`).
-        timeout: seconds ``fn`` may run once every rank runs it (``None``: no limit; default 300 s).
-            Start-up may take ``max(timeout, STARTUP_S)``; the group's own timeout is twice that, so a
-            rank waiting in a collective is still there to say where it was.
-
-    Returns:
-        list: ``results[r]`` is rank ``r``'s return value.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` new processes: ``results[r]``
+    is rank ``r``'s return value. Each rank gets torchrun's environment, a default group on
+    ``backend`` (``None``: :func:`resolve_backend`) and :func:`threads_per_rank` CPU threads; its
+    output shows as ``[rank r]`` lines. ``fn`` and its arguments go by reference (a module's) or by
+    value (cloudpickle: a cell's function, lambda or closure; CPU tensors). ``timeout``: seconds
+    once every rank runs ``fn`` (``None``: no limit); start-up may take ``max(timeout, STARTUP_S)``.
 
     Raises:
-        LaunchError: before any process starts: bad input (the message says what to do), something
-            that cannot be sent (an open file, a lock, a socket, a generator, a CUDA tensor; the
+        LaunchError: before any process starts: bad input, something that cannot be sent (the
             variable named), or a full temp folder (also once it filled up during the launch).
         WorkerError: a rank raised, exited without returning or was killed; the others were ended.
-        LaunchTimeout: past ``timeout`` (or start-up past its allowance); where each rank was
-            (``e.stacks``: each rank's Python stack).
-        LaunchInterrupted: the caller was interrupted; every rank was ended; where each was.
+        LaunchTimeout, LaunchInterrupted: past ``timeout``, or interrupted; every rank was ended,
+            and ``e.stacks`` holds where each was.
     """
     default = isinstance(timeout, DefaultTimeout)
     world_size, backend, payload = _validate(fn, world_size, args, kwargs, backend, timeout)

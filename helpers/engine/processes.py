@@ -1,20 +1,6 @@
-"""Process plumbing, in one place: free ports, ending a process tree, the backend rule, and the
-torchrun entry point.
-
-- :func:`free_port`: a TCP port the OS says is free right now; :func:`loopback_interface`: the
-  loopback interface's name here (``GLOO_SOCKET_IFNAME`` for a job on ``127.0.0.1``);
-  :func:`tcp_store` / :func:`listen_on_loopback`: a rank's store and gloo on loopback only.
-- :func:`descendants`: a process's children, grandchildren, ... (``[]`` once it is gone);
-  :func:`leftover_children`: this process's, less the resource tracker and the fork server.
-- :func:`in_sessions`: the processes of given sessions (a rank's children, even re-parented);
-  :func:`end_processes`: SIGTERM, a grace period, SIGKILL, wait (zombies count as ended);
-  :func:`is_live`: the "still running" test it uses.
-- :func:`default_backend` / :func:`resolve_backend`: ``nccl`` with one CUDA GPU per rank, else
-  ``gloo``; a requested backend checked against the machine.
-- :func:`init_process_group_from_env` / :func:`main_from_env`: the default process group from the
-  environment torchrun (or the elastic agent under :func:`helpers.engine.launch`) sets, and the
-  entry point that runs a ``launch`` worker unchanged under ``torchrun``.
-"""
+"""Process plumbing, in one place: free ports and loopback-only stores, ending a process tree
+(SIGTERM, a grace period, SIGKILL), the backend rule (``nccl`` with one CUDA GPU per rank, else
+``gloo``), and the default group and entry point a ``launch`` worker uses under ``torchrun``."""
 
 from __future__ import annotations
 

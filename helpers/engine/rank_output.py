@@ -3,7 +3,8 @@
 :func:`capture_output` points a rank's file descriptors 1 and 2 at ``output/<rank>/std{out,err}.log``
 in its run folder (:mod:`helpers.engine.run_dir`); :class:`Relay` copies those files into the
 caller's streams line by line; :class:`CappedLines` caps what a stream shows and :func:`rank_lines`
-formats a rank's line, for every launcher (warm and simulated ranks use them too).
+formats a rank's line, for every launcher (warm and simulated ranks use them too);
+:class:`TextRelay` relays what rank threads of this process write.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 
-__all__ = ["HEAD_LINES", "OUTPUT_DIR", "CappedLines", "Relay", "TAIL_LINES", "capture_output", "rank_lines"]
+__all__ = ["HEAD_LINES", "OUTPUT_DIR", "CappedLines", "Relay", "TAIL_LINES", "TextRelay",
+           "capture_output", "rank_lines"]
 
 
 #: Where :func:`capture_output` puts a rank's streams, below the run folder: ``output/<rank>/<name>.log``.
@@ -88,6 +91,7 @@ class CappedLines:
     def __init__(self, rank: int, name: str, out, kept: str | None = None, ends: str = "launch", fmt=rank_lines):
         self.rank, self.name, self.out, self.kept, self.ends, self.fmt = rank, name, out, kept, ends, fmt
         self.shown, self.head, self.file, self.tail, self.hidden = 0, [], None, collections.deque(maxlen=TAIL_LINES), 0
+        self.rest = ""  # feed's unended last line
 
     def show(self, lines: list[str]) -> int:
         """Writes the lines that fit under the cap, and the note when some do not; returns how many fit."""
@@ -115,6 +119,16 @@ class CappedLines:
         self.file.write("".join(f"{line}\n" for line in lines))
         self.tail.extend(lines)
         self.hidden += len(lines)
+
+    def feed(self, text: str, final: bool = False) -> None:
+        """:meth:`add` for text in any pieces: whole lines now; with ``final``, the rest and :meth:`end`."""
+        *lines, self.rest = (self.rest + text).split("\n")
+        if final and self.rest:
+            lines, self.rest = [*lines, self.rest], ""
+        if lines:
+            self.add(lines)
+        if final:
+            self.end()
 
     def end(self, count: int = 0, tail=()) -> None:
         """Writes how many of the lines past the cap (``count``; by default those :meth:`add` kept) were not
@@ -188,3 +202,34 @@ class Relay:
         except OSError as e:
             tail, count = [f"... the output past the first {HEAD_LINES:,} lines could not be read ({e})"], 0
         cap.end(count, tail)
+
+
+class TextRelay:
+    """Rank streams written in this process (simulated ranks are threads): :meth:`write` from any
+    thread; :meth:`poll`, in the caller, relays whole lines into ``streams[name]`` as
+    :class:`CappedLines` (``final``: the rest too). A rank for which ``shown(rank)`` is false is counted, not shown:
+    :attr:`hidden_lines`, and in :attr:`hidden` each of its streams' unended line."""
+
+    def __init__(self, streams: dict, ends: str, shown=lambda rank: True):
+        self.streams, self.ends, self.shown, self.lock = streams, ends, shown, threading.Lock()
+        self.pending: dict[tuple[int, str], str] = {}  # written, not yet relayed
+        self.capped: dict[tuple[int, str], CappedLines] = {}
+        self.hidden: dict[tuple[int, str], str] = {}
+        self.hidden_lines = 0
+
+    def write(self, rank: int, name: str, text: str) -> None:
+        with self.lock:
+            self.pending[(rank, name)] = self.pending.get((rank, name), "") + text
+
+    def poll(self, final: bool = False) -> None:
+        with self.lock:
+            items, self.pending = sorted(self.pending.items()), {}
+        for key, text in items:
+            if self.shown(key[0]):
+                capped = CappedLines(*key, self.streams[key[1]], ends=self.ends)
+                self.capped.setdefault(key, capped).feed(text)
+            else:
+                *lines, self.hidden[key] = (self.hidden.get(key, "") + text).split("\n")
+                self.hidden_lines += len(lines)
+        for key in sorted(self.capped) if final else ():
+            self.capped[key].feed("", final=True)

@@ -1,26 +1,8 @@
 """Simulated ranks: ``fn(rank, world_size, ...)`` on threads of this process, for cluster-sized worlds.
 
-``simulate(fn, world_size, *args)`` has :func:`helpers.engine.launch`'s shape, but its ranks are
-threads, each with its own default group on torch's threaded backend (``multi_threaded_pg``, the
-machinery of torch's ``spawn_threads_and_init_comms`` tests): ``dist.all_reduce``, DDP and
-``fully_shard`` give every rank the values real ranks get, at 64 or 256 ranks on a laptop. Time, the
-network and real parallelism are not simulated: one process, one GIL.
-
-Two halves, one interface between them (:class:`Turns`: ``wait``, ``give``, ``stop``):
-
-- in the rank threads, turns and per-rank state: one rank runs at a time and gives its turn up only
-  while it waits in a collective (after checking every rank makes the same call, :class:`CollectiveMismatch`);
-  each rank keeps its own random state (torch's CPU generator, ``random``, numpy's), seeded fresh
-  at its start as a new process's is; ``dist.new_group(backend=...)`` gets the simulated backend (a
-  gloo group would wait for peers that are threads), ``os._exit`` and ``DataLoader`` workers raise;
-- supervision, in the caller: output relayed as ``[rank r]`` lines (from :data:`SUMMARY_FROM` ranks
-  on, rank 0's and a count); the first error (:class:`~helpers.engine.errors.WorkerError`),
-  ``timeout`` and an interrupt end the run, with each unfinished rank's stack
-  (:func:`sys._current_frames`, summarised by :mod:`helpers.engine.stacks`); a thread that cannot be
-  stopped is named and never blocks the next call; afterwards the threaded world is uninstalled,
-  autograd multithreading, thread isolation and the caller's random state are put back.
-
-The private pieces are checked before any thread starts (:class:`SimulationUnavailable`).
+Each rank is a thread with its own default group on torch's threaded backend: collectives, DDP and
+``fully_shard`` give the values real ranks get; time and parallelism are not simulated (one GIL).
+:class:`Turns` is the one interface between the rank threads and the caller's supervision.
 Reference: ``torch/testing/_internal/distributed/multi_threaded_pg.py``.
 """
 
@@ -39,15 +21,18 @@ import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.utils.data.dataloader
 
-from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, WorkerError
+from helpers.engine.errors import LaunchError, LaunchInterrupted, LaunchTimeout, SimulationUnavailable, worker_error
+from helpers.engine.fork_server import fresh_random_state
 from helpers.engine.inputs import DefaultTimeout, as_int, check_callable, check_timeout
 from helpers.engine.rank_main import alone_note
-from helpers.engine.rank_output import CappedLines
+from helpers.engine.rank_output import TextRelay
+from helpers.engine.stacks import of_threads, ranks_phrase
 
 __all__ = ["simulate", "SimulationUnavailable", "SUMMARY_FROM", "MAX_SIMULATED_RANKS", "SUPPORTED_TORCH"]
 
@@ -57,7 +42,6 @@ SUPPORTED_TORCH = ("2.14",)
 SUMMARY_FROM = 64
 #: The largest ``world_size`` :func:`simulate` accepts (one thread per rank).
 MAX_SIMULATED_RANKS = 1024
-#: :func:`simulate`'s default ``timeout`` (seconds).
 DEFAULT_TIMEOUT_S = DefaultTimeout(300.0)
 BACKEND = "simulated"  # the name dist.get_backend() gives inside a simulated rank
 
@@ -68,40 +52,31 @@ _STARTUP_S = 120.0  # the ranks' process groups may take max(timeout, this) seco
 
 _ONE_AT_A_TIME = threading.Lock()
 _leftovers: list[threading.Thread] = []  # rank threads a past run could not end in time
-_local = threading.local()  # in a rank thread: .rank, .run, .holding (it has the turn), .in_collective
 
 
-def _run_of_thread():  # the run this thread is a rank of, or None
-    return getattr(_local, "run", None)
+class _Local(threading.local):  # in a rank thread: its rank, its run, has the turn, in a collective
+    rank: int | None = None
+    run = None
+    holding = in_collective = False
 
 
-def _rank_of_thread() -> int | None:
-    return getattr(_local, "rank", None)
+_local = _Local()
 
 
 # ---- in the rank threads: turns and per-rank state ----------------------------------------------
 
-class Stopped(BaseException):
-    """Raised in a rank thread the simulation ends (a peer failed, a timeout, an interrupt)."""
-
-
 def _random_state():
     np = sys.modules.get("numpy")
-    return torch.default_generator.get_state(), random.getstate(), np.random.get_state() if np else None
+    return torch.default_generator.get_state(), random.getstate(), np and np.random.get_state()
 
 
 def _set_random_state(state) -> None:
-    """Put ``state`` back (:func:`_random_state`); ``None``: what a new process starts with, seeded by the OS."""
-    np = sys.modules.get("numpy")
+    """Put ``state`` back (:func:`_random_state`); ``None``: seeded afresh, as a new process is."""
     if state is None:
-        torch.default_generator.seed()
-        random.seed()
-        if np is not None:
-            np.random.seed()
-        return
+        return fresh_random_state()
     torch.default_generator.set_state(state[0])
     random.setstate(state[1])
-    if np is not None and state[2] is not None:
+    if state[2] is not None and (np := sys.modules.get("numpy")) is not None:
         np.random.set_state(state[2])
 
 
@@ -114,15 +89,13 @@ class Turns:
         self.lock = threading.Lock()
         self.events = [threading.Event() for _ in range(world_size)]
         self.queue = collections.deque(range(world_size))  # ranks waiting for a turn, first first
-        self.queued = set(self.queue)
         self.holder: int | None = None
         self.stopped = False
-        self.states: dict[int, Any] = {}
+        self.states: dict[int, Any] = {}  # the random state of each rank that gave its turn
 
     def _hand_on(self) -> None:  # under self.lock
         if self.holder is None and self.queue and not self.stopped:
             self.holder = self.queue.popleft()
-            self.queued.discard(self.holder)
             self.events[self.holder].set()
 
     def enter(self, rank: int, run) -> None:
@@ -134,22 +107,21 @@ class Turns:
         _local.run = _local.rank = None
 
     def wait(self, rank: int) -> None:
-        """Block until ``rank`` has the turn, its random state back; :class:`Stopped` once the run ended."""
+        """Block until ``rank`` has the turn and its random state; SystemExit once the run ends."""
         with self.lock:
-            if rank not in self.queued and self.holder != rank:
+            if rank in self.states:  # it gave its turn; its first turn was queued at the start
                 self.queue.append(rank)
-                self.queued.add(rank)
             self._hand_on()
         self.events[rank].wait()
         self.events[rank].clear()
         if self.stopped:
-            raise Stopped("the simulation ended this rank")
+            raise SystemExit("the simulation ended this rank")
         _set_random_state(self.states.get(rank))
         _local.holding = True
 
     def give(self, rank: int) -> None:
         """``rank`` gives its turn (if it has it) to the next rank waiting, keeping its random state."""
-        if not getattr(_local, "holding", False):
+        if not _local.holding:
             return
         _local.holding = False
         self.states[rank] = _random_state()
@@ -158,7 +130,7 @@ class Turns:
             self._hand_on()
 
     def stop(self) -> None:
-        """Free every rank: each waiting one raises :class:`Stopped`."""
+        """Free every rank: each waiting one raises SystemExit."""
         with self.lock:
             self.stopped = True
             for event in self.events:
@@ -168,8 +140,8 @@ class Turns:
 @contextlib.contextmanager
 def _turn_given():
     """In a rank thread that has the turn: give it up for the block (a wait for the other ranks)."""
-    run, rank = _run_of_thread(), _rank_of_thread()
-    if run is None or not getattr(_local, "holding", False):
+    run, rank = _local.run, _local.rank
+    if run is None or not _local.holding:
         yield
         return
     run.turns.give(rank)
@@ -197,36 +169,31 @@ class _Calls:
     def check(self, group: str, rank: int, world_size: int, name: str, args) -> None:
         """Record ``rank``'s next call on ``group``; raise :class:`CollectiveMismatch` if an earlier
         rank's call at the same point differs."""
-        signature = name
         if name in self.SAME_SHAPES:
             tensors = args[0] if args and isinstance(args[0], (list, tuple)) else []
             shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
-            signature = f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
+            name = f"{name} of shape {shapes[0] if len(shapes) == 1 else shapes}"
         with self.lock:
             n = self.counts[(group, rank)] = self.counts.get((group, rank), 0) + 1
-            other, expected, arrived = self.seen.get((group, n), (rank, signature, 0))
-            if signature == expected:
-                if arrived + 1 == world_size:
-                    self.seen.pop((group, n), None)
-                else:
-                    self.seen[(group, n)] = (other, expected, arrived + 1)
-                return
-        raise CollectiveMismatch(
-            f"ranks called different collectives at the same point (call {n} on this process group): "
-            f"rank {other} called {expected}, rank {rank} called {signature}. Every rank must call the same "
-            "collectives in the same order, with tensors of the same shape: look for a collective inside "
-            "`if rank == ...:`, or a loop that runs a different number of times on some rank.")
+            other, expected, arrived = self.seen.pop((group, n), (rank, name, 0))
+            if arrived + 1 < world_size:
+                self.seen[(group, n)] = (other, expected, arrived + 1)
+        if name != expected:
+            raise CollectiveMismatch(
+                f"ranks called different collectives at the same point (call {n} on this "
+                f"process group): rank {other} called {expected}, rank {rank} called {name}. Every "
+                "rank must call the same collectives in the same order, with tensors of the same "
+                "shape: look for a collective inside `if rank == ...:`, or a loop that runs a "
+                "different number of times on some rank.")
 
 
 def _gives_turn(method):
-    """A process group's collective that gives the rank's turn up while it waits for the others, after
-    checking that every rank makes the same call at this point (:class:`_Calls`)."""
+    """A collective that checks the call (:class:`_Calls`), then gives the turn up to wait."""
     @functools.wraps(method)
     def collective(self, *args, **kwargs):
-        if getattr(_local, "in_collective", False):  # barrier() calls allreduce(): one call
+        if _local.run is None or _local.in_collective:  # barrier() calls allreduce(): one call
             return method(self, *args, **kwargs)
-        if (run := _run_of_thread()) is not None:
-            run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
+        _local.run.calls.check(self.pg_name, self.rank(), self.size(), method.__name__, args)
         _local.in_collective = True
         try:
             with _turn_given():
@@ -238,35 +205,31 @@ def _gives_turn(method):
 
 # ---- the threaded world: torch's private pieces, and what a simulation patches ------------------
 
-def _unavailable(what: str) -> SimulationUnavailable:
-    return SimulationUnavailable(
-        f"simulate() needs a private part of torch that this torch ({torch.__version__}) lacks: {what}. "
-        f"It was checked on torch {', '.join(SUPPORTED_TORCH)} (the version requirements.txt pins). "
-        "Install that version, or run the same function on real processes with "
-        "helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
-
-
 @functools.lru_cache(maxsize=1)
 def _pieces():
     """``(ProcessLocalGroup, install, uninstall, set_isolation)``, the simulated backend registered;
     raises :class:`SimulationUnavailable` naming what is missing."""
+    missing, mtpg = [], None
     try:
         from torch.testing._internal.distributed import multi_threaded_pg as mtpg
     except Exception as e:  # noqa: BLE001 - ImportError, or a module that fails on import
-        raise _unavailable(f"torch.testing._internal.distributed.multi_threaded_pg ({type(e).__name__}: {e})") from None
-    missing = [f"multi_threaded_pg.{n}" for n in ("ProcessLocalGroup", "_install_threaded_pg",
-                                                   "_uninstall_threaded_pg") if not hasattr(mtpg, n)]
-    plg = getattr(mtpg, "ProcessLocalGroup", None)
-    missing += [f"ProcessLocalGroup.{n}" for n in ("exception_handle", "reset", "_terminate", "allreduce", "broadcast",
-                                                   "allgather") if plg is not None and not hasattr(plg, n)]
-    c10d = torch._C._distributed_c10d
-    if not hasattr(c10d, "_set_thread_isolation_mode"):
-        missing.append("torch._C._distributed_c10d._set_thread_isolation_mode")
-    barrier = getattr(dist.distributed_c10d, "_store_based_barrier", None)
-    if barrier is None:
-        missing.append("torch.distributed.distributed_c10d._store_based_barrier")
+        missing.append(f"torch.testing._internal.distributed.multi_threaded_pg "
+                       f"({type(e).__name__}: {e})")
+    plg, c10d = getattr(mtpg, "ProcessLocalGroup", None), torch._C._distributed_c10d
+    needed = {"multi_threaded_pg": (mtpg, "ProcessLocalGroup", "_install_threaded_pg",
+                                    "_uninstall_threaded_pg"),
+              "ProcessLocalGroup": (plg, "exception_handle", "reset", "_terminate", "allreduce",
+                                    "broadcast", "allgather"),
+              "torch._C._distributed_c10d": (c10d, "_set_thread_isolation_mode"),
+              "torch.distributed.distributed_c10d": (dist.distributed_c10d, "_store_based_barrier")}
+    missing += [f"{owner}.{n}" for owner, (obj, *names) in needed.items() for n in names
+                if obj is not None and not hasattr(obj, n)]
     if missing:
-        raise _unavailable(", ".join(missing))
+        raise SimulationUnavailable(
+            f"simulate() needs a private part of torch that this torch ({torch.__version__}) "
+            f"lacks: {', '.join(missing)}. It was checked on torch {', '.join(SUPPORTED_TORCH)} "
+            "(the version requirements.txt pins). Install that version, or run the same function "
+            "on real processes: helpers.engine.launch(fn, world_size) (a few ranks per CPU core).")
     group = type("SimulatedGroup", (plg,), {n: _gives_turn(f) for n, f in vars(plg).items()
                                             if callable(f) and not n.startswith("_")
                                             and not isinstance(f, (classmethod, staticmethod))
@@ -275,7 +238,7 @@ def _pieces():
     def create(store, rank, world_size, timeout):
         pg = group(rank, world_size)
         with _turn_given():  # the store barrier waits for the other ranks
-            barrier(rank, store, "", world_size, timeout)
+            dist.distributed_c10d._store_based_barrier(rank, store, "", world_size, timeout)
         return pg
 
     if not hasattr(dist.Backend, BACKEND.upper()):
@@ -294,27 +257,26 @@ def _threaded_world():
     plg, install, uninstall, isolation = _pieces()
     plg.reset()
     caller_random, excepthook = _random_state(), sys.excepthook  # init_process_group prefixes the hook "[rankN]"
-    install()
-    isolation(True)
-    dist.new_group = dist.distributed_c10d.new_group = _new_group
-    os._exit = _exit
-    _WORKERS_ITER.__init__ = _no_worker_processes
-    try:
-        yield
-    finally:
-        dist.new_group = dist.distributed_c10d.new_group = _NEW_GROUP
-        os._exit = _EXIT
-        _WORKERS_ITER.__init__ = _WORKERS_INIT
-        isolation(False)
-        uninstall()
-        _set_random_state(caller_random)
-        sys.excepthook = excepthook
+    patches = ((dist, "new_group", _new_group), (dist.distributed_c10d, "new_group", _new_group),
+               (os, "_exit", _exit), (_WORKERS_ITER, "__init__", _no_worker_processes))
+    with contextlib.ExitStack() as undo:
+        for owner, name, new in patches:
+            undo.enter_context(mock.patch.object(owner, name, new))
+        install()
+        isolation(True)
+        try:
+            yield
+        finally:
+            isolation(False)
+            uninstall()
+            _set_random_state(caller_random)
+            sys.excepthook = excepthook
 
 
 def _no_worker_processes(self, loader):
-    """A ``DataLoader`` with ``num_workers > 0`` in a rank thread: forking workers from a process whose
-    other threads hold locks can deadlock them, so it is refused at once."""
-    if _run_of_thread() is None:
+    """``DataLoader(num_workers > 0)`` in a rank thread: forking from a process of many threads can
+    deadlock, so it is refused at once."""
+    if _local.run is None:
         return _WORKERS_INIT(self, loader)
     self._shutdown = True  # its __del__ then has no workers to end (and no AttributeError to print)
     raise RuntimeError(f"DataLoader(num_workers={loader.num_workers}) in a simulated rank: its worker processes "
@@ -323,8 +285,8 @@ def _no_worker_processes(self, loader):
 
 
 def _exit(status):
-    """``os._exit`` in a rank thread would end the caller's whole process, every rank with it: it raises."""
-    if _run_of_thread() is None:
+    """``os._exit`` in a rank thread would end the caller's process and every rank: it raises."""
+    if _local.run is None:
         _EXIT(status)
     raise SystemExit(f"os._exit({status!r}) in a simulated rank: it would end the notebook's process (every rank "
                      "shares it), so simulate refused it; return from your function instead, or run code that "
@@ -332,9 +294,9 @@ def _exit(status):
 
 
 def _new_group(*args, **kwargs):
-    """``dist.new_group`` in a rank thread drops ``backend=`` and ``pg_options``: a real group (a gloo
-    one, as Lightning's ``rank_zero_first`` barrier makes) would wait forever for peers that are threads."""
-    if _run_of_thread() is not None:
+    """``dist.new_group`` in a rank thread without ``backend=`` and ``pg_options``: a gloo group (as
+    Lightning's ``rank_zero_first`` makes) would wait forever for peers that are threads."""
+    if _local.run is not None:
         bound = inspect.signature(_NEW_GROUP).bind(*args, **kwargs)
         bound.arguments.pop("backend", None)
         bound.arguments.pop("pg_options", None)
@@ -352,46 +314,19 @@ class _Run:
         self.store = dist.HashStore()
         self.lock = threading.Lock()
         self.results: dict[int, Any] = {}
-        self.errors: dict[int, dict] = {}
-        self.phase = dict.fromkeys(range(world_size), "start")  # start, ready, fn, after, ended
-        self.stopping = False
-        self.changed = threading.Event()
-        self.pending: dict[tuple[int, str], str] = {}  # what each rank's stream wrote, not yet relayed
-        self.hidden_lines = 0
-        self.hidden_ranks: set[int] = set()
-        self.capped: dict[tuple[int, str], CappedLines] = {}  # what the caller is shown of each stream
+        self.errors: dict[int, dict] = {}  # the ranks' own errors, not those the ending caused
+        self.phase = dict.fromkeys(range(world_size), "start")  # start, fn, after, ended
+        self.stopping, self.changed = False, threading.Event()
         self.threads: list[threading.Thread] = []
 
-    def relay(self, streams: dict[str, Any], final: bool = False) -> None:
-        with self.lock:
-            items = sorted(self.pending.items())
-            self.pending = {}
-        for (rank, name), text in items:
-            *lines, rest = text.split("\n")
-            if final and rest:
-                lines.append(rest)
-                rest = ""
-            if rest:
-                with self.lock:
-                    self.pending[(rank, name)] = rest + self.pending.get((rank, name), "")
-            if not lines:
-                continue
-            if self.summary and rank != 0:
-                self.hidden_lines += len(lines)
-                self.hidden_ranks.add(rank)
-                continue
-            self.capped.setdefault((rank, name), CappedLines(rank, name, streams[name], ends="simulation")).add(lines)
-        for key in sorted(self.capped) if final else ():
-            self.capped[key].end()
-
     def error(self, rank: int, e: BaseException) -> None:
-        secondary = self.stopping and isinstance(e, (SystemExit, Stopped))
+        if self.stopping and isinstance(e, SystemExit):
+            return
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         with self.lock:
             self.errors[rank] = {"rank": rank, "type": type(e).__name__, "message": str(e), "traceback": tb,
-                                 "time": time.time(), "secondary": secondary}
-        if not secondary:
-            self.stop()
+                                 "time": time.time()}
+        self.stop()
 
     def stop(self) -> None:
         """Free every rank: the turns stop, collectives end (torch raises SystemExit in their waits)."""
@@ -411,15 +346,13 @@ class _RankStream:
         self.stream, self.name, self.run = stream, name, run
 
     def write(self, text: str) -> int:
-        rank = _rank_of_thread()
-        if rank is None or _run_of_thread() is not self.run:
+        if _local.run is not self.run:
             return self.stream.write(text)
-        with self.run.lock:
-            self.run.pending[(rank, self.name)] = self.run.pending.get((rank, self.name), "") + text
+        self.run.output.write(_local.rank, self.name, text)
         return len(text)
 
     def flush(self) -> None:
-        if _rank_of_thread() is None:
+        if _local.rank is None:
             self.stream.flush()
 
     def __getattr__(self, name):
@@ -430,22 +363,18 @@ def _run_rank(run: _Run, rank: int) -> None:
     """A rank thread: its default group, its turn, ``fn``; what happened goes to ``run``."""
     run.turns.enter(rank, run)
     try:
-        try:
-            dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
-                                    timeout=run.group_timeout)
-            run.phase[rank] = "ready"
-            run.changed.set()
-            run.turns.wait(rank)
-            run.phase[rank] = "fn"
-            run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
-            if rank == 0 and (note := alone_note(run.world_size, "simulate")):
-                print(note, file=sys.stderr)
-        finally:
-            run.phase[rank] = "after"
-            run.turns.give(rank)
+        dist.init_process_group(BACKEND, rank=rank, world_size=run.world_size, store=run.store,
+                                timeout=run.group_timeout)
+        run.phase[rank] = "fn"
+        run.turns.wait(rank)
+        run.results[rank] = run.fn(rank, run.world_size, *run.args, **run.kwargs)
+        if rank == 0 and (note := alone_note(run.world_size, "simulate")):
+            print(note, file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 - handed to the caller
         run.error(rank, e)
     finally:
+        run.phase[rank] = "after"
+        run.turns.give(rank)
         with contextlib.suppress(BaseException):
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -454,98 +383,67 @@ def _run_rank(run: _Run, rank: int) -> None:
         run.changed.set()
 
 
-def _stack_text(thread: threading.Thread) -> str:
-    """``thread``'s Python stack in faulthandler's format (what :mod:`helpers.engine.stacks` reads)."""
-    frame = sys._current_frames().get(thread.ident)
-    lines = [f"Thread 0x{thread.ident or 0:016x} (most recent call first):"]
-    while frame is not None:
-        lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
-        frame = frame.f_back
-    return "\n".join(lines) + "\n"
-
-
 def _end(run: _Run) -> list[int]:
-    """Stop every rank and wait for their threads (a rank still in ``fn`` after :data:`_END_GRACE_S` gets
-    :class:`Stopped` raised at its next Python line); returns the ranks whose thread still runs."""
+    """Stop every rank, wait for their threads (one still in ``fn`` after :data:`_END_GRACE_S` gets
+    SystemExit at its next Python line); the ranks whose thread still runs."""
     run.stop()
     start = time.monotonic()
-    interrupted = False
-    try:
-        while any(t.is_alive() for t in run.threads) and time.monotonic() - start < _LEFTOVER_S:
-            if not interrupted and time.monotonic() - start > _END_GRACE_S:
-                interrupted = True
-                for rank, t in enumerate(run.threads):
-                    if t.is_alive() and run.phase[rank] == "fn":
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Stopped))
-            time.sleep(_POLL_S)
-    except KeyboardInterrupt:  # a second interrupt: stop waiting
-        pass
+    with contextlib.suppress(KeyboardInterrupt):  # a second interrupt: stop waiting
+        for limit in (_END_GRACE_S, _LEFTOVER_S):
+            while any(t.is_alive() for t in run.threads) and time.monotonic() - start < limit:
+                time.sleep(_POLL_S)
+            for r, t in enumerate(run.threads):
+                if t.is_alive() and run.phase[r] == "fn":
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
+                                                               ctypes.py_object(SystemExit))
     alive = [r for r, t in enumerate(run.threads) if t.is_alive()]
     _leftovers.extend(run.threads[r] for r in alive)
     return alive
 
 
 def _supervise(run: _Run, timeout: float | None) -> tuple[str | None, float | None]:
-    """Relay output and watch the ranks until they end; ``(reason, startup_s)``, reason one of
-    ``None`` (all ended), ``"error"``, ``"timeout"``, ``"interrupt"``."""
+    """Relay output, watch the ranks until they end: ``(reason, startup_s)``, reason ``None`` (all
+    ended), ``"error"``, ``"timeout"`` or ``"interrupt"``."""
     streams = {"stdout": sys.stdout, "stderr": sys.stderr}
-    start = time.monotonic()
-    running_since = None
+    run.output = TextRelay(streams, "simulation", lambda rank: rank == 0 or not run.summary)
+    start, running_since = time.monotonic(), None
     startup_limit = None if timeout is None else max(timeout, _STARTUP_S)
-    sys.stdout = _RankStream(streams["stdout"], "stdout", run)
-    sys.stderr = _RankStream(streams["stderr"], "stderr", run)
+    sys.stdout, sys.stderr = (_RankStream(streams[name], name, run) for name in streams)
     try:
-        for rank in range(run.world_size):
-            t = threading.Thread(target=_run_rank, args=(run, rank), name=f"simulated-rank-{rank}", daemon=True)
-            run.threads.append(t)
+        run.threads = [threading.Thread(target=_run_rank, args=(run, r), name=f"simulated-rank-{r}",
+                                        daemon=True) for r in range(run.world_size)]
+        for t in run.threads:
             t.start()
         while True:
             run.changed.wait(_POLL_S)
             run.changed.clear()
-            run.relay(streams)
-            phases = list(run.phase.values())
+            run.output.poll()
+            phases, now = list(run.phase.values()), time.monotonic()
             if all(p == "ended" for p in phases):
-                return ("error" if any(not e["secondary"] for e in run.errors.values()) else None), \
-                    (running_since or time.monotonic()) - start
+                return ("error" if run.errors else None), (running_since or now) - start
             if run.stopping:
                 return "error", None
-            now = time.monotonic()
             if running_since is None and all(p != "start" for p in phases):
                 running_since = now
-            if running_since is not None and timeout is not None and now - running_since > timeout:
-                return "timeout", running_since - start
-            if running_since is None and startup_limit is not None and now - start > startup_limit:
-                return "timeout", now - start
+            since, limit = (running_since, timeout) if running_since else (start, startup_limit)
+            if limit is not None and now - since > limit:
+                return "timeout", (running_since or now) - start
     except KeyboardInterrupt:
         return "interrupt", None
     finally:
         sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
-        run.streams = streams
 
 
 def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAULT_TIMEOUT_S,
              output: str | None = None, **kwargs) -> list:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` simulated ranks (threads, one at a
-    time); ``fn``'s results in rank order. Values are a real job's (``torch.manual_seed(rank)`` too);
-    time is not.
-
-    Args:
-        fn: the worker, as for :func:`helpers.engine.launch`; nothing is pickled (same process).
-        world_size: number of ranks, 1 to :data:`MAX_SIMULATED_RANKS`.
-        *args, **kwargs: passed to ``fn`` after ``rank, world_size`` (shared, not copied: read-only).
-        timeout: seconds ``fn`` may run once every rank has its group (``None``: no limit; default 300 s).
-        output: ``"all"`` (every rank's lines, ``[rank r]``), ``"summary"`` (rank 0's and a count) or
-            ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
-
-    Raises:
-        SimulationUnavailable: this torch lacks the private pieces (before any thread starts).
-        LaunchError: bad input (before any thread starts), or a call from inside a simulated rank.
-        WorkerError: a rank raised; names the rank that failed first; the others were ended.
-        LaunchTimeout: ``fn`` ran past ``timeout``; says where each unfinished rank was.
-        LaunchInterrupted: the caller was interrupted; the ranks were ended.
-    """
+    """``fn(rank, world_size, *args, **kwargs)`` on 1 to :data:`MAX_SIMULATED_RANKS` simulated ranks
+    (threads, one at a time, ``args`` shared): the results in rank order. ``timeout``: seconds once
+    every rank has its group (``None``: no limit); ``output``: ``"all"`` (``[rank r]`` lines),
+    ``"summary"`` (rank 0's and a count), ``None`` (``"all"`` below :data:`SUMMARY_FROM` ranks).
+    Raises :class:`SimulationUnavailable` and :class:`LaunchError` (bad input) before any thread
+    starts; :class:`WorkerError`, :class:`LaunchTimeout` and :class:`LaunchInterrupted` after."""
     default = isinstance(timeout, DefaultTimeout)
-    if _rank_of_thread() is not None:
+    if _local.rank is not None:
         raise LaunchError("simulate() was called from inside a simulated rank; call it from the notebook cell.")
     if not 1 <= (as_int(world_size) or 0) <= MAX_SIMULATED_RANKS:
         raise LaunchError(f"world_size must be an int from 1 to {MAX_SIMULATED_RANKS}, got {world_size!r}.")
@@ -558,70 +456,45 @@ def simulate(fn: Callable, world_size: int, *args, timeout: float | None = DEFAU
     summary = output == "summary" or (output is None and world_size >= SUMMARY_FROM)
     group_timeout = timedelta(seconds=2 * max(timeout or 900.0, _STARTUP_S))
     with _ONE_AT_A_TIME:
-        _note_leftovers()
+        _leftovers[:] = [t for t in _leftovers if t.is_alive()]  # they never block this run
+        if _leftovers:
+            sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are "
+                             "still stuck in a call Python cannot interrupt (a sleep, a lock, C "
+                             "code); this run goes on without them; they end when that call "
+                             f"returns. {_STUCK_ADVICE}\n")
         run = _Run(fn, world_size, args, kwargs, group_timeout, summary)
         with _threaded_world():
             reason, startup_s = None, None
             try:
                 reason, startup_s = _supervise(run, timeout)
             finally:
-                stacks = {}
-                if reason in ("timeout", "interrupt"):
-                    stacks = {r: _stack_text(t) for r, t in enumerate(run.threads)
-                              if run.phase[r] not in ("after", "ended") and t.is_alive()}
+                unfinished = {r: t for r, t in enumerate(run.threads)
+                              if run.phase[r] not in ("after", "ended")}
+                stacks = of_threads(unfinished) if reason in ("timeout", "interrupt") else {}
                 alive = _end(run)
-                run.relay(run.streams, final=True)
-                if run.hidden_lines:
-                    run.streams["stdout"].write(_hidden_note(run))
-        _raise_failure(run, reason, timeout, startup_s, stacks, alive, default)
+                run.output.poll(final=True)
+                out = run.output
+                if hidden := out.hidden_lines + sum(map(bool, out.hidden.values())):
+                    ranks = ranks_phrase(sorted({rank for rank, _ in out.hidden}), verb=False)
+                    out.streams["stdout"].write(f"[{ranks}] {hidden} more lines not shown ({world_size} "
+                                                "ranks: only rank 0's are); simulate(..., "
+                                                "output='all') shows every rank's\n")
+        still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a "
+                 "sleep, a lock or C code); they end when that call returns, and the next "
+                 f"simulate() runs without them. {_STUCK_ADVICE}") if alive else None
+        if reason == "interrupt":
+            raise LaunchInterrupted(f"simulate interrupted; all {world_size} ranks were ended"
+                                    + (f"; {still}" if still else ""), stacks=stacks)
+        if reason == "timeout":
+            err = LaunchTimeout(timeout, sorted(set(range(world_size)) - set(run.results)), stacks,
+                                startup_s, default=default, what="simulate")
+            err.args = (f"{err.args[0]} ({still})",) if still else err.args
+            raise err
+        if run.errors:
+            err = worker_error(None, run.errors, set(), set(run.results), world_size, "simulate")
+            raise err.with_note(still)
         return [run.results[r] for r in range(world_size)]
-
-
-def _hidden_note(run: _Run) -> str:
-    ranks = sorted(run.hidden_ranks)
-    span = f"ranks {ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else f"{len(ranks)} ranks"
-    return (f"[{span}] {run.hidden_lines} more lines not shown ({run.world_size} ranks: only rank 0's are); "
-            "simulate(..., output='all') shows every rank's\n")
-
-
-def _note_leftovers() -> None:
-    """Rank threads a past run could not end never block this one (they have their own world and turns): a note."""
-    _leftovers[:] = [t for t in _leftovers if t.is_alive()]
-    if _leftovers:
-        sys.stderr.write(f"Note: {len(_leftovers)} rank threads of an earlier simulate() are still stuck in a call "
-                         "Python cannot interrupt (a sleep, a lock, C code); this run goes on without them, and they "
-                         "end when that call returns. " + _STUCK_ADVICE + "\n")
 
 
 _STUCK_ADVICE = ("Restart the kernel to end them now; code that blocks like that runs better under "
                  "helpers.engine.launch, whose ranks are processes that can be ended.")
-
-
-def _raise_failure(run: _Run, reason, timeout, startup_s, stacks, alive, default) -> None:
-    still = (f"the threads of ranks {alive} still run (Python cannot stop a thread inside a sleep, a lock or C code); "
-             f"they end when that call returns, and the next simulate() runs without them. {_STUCK_ADVICE}"
-             ) if alive else None
-    if reason == "interrupt":
-        raise LaunchInterrupted(f"simulate interrupted; all {run.world_size} ranks were ended"
-                                + (f"; {still}" if still else ""), stacks=stacks)
-    if reason == "timeout":
-        not_finished = [r for r in range(run.world_size) if r not in run.results]
-        err = LaunchTimeout(timeout, not_finished, stacks=stacks, startup_s=startup_s, default=default, what="simulate")
-        err.args = (f"{err.args[0]} ({still})",) if still else err.args
-        raise err
-    primary = [e for e in run.errors.values() if not e["secondary"]]
-    if not primary:
-        return
-    first = min(primary, key=lambda e: e["time"])
-    others = {r: f"{e['type']}: " + e["message"].partition("\n")[0][:200]
-              for r, e in run.errors.items() if r != first["rank"] and not e["secondary"]}
-    others.update({r: "ended by the simulation" for r in range(run.world_size)
-                   if r != first["rank"] and r not in others and r not in run.results})
-    if len(others) > 8:  # a cluster-sized world: one line
-        ended = [r for r, s in others.items() if s == "ended by the simulation"]
-        others = {r: s for r, s in others.items() if s != "ended by the simulation"}
-        if ended:
-            others[ended[0]] = f"ended by the simulation, with {len(ended) - 1} other ranks"
-    raise WorkerError(first["rank"], first["type"], first["message"], first["traceback"], others,
-                      notes=(still,) if still else (), caller="simulate")
-

@@ -20,15 +20,19 @@ import faulthandler
 import os
 import re
 import signal
+import sys
+import threading
 import time
+import traceback
 
 import psutil
 
 from helpers.engine.run_dir import read_markers
 from helpers.engine.tracebacks import Frame, format_frames, is_hidden
 
-__all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_unfinished", "px_cell_name", "ranks_phrase",
-           "register", "registered", "spans", "state", "stuck_frames", "summary", "timeout_advice"]
+__all__ = ["NEVER_MET", "SIGNAL", "collect", "dump_wait_s", "of_threads", "of_unfinished",
+           "px_cell_name", "ranks_phrase", "register", "registered", "spans", "state", "stuck_frames",
+           "summary", "timeout_advice"]
 
 #: The signal that asks a rank for its stacks (``None`` where there is no SIGUSR1: Windows).
 SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -285,6 +289,19 @@ def of_unfinished(run_dir: str, poll_s: float = 0.05) -> dict[int, str]:
         return collect(run_dir, pids)
     except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, never the clean-up
         return {}
+
+
+def of_threads(threads: dict[int, threading.Thread]) -> dict[int, str]:
+    """``{rank: Python stack}`` of the live ``threads`` of this process (simulated ranks), in a
+    dump's format."""
+    frames, dumps = sys._current_frames(), {}
+    for rank, t in threads.items():
+        if t.ident in frames:
+            walk = traceback.walk_stack(frames[t.ident])
+            dumps[rank] = f"Thread 0x{t.ident:016x} (most recent call first):\n" + "".join(
+                f'  File "{f.filename}", line {f.lineno} in {f.name}\n'
+                for f in traceback.StackSummary.extract(walk, lookup_lines=False))
+    return dumps
 
 
 # ---- what the unfinished ranks were doing, and what to do (LaunchTimeout, RanksTimeout) --------

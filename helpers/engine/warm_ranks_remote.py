@@ -352,20 +352,13 @@ class RankOutput:
         for rank, child in sorted(zip(self.ar._targets, self.ar._children), key=lambda rc: rc[0]):
             for name in ("stdout", "stderr"):
                 text = child.output.metadata[name]
-                start = self.printed.get((rank, name), 0)
-                new = text[start:] if final else text[start:text.rfind("\n") + 1]
-                if not new:
-                    continue
-                self.printed[(rank, name)] = start + len(new)
-                lines = new.split("\n")
-                if lines[-1] == "":  # the newline that ends the last line
-                    lines.pop()
+                start, self.printed[(rank, name)] = self.printed.get((rank, name), 0), len(text)
                 out = getattr(sys, name) if texts is None else texts.setdefault((rank, name), io.StringIO())
                 capped = CappedLines(rank, name, out, ends="call" if texts is None else "cell",
                                      fmt=rank_lines if texts is None else _plain_lines)
-                self.capped.setdefault((rank, name), capped).add(lines)
+                self.capped.setdefault((rank, name), capped).feed(text[start:])
         for key in sorted(self.capped) if final else ():
-            self.capped[key].end()
+            self.capped[key].feed("", final=True)
 
 
 def _plain_lines(rank: int, lines: list[str]) -> str:
