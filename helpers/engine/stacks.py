@@ -216,6 +216,8 @@ def state(dump: str) -> tuple[str, str]:
         return "collective", call
     if call in _BACKWARD or call.startswith("torch.nn.parallel."):
         return "ddp", call
+    if any(f.file.endswith("distributed_c10d.py") for t in _threads(dump) for f in t):
+        return "collective", call  # a library call that waits in one (helpers.replicas.assert_in_sync)
     return "library", call
 
 

@@ -113,6 +113,23 @@ def test_timeout_in_ddp_is_not_called_own_work():
     assert "own work" not in text, text
 
 
+def check_on_rank_0_only(rank, world_size):
+    from helpers.replicas import assert_in_sync
+
+    if rank == 0:  # a collective that rank 1 never calls
+        assert_in_sync(torch.nn.Linear(2, 2))
+
+
+def test_timeout_in_a_library_collective_is_not_called_own_work():
+    """A rank waiting in a collective inside a library call (assert_in_sync on one rank only, the
+    mistake docs/OWN_CODE.md warns of) is waiting in a collective, not busy in its own work."""
+    with pytest.raises(LaunchTimeout) as info:
+        launch(check_on_rank_0_only, 2, timeout=5)
+    text = str(info.value)
+    assert "Rank 0 was waiting in replicas.assert_in_sync" in text and "own work" not in text, text
+    assert "A rank that skips a collective" in text, text
+
+
 def test_timeout_in_startup_says_start_up_took_the_time(monkeypatch):
     """Start-up past its allowance (``max(timeout, STARTUP_S)``, here 3 s): the message says start-up
     took the time, with the seconds, and which ranks had not reached ``fn``."""
