@@ -261,7 +261,7 @@ def _prose(ls):
 
 
 @rule("no-typed-times", "The prose types no run time (\"about 6 s\") nor machine logistics (core "
-      "counts, CI): it says why a cell is slow; the generated opening holds the measured time.")
+      "counts, CI): it says why a cell is slow; the measured times are generated into the README.")
 def _typed_times(ls):
     yield from ((i, f"{m.group(0)!r}: say why without a number") for i, text in ls.markdown()
                 for p in MACHINERY for m in p.finditer(prose.GENERATED.sub(" ", text)))

@@ -360,7 +360,7 @@ assert dp_acc >= min_accuracy, f"DP accuracy {dp_acc:.4f} < {min_accuracy}"
 # In `loss.backward()`, DDP divides the gradients by `world_size`, then sums them with an
 # all-reduce, as notebook 01 section 2b showed. So every rank applies the same averaged
 # gradient; section 6 checks the consequence. Rank 0 alone prints its progress. `ddp_train`
-# holds training only: copy it as it is.
+# trains, then evaluates; copy it with `build_model` and `count_correct` from the cells above.
 
 # %%
 def ddp_train(rank, world_size, cfg):
