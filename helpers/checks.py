@@ -353,11 +353,15 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
 
     Raises:
         ValueError: bad arguments, or ``fn`` cannot take them; before anything runs.
+        RuntimeError: no rank read a ``DataLoader`` pass.
         CoverageError: the first pass that reads an item never, or more than once, or ranks that read the
             same items; says what DistributedSampler's padding or drop_last explains.
     """
     _called("data_coverage", fn, world_size, 1, args, options)
     runs = _run(fn, world_size, args, options, simulated, timeout)
+    if not any(run["passes"] for run in runs):
+        raise _NoSteps("fn read no DataLoader pass at any rank: nothing to check. The check sees the passes of "
+                       "torch.utils.data.DataLoader (each iter(loader)), not a dataset indexed by hand.")
     grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted, within)}
     for rank, run in enumerate(runs):
         per_dataset: dict = {}

@@ -145,11 +145,17 @@ def extra_step(rank, world_size):
         torch.optim.SGD(model().parameters(), lr=0.1).step()
 
 
+def no_loader(rank, world_size):
+    return rank
+
+
 def test_step_counts_loops_without_optimizer_and_randomness():
     with pytest.raises(DivergedFromOneProcess, match="2 ranks took 3 optimizer steps, one process took 2"):
         against_one_process(extra_step, 2)
     with pytest.raises(RuntimeError, match="no optimizer step"):
         against_one_process(given_loop, 2)
+    with pytest.raises(RuntimeError, match="read no DataLoader pass"):  # not "each item read once"
+        data_coverage(no_loader, 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 2"):
         against_one_process(ddp_loop, 1)
     # steps= is the check's: the first step compared, and "1 optimizer step" in the singular
