@@ -11,10 +11,10 @@ Usable wherever a process group is initialised: a :func:`helpers.engine.launch` 
         if step % 100 == 0:
             assert_in_sync(ddp, grads=True)   # every rank calls it: it is a collective
 
-Cost: every call takes each tensor's order-sensitive digest (:func:`digests`) and all-gathers one
-fixed-size int64 vector: a hash of the names, shapes, states, modes and hyperparameters
-(:func:`_config`), and the digests folded into :data:`SLOTS` values. Only when they differ does the
-full comparison run (:func:`fingerprint` of each tensor, a table all-gathered, the message).
+Cost: every call takes each tensor's order-sensitive digest (:func:`digests`) and exchanges one
+fixed-size int64 vector (:func:`_exchange`): a hash of the names, shapes, states, modes and
+hyperparameters (:func:`_config`), and the digests folded into :data:`SLOTS` values. Only when they
+differ does the full comparison run (:func:`fingerprint` of each tensor, a table exchanged, the message).
 ``python -m helpers.bench replicas`` prints both next to a training step.
 """
 
@@ -36,25 +36,30 @@ SAMPLE = 64
 SLOTS = 64
 _PRIME = 2_147_483_647  # digests are kept modulo this prime: they fit float64 and int64 sums exactly
 _SHOWN = 3  # diverging tensors named in a message, then "and N more"
+_JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
+_PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(30), dtype=torch.float64) * 2 - 1
+# Kept between calls, for the every-call check's speed: see the function that fills each.
+_positions: dict = {}
+_views: dict = {}  # id(tensor) -> (weak reference, data_ptr, numel, bits); dropped with the tensor
+_digests: dict = {}
+_wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_READ: dict = {}  # (class, attribute names) -> (public names, sorted; extra_repr() is not torch.nn's)
 
-CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); "
-          "parameters changed after wrapping (frozen, replaced); a rank-dependent seed; "
-          "find_unused_parameters / static_graph misuse.")
-BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each "
-                "rank updates its own (BatchNorm running stats): they differ after a training forward "
-                "unless the model uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
-COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer "
-                 "forwards in train() mode, or stopped updating its statistics (left in eval()).")
-MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running "
-              "statistics, Dropout is off. Usual cause: a validate() on one rank that never calls "
-              "model.train() again; restore the mode after evaluating, on every rank.")
+CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); parameters "
+          "changed after wrapping (frozen, replaced); a rank-dependent seed; find_unused_parameters / static_graph "
+          "misuse.")
+BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each rank "
+                "updates its own (BatchNorm running stats): they differ after a training forward unless the model "
+                "uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
+COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer forwards in "
+                 "train() mode, or stopped updating its statistics (left in eval()).")
+MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running statistics, "
+              "Dropout is off. Usual cause: a validate() on one rank that never calls model.train() again; restore "
+              "the mode after evaluating, on every rank.")
 
 
 class ReplicasDiverged(AssertionError):
     """The replicas differ across ranks; every rank raises it with the same message."""
-
-
-_PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(30), dtype=torch.float64) * 2 - 1
 
 
 def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
@@ -73,16 +78,16 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
 
 _INT_VIEW = {8: (torch.int64, torch.int64), 4: (torch.int32, torch.int32),
              2: (torch.int16, torch.int32), 1: (torch.uint8, torch.int32)}
-_positions: dict = {}
 
 
 def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``(n,)`` odd pseudo-random ``dtype`` (int32 or int64) integers, a function of the position only
-    (splitmix64's mixer of the index), the same on every rank; kept for the largest ``n`` and each n."""
+    (splitmix64's mixer of the index), the same on every rank; kept: the longest asked, and a slice of
+    it per length (at most 64)."""
     if (w := _positions.get((n, dtype, device))) is not None:
         return w
     w = _positions.get((dtype, device))
-    if w is None or w.numel() < n:
+    if w is None or w.numel() < n or len(_positions) > 64:
         h = torch.arange(max(n, 1024), dtype=torch.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15
         h = (h ^ (h >> 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9, wrapping as in C
         h = ((h ^ (h >> 27)) * -7723592293110705685) if dtype == torch.int64 else (h >> 33)
@@ -92,13 +97,10 @@ def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch
     return w
 
 
-_views: dict = {}  # id(tensor) -> (weak reference, data_ptr, numel, bits); dropped with the tensor
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as flat int32/int64 (1, 2 bytes widened; complex as pairs), a view kept while
     ``t`` keeps its memory, or a copy."""
-    hit = _views.get(id(t))
+    hit = _views.get(key := id(t))
     if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel():
         return hit[3]
     with torch.no_grad():  # a view of the bits of a tensor that requires grad
@@ -108,22 +110,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     if view != acc:
         return x.to(acc)
     if x.data_ptr() == t.data_ptr():  # not a copy (reshape copies a non-contiguous tensor)
-        key = id(t)
         _views[key] = (weakref.ref(t, lambda _: _views.pop(key, None)), t.data_ptr(), t.numel(), x)
     return x
 
 
-def _raw_digests(tensors: list, join: int = 0) -> list:
-    """Per tensor ``sum(bits[i] * w[i])`` (:func:`_bits`, :func:`_position_weights`), wrapping: 0-d
-    int32 or int64 on its device. No None in ``tensors``. ``join``: CPU tensors of at most ``join``
+def _raw_digests(tensors: list, join: int = 0) -> list[int]:
+    """Per tensor ``sum(bits[i] * w[i])`` (:func:`_bits`, :func:`_position_weights`), wrapping, as a
+    Python int. No None in ``tensors``. ``join``: CPU tensors of at most ``join``
     int32 are digested as one, after the others (fewer small operations)."""
     xs, small = [], []
     for t in tensors:
         x = _bits(t)
         (small if x.dtype == torch.int32 and x.numel() <= join and x.is_cpu else xs).append(x)
     xs += [torch.cat(small)] if len(small) > 1 else small
-    ws = [_position_weights(x.numel(), x.dtype, x.device) for x in xs]  # CPU: dot, no temporary
-    return [torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype) for x, w in zip(xs, ws)]
+    # mul then sum: both vectorised, faster than torch.dot's integer loop (which torch does not vectorise)
+    return [int(x.mul(_position_weights(x.numel(), x.dtype, x.device)).sum(dtype=x.dtype)) for x in xs]
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
@@ -134,9 +135,12 @@ def digests(tensors: list, device: torch.device) -> torch.Tensor:
     their position, summed with wrapping (modulo 2**32, 2**64 for 8-byte elements): the order of
     the additions does not matter. One element that differs always changes the wrapped sum (an odd
     weight times a nonzero difference); values moved within the tensor change it unless their
-    weighted differences cancel (about one chance in 2**31 for two elements swapped)."""
+    weighted differences cancel (about one chance in 2**31 for two elements swapped), or the two
+    differ only in their top bit (a float and its negative, x and -x swapped: the weights'
+    difference is even, so it cancels); full-width (int64) products would see that pair, at several
+    times the cost."""
     sums = iter(_raw_digests([t for t in tensors if t is not None]))
-    return torch.tensor([-1 if t is None else int(next(sums)) % _PRIME for t in tensors],
+    return torch.tensor([-1 if t is None else next(sums) % _PRIME for t in tensors],
                         dtype=torch.int64, device=device)
 
 
@@ -151,22 +155,29 @@ def _unwrap(module):
 
 
 def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
-    """One pass over the modules: (kind, name, tensor, state, shape) for each checked tensor, in
-    ``named_parameters()`` order (shared tensors once), then gradients, then buffers; and (name,
-    class name, training, :func:`_config`) of the module and each submodule."""
-    params, bufs, modes, seen = [], [], [], set()
-    for prefix, m in module.named_modules():
+    """One pass over the modules (``named_modules()``'s order): (kind, name, tensor, state, shape)
+    for each checked tensor, in ``named_parameters()`` order (shared tensors once), then gradients,
+    then buffers; and (name, class name, training, :func:`_config`) of the module and each submodule."""
+    params, bufs, modes, seen, memo, stack = [], [], [], set(), set(), [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        if m in memo:
+            continue
+        memo.add(m)
         modes.append((prefix, type(m).__name__, m.training, _config(m)))
         dot = prefix + "." if prefix else ""
+        if m._modules:
+            stack += reversed([(dot + k, c) for k, c in m._modules.items() if c is not None])
         for k, p in m._parameters.items():
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
-                params += [(dot + k, p)] if dot + k not in ignored else []
-        for k, b in m._buffers.items():
+                if not (ignored and dot + k in ignored):
+                    params.append((dot + k, p))
+        for k, b in m._buffers.items() if m._buffers else ():
             if b is not None and id(b) not in seen:
                 seen.add(id(b))
-                bufs += [("buffer", dot + k, b, 1.0, tuple(b.shape))] if dot + k not in ignored and (
-                    buffers or not (b.is_floating_point() or b.is_complex())) else []
+                if dot + k not in ignored and (buffers or not (b.is_floating_point() or b.is_complex())):
+                    bufs.append(("buffer", dot + k, b, 1.0, tuple(b.shape)))
     out = [("parameter", n, p, float(p.requires_grad), tuple(p.shape)) for n, p in params]
     if grads:
         out += [("gradient", n, p.grad, float(p.grad is not None), tuple(p.shape)) for n, p in params]
@@ -174,21 +185,23 @@ def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
 
 
 _PLAIN = {bool, int, float, str, type(None), tuple}
-_OWN_REPR: dict = {}  # class -> its extra_repr() is not torch.nn's (torch's show only plain attributes)
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)  # training, _parameters, _buffers, hooks, ...
 
 
 def _config(m) -> tuple:
     """A module's hyperparameters, as ``(name, value)`` pairs: its public attributes of plain types
     (bool, int, float, str, None, tuple), such as Dropout's ``p``, BatchNorm's ``eps`` and
-    ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` unless torch.nn defines it."""
-    cls, d = type(m), m.__dict__
-    own = _OWN_REPR.setdefault(cls, not cls.extra_repr.__module__.startswith("torch.nn."))
-    plain = sorted([(k, d[k]) for k in d.keys() - _MODULE_KEYS if k[0] != "_" and type(d[k]) in _PLAIN])
-    return (*plain, ("extra_repr()", m.extra_repr())) if own else tuple(plain)
-
-
-_wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` unless torch.nn defines it
+    (torch.nn's show only plain attributes)."""
+    d = m.__dict__
+    key = (type(m), tuple(d))
+    if (read := _READ.get(key)) is None:
+        if len(_READ) > 256:
+            _READ.clear()
+        names = sorted(k for k in d if k[0] != "_" and k not in _MODULE_KEYS)
+        _READ[key] = read = (names, not type(m).extra_repr.__module__.startswith("torch.nn."))
+    plain = tuple([(k, d[k]) for k in read[0] if type(d[k]) in _PLAIN])
+    return (*plain, ("extra_repr()", m.extra_repr())) if read[1] else plain
 
 
 def _wrap_record(ddp):
@@ -230,10 +243,11 @@ def _ddp_notes(ddp, named: list) -> list[str]:
     return notes
 
 
-def _gather(t: torch.Tensor, group, world: int) -> torch.Tensor:
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t, group=group)
-    return torch.stack(out).cpu()
+def _exchange(t: torch.Tensor, group, world: int) -> torch.Tensor:
+    """``(world, *t.shape)``: every rank's ``t``, by an all-to-all (gloo's costs less than its all-gather)."""
+    rows = torch.empty((world, *t.shape), dtype=t.dtype, device=t.device)
+    dist.all_to_all_single(rows, t.expand(world, *t.shape).contiguous(), group=group)
+    return rows
 
 
 def _first(lines: list[str]) -> str:
@@ -351,8 +365,8 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     unwrapped (``.module``), so names are the module's own (no ``module.`` prefix); parameters DDP
     ignores are skipped. Always compared: parameters (values and their order), the
     ``train()``/``eval()`` mode and the hyperparameters of each submodule, integer buffers
-    (counters). One small all-gather when they agree (the module docstring); the full comparison
-    and its message only when they do not.
+    (counters). One small exchange when they agree (the module docstring); the full comparison
+    and its message only when they do not. Not seen: a float and its negative swapped (:func:`digests`).
 
     Args:
         module: an ``nn.Module`` or a ``DistributedDataParallel`` around one.
@@ -392,9 +406,6 @@ def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) 
     _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol)
 
 
-_digests: dict = {}
-
-
 def _digest(entries, modes, grads, buffers) -> int:
     """63 bits of a hash of everything but the values: names, shapes, states, modes, hyperparameters, options (the
     same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
@@ -407,27 +418,22 @@ def _digest(entries, modes, grads, buffers) -> int:
     return _digests[key]
 
 
-_JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
-
-
 def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
-    """The every-call check: one all-gather of ``2 + SLOTS`` int64 (:func:`_digest`, the count of
-    notes, the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS, modulo 2**63); True
-    when all ranks agree and no rank has a note about its DDP wrap."""
+    """The every-call check: one exchange of ``2 + SLOTS`` int64 (:func:`_digest`, the count of notes,
+    the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS, modulo 2**63); True when all
+    ranks agree and no rank has a note about its DDP wrap."""
     slots = [_digest(entries, modes, grads, buffers), len(notes)] + [0] * SLOTS
     for i, d in enumerate(_raw_digests([e[2] for e in entries if e[2] is not None], _JOIN)):
-        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + int(d) * (i // SLOTS + 1)) % 2**63
-    vec = numpy.array(slots, dtype=numpy.int64)  # numpy: a few microseconds less than torch here
-    rows = torch.empty(world * len(slots), dtype=torch.int64, device=device)
-    dist.all_gather_single(rows, torch.from_numpy(vec).to(device), group=group)
-    return bool((rows.cpu().numpy().reshape(world, -1) == vec).all()) and not notes
+        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + d * (i // SLOTS + 1)) % 2**63
+    vec = torch.from_numpy(numpy.array(slots, dtype=numpy.int64)).to(device)  # numpy: faster from ints
+    return torch.equal(_exchange(vec, group, world), vec.expand(world, -1)) and not notes
 
 
 def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol) -> None:
     """The comparison that names what differs (extra collectives); raises ReplicasDiverged or returns."""
     names = _digest([(k, n, None, 0.0, s) for k, n, _, _, s in entries], [], grads, buffers)  # not states
     header = torch.tensor([len(entries), names, len(notes)], dtype=torch.int64, device=device)
-    headers = _gather(header, group, world)
+    headers = _exchange(header, group, world).cpu()
     if not bool((headers[:, :2] == headers[0, :2]).all()):
         infos = [None] * world
         opts = f"grads={grads}, buffers={buffers}"
@@ -444,7 +450,7 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
         tensors = [t for _, _, t, _, _ in entries]
         table = torch.cat([torch.stack([fingerprint(t, state).to(device) for _, _, t, state, _ in entries]),
                            digests(tensors, device).to(torch.float64)[:, None]], dim=1)
-        tables = _gather(table, group, world)  # (world, tensors, 5)
+        tables = _exchange(table, group, world).cpu()  # (world, tensors, 5)
         ref = tables[0]
         same = ((tables - ref).abs() <= atol) | (tables == ref) | (tables.isnan() & ref.isnan())
         same[..., 4] = True if atol > 0 else tables[..., 4] == ref[..., 4]  # atol: the 4 values only
@@ -467,11 +473,8 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
     if bool((headers[:, 2] > 0).any()):
         all_notes = [None] * world
         dist.all_gather_object(all_notes, notes, group=group)
-        seen: dict[str, list[int]] = {}
-        for r, ns in enumerate(all_notes):
-            for n in ns:
-                seen.setdefault(n, []).append(r)
-        ddp_lines = [f"  {n} ({_ranks(rs)})" for n, rs in seen.items()]
+        ranks_of = {n: [r for r, ns in enumerate(all_notes) if n in ns] for ns in all_notes for n in ns}
+        ddp_lines = [f"  {n} ({_ranks(rs)})" for n, rs in ranks_of.items()]
 
     if not problems and not ddp_lines and not mode_lines and not config_lines:
         return
@@ -489,12 +492,8 @@ def _full_check(inner, entries, modes, notes, grads, buffers, group, world, devi
     if ddp_lines:
         text.append("The DDP model changed after DistributedDataParallel(...) wrapped it (wrap it again "
                     "after the change):\n" + _first(ddp_lines))
-    if mode_lines:
-        text.append(MODES_NOTE)
-    if any(k == "buffer" and t.is_floating_point() for k, t, _ in problems):
-        text.append(BUFFERS_NOTE)
-    if any(k == "buffer" and not t.is_floating_point() for k, t, _ in problems):
-        text.append(COUNTERS_NOTE)
-    if problems or ddp_lines:
-        text.append(CAUSES)
+    floats = {t.is_floating_point() for k, t, _ in problems if k == "buffer"}  # buffers that differ
+    for note, show in ((MODES_NOTE, mode_lines), (BUFFERS_NOTE, True in floats), (COUNTERS_NOTE, False in floats),
+                       (CAUSES, problems or ddp_lines)):
+        text += [note] if show else []
     raise ReplicasDiverged("\n".join(text))

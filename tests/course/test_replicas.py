@@ -263,6 +263,34 @@ def test_without_a_process_group_says_where_to_call_it():
         assert_in_sync(torch.nn.Linear(1, 1))
 
 
+def test_walk_names_tensors_and_modules_as_torch_does():
+    """The check's own walk over a model with a shared submodule and a tied weight: the names and
+    order of ``named_parameters()`` and ``named_modules()``, each shared tensor once."""
+    from helpers.replicas import _walk
+
+    shared = torch.nn.Linear(3, 3)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(shared, torch.nn.ReLU(), shared),
+                                torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 3))
+    model[3].weight = shared.weight  # tied
+    entries, modes = _walk(model, set(), grads=False, buffers=True)
+    params = [n for k, n, *_ in entries if k == "parameter"]
+    assert params == [n for n, _ in model.named_parameters()], params
+    assert [n for k, n, *_ in entries if k == "buffer"] == [n for n, _ in model.named_buffers()]
+    assert [m[0] for m in modes] == [n for n, _ in model.named_modules()], modes
+
+
+def test_digest_sees_values_moved_but_not_a_float_and_its_negative_swapped():
+    """What :func:`helpers.replicas.digests` says it misses: x and -x swapped (their bits differ in
+    the top bit only); any other swap of two values changes it."""
+    from helpers.replicas import digests
+
+    cpu = torch.device("cpu")
+    for dtype in (torch.float32, torch.float64):
+        a = torch.tensor([0.5, -0.5, 2.0, 3.0], dtype=dtype)
+        assert torch.equal(digests([a], cpu), digests([a[[1, 0, 2, 3]]], cpu)), dtype
+        assert not torch.equal(digests([a], cpu), digests([a[[0, 1, 3, 2]]], cpu)), dtype
+
+
 def test_rank_left_in_eval_is_named_at_that_step(launched):
     healthy, broken = launched[0]["healthy"], launched[0]["validate_on_rank_0"]
     assert healthy == ["ok"] * 4, healthy
@@ -297,5 +325,5 @@ def test_bench_command_line_prints_the_ratios(tmp_path, capsys):
     out = capsys.readouterr().out
     for col in ("step_ms", "check_ms", "check_per_step", "target", "full_ms", "full_per_step"):
         assert col in out, out
-    assert result["target"] == 0.05 and result["check_per_step"] == result["check_s"] / result["step_s"]
+    assert result["target"] == 0.1 and result["check_per_step"] == result["check_s"] / result["step_s"]
     assert (tmp_path / "replicas.json").exists()
