@@ -59,10 +59,10 @@ class _Short:
             return [f"{type(self).__name__}: {self}"]
 
 
-#: bad arguments (raised before any rank runs), a worker that took no optimizer step: named in
+#: bad arguments (raised before any rank runs), a worker that took no step or read no pass: named in
 #: IPython as the builtin errors they are (``__qualname__`` stays, for pickle)
-_BadInput, _NoSteps = (type(base.__name__, (_Short, base), {"__qualname__": name})
-                       for base, name in ((ValueError, "_BadInput"), (RuntimeError, "_NoSteps")))
+_BadInput, _NothingToCheck = (type(base.__name__, (_Short, base), {"__qualname__": name})
+                              for base, name in ((ValueError, "_BadInput"), (RuntimeError, "_NothingToCheck")))
 
 
 class DivergedFromOneProcess(_Short, AssertionError):
@@ -230,8 +230,8 @@ def against_one_process(fn, world_size: int, *args, simulated: bool = True, step
     count_differs = steps is None and (counts != [len(ref) - 1]) or (
         steps is not None and min(len(ref) - 1, steps) > min(counts + [steps]))
     if not ref:
-        raise _NoSteps("fn took no optimizer step at one rank: nothing to compare. The check sees the steps of "
-                           "torch.optim optimizers, not an update written by hand (p -= lr * p.grad).")
+        raise _NothingToCheck("fn took no optimizer step at one rank: nothing to compare. The check sees the steps "
+                              "of torch.optim optimizers, not an update written by hand (p -= lr * p.grad).")
     if k is None and not count_differs:
         n = len(ref) - 1 if steps is None else min(len(ref) - 1, steps)
         return OneProcessReport(world_size, n, len(ref[0]), largest, rtol, atol, [r["result"] for r in runs])
@@ -264,9 +264,11 @@ def _diverged(world_size, k, name, bad, rtol, atol) -> str:
         lines.append(f"  {who}: {name}{list(idx) if idx else ''} = {a:.7g}, one process: {b:.7g}" if idx is not None
                      else f"  {who}: {name} is {a}, one process: {b}")
     lines += [f"Tolerance: |a - b| <= {atol:g} + {rtol:g} * |b| (reduction order).", CONVENTION]
-    if k == 0:
-        lines.append("The initial parameters differ: seed the init the same on every rank (torch.manual_seed "
-                     "before building the model) or broadcast rank 0's (DDP does it when it wraps).")
+    lines.append("The initial parameters differ: seed the init the same on every rank (torch.manual_seed before "
+                 "building the model) or broadcast rank 0's (DDP does it when it wraps)." if k == 0 else
+                 "Usual causes: a loss scaled by world_size or summed (reduction='sum'); statistics of each rank's "
+                 "share (BatchNorm without SyncBatchNorm, a per-rank mean or norm); a loss mixing a rank's own terms "
+                 "with all-reduced ones; gradients changed (clipped, scaled) before DDP averages them.")
     return "\n".join(lines)
 
 
@@ -360,8 +362,8 @@ def data_coverage(fn, world_size: int, *args, simulated: bool = True, strict: bo
     _called("data_coverage", fn, world_size, 1, args, options)
     runs = _run(fn, world_size, args, options, simulated, timeout)
     if not any(run["passes"] for run in runs):
-        raise _NoSteps("fn read no DataLoader pass at any rank: nothing to check. The check sees the passes of "
-                       "torch.utils.data.DataLoader (each iter(loader)), not a dataset indexed by hand.")
+        raise _NothingToCheck("fn read no DataLoader pass at any rank: nothing to check. The check sees the passes "
+                              "of torch.utils.data.DataLoader (each iter(loader)), not a dataset indexed by hand.")
     grouped: dict = {}  # (dataset, pass) -> {rank: (facts, indices, size, digests, done, restarted, within)}
     for rank, run in enumerate(runs):
         per_dataset: dict = {}

@@ -136,6 +136,7 @@ def test_one_process_check_names_the_silent_mistakes(fn, args, step, name):
     assert f"{where}: parameter `{name}`" in text, text
     assert "one process: " in text and "Tolerance: |a - b| <= 1e-06 + 0.0001 * |b|" in text
     assert "global batch / N items" in text
+    assert ("Usual causes: a loss scaled by world_size" in text) == (step > 0), text
 
 
 def extra_step(rank, world_size):
