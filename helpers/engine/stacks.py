@@ -178,12 +178,17 @@ def _is_entry(frame: Frame) -> bool:
     return any(frame.name == name and frame.file.endswith(end) for end, name in _ENTRIES)
 
 
+def _main_thread(dump: str) -> list[Frame]:
+    """The frames of the thread running the learner's code (the one with an :data:`_ENTRIES` frame)."""
+    threads = _threads(dump)
+    return next((t for t in threads if any(map(_is_entry, t))), threads[0] if threads else [])
+
+
 def stuck_frames(dump: str) -> tuple[list[Frame], str]:
     """``(own frames, library call)`` of the rank's thread running the learner's code (below an
     :data:`_ENTRIES` frame): the learner's frames, outermost first, and ``"torch.distributed.all_reduce"``
     for the library call the innermost of them is in (``""`` if none: the rank is in its own code, e.g. a sleep)."""
-    threads = _threads(dump)
-    main = next((t for t in threads if any(map(_is_entry, t))), threads[0] if threads else [])
+    main = _main_thread(dump)
     start = max((i + 1 for i, f in enumerate(main) if _is_entry(f)), default=0)
     frames = main[start:]
     own = [i for i, f in enumerate(frames) if not is_hidden(f.file)]
@@ -216,7 +221,7 @@ def state(dump: str) -> tuple[str, str]:
         return "collective", call
     if call in _BACKWARD or call.startswith("torch.nn.parallel."):
         return "ddp", call
-    if any(f.file.endswith("distributed_c10d.py") for t in _threads(dump) for f in t):
+    if any(f.file.endswith("distributed_c10d.py") for f in _main_thread(dump)):
         return "collective", call  # a library call that waits in one (helpers.replicas.assert_in_sync)
     return "library", call
 

@@ -324,3 +324,16 @@ def test_px_cell_in_a_kernel_names_each_ranks_cell_and_line():
         assert f"Cell In[2], line {line}, in work\n      {source}" in where, text
     assert "in torch.distributed.all_reduce" in where0 and "in torch.distributed.barrier" in where1, text
     assert "sys.last_value.stacks" in text, text
+
+
+def test_a_collective_in_another_thread_is_not_the_ranks_wait():
+    """state() reads the thread that runs the learner's code: a background thread in a collective does not
+    turn the main thread's library call into a collective wait."""
+    from helpers.engine.stacks import state
+
+    lib = "/venv/lib/python3.11/site-packages"
+    dump = (f'Thread 0x01 (most recent call first):\n  File "{lib}/torch/distributed/distributed_c10d.py", line 1 in '
+            f'all_reduce\n  File "/work/mine.py", line 3 in background\nCurrent thread 0x02 (most recent call first):\n'
+            f'  File "{lib}/numpy/linalg/_linalg.py", line 5 in inv\n  File "/work/mine.py", line 9 in worker\n'
+            f'  File "/x/helpers/engine/rank_main.py", line 2 in worker_entry\n')
+    assert state(dump) == ("library", "numpy.linalg._linalg.inv"), state(dump)
