@@ -45,17 +45,17 @@ _digests: dict = {}
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _READ: dict = {}  # (class, attribute names) -> (public names, sorted; extra_repr() is not torch.nn's)
 
-CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); parameters "
-          "changed after wrapping (frozen, replaced); a rank-dependent seed; find_unused_parameters / static_graph "
-          "misuse.")
-BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each rank "
-                "updates its own (BatchNorm running stats): they differ after a training forward unless the model "
-                "uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
-COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer forwards in "
-                 "train() mode, or stopped updating its statistics (left in eval()).")
-MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running statistics, "
-              "Dropout is off. Usual cause: a validate() on one rank that never calls model.train() again; restore "
-              "the mode after evaluating, on every rank.")
+CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); "
+          "parameters changed after wrapping (frozen, replaced); a rank-dependent seed; "
+          "find_unused_parameters / static_graph misuse.")
+BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each "
+                "rank updates its own (BatchNorm running stats): they differ after a training forward "
+                "unless the model uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
+COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer "
+                 "forwards in train() mode, or stopped updating its statistics (left in eval()).")
+MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running "
+              "statistics, Dropout is off. Usual cause: a validate() on one rank that never calls "
+              "model.train() again; restore the mode after evaluating, on every rank.")
 
 
 class ReplicasDiverged(AssertionError):

@@ -66,7 +66,10 @@ PROBE_MESSAGE = "deliberate error from tests/course/test_jupyterlab.py"
 PX_MESSAGE = "hello from warm rank"
 #: scratch notebooks, written into the temporary copy only: one raises, one runs %%px on warm ranks
 SCRATCH = {
-    "zz_error_probe.ipynb": ['print("before the error")', f"raise ValueError({PROBE_MESSAGE!r})",
+    # Run All sends every execute request at once; the kernel aborts those queued when the error comes
+    # (ipykernel's stop_on_error_timeout=0): the sleep lets the third arrive first on a loaded machine
+    "zz_error_probe.ipynb": ['print("before the error")',
+                             f"import time\ntime.sleep(1)\nraise ValueError({PROBE_MESSAGE!r})",
                              'print("not reached")'],
     "zz_warm_ranks.ipynb": ["from helpers.engine import start_ranks\nranks = start_ranks(2)",
                             f'%%px\nprint(f"{PX_MESSAGE} {{rank}} of {{world_size}}")'],
