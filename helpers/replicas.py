@@ -21,12 +21,15 @@ differ does the full comparison run (:func:`fingerprint` of each tensor, a table
 from __future__ import annotations
 
 import hashlib
+import re
 import weakref
 
 import numpy
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from helpers import replicas_text as text
 
 __all__ = ["assert_in_sync", "fingerprint", "digests", "ReplicasDiverged", "SAMPLE", "SLOTS"]
 
@@ -35,8 +38,7 @@ SAMPLE = 64
 #: Values the every-call check folds the per-tensor digests into (tensor i adds to slot i % SLOTS).
 SLOTS = 64
 _PRIME = 2_147_483_647  # digests are kept modulo this prime: they fit float64 and int64 sums exactly
-_SHOWN = 3  # diverging tensors named in a message, then "and N more"
-_JOIN = 4096  # the every-call check digests CPU tensors of at most this many int32 together
+_DOT = 4096  # CPU tensors of at most this many elements: torch.dot (one operation), else mul and sum
 _PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(30), dtype=torch.float64) * 2 - 1
 # Kept between calls, for the every-call check's speed: see the function that fills each.
 _positions: dict = {}
@@ -44,19 +46,6 @@ _views: dict = {}  # id(tensor) -> (weak reference, data_ptr, numel, bits); drop
 _digests: dict = {}
 _wraps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _READ: dict = {}  # (class, attribute names) -> (public names, sorted; extra_repr() is not torch.nn's)
-
-CAUSES = ("Usual causes: a call that bypassed the DDP wrapper (ddp.module(x), ddp.module.other(x)); "
-          "parameters changed after wrapping (frozen, replaced); a rank-dependent seed; "
-          "find_unused_parameters / static_graph misuse.")
-BUFFERS_NOTE = ("Buffers: DDP copies rank 0's buffers to every rank at the start of each forward, then each "
-                "rank updates its own (BatchNorm running stats): they differ after a training forward "
-                "unless the model uses SyncBatchNorm; an eval-mode forward through DDP makes them agree.")
-COUNTERS_NOTE = ("A counter buffer (BatchNorm's num_batches_tracked) differs: a rank ran more or fewer "
-                 "forwards in train() mode, or stopped updating its statistics (left in eval()).")
-MODES_NOTE = ("A rank in eval() trains another model than a rank in train(): BatchNorm uses its running "
-              "statistics, Dropout is off. Usual cause: a validate() on one rank that never calls "
-              "model.train() again; restore the mode after evaluating, on every rank.")
-
 
 class ReplicasDiverged(AssertionError):
     """The replicas differ across ranks; every rank raises it with the same message."""
@@ -69,6 +58,7 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
     sampled element changed and changes below float64 rounding: :func:`digests` sees both."""
     if t is None:
         return torch.tensor([state, 0.0, 0.0, 0.0], dtype=torch.float64)
+    t = t if t.layout == torch.strided else t.detach().coalesce().values() if t.is_sparse else t.to_dense()
     x = (torch.view_as_real(t.detach()) if t.is_complex() else t.detach()).reshape(-1).to(torch.float64)
     sample = x[::max(1, x.numel() // SAMPLE)][:SAMPLE]
     proj = torch.dot(sample, _PROJECTION[: sample.numel()].to(x.device))
@@ -99,32 +89,37 @@ def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as flat int32/int64 (1, 2 bytes widened; complex as pairs), a view kept while
-    ``t`` keeps its memory, or a copy."""
+    ``t`` keeps its memory and stays contiguous, or a copy. Sparse COO: its indices, then its values."""
     hit = _views.get(key := id(t))
-    if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel():
+    if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel() and t.is_contiguous():
         return hit[3]
+    if t.layout != torch.strided:
+        if not t.is_sparse:
+            return _bits(t.to_dense())
+        c = t.detach().coalesce()
+        parts = [_bits(c.indices()), _bits(c.values())]
+        return torch.cat([x if x.dtype == torch.int32 else x.view(torch.int32) for x in parts])
     with torch.no_grad():  # a view of the bits of a tensor that requires grad
         x = torch.view_as_real(t) if t.is_complex() else t
         view, acc = _INT_VIEW[x.element_size()]
         x = x.reshape(-1).view(view)
     if view != acc:
         return x.to(acc)
-    if x.data_ptr() == t.data_ptr():  # not a copy (reshape copies a non-contiguous tensor)
+    if t.is_contiguous():  # a view, in the order of the elements (reshape copies a non-contiguous tensor)
         _views[key] = (weakref.ref(t, lambda _: _views.pop(key, None)), t.data_ptr(), t.numel(), x)
     return x
 
 
-def _raw_digests(tensors: list, join: int = 0) -> list[int]:
+def _raw_digests(tensors: list) -> list[int]:
     """Per tensor ``sum(bits[i] * w[i])`` (:func:`_bits`, :func:`_position_weights`), wrapping, as a
-    Python int. No None in ``tensors``. ``join``: CPU tensors of at most ``join``
-    int32 are digested as one, after the others (fewer small operations)."""
-    xs, small = [], []
+    Python int. No None in ``tensors``."""
+    out = []
     for t in tensors:
         x = _bits(t)
-        (small if x.dtype == torch.int32 and x.numel() <= join and x.is_cpu else xs).append(x)
-    xs += [torch.cat(small)] if len(small) > 1 else small
-    # mul then sum: both vectorised, faster than torch.dot's integer loop (which torch does not vectorise)
-    return [int(x.mul(_position_weights(x.numel(), x.dtype, x.device)).sum(dtype=x.dtype)) for x in xs]
+        w = _position_weights(x.numel(), x.dtype, x.device)
+        # torch.dot's integer loop is not vectorised: mul then sum is faster, but for a small tensor
+        out.append(int(torch.dot(x, w) if x.numel() <= _DOT and x.is_cpu else x.mul(w).sum(dtype=x.dtype)))
+    return out
 
 
 def digests(tensors: list, device: torch.device) -> torch.Tensor:
@@ -184,15 +179,20 @@ def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
     return out + bufs, modes
 
 
-_PLAIN = {bool, int, float, str, type(None), tuple}
+_SCALARS = {bool, int, float, str, type(None)}
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)  # training, _parameters, _buffers, hooks, ...
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # "<function f at 0x7f...>": another address in each process
+
+
+def _plain(v) -> bool:
+    return type(v) in _SCALARS or (type(v) is tuple and all(map(_plain, v)))
 
 
 def _config(m) -> tuple:
     """A module's hyperparameters, as ``(name, value)`` pairs: its public attributes of plain types
-    (bool, int, float, str, None, tuple), such as Dropout's ``p``, BatchNorm's ``eps`` and
-    ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` unless torch.nn defines it
-    (torch.nn's show only plain attributes)."""
+    (bool, int, float, str, None, tuples of them), such as Dropout's ``p``, BatchNorm's ``eps`` and
+    ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` (memory addresses left out) unless
+    torch.nn defines it (torch.nn's show only plain attributes)."""
     d = m.__dict__
     key = (type(m), tuple(d))
     if (read := _READ.get(key)) is None:
@@ -200,8 +200,8 @@ def _config(m) -> tuple:
             _READ.clear()
         names = sorted(k for k in d if k[0] != "_" and k not in _MODULE_KEYS)
         _READ[key] = read = (names, not type(m).extra_repr.__module__.startswith("torch.nn."))
-    plain = tuple([(k, d[k]) for k in read[0] if type(d[k]) in _PLAIN])
-    return (*plain, ("extra_repr()", m.extra_repr())) if read[1] else plain
+    plain = tuple([(k, d[k]) for k in read[0] if _plain(d[k])])
+    return (*plain, ("extra_repr()", _ADDRESS.sub("", m.extra_repr()))) if read[1] else plain
 
 
 def _wrap_record(ddp):
@@ -250,112 +250,6 @@ def _exchange(t: torch.Tensor, group, world: int) -> torch.Tensor:
     return rows
 
 
-def _first(lines: list[str]) -> str:
-    """The first :data:`_SHOWN` lines, then "... and N more"."""
-    more = [f"  ... and {len(lines) - _SHOWN} more"] if len(lines) > _SHOWN else []
-    return "\n".join(lines[:_SHOWN] + more)
-
-
-def _describe(kind: str, row: torch.Tensor, shape: tuple, detail: int) -> str:
-    """One rank's values; ``detail`` 0: sums, 1: and the projection, 2: and the digest."""
-    state = row[0].item()
-    if kind == "gradient" and state == 0:
-        return "None"
-    if kind == "buffer" and shape == ():
-        return f"value={row[1].item():.6g}"
-    text = f"sum={row[1].item():.6g} sumsq={row[2].item():.6g}"
-    text += f" proj={row[3].item():.6g}" if detail >= 1 else ""
-    text += f" digest={int(row[4].item())}" if detail >= 2 else ""
-    return text + (" requires_grad=False" if kind == "parameter" and not state else "")
-
-
-def _owner(module, name: str) -> str:
-    """"in BatchNorm1d '1'" for buffer '1.running_mean'; "in Net (the model)" for a root buffer."""
-    path = name.rpartition(".")[0]
-    try:
-        owner = module.get_submodule(path)
-    except AttributeError:
-        return ""
-    return f" in {type(owner).__name__} " + (f"'{path}'" if path else "(the model)")
-
-
-def _config_lines(all_modes: list) -> tuple[list[str], list[int]]:
-    """Modules whose hyperparameters (:func:`_config`) differ from rank 0's, or that only some
-    ranks hold; the ranks that differ."""
-    ref = {n: dict(cfg) for n, _, _, cfg in all_modes[0]}
-    lines, differ = [], []
-    for r, modes in enumerate(all_modes[1:], start=1):
-        for n, c, _, cfg in modes:
-            what = f"module '{n}' ({c})" if n else f"the model ({c})"
-            if n not in ref:
-                lines.append(f"  {what} only on rank {r}")
-                differ += [r] if r not in differ else []
-                continue
-            theirs = ref[n]
-            pairs = [(f"{k}={theirs[k]!r}", f"{k}={v!r}") for k, v in cfg
-                     if k in theirs and k != "extra_repr()" and repr(v) != repr(theirs[k])]
-            a, b = str(theirs.get("extra_repr()", "")), str(dict(cfg).get("extra_repr()", ""))
-            if not pairs and a != b:  # the parts of extra_repr() that differ
-                x, y = a.split(", "), b.split(", ")
-                pairs = [(p, q) for p, q in zip(x, y) if p != q] if len(x) == len(y) else [(repr(a), repr(b))]
-            if pairs:
-                lines.append(f"  {what}: " + ", ".join(f"{x} on rank 0, {y} on rank {r}" for x, y in pairs))
-                differ += [r] if r not in differ else []
-    return lines, differ
-
-
-def _modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
-    """Modules whose train()/eval() mode differs from rank 0's, top-most only; the ranks that differ."""
-    ref = {n: (c, t) for n, c, t, _ in all_modes[0]}
-    lines, differ = [], []
-    for r, modes in enumerate(all_modes[1:], start=1):
-        diff = [(n, c, t) for n, c, t, _ in modes if n in ref and ref[n][1] != t]
-        if not diff:
-            continue
-        differ.append(r)
-        names = [n for n, _, _ in diff]
-        for n, c, t in diff:
-            if any(m != n and (m == "" or n.startswith(m + ".")) for m in names):
-                continue  # a parent module is named
-            below = sum(1 for m in names if m != n and (n == "" or m.startswith(n + ".")))
-            what = f"module '{n}' ({c})" if n else f"the model ({c})"
-            what += f" and {below} submodule{'s' * (below != 1)}" if below else ""
-            ref_mode = "train()" if ref[n][1] else "eval()"
-            lines.append(f"  {what}: {ref_mode} on rank 0, {'train()' if t else 'eval()'} on rank {r}")
-    return lines, differ
-
-
-def _ranks(rs, verbs: tuple[str, str] = ("", "")) -> str:
-    """'rank 1 differs', 'ranks 1, 2 differ' for ``verbs=(' differs', ' differ')``."""
-    one = len(rs := list(rs)) == 1
-    return ("rank " if one else "ranks ") + ", ".join(str(r) for r in rs) + verbs[0 if one else 1]
-
-
-def _structure_message(infos: list) -> str:
-    """Which ranks hold a different model (or called with different options) than rank 0."""
-    ref_opts, ref = infos[0]
-    ref_map = {(k, n): s for k, n, s in ref}
-    lines, differ = [], []
-    for r, (opts, struct) in enumerate(infos[1:], start=1):
-        mine = {(k, n): s for k, n, s in struct}
-        if opts != ref_opts:
-            lines.append(f"  rank {r} called assert_in_sync({opts}), rank 0 ({ref_opts})")
-        elif mine != ref_map or list(mine) != list(ref_map):
-            diffs = [f"'{n}' shape {ref_map[(k, n)]} on rank 0, {s} on rank {r}"
-                     for (k, n), s in mine.items() if (k, n) in ref_map and ref_map[(k, n)] != s]
-            diffs += [f"'{n}' only on rank {r}" for (k, n) in mine if (k, n) not in ref_map]
-            diffs += [f"'{n}' only on rank 0" for (k, n) in ref_map if (k, n) not in mine]
-            diffs = diffs or ["the same names in another order"]
-            more = f" and {len(diffs) - _SHOWN} more" if len(diffs) > _SHOWN else ""
-            lines.append(f"  rank {r}: {'; '.join(diffs[:_SHOWN])}{more}")
-        else:
-            continue
-        differ.append(r)
-    return (f"Replicas differ: {_ranks(differ, (' holds', ' hold'))} a different model than rank 0 "
-            f"({len(ref)} tensors on rank 0):\n" + "\n".join(lines) +
-            "\nBuild the same model on every rank (same code, same arguments) before checking it.")
-
-
 def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: bool = False,
                    group=None, atol: float = 0.0) -> None:
     """Check that every rank of ``group`` holds the same ``module``; a collective.
@@ -363,10 +257,11 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     Every rank of the group must call it (the same number of times, with the same options): a
     rank that does not call it leaves the others waiting until the group's timeout. A DDP model is
     unwrapped (``.module``), so names are the module's own (no ``module.`` prefix); parameters DDP
-    ignores are skipped. Always compared: parameters (values and their order), the
-    ``train()``/``eval()`` mode and the hyperparameters of each submodule, integer buffers
-    (counters). One small exchange when they agree (the module docstring); the full comparison
-    and its message only when they do not. Not seen: a float and its negative swapped (:func:`digests`).
+    ignores are skipped. Always compared: parameters (values, their order, dtypes), the submodules
+    (names, classes, ``train()``/``eval()`` mode, hyperparameters), integer buffers (counters). One
+    small exchange when they agree (the module docstring); the full comparison and its message only
+    when they do not. Not seen: a float and its negative swapped (:func:`digests`). A rank outside
+    ``group`` returns at once, as torch's collectives do.
 
     Args:
         module: an ``nn.Module`` or a ``DistributedDataParallel`` around one.
@@ -380,10 +275,11 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     Raises:
         ReplicasDiverged: on every rank, with the same message: the first diverging tensors (at
             most 3 named, a buffer with its module), the ranks that differ from rank 0, their
-            values, the usual causes; modules in another train()/eval() mode than on rank 0, or
-            with other hyperparameters (``p=0.5 on rank 0, p=0.0 on rank 1``); or a
-            model whose names/shapes differ across ranks; or, for a DDP model, parameters added,
-            replaced, removed or whose requires_grad changed since the wrap.
+            values, the usual causes; modules in another train()/eval() mode than on rank 0, of
+            another class, on some ranks only, or with other hyperparameters (``p=0.5 on rank 0,
+            p=0.0 on rank 1``); or a model whose names, shapes or dtypes differ across ranks; or,
+            for a DDP model, parameters added, replaced, removed or whose requires_grad changed
+            since the wrap.
         RuntimeError: no process group is initialised.
     """
     _check(module, grads, buffers, group, atol, quick=True)
@@ -394,6 +290,8 @@ def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("assert_in_sync needs a process group: call it inside the ranks (a launch or "
                            "helpers.mp worker, ranks.run, a %%px cell) after init_process_group.")
+    if group is not None and dist.get_rank(group) < 0:
+        return  # this rank is not in ``group``: torch's collectives return at once there too
     world = dist.get_world_size(group)
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
@@ -403,97 +301,72 @@ def _check(module, grads: bool, buffers: bool, group, atol: float, quick: bool) 
     notes = _ddp_notes(ddp, named) if ddp is not None else []
     if quick and _quick_agree(entries, modes, notes, grads, buffers, group, world, device):
         return
-    _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol)
+    _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol, quick)
+
+
+def _dtype(kind: str, t):
+    """The dtype compared for a tensor: a gradient's is its parameter's, a None one has none."""
+    return None if kind == "gradient" or t is None else t.dtype
 
 
 def _digest(entries, modes, grads, buffers) -> int:
-    """63 bits of a hash of everything but the values: names, shapes, states, modes, hyperparameters, options (the
-    same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
-    key = (tuple([(k, n, st, s) for k, n, _, st, s in entries]), tuple([m[2:] for m in modes]), grads, buffers)
+    """63 bits of a hash of everything but the values: names, shapes, dtypes, states, modules (name,
+    class, mode, hyperparameters), options (the same on every rank, unlike Python's ``hash``;
+    remembered for the last few models)."""
+    key = (tuple([(k, n, st, s, _dtype(k, t)) for k, n, t, st, s in entries]), tuple(modes), grads, buffers)
     if key not in _digests:
         if len(_digests) > 64:
             _digests.clear()
-        text = repr(([list(e) for e in key[0]], list(key[1]), grads, buffers)).encode()
-        _digests[key] = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+        blob = repr(([list(e) for e in key[0]], list(key[1]), grads, buffers)).encode()
+        _digests[key] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "big") >> 1
     return _digests[key]
 
 
 def _quick_agree(entries, modes, notes, grads, buffers, group, world, device) -> bool:
     """The every-call check: one exchange of ``2 + SLOTS`` int64 (:func:`_digest`, the count of notes,
-    the digests: digest i adds to slot i % SLOTS, times 1 + i // SLOTS, modulo 2**63); True when all
-    ranks agree and no rank has a note about its DDP wrap."""
+    the digests: digest i adds to slot i % SLOTS, times the odd 2 * (i // SLOTS) + 1, modulo 2**64, so
+    that any one digest's change, 2**63 included, changes its slot); True when all ranks agree and no
+    rank has a note about its DDP wrap. One rank agrees with itself: no exchange."""
+    if world == 1:
+        return not notes
     slots = [_digest(entries, modes, grads, buffers), len(notes)] + [0] * SLOTS
-    for i, d in enumerate(_raw_digests([e[2] for e in entries if e[2] is not None], _JOIN)):
-        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + d * (i // SLOTS + 1)) % 2**63
-    vec = torch.from_numpy(numpy.array(slots, dtype=numpy.int64)).to(device)  # numpy: faster from ints
+    for i, d in enumerate(_raw_digests([e[2] for e in entries if e[2] is not None])):
+        slots[2 + i % SLOTS] = (slots[2 + i % SLOTS] + d * (2 * (i // SLOTS) + 1)) % 2**64
+    vec = torch.from_numpy(numpy.array(slots, dtype=numpy.uint64).view(numpy.int64)).to(device)  # numpy: faster
     return torch.equal(_exchange(vec, group, world), vec.expand(world, -1)) and not notes
 
 
-def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol) -> None:
-    """The comparison that names what differs (extra collectives); raises ReplicasDiverged or returns."""
-    names = _digest([(k, n, None, 0.0, s) for k, n, _, _, s in entries], [], grads, buffers)  # not states
+def _full_check(inner, entries, modes, notes, grads, buffers, group, world, device, atol, quick) -> None:
+    """The comparison that names what differs (extra collectives); raises ReplicasDiverged, or returns
+    when nothing differs (with ``quick``, the every-call check found a difference: then it raises)."""
+    names = _digest([(k, n, t, 0.0, s) for k, n, t, _, s in entries], [], grads, buffers)  # not states
     header = torch.tensor([len(entries), names, len(notes)], dtype=torch.int64, device=device)
     headers = _exchange(header, group, world).cpu()
     if not bool((headers[:, :2] == headers[0, :2]).all()):
         infos = [None] * world
-        opts = f"grads={grads}, buffers={buffers}"
-        dist.all_gather_object(infos, (opts, [(k, n, s) for k, n, _, _, s in entries]), group=group)
-        raise ReplicasDiverged(_structure_message(infos))
+        struct = [(k, n, s, str(_dtype(k, t))) for k, n, t, _, s in entries]
+        dist.all_gather_object(infos, (f"grads={grads}, buffers={buffers}", struct), group=group)
+        raise ReplicasDiverged(text.structure_message(infos))
 
     all_modes = [None] * world
     dist.all_gather_object(all_modes, modes, group=group)
-    mode_lines, mode_ranks = _modes_lines(all_modes)
-    config_lines, config_ranks = _config_lines(all_modes)
-
-    problems, differ = [], set()
+    tensors = [], set()
     if entries:
-        tensors = [t for _, _, t, _, _ in entries]
         table = torch.cat([torch.stack([fingerprint(t, state).to(device) for _, _, t, state, _ in entries]),
-                           digests(tensors, device).to(torch.float64)[:, None]], dim=1)
+                           digests([e[2] for e in entries], device).to(torch.float64)[:, None]], dim=1)
         tables = _exchange(table, group, world).cpu()  # (world, tensors, 5)
         ref = tables[0]
         same = ((tables - ref).abs() <= atol) | (tables == ref) | (tables.isnan() & ref.isnan())
         same[..., 4] = True if atol > 0 else tables[..., 4] == ref[..., 4]  # atol: the 4 values only
-        bad = ~same.all(dim=2)  # (world, tensors)
-        differ = {r for r in range(1, world) if bool(bad[r].any())}
-        for i in bad.any(dim=0).nonzero().flatten().tolist():
-            kind, name, _, _, shape = entries[i]
-            rs = [r for r in range(1, world) if bad[r, i]]
-            detail = max(int(bool(same[r, i, 1:3].all())) + int(bool(same[r, i, 1:4].all())) for r in rs)
-            near = any(torch.isclose(tables[r, i, 1:3], ref[i, 1:3], rtol=1e-12, atol=0).all() for r in rs)
-            detail = 2 if near else detail  # the sums agree up to their rounding: show the digests
-            values = "; ".join(f"rank {r} {_describe(kind, tables[r, i], shape, detail)}"
-                               for r in [0] + rs[:_SHOWN])
-            where = _owner(inner, name) if kind == "buffer" else ""
-            moved = (" (the same sum and sum of squares: values moved within the tensor, or changed below "
-                     "their rounding)") if near else ""
-            problems.append((kind, tensors[i], f"  {kind} '{name}' {shape}{where}: {values}{moved}"))
+        tensors = text.tensor_lines(inner, entries, tables, same)
 
     ddp_lines = []
     if bool((headers[:, 2] > 0).any()):
         all_notes = [None] * world
         dist.all_gather_object(all_notes, notes, group=group)
         ranks_of = {n: [r for r, ns in enumerate(all_notes) if n in ns] for ns in all_notes for n in ns}
-        ddp_lines = [f"  {n} ({_ranks(rs)})" for n, rs in ranks_of.items()]
-
-    if not problems and not ddp_lines and not mode_lines and not config_lines:
-        return
-    text, differs = [], (" differs", " differ")
-    if config_lines:
-        text.append(f"Replicas differ: {_ranks(config_ranks, differs)} from rank 0 in module configuration "
-                    f"(hyperparameters):\n{_first(config_lines)}\nBuild the model with the same arguments "
-                    "on every rank (a rank-dependent branch or config).")
-    if mode_lines:
-        text.append(f"Replicas differ: {_ranks(mode_ranks, differs)} from rank 0 in train()/eval() mode:\n"
-                    + _first(mode_lines))
-    if problems:
-        text.append(f"Replicas differ: {_ranks(sorted(differ), differs)} from rank 0 ({len(problems)} of "
-                    f"{len(entries)} tensors):\n" + _first([line for _, _, line in problems]))
-    if ddp_lines:
-        text.append("The DDP model changed after DistributedDataParallel(...) wrapped it (wrap it again "
-                    "after the change):\n" + _first(ddp_lines))
-    floats = {t.is_floating_point() for k, t, _ in problems if k == "buffer"}  # buffers that differ
-    for note, show in ((MODES_NOTE, mode_lines), (BUFFERS_NOTE, True in floats), (COUNTERS_NOTE, False in floats),
-                       (CAUSES, problems or ddp_lines)):
-        text += [note] if show else []
-    raise ReplicasDiverged("\n".join(text))
+        ddp_lines = [f"  {n} ({text.ranks(rs)})" for n, rs in ranks_of.items()]
+    said = text.message(world, len(entries), text.config_lines(all_modes), text.modes_lines(all_modes), tensors,
+                        ddp_lines)
+    if said or (quick and atol == 0):
+        raise ReplicasDiverged(said or text.UNNAMED)

@@ -91,6 +91,73 @@ def scenarios(rank, world_size):
     ddp.module.weight = torch.nn.Parameter(w)
     out["replaced"] = _check(ddp)
     out.update(modes_and_buffers(rank, world_size))
+    out["more"] = more_cases(rank)
+    return out
+
+
+class _Act(torch.nn.Module):
+    """A module whose extra_repr() shows a function (its repr holds a memory address)."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = lambda x: x
+
+    def extra_repr(self):
+        return f"act={self.act}"
+
+
+def more_cases(rank):
+    """What a new user's trial found (each passed or crashed before): {case: what the check raised}."""
+    out, one = {}, rank == 1
+
+    def seeded(build):
+        torch.manual_seed(0)
+        return build()
+
+    m = seeded(lambda: torch.nn.Linear(4, 3).double())  # one float64 sign flipped: a digest change of 2**63
+    with torch.no_grad():
+        m.weight[0, 0] *= -1 if one else 1
+    out["float64_sign"] = _check(m)
+    m = torch.nn.Module()
+    m.register_buffer("count", torch.tensor(5 - 2**63 * one))
+    out["int64_top_bit"] = _check(m)
+    m = seeded(lambda: torch.nn.Linear(4, 4))
+    first = _check(m)
+    if one:
+        m.weight.data = m.weight.data.t()  # the same memory, another order
+    out["transposed_after_a_check"] = (first, _check(m))
+    out["class"] = _check(seeded(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2),
+                                                             torch.nn.Sigmoid() if one else torch.nn.Tanh())))
+    m = seeded(lambda: torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2), "drop": torch.nn.Dropout()}))
+    if one:
+        del m["drop"]
+    out["module_on_rank_0_only"] = _check(m)
+    m = seeded(lambda: torch.nn.Linear(2, 2))
+    if not one:
+        m.scale = 2.0
+    out["attribute_on_rank_0_only"] = _check(m)
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16 if one else torch.float32))
+    out["dtype_of_zeros"] = _check(m)
+    out["double_on_rank_1"] = _check(seeded(lambda: torch.nn.Linear(2, 2).double() if one else torch.nn.Linear(2, 2)))
+    out["function_in_extra_repr"] = _check(_Act())
+    m = seeded(lambda: torch.nn.Linear(2, 2))
+    m.sizes = ([1, 2],)  # not a plain value: not compared
+    out["list_in_a_tuple"] = _check(m)
+    emb = seeded(lambda: torch.nn.Embedding(10, 3, sparse=True))
+    emb(torch.tensor([1, 2])).sum().backward()
+    out["sparse_grad"] = _check(emb, grads=True)
+    emb(torch.tensor([3 + rank])).sum().backward()
+    out["sparse_grad_differs"] = _check(emb, grads=True)
+    m = seeded(lambda: torch.nn.Linear(1, 1))
+    if one:
+        m.weight.grad = None
+    else:
+        m.weight.grad = torch.zeros_like(m.weight)
+    out["zero_grad_and_none"] = _check(m, grads=True)
+    import torch.distributed as dist
+
+    out["group_without_this_rank"] = _check(m, group=dist.new_group([0]))
     return out
 
 
@@ -153,7 +220,7 @@ def modes_and_buffers(rank, world_size, steps=4):
     out["one_element"] = _check(lin)
     out["one_element_atol"] = _check(lin, atol=1e-6)
     out["swapped"] = _check(linear(100, swap))
-    out["swapped_small"] = _check(linear(8, swap))  # small tensors: the check digests them together
+    out["swapped_small"] = _check(linear(8, swap))  # a small tensor: digested by torch.dot
     lin = linear(100)
     first = _check(lin)  # in sync; then rank 1's weight gets new memory
     if rank == 1:
@@ -192,6 +259,47 @@ def test_what_passes_passes_and_every_rank_raises_the_same(launched):
     assert first == "ok" and MOVED in after, (first, after)
     assert launched[0] == launched[1], "the same error on every rank"
     assert sum(v.startswith("ReplicasDiverged") for v in r.values() if isinstance(v, str)) == 18
+
+
+@pytest.mark.parametrize("case, says", [
+    ("float64_sign", ["parameter 'weight' (3, 4)"]), ("int64_top_bit", ["buffer 'count' ()"]),
+    ("class", ["module '1': Tanh on rank 0, Sigmoid on rank 1"]),
+    ("module_on_rank_0_only", ["module 'drop' (Dropout) only on rank 0, not on rank 1"]),
+    ("attribute_on_rank_0_only", ["the model (Linear): scale=2.0 on rank 0, scale unset (or not a plain value) on "
+                                  "rank 1"]),
+    ("dtype_of_zeros", ["'w' dtype torch.float32 on rank 0, torch.float16 on rank 1"]),
+    ("double_on_rank_1", ["'weight' dtype torch.float32 on rank 0, torch.float64 on rank 1"]),
+    ("sparse_grad_differs", ["gradient 'weight' (10, 3)", MOVED]),  # the same values in other rows
+    ("zero_grad_and_none", ["gradient 'weight' (1, 1): rank 0 sum=0 sumsq=0; rank 1 None"]),
+])
+def test_what_a_new_user_found_is_named(launched, case, says):
+    """Cases a new user's trial found passing, or named wrongly; each failed on the code before."""
+    msg = launched[0]["more"][case]
+    assert msg.startswith("ReplicasDiverged: ") and all(s in msg for s in says), msg
+    assert MOVED not in msg or MOVED in says, msg
+
+
+def test_what_a_new_user_found_passes_when_the_same(launched):
+    more = launched[0]["more"]
+    for case in ("function_in_extra_repr", "list_in_a_tuple", "sparse_grad", "group_without_this_rank"):
+        assert more[case] == "ok", (case, more[case])
+    first, after = more["transposed_after_a_check"]
+    assert first == "ok" and after.startswith("ReplicasDiverged"), (first, after)
+    assert launched[1]["more"]["group_without_this_rank"] == "ok"
+
+
+def test_many_ranks_against_an_odd_rank_0_say_so():
+    """64 simulated ranks, rank 0 the odd one: the ranks that differ as a span, and a line that says
+    rank 0 may be the one."""
+    from helpers.engine import simulate
+
+    said = simulate(_odd_rank_0, 64)[5]
+    assert "ranks 1-63 differ from rank 0" in said and "rank 0 may be the one that differs" in said, said
+
+
+def _odd_rank_0(rank, world_size):
+    torch.manual_seed(rank == 0)
+    return _check(torch.nn.Linear(2, 2))
 
 
 def test_bypass_names_weight_ranks_and_values(launched):
