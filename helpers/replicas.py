@@ -38,7 +38,6 @@ SAMPLE = 64
 #: Values the every-call check folds the per-tensor digests into (tensor i adds to slot i % SLOTS).
 SLOTS = 64
 _PRIME = 2_147_483_647  # digests are kept modulo this prime: they fit float64 and int64 sums exactly
-_DOT = 4096  # CPU tensors of at most this many elements: torch.dot (one operation), else mul and sum
 _PROJECTION = torch.rand(SAMPLE, generator=torch.Generator().manual_seed(30), dtype=torch.float64) * 2 - 1
 # Kept between calls, for the every-call check's speed: see the function that fills each.
 _positions: dict = {}
@@ -117,8 +116,7 @@ def _raw_digests(tensors: list) -> list[int]:
     for t in tensors:
         x = _bits(t)
         w = _position_weights(x.numel(), x.dtype, x.device)
-        # torch.dot's integer loop is not vectorised: mul then sum is faster, but for a small tensor
-        out.append(int(torch.dot(x, w) if x.numel() <= _DOT and x.is_cpu else x.mul(w).sum(dtype=x.dtype)))
+        out.append(int(torch.dot(x, w) if x.is_cpu else x.mul(w).sum(dtype=x.dtype)))  # CPU: no temporary
     return out
 
 
