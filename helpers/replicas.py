@@ -58,6 +58,7 @@ def fingerprint(t: torch.Tensor | None, state: float = 1.0) -> torch.Tensor:
     if t is None:
         return torch.tensor([state, 0.0, 0.0, 0.0], dtype=torch.float64)
     t = t if t.layout == torch.strided else t.detach().coalesce().values() if t.is_sparse else t.to_dense()
+    t = t.dequantize() if t.is_quantized else t
     x = (torch.view_as_real(t.detach()) if t.is_complex() else t.detach()).reshape(-1).to(torch.float64)
     sample = x[::max(1, x.numel() // SAMPLE)][:SAMPLE]
     proj = torch.dot(sample, _PROJECTION[: sample.numel()].to(x.device))
@@ -72,29 +73,33 @@ _INT_VIEW = {8: (torch.int64, torch.int64), 4: (torch.int32, torch.int32),
 def _position_weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``(n,)`` odd pseudo-random ``dtype`` (int32 or int64) integers, a function of the position only
     (splitmix64's mixer of the index), the same on every rank; kept: the longest asked, and a slice of
-    it per length (at most 64)."""
+    it per length (views; forgotten every 4,096 lengths)."""
     if (w := _positions.get((n, dtype, device))) is not None:
         return w
     w = _positions.get((dtype, device))
-    if w is None or w.numel() < n or len(_positions) > 64:
+    if w is None or w.numel() < n:
         h = torch.arange(max(n, 1024), dtype=torch.int64) * -7046029254386353131  # 0x9E3779B97F4A7C15
         h = (h ^ (h >> 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9, wrapping as in C
         h = ((h ^ (h >> 27)) * -7723592293110705685) if dtype == torch.int64 else (h >> 33)
+        w = (h.to(dtype) | 1).to(device)
+        _positions.clear()  # the slices of a shorter one kept it alive
+    elif len(_positions) > 4096:
         _positions.clear()
-        _positions[(dtype, device)] = w = (h.to(dtype) | 1).to(device)
+    _positions[(dtype, device)] = w
     _positions[(n, dtype, device)] = w = w[:n]
     return w
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as flat int32/int64 (1, 2 bytes widened; complex as pairs), a view kept while
-    ``t`` keeps its memory and stays contiguous, or a copy. Sparse COO: its indices, then its values."""
+    ``t`` keeps its memory and stays contiguous, or a copy. Sparse COO: its indices, then its values;
+    quantized: its values (dequantized)."""
     hit = _views.get(key := id(t))
     if hit is not None and hit[0]() is t and hit[1] == t.data_ptr() and hit[2] == t.numel() and t.is_contiguous():
         return hit[3]
-    if t.layout != torch.strided:
+    if t.layout != torch.strided or t.is_quantized:
         if not t.is_sparse:
-            return _bits(t.to_dense())
+            return _bits(t.dequantize() if t.is_quantized else t.to_dense())
         c = t.detach().coalesce()
         parts = [_bits(c.indices()), _bits(c.values())]
         return torch.cat([x if x.dtype == torch.int32 else x.view(torch.int32) for x in parts])
@@ -138,12 +143,15 @@ def digests(tensors: list, device: torch.device) -> torch.Tensor:
 
 
 def _unwrap(module):
-    """(the learner's module, names DDP ignores, the outermost DDP wrapper or None)."""
+    """(the learner's module, names DDP ignores, the outermost DDP wrapper or None); looks through
+    DDP (``.module``) and torch.compile (``._orig_mod``)."""
     ddp, ignored = None, set()
-    while isinstance(module, DistributedDataParallel):
-        ddp = ddp or module
-        ignored |= set(getattr(module, "parameters_to_ignore", ()))
-        module = module.module
+    while isinstance(module, DistributedDataParallel) or isinstance(getattr(module, "_orig_mod", None),
+                                                                    torch.nn.Module):
+        if isinstance(module, DistributedDataParallel):
+            ddp = ddp or module
+            ignored |= set(getattr(module, "parameters_to_ignore", ()))
+        module = module.module if isinstance(module, DistributedDataParallel) else module._orig_mod
     return module, ignored, ddp
 
 
@@ -171,6 +179,10 @@ def _walk(module, ignored, grads: bool, buffers: bool) -> tuple[list, list]:
                 seen.add(id(b))
                 if dot + k not in ignored and (buffers or not (b.is_floating_point() or b.is_complex())):
                     bufs.append(("buffer", dot + k, b, 1.0, tuple(b.shape)))
+    if empty := [n for n, p in params if isinstance(p, torch.nn.parameter.UninitializedTensorMixin) or p.is_meta]:
+        raise RuntimeError(f"assert_in_sync: parameter '{empty[0]}' holds no values yet (a lazy module before its "
+                           "first forward, or a module on the meta device): run one forward, or materialise it, "
+                           "on every rank first.")
     out = [("parameter", n, p, float(p.requires_grad), tuple(p.shape)) for n, p in params]
     if grads:
         out += [("gradient", n, p.grad, float(p.grad is not None), tuple(p.shape)) for n, p in params]
@@ -187,8 +199,8 @@ def _plain(v) -> bool:
 
 
 def _config(m) -> tuple:
-    """A module's hyperparameters, as ``(name, value)`` pairs: its public attributes of plain types
-    (bool, int, float, str, None, tuples of them), such as Dropout's ``p``, BatchNorm's ``eps`` and
+    """A module's hyperparameters, as ``(name, repr of the value)`` pairs: its public attributes of
+    plain types (bool, int, float, str, None, tuples of them), such as Dropout's ``p``, BatchNorm's ``eps`` and
     ``momentum`` or ``self.scale = 2.0``, then its ``extra_repr()`` (memory addresses left out) unless
     torch.nn defines it (torch.nn's show only plain attributes)."""
     d = m.__dict__
@@ -198,8 +210,14 @@ def _config(m) -> tuple:
             _READ.clear()
         names = sorted(k for k in d if k[0] != "_" and k not in _MODULE_KEYS)
         _READ[key] = read = (names, not type(m).extra_repr.__module__.startswith("torch.nn."))
-    plain = tuple([(k, d[k]) for k in read[0] if _plain(d[k])])
-    return (*plain, ("extra_repr()", _ADDRESS.sub("", m.extra_repr()))) if read[1] else plain
+    plain = tuple([(k, repr(d[k])) for k in read[0] if _plain(d[k])])  # repr: -0.0 is not 0.0, True not 1
+    if not read[1]:
+        return plain
+    try:
+        own = _ADDRESS.sub("", m.extra_repr())
+    except Exception as e:  # noqa: BLE001 - the rank must still take part in the exchange
+        own = f"<extra_repr() raised {type(e).__name__}>"
+    return (*plain, ("extra_repr()", own))
 
 
 def _wrap_record(ddp):
@@ -309,9 +327,9 @@ def _dtype(kind: str, t):
 
 def _digest(entries, modes, grads, buffers) -> int:
     """63 bits of a hash of everything but the values: names, shapes, dtypes, states, modules (name,
-    class, mode, hyperparameters), options (the same on every rank, unlike Python's ``hash``;
-    remembered for the last few models)."""
-    key = (tuple([(k, n, st, s, _dtype(k, t)) for k, n, t, st, s in entries]), tuple(modes), grads, buffers)
+    class, mode, hyperparameters; sorted by name: the order they were registered in does not count),
+    options (the same on every rank, unlike Python's ``hash``; remembered for the last few models)."""
+    key = (tuple([(k, n, st, s, _dtype(k, t)) for k, n, t, st, s in entries]), tuple(sorted(modes)), grads, buffers)
     if key not in _digests:
         if len(_digests) > 64:
             _digests.clear()

@@ -26,7 +26,8 @@ _DIFFERS = (" differs", " differ")
 
 
 def ranks(rs, verbs: tuple[str, str] = ("", "")) -> str:
-    """'rank 1 differs', 'ranks 1, 2 differ', 'ranks 1-63 differ' for ``verbs=(' differs', ' differ')``."""
+    """'rank 1 differs', 'ranks 1, 2 differ', 'ranks 1-63 differ' for ``verbs=(' differs', ' differ')``;
+    past 8 spans, '... (32 ranks)'."""
     rs, spans, i = sorted(rs), [], 0
     while i < len(rs):
         j = i
@@ -34,7 +35,7 @@ def ranks(rs, verbs: tuple[str, str] = ("", "")) -> str:
             j += 1
         spans.append(f"{rs[i]}-{rs[j]}" if j - i >= 2 else ", ".join(map(str, rs[i:j + 1])))
         i = j + 1
-    one = len(rs) == 1
+    one, spans = len(rs) == 1, spans if len(spans) <= 8 else [*spans[:8], f"... ({len(rs)} ranks)"]
     return ("rank " if one else "ranks ") + ", ".join(spans) + verbs[0 if one else 1]
 
 
@@ -88,7 +89,10 @@ def tensor_lines(inner, entries: list, tables: torch.Tensor, same: torch.Tensor)
 
 
 def _attribute(attributes: dict, k: str) -> str:
-    return f"{k}={attributes[k]!r}" if k in attributes else f"{k} unset (or not a plain value)"
+    """``k=value`` (a repr, cut at 60 characters), or that ``k`` is not a plain attribute there."""
+    v = attributes.get(k)
+    return (f"{k} unset (or not a plain value)" if v is None else f"{k}={v}" if len(v) <= 60 else
+            f"{k}={v[:50]}... ({len(v)} characters)")
 
 
 def config_lines(all_modes: list) -> tuple[list[str], list[int]]:
@@ -107,7 +111,7 @@ def config_lines(all_modes: list) -> tuple[list[str], list[int]]:
                 found.append(f"{what}: {c0} on rank 0, {c} on rank {r}")
                 continue
             keys = sorted((a.keys() | b.keys()) - {"extra_repr()"})
-            pairs = [(_attribute(a, k), _attribute(b, k)) for k in keys if _attribute(a, k) != _attribute(b, k)]
+            pairs = [(_attribute(a, k), _attribute(b, k)) for k in keys if a.get(k) != b.get(k)]
             x, y = str(a.get("extra_repr()", "")), str(b.get("extra_repr()", ""))
             if not pairs and x != y:  # the parts of extra_repr() that differ
                 xs, ys = x.split(", "), y.split(", ")
@@ -141,32 +145,33 @@ def modes_lines(all_modes: list) -> tuple[list[str], list[int]]:
 
 
 def structure_message(infos: list) -> str:
-    """Which ranks hold a different model (names, shapes, dtypes) or called with other options than
-    rank 0; ``infos``: each rank's (options, [(kind, name, shape, dtype)])."""
+    """Which ranks called with other options than rank 0, or hold a different model (names, shapes,
+    dtypes); ``infos``: each rank's (options, [(kind, name, shape, dtype)])."""
     ref_opts, ref = infos[0]
     ref_map = {(k, n): (s, d) for k, n, s, d in ref}
+    options = [r for r, (opts, _) in enumerate(infos) if opts != ref_opts]
+    if options:
+        return (f"Replicas not compared: {ranks(options, (' calls', ' call'))} assert_in_sync({infos[options[0]][0]}), "
+                f"rank 0 ({ref_opts}). Call it with the same options on every rank.")
     lines, differ = [], []
-    for r, (opts, struct) in enumerate(infos[1:], start=1):
+    for r, (_, struct) in enumerate(infos[1:], start=1):
         mine = {(k, n): (s, d) for k, n, s, d in struct}
-        if opts != ref_opts:
-            lines.append(f"  rank {r} called assert_in_sync({opts}), rank 0 ({ref_opts})")
-        elif mine != ref_map or list(mine) != list(ref_map):
-            diffs = []
-            for (k, n), (s, d) in mine.items():
-                s0, d0 = ref_map.get((k, n), (s, d))
-                diffs += ([f"'{n}' shape {s0} on rank 0, {s} on rank {r}"] if s != s0 else
-                          [f"'{n}' dtype {d0} on rank 0, {d} on rank {r}"] if d != d0 else [])
-            diffs += [f"'{n}' only on rank {r}" for (k, n) in mine if (k, n) not in ref_map]
-            diffs += [f"'{n}' only on rank 0" for (k, n) in ref_map if (k, n) not in mine]
-            diffs = diffs or ["the same names in another order"]
-            more = f" and {len(diffs) - SHOWN} more" if len(diffs) > SHOWN else ""
-            lines.append(f"  rank {r}: {'; '.join(diffs[:SHOWN])}{more}")
-        else:
+        if mine == ref_map and list(mine) == list(ref_map):
             continue
+        diffs = []
+        for (k, n), (s, d) in mine.items():
+            s0, d0 = ref_map.get((k, n), (s, d))
+            diffs += ([f"'{n}' shape {s0} on rank 0, {s} on rank {r}"] if s != s0 else
+                      [f"'{n}' dtype {d0} on rank 0, {d} on rank {r}"] if d != d0 else [])
+        diffs += [f"'{n}' only on rank {r}" for (k, n) in mine if (k, n) not in ref_map]
+        diffs += [f"'{n}' only on rank 0" for (k, n) in ref_map if (k, n) not in mine]
+        diffs = diffs or ["the same names in another order"]
+        more = f" and {len(diffs) - SHOWN} more" if len(diffs) > SHOWN else ""
+        lines.append(f"  rank {r}: {'; '.join(diffs[:SHOWN])}{more}")
         differ.append(r)
     return (f"Replicas differ: {ranks(differ, (' holds', ' hold'))} a different model than rank 0 "
-            f"({len(ref)} tensors on rank 0):\n" + "\n".join(lines) +
-            "\nBuild the same model on every rank (same code, same arguments) before checking it.")
+            f"({len(ref)} tensors on rank 0):\n{first(lines)}\n"
+            "Build the same model on every rank (same code, same arguments) before checking it.")
 
 
 def message(world: int, n_tensors: int, config: tuple, modes: tuple, tensors: tuple, ddp_lines: list) -> str:
@@ -179,7 +184,8 @@ def message(world: int, n_tensors: int, config: tuple, modes: tuple, tensors: tu
     if config:
         text.append(f"Replicas differ: {ranks(config_ranks, _DIFFERS)} from rank 0 in module configuration "
                     f"(modules, classes, plain attributes):\n{first(config)}\nBuild the model with the same "
-                    "arguments on every rank (a rank-dependent branch or config).")
+                    "arguments on every rank (a rank-dependent branch or config). An attribute that may differ "
+                    "(a device, a rank, a statistic a forward stores) goes unchecked when its name starts with _.")
     if modes:
         text.append(f"Replicas differ: {ranks(mode_ranks, _DIFFERS)} from rank 0 in train()/eval() mode:\n"
                     + first(modes))

@@ -158,6 +158,47 @@ def more_cases(rank):
     import torch.distributed as dist
 
     out["group_without_this_rank"] = _check(m, group=dist.new_group([0]))
+    out.update(second_trial(rank))
+    return out
+
+
+class _Raises(torch.nn.Module):
+    def extra_repr(self):
+        if torch.distributed.get_rank() == 1:
+            raise ValueError("no repr here")
+        return "fine"
+
+
+def second_trial(rank):
+    """What a second trial found: {case: what the check raised}."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out, one = {}, rank == 1
+    m = torch.nn.Module()
+    pair = [("act", torch.nn.ReLU()), ("drop", torch.nn.Dropout(0.1))]
+    for name, child in reversed(pair) if one else pair:  # registered in another order
+        m.add_module(name, child)
+    out["modules_in_another_order"] = _check(m)
+    m = torch.nn.Linear(1, 1)
+    m.shift = 0.0
+    first = _check(m)
+    m.shift = -0.0 if one else 0.0  # equal to 0.0 as a key, not as a value
+    out["negative_zero_after_a_check"] = (first, _check(m))
+    m = torch.nn.Module()
+    m.register_buffer("q", torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.5, 0, torch.quint8))
+    out["quantized_buffer"] = _check(m, buffers=True)
+    m.q = torch.quantize_per_tensor(torch.tensor([1.0, 3.0 if one else 2.0]), 0.5, 0, torch.quint8)
+    out["quantized_buffer_differs"] = _check(m, buffers=True)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    ddp = DDP(net)
+    net[1].weight = torch.nn.Parameter(net[1].weight.detach().clone())
+    out["compiled_ddp_replaced"] = _check(torch.compile(ddp))
+    m = torch.nn.Linear(1, 1)
+    m.sizes = tuple(range(2000 + rank))
+    out["long_attribute"] = _check(m)
+    out["extra_repr_raises_on_rank_1"] = _check(_Raises())
+    out["lazy"] = _check(torch.nn.LazyLinear(2))
     return out
 
 
@@ -279,6 +320,44 @@ def test_what_a_new_user_found_is_named(launched, case, says):
     assert MOVED not in msg or MOVED in says, msg
 
 
+def test_what_a_second_trial_found(launched):
+    """Each failed on the code before: a false alarm, a missed difference, a crash, a long message."""
+    more = launched[0]["more"]
+    assert more["modules_in_another_order"] == "ok" and more["quantized_buffer"] == "ok", more
+    first, after = more["negative_zero_after_a_check"]
+    assert first == "ok" and "shift=0.0 on rank 0, shift=-0.0 on rank 1" in after, after
+    assert "buffer 'q' (2,)" in more["quantized_buffer_differs"], more["quantized_buffer_differs"]
+    assert "'1.weight' was added or replaced after the wrap" in more["compiled_ddp_replaced"]
+    long = more["long_attribute"]
+    assert "sizes=(0, 1, 2" in long and len(long) < 1200, long
+    assert "<extra_repr() raised ValueError> on rank 1" in more["extra_repr_raises_on_rank_1"]
+    assert more["lazy"].startswith("RuntimeError: assert_in_sync: parameter 'weight' holds no values yet")
+
+
+def test_weights_stay_cached_past_64_lengths():
+    """A model of many sizes: the weights of each length are computed once, not at every call."""
+    from helpers.replicas import _position_weights
+
+    cpu = torch.device("cpu")
+    for _ in range(2):  # the first call grows the longest kept, the second fills each length
+        kept = [_position_weights(1000 + 37 * n, torch.int32, cpu) for n in range(300)]
+    assert all(_position_weights(1000 + 37 * n, torch.int32, cpu) is kept[n] for n in range(300))
+
+
+def test_options_and_shapes_at_many_ranks_in_a_few_lines():
+    from helpers.engine import simulate
+
+    options, shapes = zip(*simulate(_many_ranks, 64))
+    assert options[0].startswith("ReplicasDiverged: Replicas not compared: ranks 1, 3, 5, 7, 9, 11, 13, 15, ... "
+                                 "(32 ranks) call assert_in_sync(grads=True"), options[0]
+    assert "hold a different model" not in options[0]
+    assert "ranks 1-63 hold a different model" in shapes[0] and len(shapes[0].splitlines()) <= 8, shapes[0]
+
+
+def _many_ranks(rank, world_size):
+    return _check(torch.nn.Linear(1, 1), grads=rank % 2 == 1), _check(torch.nn.Linear(4, 4 + rank))
+
+
 def test_what_a_new_user_found_passes_when_the_same(launched):
     more = launched[0]["more"]
     for case in ("function_in_extra_repr", "list_in_a_tuple", "sparse_grad", "group_without_this_rank"):
@@ -322,7 +401,7 @@ MESSAGES = [
     ("shape", ["rank 1 holds a different model than rank 0",
                "'weight' shape (2, 2) on rank 0, (3, 2) on rank 1"]),
     ("names", ["'a.weight' only on rank 1", "'0.weight' only on rank 0"]),
-    ("options", ["rank 1 called assert_in_sync(grads=True, buffers=False), rank 0 (grads=False"]),
+    ("options", ["rank 1 calls assert_in_sync(grads=True, buffers=False), rank 0 (grads=False"]),
     ("frozen", ["'0.weight': requires_grad set False after the wrap", "(ranks 0, 1)"]),
     ("replaced", ["'weight' was added or replaced after the wrap"]),
     ("one_element", [DIFFER + " (1 of 2 tensors)", "parameter 'weight' (100, 100): rank 0 sum="]),
